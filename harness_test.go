@@ -1,0 +1,398 @@
+package popsub
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// This file holds the test harness: a broker on 127.0.0.1, clients that
+// speak the protocol over real WebSockets, and an in-memory Store.
+
+// testSecret signs every token in the tests.
+var testSecret = []byte("test-secret-that-is-at-least-32-bytes-long")
+
+// quietLogger discards logs so test output stays readable.
+var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// testServer is a broker served over HTTP on 127.0.0.1.
+type testServer struct {
+	t      *testing.T
+	broker *Broker
+	http   *httptest.Server
+	url    string // ws://127.0.0.1:port/ws
+
+	mu      sync.Mutex // guards clients
+	clients []*client  // dialled through dial, closed by stop
+}
+
+// startBroker serves a broker with opts. A nil Store means a fresh bbolt
+// file in the test's temporary folder.
+func startBroker(t *testing.T, opts Options) *testServer {
+	t.Helper()
+	if opts.Store == nil {
+		opts.Store = openBolt(t, filepath.Join(t.TempDir(), "popsub.db"))
+	}
+	opts.Secret = testSecret
+	if opts.Logger == nil {
+		opts.Logger = quietLogger
+	}
+	b, err := New(opts)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	srv := httptest.NewServer(b)
+	ts := &testServer{t: t, broker: b, http: srv,
+		url: "ws" + strings.TrimPrefix(srv.URL, "http") + "/ws"}
+	t.Cleanup(ts.stop)
+	return ts
+}
+
+// stop drops the test's clients, then shuts the broker and the HTTP
+// server down. The clients go first: a client that is not reading would
+// make the broker wait for its close handshake. Safe to call twice.
+func (ts *testServer) stop() {
+	ts.mu.Lock()
+	for _, c := range ts.clients {
+		c.ws.CloseNow()
+	}
+	ts.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ts.broker.Shutdown(ctx)
+	ts.http.Close()
+}
+
+// openBolt opens a bbolt store or fails the test.
+func openBolt(t *testing.T, path string) *BoltStore {
+	t.Helper()
+	store, err := OpenBolt(path, quietLogger)
+	if err != nil {
+		t.Fatalf("OpenBolt: %v", err)
+	}
+	return store
+}
+
+// token signs a one-hour token for sub.
+func token(t *testing.T, sub string) string {
+	t.Helper()
+	tok, err := NewToken(testSecret, sub, time.Hour)
+	if err != nil {
+		t.Fatalf("NewToken: %v", err)
+	}
+	return tok
+}
+
+// got is any frame the broker sends, with every field the tests look at.
+type got struct {
+	Type      string          `json:"type"`
+	Sub       string          `json:"sub"`
+	Code      string          `json:"code"`
+	Message   string          `json:"message"`
+	Topic     string          `json:"topic"`
+	Payload   json.RawMessage `json:"payload"`
+	Timestamp int64           `json:"timestamp"`
+	MessageID string          `json:"message_id"`
+	QoS       int             `json:"qos"`
+	Seq       uint64          `json:"seq"`
+	Attempt   int             `json:"attempt"`
+	Recovered *bool           `json:"recovered"`
+	Duplicate bool            `json:"duplicate"`
+	Reason    string          `json:"reason"`
+}
+
+// client is one test client on a real WebSocket.
+type client struct {
+	t    *testing.T
+	name string
+	ws   *websocket.Conn
+}
+
+// dialRaw opens a WebSocket to url without authenticating.
+func dialRaw(t *testing.T, url, name string) *client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, url, nil)
+	if err != nil {
+		t.Fatalf("%s: dial: %v", name, err)
+	}
+	ws.SetReadLimit(4 << 20)
+	t.Cleanup(func() { ws.CloseNow() })
+	return &client{t: t, name: name, ws: ws}
+}
+
+// dial connects as sub and authenticates.
+func (ts *testServer) dial(sub string) *client {
+	ts.t.Helper()
+	c := dialRaw(ts.t, ts.url, sub)
+	ts.mu.Lock()
+	ts.clients = append(ts.clients, c)
+	ts.mu.Unlock()
+	c.send(map[string]any{"type": "auth", "token": token(ts.t, sub)})
+	c.expect("authenticated")
+	return c
+}
+
+// send writes v as one JSON text frame.
+func (c *client) send(v any) {
+	c.t.Helper()
+	data, err := json.Marshal(v)
+	if err != nil {
+		c.t.Fatalf("%s: marshal: %v", c.name, err)
+	}
+	c.sendRaw(websocket.MessageText, data)
+}
+
+// sendRaw writes one frame as it is.
+func (c *client) sendRaw(typ websocket.MessageType, data []byte) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.ws.Write(ctx, typ, data); err != nil {
+		c.t.Fatalf("%s: write: %v", c.name, err)
+	}
+}
+
+// next reads the next frame, failing the test after ten seconds.
+func (c *client) next() got {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(),
+		10*time.Second)
+	defer cancel()
+	_, data, err := c.ws.Read(ctx)
+	if err != nil {
+		c.t.Fatalf("%s: read: %v", c.name, err)
+	}
+	var g got
+	if err := json.Unmarshal(data, &g); err != nil {
+		c.t.Fatalf("%s: frame %s: %v", c.name, data, err)
+	}
+	return g
+}
+
+// expect reads the next frame and checks its type.
+func (c *client) expect(typ string) got {
+	c.t.Helper()
+	g := c.next()
+	if g.Type != typ {
+		c.t.Fatalf("%s: got frame %+v, want type %q", c.name, g, typ)
+	}
+	return g
+}
+
+// expectError reads the next frame and checks it is an error with code.
+func (c *client) expectError(code string) got {
+	c.t.Helper()
+	g := c.expect("error")
+	if g.Code != code {
+		c.t.Fatalf("%s: got error %q (%s), want %q", c.name, g.Code,
+			g.Message, code)
+	}
+	return g
+}
+
+// quiet proves nothing else is queued for c: a ping's pong comes next.
+func (c *client) quiet() {
+	c.t.Helper()
+	c.send(map[string]any{"type": "ping"})
+	c.expect("pong")
+}
+
+// subscribe subscribes with extra fields and returns the reply.
+func (c *client) subscribe(topic string, extra map[string]any) got {
+	c.t.Helper()
+	f := map[string]any{"type": "subscribe", "topic": topic}
+	for k, v := range extra {
+		f[k] = v
+	}
+	c.send(f)
+	return c.expect("subscribed")
+}
+
+// publish publishes payload; for QoS 1 it waits for and returns the
+// confirm.
+func (c *client) publish(topic string, payload any, qos int,
+	id string) got {
+	c.t.Helper()
+	f := map[string]any{"type": "publish", "topic": topic,
+		"payload": payload, "qos": qos}
+	if id != "" {
+		f["message_id"] = id
+	}
+	c.send(f)
+	if qos == 0 {
+		return got{}
+	}
+	return c.expect("published")
+}
+
+// ack acknowledges one message.
+func (c *client) ack(g got) {
+	c.t.Helper()
+	c.send(map[string]any{"type": "ack", "message_id": g.MessageID,
+		"topic": g.Topic})
+}
+
+// closeStatus reads until the connection ends and returns its close code.
+func (c *client) closeStatus() websocket.StatusCode {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(),
+		20*time.Second)
+	defer cancel()
+	for {
+		_, _, err := c.ws.Read(ctx)
+		if err != nil {
+			return websocket.CloseStatus(err)
+		}
+	}
+}
+
+// expectClose checks that the connection closes with code.
+func (c *client) expectClose(code websocket.StatusCode) {
+	c.t.Helper()
+	if status := c.closeStatus(); status != code {
+		c.t.Fatalf("%s: closed with %d, want %d", c.name, status, code)
+	}
+}
+
+// messages reads n deliveries and returns them.
+func (c *client) messages(n int) []got {
+	c.t.Helper()
+	list := make([]got, 0, n)
+	for range n {
+		list = append(list, c.expect("message"))
+	}
+	return list
+}
+
+// seqs lists the seq of each delivery.
+func seqs(list []got) []uint64 {
+	out := make([]uint64, len(list))
+	for i, g := range list {
+		out[i] = g.Seq
+	}
+	return out
+}
+
+// span returns the seqs from first to last inclusive.
+func span(first, last uint64) []uint64 {
+	var out []uint64
+	for s := first; s <= last; s++ {
+		out = append(out, s)
+	}
+	return out
+}
+
+// wantSeqs fails unless list holds exactly the seqs want.
+func wantSeqs(t *testing.T, list []got, want []uint64) {
+	t.Helper()
+	if got := seqs(list); !slices.Equal(got, want) {
+		t.Fatalf("got seqs %v, want %v", got, want)
+	}
+}
+
+// pendingCount is how many unacked deliveries the broker holds in all.
+func pendingCount(b *Broker) int {
+	n := 0
+	for _, c := range b.connectionList() {
+		c.mu.Lock()
+		n += len(c.pending)
+		c.mu.Unlock()
+	}
+	return n
+}
+
+// memoryStore is a Store kept in memory: it proves the broker needs no
+// more of a store than the interface says.
+type memoryStore struct {
+	mu      sync.Mutex
+	logs    map[string][]*Message
+	heads   map[string]uint64
+	cursors map[string]uint64
+	closed  bool
+}
+
+// newMemoryStore returns an empty memoryStore.
+func newMemoryStore() *memoryStore {
+	return &memoryStore{logs: map[string][]*Message{},
+		heads: map[string]uint64{}, cursors: map[string]uint64{}}
+}
+
+// Commit applies a batch: appends, trims, cursors.
+func (s *memoryStore) Commit(batch *Batch) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("memory store closed")
+	}
+	for _, m := range batch.Messages {
+		s.logs[m.Topic] = append(s.logs[m.Topic], m)
+		s.heads[m.Topic] = max(s.heads[m.Topic], m.Seq)
+	}
+	for topic, upTo := range batch.Trims {
+		s.logs[topic] = slices.DeleteFunc(s.logs[topic],
+			func(m *Message) bool { return m.Seq <= upTo })
+	}
+	for key, position := range batch.Cursors {
+		s.cursors[key] = position
+	}
+	return nil
+}
+
+// Read returns up to limit messages after seq.
+func (s *memoryStore) Read(topic string, after uint64,
+	limit int) ([]*Message, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*Message
+	for _, m := range s.logs[topic] {
+		if m.Seq > after && len(out) < limit {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// Topics returns every topic's head.
+func (s *memoryStore) Topics() (map[string]uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps(s.heads), nil
+}
+
+// Cursor returns a stored cursor.
+func (s *memoryStore) Cursor(key string) (uint64, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	position, ok := s.cursors[key]
+	return position, ok, nil
+}
+
+// Close marks the store closed.
+func (s *memoryStore) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	return nil
+}
+
+// maps copies a map.
+func maps[K comparable, V any](m map[K]V) map[K]V {
+	out := make(map[K]V, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}

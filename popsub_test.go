@@ -1,0 +1,589 @@
+package popsub
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// These tests are the broker's specification. Each runs a real broker on
+// 127.0.0.1 and talks to it over WebSockets, except the few that use
+// testing/synctest to run the retry and retention clocks in fake time.
+
+func TestBroker_Authentication(t *testing.T) {
+	ts := startBroker(t, Options{AuthTimeout: 100 * time.Millisecond})
+	sign := func(method jwt.SigningMethod, key any, claims jwt.Claims) string {
+		tok, err := jwt.NewWithClaims(method, claims).SignedString(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	hour := jwt.NewNumericDate(time.Now().Add(time.Hour))
+	refused := map[string]string{
+		"a token signed with another secret": sign(jwt.SigningMethodHS256,
+			[]byte("another-secret-another-secret-!!"),
+			jwt.RegisteredClaims{Subject: "eve", ExpiresAt: hour}),
+		"an expired token": sign(jwt.SigningMethodHS256, testSecret,
+			jwt.RegisteredClaims{Subject: "eve",
+				ExpiresAt: jwt.NewNumericDate(time.Now().Add(-time.Hour))}),
+		"a token without exp": sign(jwt.SigningMethodHS256, testSecret,
+			jwt.RegisteredClaims{Subject: "eve"}),
+		"a token without sub": sign(jwt.SigningMethodHS256, testSecret,
+			jwt.RegisteredClaims{ExpiresAt: hour}),
+		"a token with alg none": sign(jwt.SigningMethodNone,
+			jwt.UnsafeAllowNoneSignatureType,
+			jwt.RegisteredClaims{Subject: "eve", ExpiresAt: hour}),
+		"a token longer than the cap": strings.Repeat("a", 5000),
+	}
+
+	t.Run("a valid token is answered with authenticated", func(t *testing.T) {
+		c := dialRaw(t, ts.url, "alice")
+		c.send(map[string]any{"type": "auth", "token": token(t, "alice")})
+		if g := c.expect("authenticated"); g.Sub != "alice" {
+			t.Fatalf("sub = %q, want alice", g.Sub)
+		}
+	})
+	for name, tok := range refused {
+		t.Run(name+" gets auth_failed and close 4001", func(t *testing.T) {
+			c := dialRaw(t, ts.url, "eve")
+			c.send(map[string]any{"type": "auth", "token": tok})
+			c.expectError("auth_failed")
+			c.expectClose(CloseAuthFailed)
+		})
+	}
+	t.Run("a frame before auth gets unauthenticated and 4001",
+		func(t *testing.T) {
+			c := dialRaw(t, ts.url, "eve")
+			c.send(map[string]any{"type": "subscribe", "topic": "chat"})
+			if g := c.expectError("unauthenticated"); g.Message !=
+				"must authenticate first" {
+				t.Fatalf("message = %q", g.Message)
+			}
+			c.expectClose(CloseAuthFailed)
+		})
+	t.Run("a silent connection is closed with 4001", func(t *testing.T) {
+		c := dialRaw(t, ts.url, "eve")
+		c.expectClose(CloseAuthFailed)
+	})
+	t.Run("a re-auth with a fresh token keeps the session",
+		func(t *testing.T) {
+			c := ts.dial("alice")
+			c.send(map[string]any{"type": "auth", "token": token(t, "alice")})
+			c.expect("authenticated")
+			c.quiet()
+		})
+}
+
+func TestBroker_AcksArePerSubscriber(t *testing.T) {
+	ts := startBroker(t, Options{AckTimeout: 30 * time.Millisecond})
+	alice, bob := ts.dial("alice"), ts.dial("bob")
+	publisher := ts.dial("publisher")
+	alice.subscribe("jobs", nil)
+	bob.subscribe("jobs", nil)
+
+	confirm := publisher.publish("jobs", "build", 1, "job-1")
+	first := alice.expect("message")
+	alice.ack(first)
+	bobFirst := bob.expect("message")
+	if first.Attempt != 1 || bobFirst.Attempt != 1 {
+		t.Fatalf("attempts %d, %d; want 1, 1", first.Attempt,
+			bobFirst.Attempt)
+	}
+
+	t.Run("the retry goes only to the subscriber that did not ack",
+		func(t *testing.T) {
+			retry := bob.expect("message")
+			if retry.Attempt != 2 || retry.MessageID != "job-1" ||
+				retry.Seq != confirm.Seq {
+				t.Fatalf("retry = %+v, want job-1 seq %d attempt 2", retry,
+					confirm.Seq)
+			}
+			alice.quiet()
+		})
+	t.Run("an ack for someone else's delivery changes nothing",
+		func(t *testing.T) {
+			publisher.ack(first)
+			publisher.quiet()
+			if retry := bob.expect("message"); retry.Attempt != 3 {
+				t.Fatalf("attempt = %d, want 3", retry.Attempt)
+			}
+		})
+	t.Run("an ack clears the acking subscriber's entry", func(t *testing.T) {
+		bob.ack(first)
+		bob.quiet()
+		if n := pendingCount(ts.broker); n != 0 {
+			t.Fatalf("pending entries = %d, want 0", n)
+		}
+	})
+}
+
+func TestBroker_DeadLetters(t *testing.T) {
+	ts := startBroker(t, Options{AckTimeout: 20 * time.Millisecond,
+		MaxRetries: 2})
+	worker, operator := ts.dial("worker"), ts.dial("operator")
+	publisher := ts.dial("publisher")
+	worker.subscribe("jobs", nil)
+	operator.subscribe("$dead/jobs", nil)
+
+	confirm := publisher.publish("jobs", map[string]any{"n": 1}, 1, "")
+	attempts := []int{}
+	for _, g := range worker.messages(3) {
+		attempts = append(attempts, g.Attempt)
+	}
+	if !slices.Equal(attempts, []int{1, 2, 3}) {
+		t.Fatalf("attempts = %v, want [1 2 3]", attempts)
+	}
+
+	dead := operator.expect("message")
+	operator.ack(dead)
+	var letter deadLetter
+	if err := json.Unmarshal(dead.Payload, &letter); err != nil {
+		t.Fatalf("dead letter payload %s: %v", dead.Payload, err)
+	}
+	want := deadLetter{Topic: "jobs", MessageID: confirm.MessageID,
+		Seq: confirm.Seq, Payload: json.RawMessage(`{"n":1}`),
+		Reason: "not acknowledged", Attempts: 3, Subscriber: "worker"}
+	if fmt.Sprint(letter) != fmt.Sprint(want) {
+		t.Fatalf("dead letter = %+v, want %+v", letter, want)
+	}
+	worker.quiet()
+	if n := pendingCount(ts.broker); n != 0 {
+		t.Fatalf("pending entries = %d, want 0", n)
+	}
+}
+
+func TestBroker_ReplayKeepsOriginalIdentity(t *testing.T) {
+	ts := startBroker(t, Options{AckTimeout: 30 * time.Millisecond})
+	watcher, publisher := ts.dial("watcher"), ts.dial("publisher")
+	watcher.subscribe("news", nil)
+	publisher.publish("news", "zero", 0, "n-0")
+	publisher.publish("news", map[string]any{"one": 1}, 1, "n-1")
+	live := watcher.messages(2)
+	for _, g := range live {
+		watcher.ack(g)
+	}
+
+	late := ts.dial("late")
+	if g := late.subscribe("news", nil); g.Seq != 2 {
+		t.Fatalf("subscribed seq = %d, want 2", g.Seq)
+	}
+	replayed := late.messages(2)
+	for i, g := range replayed {
+		want := live[i]
+		if g.MessageID != want.MessageID || g.Seq != want.Seq ||
+			g.Timestamp != want.Timestamp || g.QoS != want.QoS ||
+			string(g.Payload) != string(want.Payload) {
+			t.Fatalf("replayed %+v, want the original %+v", g, want)
+		}
+	}
+
+	t.Run("a QoS 1 replay is retried until acked", func(t *testing.T) {
+		retry := late.expect("message")
+		if retry.MessageID != "n-1" || retry.Attempt != 2 {
+			t.Fatalf("got %+v, want n-1 attempt 2", retry)
+		}
+		late.ack(retry)
+		late.quiet()
+	})
+}
+
+func TestBroker_SubscribeOptions(t *testing.T) {
+	ts := startBroker(t, Options{MaxMessages: 5})
+	publisher := ts.dial("publisher")
+	for i := range 10 {
+		publisher.publish("log", i, 1, "")
+	}
+	cases := []struct {
+		name      string
+		extra     map[string]any
+		recovered bool
+		want      []uint64
+	}{
+		{"no options replay everything retained", nil, true, span(6, 10)},
+		{"after returns only newer messages",
+			map[string]any{"after": 7}, true, span(8, 10)},
+		{"after the head replays nothing",
+			map[string]any{"after": 10}, true, nil},
+		{"after what retention removed says recovered false",
+			map[string]any{"after": 2}, false, span(6, 10)},
+		{"after beyond the head says recovered false",
+			map[string]any{"after": 50}, false, span(6, 10)},
+		{"last returns the newest messages",
+			map[string]any{"last": 3}, true, span(8, 10)},
+		{"last larger than the log returns what is retained",
+			map[string]any{"last": 50}, true, span(6, 10)},
+		{"last 0 is live only", map[string]any{"last": 0}, true, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ts.dial("reader")
+			g := c.subscribe("log", tc.extra)
+			if g.Seq != 10 || (g.Recovered == nil) != tc.recovered {
+				t.Fatalf("subscribed = %+v, want seq 10, recovered %v", g,
+					tc.recovered)
+			}
+			wantSeqs(t, c.messages(len(tc.want)), tc.want)
+			c.quiet()
+		})
+	}
+	t.Run("after and last together are refused", func(t *testing.T) {
+		c := ts.dial("reader")
+		c.send(map[string]any{"type": "subscribe", "topic": "log",
+			"after": 1, "last": 1})
+		c.expectError("bad_frame")
+	})
+}
+
+func TestBroker_ReplayHandOverHasNoGap(t *testing.T) {
+	const total = 3000
+	ts := startBroker(t, Options{MaxMessages: total, Outbox: 4 * total})
+	publisher := ts.dial("publisher")
+	subscriber := ts.dial("subscriber")
+
+	// The publisher runs while the subscriber joins: some messages are
+	// replayed, the rest arrive live, and the seams must not show.
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := range total {
+			publisher.publish("ticks", i, 0, "")
+		}
+		publisher.quiet()
+	})
+	for {
+		if ts.broker.topic("ticks").headNow() > total/10 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	subscriber.subscribe("ticks", nil)
+	wantSeqs(t, subscriber.messages(total), span(1, total))
+	wg.Wait()
+	subscriber.quiet()
+}
+
+// headNow reads t.head under its lock (tests only).
+func (t *topic) headNow() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.head
+}
+
+func TestBroker_DurableSubscriptions(t *testing.T) {
+	path := t.TempDir() + "/popsub.db"
+	ts := startBroker(t, Options{Store: openBolt(t, path)})
+	publisher := ts.dial("publisher")
+	durable := map[string]any{"durable": "billing"}
+
+	worker := ts.dial("worker")
+	worker.subscribe("orders", durable)
+	for i := range 3 {
+		publisher.publish("orders", i, 1, fmt.Sprintf("o-%d", i+1))
+	}
+	got := worker.messages(3)
+	worker.ack(got[0])
+	worker.ack(got[1])
+	worker.quiet()
+	worker.ws.Close(websocket.StatusNormalClosure, "")
+
+	t.Run("a new connection resumes after the last acked message",
+		func(t *testing.T) {
+			publisher.publish("orders", 3, 1, "o-4")
+			again := ts.dial("worker")
+			again.subscribe("orders", durable)
+			list := again.messages(2)
+			wantSeqs(t, list, []uint64{3, 4})
+			again.ack(list[0])
+			again.quiet()
+			again.ws.Close(websocket.StatusNormalClosure, "")
+		})
+	t.Run("the cursor survives a broker restart", func(t *testing.T) {
+		ts.stop()
+		restarted := startBroker(t, Options{Store: openBolt(t, path)})
+		again := restarted.dial("worker")
+		again.subscribe("orders", durable)
+		wantSeqs(t, again.messages(1), []uint64{4})
+		again.quiet()
+
+		other := restarted.dial("worker")
+		other.subscribe("orders", map[string]any{"durable": "audit"})
+		wantSeqs(t, other.messages(4), span(1, 4))
+
+		thief := restarted.dial("worker")
+		thief.subscribe("orders", durable)
+		wantSeqs(t, thief.messages(1), []uint64{4})
+		if g := again.expect("unsubscribed"); g.Reason == "" {
+			t.Fatalf("taken-over subscription got %+v, want a reason", g)
+		}
+	})
+}
+
+func TestBroker_IdempotentPublish(t *testing.T) {
+	ts := startBroker(t, Options{})
+	publisher, reader := ts.dial("publisher"), ts.dial("reader")
+	reader.subscribe("pay", nil)
+	first := publisher.publish("pay", 10, 1, "pay-1")
+	again := publisher.publish("pay", 10, 1, "pay-1")
+	if first.Duplicate || !again.Duplicate || again.Seq != first.Seq {
+		t.Fatalf("confirms %+v then %+v; want the same seq, second "+
+			"marked duplicate", first, again)
+	}
+	reader.ack(reader.expect("message"))
+	reader.quiet()
+
+	t.Run("the dedup memory survives a restart", func(t *testing.T) {
+		path := t.TempDir() + "/popsub.db"
+		one := startBroker(t, Options{Store: openBolt(t, path)})
+		one.dial("p").publish("pay", 1, 1, "pay-1")
+		one.stop()
+		two := startBroker(t, Options{Store: openBolt(t, path)})
+		if g := two.dial("p").publish("pay", 1, 1, "pay-1"); !g.Duplicate {
+			t.Fatalf("after restart got %+v, want duplicate", g)
+		}
+	})
+}
+
+func TestBroker_ConfirmedMessagesSurviveRestart(t *testing.T) {
+	path := t.TempDir() + "/popsub.db"
+	ts := startBroker(t, Options{Store: openBolt(t, path)})
+	publisher := ts.dial("publisher")
+	var ids []string
+	for i := range 50 {
+		ids = append(ids, publisher.publish("audit", i, 1, "").MessageID)
+	}
+	ts.stop()
+
+	restarted := startBroker(t, Options{Store: openBolt(t, path)})
+	reader := restarted.dial("reader")
+	reader.subscribe("audit", map[string]any{"last": 50})
+	for i, g := range reader.messages(50) {
+		if g.MessageID != ids[i] || g.Seq != uint64(i+1) {
+			t.Fatalf("message %d = %+v, want id %s", i, g, ids[i])
+		}
+	}
+	next := restarted.dial("publisher").publish("audit", "after", 1, "")
+	if next.Seq != 51 {
+		t.Fatalf("first seq after restart = %d, want 51", next.Seq)
+	}
+}
+
+func TestBroker_SlowConsumers(t *testing.T) {
+	t.Run("a full in-flight window cuts the subscriber off with 4008",
+		func(t *testing.T) {
+			ts := startBroker(t, Options{MaxInflight: 4})
+			slow, fast := ts.dial("slow"), ts.dial("fast")
+			publisher := ts.dial("publisher")
+			slow.subscribe("q", nil)
+			fast.subscribe("q", nil)
+			for i := range 10 {
+				publisher.publish("q", i, 1, "")
+				fast.ack(fast.expect("message"))
+			}
+			slow.expectClose(CloseSlowConsumer)
+			fast.quiet()
+		})
+	t.Run("a full outbox cuts the subscriber off, others unaffected",
+		func(t *testing.T) {
+			ts := startBroker(t, Options{Outbox: 4})
+			slow, fast := ts.dial("slow"), ts.dial("fast")
+			publisher := ts.dial("publisher")
+			slow.subscribe("video", nil)
+			fast.subscribe("video", nil)
+			frame := strings.Repeat("x", 64<<10)
+			for i := range 300 {
+				publisher.publish("video", frame, 0, "")
+				if g := fast.expect("message"); g.Seq != uint64(i+1) {
+					t.Fatalf("fast got seq %d, want %d", g.Seq, i+1)
+				}
+			}
+			slow.expectClose(CloseSlowConsumer)
+		})
+	t.Run("a prompt subscriber is never cut off by a long replay",
+		func(t *testing.T) {
+			ts := startBroker(t, Options{Outbox: 8, MaxInflight: 10})
+			publisher := ts.dial("publisher")
+			for i := range 500 {
+				publisher.publish("history", i, 1, "")
+			}
+			reader := ts.dial("reader")
+			reader.subscribe("history", nil)
+			for i := range 500 {
+				g := reader.expect("message")
+				if g.Seq != uint64(i+1) {
+					t.Fatalf("got seq %d, want %d", g.Seq, i+1)
+				}
+				reader.ack(g)
+			}
+			reader.quiet()
+		})
+}
+
+func TestBroker_BadFramesGetErrors(t *testing.T) {
+	ts := startBroker(t, Options{MaxFrameBytes: 4096})
+	cases := []struct {
+		name  string
+		frame string
+		code  string
+	}{
+		{"malformed JSON", `{"type":`, "bad_frame"},
+		{"a field of the wrong type",
+			`{"type":"publish","topic":"a","payload":1,"qos":"1"}`,
+			"bad_frame"},
+		{"a frame without a type", `{"topic":"a"}`, "missing_field"},
+		{"an unknown type", `{"type":"dance"}`, "unknown_type"},
+		{"a subscribe to an invalid filter",
+			`{"type":"subscribe","topic":"a/#/b"}`, "invalid_topic"},
+		{"a subscribe to an empty topic", `{"type":"subscribe"}`,
+			"invalid_topic"},
+		{"a subscribe to a topic over 256 bytes",
+			`{"type":"subscribe","topic":"` + strings.Repeat("a", 257) +
+				`"}`, "invalid_topic"},
+		{"a durable wildcard subscription",
+			`{"type":"subscribe","topic":"a/+","durable":"d"}`, "bad_frame"},
+		{"a publish to a wildcard",
+			`{"type":"publish","topic":"a/+","payload":1}`, "invalid_topic"},
+		{"a publish without a payload",
+			`{"type":"publish","topic":"a"}`, "missing_field"},
+		{"a publish with qos 2",
+			`{"type":"publish","topic":"a","payload":1,"qos":2}`,
+			"invalid_qos"},
+		{"a publish to a broker topic",
+			`{"type":"publish","topic":"$dead/a","payload":1}`, "forbidden"},
+		{"a message_id over 256 bytes",
+			`{"type":"publish","topic":"a","payload":1,"message_id":"` +
+				strings.Repeat("i", 257) + `"}`, "invalid_message_id"},
+		{"an ack without a message_id", `{"type":"ack"}`, "missing_field"},
+	}
+	c := ts.dial("fuzzy")
+	for _, tc := range cases {
+		t.Run(tc.name+" gets "+tc.code, func(t *testing.T) {
+			c.t = t
+			c.sendRaw(websocket.MessageText, []byte(tc.frame))
+			c.expectError(tc.code)
+			c.quiet()
+		})
+	}
+	closes := []struct {
+		name string
+		typ  websocket.MessageType
+		data []byte
+		code websocket.StatusCode
+	}{
+		{"a frame over the limit closes with 1009", websocket.MessageText,
+			[]byte(`"` + strings.Repeat("x", 5000) + `"`),
+			websocket.StatusMessageTooBig},
+		{"a binary frame closes with 1003", websocket.MessageBinary,
+			[]byte(`{"type":"ping"}`), websocket.StatusUnsupportedData},
+		{"invalid UTF-8 closes with 1007", websocket.MessageText,
+			[]byte("{\"type\":\"ping\",\"x\":\"\xff\"}"),
+			websocket.StatusInvalidFramePayloadData},
+	}
+	for _, tc := range closes {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ts.dial("fuzzy")
+			c.sendRaw(tc.typ, tc.data)
+			c.expectClose(tc.code)
+		})
+	}
+	t.Run("other clients are unaffected", func(t *testing.T) {
+		ts.dial("bystander").quiet()
+	})
+}
+
+func TestBroker_Wildcards(t *testing.T) {
+	ts := startBroker(t, Options{AckTimeout: time.Minute})
+	sensors, everything := ts.dial("sensors"), ts.dial("everything")
+	publisher := ts.dial("publisher")
+	publisher.publish("sensors/old/temp", 0, 0, "")
+	publisher.quiet()
+	sensors.subscribe("sensors/+/temp", nil)
+	everything.subscribe("#", nil)
+
+	publisher.publish("sensors/kitchen/temp", 21, 0, "")
+	publisher.publish("sensors/kitchen/humidity", 40, 0, "")
+	publisher.quiet()
+	g := sensors.expect("message")
+	if g.Topic != "sensors/kitchen/temp" {
+		t.Fatalf("got topic %q, want sensors/kitchen/temp", g.Topic)
+	}
+	sensors.quiet()
+	if list := everything.messages(2); list[1].Topic !=
+		"sensors/kitchen/humidity" {
+		t.Fatalf("# got %+v", list)
+	}
+	everything.quiet()
+
+	t.Run("unsubscribe stops deliveries", func(t *testing.T) {
+		sensors.send(map[string]any{"type": "unsubscribe",
+			"topic": "sensors/+/temp"})
+		sensors.expect("unsubscribed")
+		publisher.publish("sensors/kitchen/temp", 22, 0, "")
+		publisher.quiet()
+		everything.expect("message")
+		sensors.quiet()
+	})
+}
+
+func TestMatches(t *testing.T) {
+	cases := []struct {
+		filter, topic string
+		want          bool
+	}{
+		{"a/b", "a/b", true},
+		{"a/b", "a/c", false},
+		{"a/+", "a/b", true},
+		{"a/+", "a/b/c", false},
+		{"a/+/c", "a/b/c", true},
+		{"a/#", "a", true},
+		{"a/#", "a/b/c", true},
+		{"#", "a/b", true},
+		{"+", "a", true},
+		{"+", "a/b", false},
+		{"#", "$dead/a", false},
+		{"+/a", "$sys/a", false},
+		{"$dead/#", "$dead/a", true},
+		{"a/b", "a", false},
+		{"a", "a/b", false},
+		{"a//c", "a//c", true},
+		{"a/+/c", "a//c", true},
+	}
+	for _, tc := range cases {
+		if got := matches(tc.filter, tc.topic); got != tc.want {
+			t.Errorf("matches(%q, %q) = %v, want %v", tc.filter, tc.topic,
+				got, tc.want)
+		}
+	}
+}
+
+func TestAppendDelivery_IsValidJSON(t *testing.T) {
+	m := &Message{Topic: "a\"b\\c\n\u00e9", ID: "id\x01", Seq: 7,
+		Timestamp: 1700000000000, QoS: 1, Payload: json.RawMessage(`{"k":[1]}`)}
+	var g got
+	if err := json.Unmarshal(appendDelivery(nil, m, 3), &g); err != nil {
+		t.Fatalf("appendDelivery made invalid JSON: %v", err)
+	}
+	if g.Topic != m.Topic || g.MessageID != m.ID || g.Seq != 7 ||
+		g.Attempt != 3 || g.QoS != 1 || g.Timestamp != m.Timestamp {
+		t.Fatalf("decoded %+v from %+v", g, m)
+	}
+}
+
+func TestBroker_ShutdownClosesClientsWith1001(t *testing.T) {
+	ts := startBroker(t, Options{})
+	c := dialRaw(t, ts.url, "reader")
+	c.send(map[string]any{"type": "auth", "token": token(t, "reader")})
+	c.expect("authenticated")
+	done := make(chan websocket.StatusCode)
+	go func() { done <- c.closeStatus() }()
+	ts.stop()
+	if code := <-done; code != websocket.StatusGoingAway {
+		t.Fatalf("closed with %d, want 1001", code)
+	}
+}
