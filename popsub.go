@@ -268,11 +268,11 @@ type topic struct {
 	name string // the exact topic name
 
 	mu          sync.Mutex                 // guards the fields below
-	head        uint64                     // newest seq; 0 before any
+	head        uint64                     // newest seq given; 0 before any
+	committed   uint64                     // newest seq on disk and fanned out
 	lastTime    int64                      // newest timestamp, Unix ms
 	index       []entry                    // retained messages, by seq
 	ids         map[string]uint64          // QoS 1 message_id → seq
-	unflushed   []*Message                 // sequenced, not yet on disk
 	subscribers map[*subscription]struct{} // exact-topic subscriptions
 }
 
@@ -325,7 +325,7 @@ func (b *Broker) loadTopics() error {
 	}
 	for name, head := range heads {
 		t := newTopic(name)
-		t.head = head
+		t.head, t.committed = head, head
 		for after := uint64(0); ; {
 			msgs, err := b.store.Read(name, after, replayChunk)
 			if err != nil {
@@ -976,11 +976,14 @@ func (b *Broker) unsubscribe(s *subscription) {
 //
 // The original stamped, stored and then sent each message under its one
 // lock. Here a publish takes only its topic's lock, and only for work
-// that touches no socket and no disk: give the message the next seq,
-// hand it to the log committer, and offer one shared encoding of the
-// delivery to every live subscriber's outbox. The disk write happens
-// after, in a batch with other publishes; only a QoS 1 publisher waits
-// for it, on its own connection's confirmer, before it hears "published".
+// that touches no socket and no disk: give the message the next seq and
+// hand it to the log committer. The committer writes it in a batch with
+// other publishes and only then fans it out, offering one shared encoding
+// to every live subscriber's outbox. Delivering before the disk write
+// would be faster by one sync, but a crash could then reuse a seq that a
+// subscriber already saw, and its "after" would skip the new message.
+// Only a QoS 1 publisher waits for the sync, on its connection's
+// confirmer, before it hears "published".
 
 // confirm is a QoS 1 publish waiting for its batch to reach the disk.
 type confirm struct {
@@ -1064,9 +1067,10 @@ func (c *connection) confirmLoop() {
 	}
 }
 
-// publish sequences m, logs it and fans it out. It returns m's seq,
-// whether m repeated a QoS 1 message_id the topic still remembers, and
-// the flush that makes it durable.
+// publish sequences m and queues it for the log, which fans it out once
+// it is on disk. It returns m's seq, whether m repeated a QoS 1
+// message_id the topic still remembers, and the flush that makes it
+// durable.
 func (b *Broker) publish(m *Message) (uint64, bool, *flush) {
 	t := b.topic(m.Topic)
 	t.mu.Lock()
@@ -1083,13 +1087,62 @@ func (b *Broker) publish(m *Message) (uint64, bool, *flush) {
 	m.Seq = t.head
 	m.Timestamp = max(time.Now().UnixMilli(), t.lastTime)
 	t.remember(m)
-	t.unflushed = append(t.unflushed, m)
 	synced := b.log.append(m)
 	if over := len(t.index) - b.opts.MaxMessages; over > 0 {
 		b.log.trim(t.name, t.forget(over))
 	}
-	b.fanOut(t, m)
 	return m.Seq, false, synced
+}
+
+// deliverCommitted fans out a committed batch, topic by topic, in seq
+// order. It runs on the committer's goroutine, right after the sync.
+func (b *Broker) deliverCommitted(msgs []*Message) {
+	for _, group := range byTopic(msgs) {
+		t := b.topic(group[0].Topic)
+		t.mu.Lock()
+		for _, m := range group {
+			t.committed = m.Seq
+			b.fanOut(t, m)
+		}
+		t.mu.Unlock()
+	}
+}
+
+// forgetFailed undoes the index entries of a batch the store refused, so
+// that a publisher's retry is not mistaken for a duplicate, and moves the
+// committed mark past them so that replay does not wait for them.
+func (b *Broker) forgetFailed(msgs []*Message) {
+	for _, group := range byTopic(msgs) {
+		t := b.topic(group[0].Topic)
+		t.mu.Lock()
+		for _, m := range group {
+			if t.ids[m.ID] == m.Seq {
+				delete(t.ids, m.ID)
+			}
+			t.committed = max(t.committed, m.Seq)
+		}
+		t.index = slices.DeleteFunc(t.index, func(e entry) bool {
+			return slices.ContainsFunc(group,
+				func(m *Message) bool { return m.Seq == e.seq })
+		})
+		t.mu.Unlock()
+	}
+}
+
+// byTopic splits msgs into runs per topic, keeping each topic's order.
+func byTopic(msgs []*Message) [][]*Message {
+	groups := map[string]int{}
+	var out [][]*Message
+	for _, m := range msgs {
+		i, ok := groups[m.Topic]
+		if !ok {
+			i = len(out)
+			groups[m.Topic] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], m)
+	}
+	return out
 }
 
 // fanOut offers m to every live subscriber of t and every matching
@@ -1329,7 +1382,10 @@ func (b *Broker) deadLetter(p *pending, subscriber string) {
 // The original replayed stored messages with fresh ids and no guarantee.
 // Here replay is a contract: a message replays with its original
 // message_id, seq, timestamp and qos, and a QoS 1 replay is tracked and
-// retried like a live delivery. Replay waits for room rather than
+// retried like a live delivery. The hand-over to live rests on one mark,
+// the topic's committed seq: the committer moves it and fans out under
+// the topic's lock, and the replayer turns live under that same lock once
+// it has read up to the mark. Replay waits for room rather than
 // overflowing: it uses at most half the outbox and half the in-flight
 // window, so a subscriber that reads and acks is never cut off by its own
 // history, and live traffic on its other subscriptions still has room.
@@ -1356,10 +1412,9 @@ func (s *subscription) replay(after uint64) {
 			continue
 		}
 
-		// Nothing read, yet the index may name newer messages: either
-		// they were published a moment ago (read again) or they cannot
-		// be read at all (a corrupt record or a failed commit). Seeing
-		// the same newest seq twice means the second: skip past it.
+		// Nothing read, yet newer messages may be committed: either a
+		// moment ago (read again) or unreadably (a corrupt record).
+		// Seeing the same mark twice means the second: skip past it.
 		live, newest := s.goLive(after)
 		if live {
 			return
@@ -1371,15 +1426,15 @@ func (s *subscription) replay(after uint64) {
 	}
 }
 
-// goLive turns s live if the log holds nothing after seq; otherwise it
-// returns the newest seq it holds. Under t.mu no publish can run, so
-// nothing falls between replay and live.
+// goLive turns s live if nothing after seq is committed; otherwise it
+// returns the committed mark. Under t.mu no fan-out can run, so nothing
+// falls between replay and live.
 func (s *subscription) goLive(after uint64) (bool, uint64) {
 	t := s.topic
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if n := len(t.index); n > 0 && t.index[n-1].seq > after {
-		return false, t.index[n-1].seq
+	if t.committed > after {
+		return false, t.committed
 	}
 	if _, subscribed := t.subscribers[s]; subscribed {
 		s.live = true
@@ -1408,29 +1463,9 @@ func (c *connection) deliverReplay(s *subscription, m *Message) bool {
 	}
 }
 
-// readLog returns up to replayChunk messages of t after seq. Messages
-// still on their way to disk are taken from t.unflushed, which is read
-// first: a message gone from it by the time the store is read is in the
-// store, so none can fall between the two reads.
+// readLog returns up to replayChunk committed messages of t after seq.
 func (b *Broker) readLog(t *topic, after uint64) ([]*Message, error) {
-	t.mu.Lock()
-	recent := slices.Clone(t.unflushed)
-	t.mu.Unlock()
-
-	msgs, err := b.store.Read(t.name, after, replayChunk)
-	if err != nil || len(msgs) == replayChunk {
-		return msgs, err
-	}
-	newest := after
-	if len(msgs) > 0 {
-		newest = msgs[len(msgs)-1].Seq
-	}
-	for _, m := range recent {
-		if m.Seq > newest {
-			msgs = append(msgs, m)
-		}
-	}
-	return msgs, nil
+	return b.store.Read(t.name, after, replayChunk)
 }
 
 // # The log and its storage seam
@@ -1440,9 +1475,10 @@ func (b *Broker) readLog(t *topic, after uint64) ([]*Message, error) {
 // message to disk on the publisher's path; one sync per message caps a
 // broker near two thousand publishes a second. Here a committer goroutine
 // gathers everything queued since its last sync (appends, trims, cursor
-// moves) into one transaction and one sync: group commit. Only QoS 1
-// publishers wait for it. The disk sits behind Store, five methods, so
-// that a bigger engine can replace bbolt without touching the broker.
+// moves) into one transaction and one sync: group commit. Then it fans
+// the batch out; only QoS 1 publishers wait for it. The disk sits behind
+// Store, five methods, so that a bigger engine can replace bbolt without
+// touching the broker.
 
 // Store keeps topic logs and durable cursors. Implementations must make a
 // Commit durable before returning and must be safe for concurrent use.
@@ -1579,10 +1615,13 @@ func (c *committer) loop() {
 
 		fate.err = c.broker.store.Commit(batch)
 		if fate.err != nil {
-			c.broker.logger.Error("log commit", "err", fate.err)
+			c.broker.logger.Error("log commit", "err", fate.err,
+				"messages", len(batch.Messages))
+			c.broker.forgetFailed(batch.Messages)
+		} else {
+			c.broker.deliverCommitted(batch.Messages)
 		}
 		close(fate.done)
-		c.broker.flushed(batch.Messages)
 
 		c.mu.Lock()
 		c.committing = nil
@@ -1600,24 +1639,6 @@ func (c *committer) stop() {
 	c.signal()
 	c.mu.Unlock()
 	<-c.ended
-}
-
-// flushed drops committed messages from their topics' unflushed lists.
-func (b *Broker) flushed(msgs []*Message) {
-	newest := map[string]uint64{}
-	for _, m := range msgs {
-		newest[m.Topic] = max(newest[m.Topic], m.Seq)
-	}
-	for name, seq := range newest {
-		t := b.topic(name)
-		t.mu.Lock()
-		n := 0
-		for n < len(t.unflushed) && t.unflushed[n].Seq <= seq {
-			n++
-		}
-		t.unflushed = slices.Delete(t.unflushed, 0, n)
-		t.mu.Unlock()
-	}
 }
 
 // retentionLoop enforces every topic's time-to-live until Shutdown. The

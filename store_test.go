@@ -1,0 +1,370 @@
+package popsub
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// This file tests what lies behind the Store seam, the clocks that drive
+// retries and retention (in fake time, with testing/synctest), and what
+// survives a crash.
+
+// TestMain lets the crash test run this binary as a broker it can kill.
+func TestMain(m *testing.M) {
+	if path := os.Getenv("POPSUB_TEST_CHILD_DB"); path != "" {
+		serveChild(path)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// serveChild runs a broker on 127.0.0.1 over the bbolt file at path and
+// prints its address. It exits by itself after a minute.
+func serveChild(path string) {
+	time.AfterFunc(time.Minute, func() { os.Exit(3) })
+	store, err := OpenBolt(path, quietLogger)
+	if err != nil {
+		fmt.Println("error:", err)
+		os.Exit(1)
+	}
+	b, err := New(Options{Secret: testSecret, Store: store,
+		MaxMessages: 1 << 20, Logger: quietLogger})
+	if err != nil {
+		fmt.Println("error:", err)
+		os.Exit(1)
+	}
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Println("error:", err)
+		os.Exit(1)
+	}
+	fmt.Println(listener.Addr())
+	http.Serve(listener, b)
+}
+
+// storeContract checks the Store promises any implementation must keep.
+func storeContract(t *testing.T, store Store) {
+	message := func(seq uint64) *Message {
+		return &Message{Topic: "t", ID: fmt.Sprint("m", seq), Seq: seq,
+			Timestamp: int64(seq), Payload: json.RawMessage(`1`)}
+	}
+	commit := func(b *Batch) {
+		t.Helper()
+		if err := store.Commit(b); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+	}
+	read := func(after uint64, limit int) []uint64 {
+		t.Helper()
+		msgs, err := store.Read("t", after, limit)
+		if err != nil {
+			t.Fatalf("Read: %v", err)
+		}
+		var out []uint64
+		for _, m := range msgs {
+			out = append(out, m.Seq)
+		}
+		return out
+	}
+
+	commit(&Batch{Messages: []*Message{message(1), message(2), message(3)},
+		Cursors: map[string]uint64{"k": 2}})
+	if got := read(1, 10); !slices.Equal(got, []uint64{2, 3}) {
+		t.Fatalf("read after 1 = %v, want [2 3]", got)
+	}
+	if got := read(0, 2); !slices.Equal(got, []uint64{1, 2}) {
+		t.Fatalf("read limit 2 = %v, want [1 2]", got)
+	}
+	commit(&Batch{Trims: map[string]uint64{"t": 3}})
+	if got := read(0, 10); len(got) != 0 {
+		t.Fatalf("read after trimming all = %v, want none", got)
+	}
+	heads, err := store.Topics()
+	if err != nil || heads["t"] != 3 {
+		t.Fatalf("Topics = %v, %v; want t at head 3 after trimming", heads,
+			err)
+	}
+	if position, ok, err := store.Cursor("k"); position != 2 || !ok ||
+		err != nil {
+		t.Fatalf("Cursor(k) = %d, %v, %v; want 2", position, ok, err)
+	}
+	if _, ok, _ := store.Cursor("missing"); ok {
+		t.Fatal("Cursor(missing) found a cursor")
+	}
+}
+
+func TestStore_Contract(t *testing.T) {
+	t.Run("the memory store keeps it", func(t *testing.T) {
+		storeContract(t, newMemoryStore())
+	})
+	t.Run("the bbolt store keeps it", func(t *testing.T) {
+		store := openBolt(t, filepath.Join(t.TempDir(), "popsub.db"))
+		defer store.Close()
+		storeContract(t, store)
+	})
+}
+
+func TestBoltStore_Faults(t *testing.T) {
+	t.Run("a second open of the same file fails with a clear error",
+		func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "popsub.db")
+			first := openBolt(t, path)
+			defer first.Close()
+			_, err := OpenBolt(path, quietLogger)
+			if err == nil || !strings.Contains(err.Error(), "in use") {
+				t.Fatalf("second open: %v, want 'in use'", err)
+			}
+		})
+	t.Run("a file that is not a database is refused", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "popsub.db")
+		junk := []byte(strings.Repeat("not a database ", 1024))
+		if err := os.WriteFile(path, junk, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if store, err := OpenBolt(path, quietLogger); err == nil {
+			store.Close()
+			t.Fatal("OpenBolt accepted a corrupt file")
+		}
+	})
+	t.Run("a corrupt record is skipped, never delivered",
+		func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "popsub.db")
+			store := openBolt(t, path)
+			var batch Batch
+			for seq := uint64(1); seq <= 3; seq++ {
+				batch.Messages = append(batch.Messages, &Message{
+					Topic: "t", ID: fmt.Sprint(seq), Seq: seq,
+					Payload: json.RawMessage(`"good"`)})
+			}
+			if err := store.Commit(&batch); err != nil {
+				t.Fatal(err)
+			}
+			corrupt(t, store, "t", 2)
+			corrupt(t, store, "t", 3)
+
+			// The broker replays 1, skips the two bad records without
+			// stalling, and goes live for 4.
+			ts := startBroker(t, Options{Store: store})
+			reader := ts.dial("reader")
+			reader.subscribe("t", nil)
+			wantSeqs(t, reader.messages(1), []uint64{1})
+			ts.dial("p").publish("t", "new", 1, "")
+			wantSeqs(t, reader.messages(1), []uint64{4})
+		})
+}
+
+// corrupt flips one byte in the payload of a stored record.
+func corrupt(t *testing.T, store *BoltStore, topic string, seq uint64) {
+	t.Helper()
+	err := store.db.Update(func(tx *bolt.Tx) error {
+		records := logOf(tx, topic)
+		record := slices.Clone(records.Get(seqKey(seq)))
+		record[len(record)-3] ^= 0x01
+		return records.Put(seqKey(seq), record)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fakeConnection is a connection with no socket, for fake-time tests:
+// its frames collect in its outbox.
+func fakeConnection(b *Broker, sub string) *connection {
+	c := &connection{broker: b, sub: sub, remote: "test",
+		outbox: make(chan []byte, 64), room: make(chan struct{}, 1),
+		done:          make(chan struct{}),
+		subscriptions: map[string]*subscription{},
+		pending:       map[pendingKey]*pending{}}
+	b.register(c)
+	return c
+}
+
+// nextFrame takes the next frame from a fake connection's outbox.
+func nextFrame(t *testing.T, c *connection) got {
+	t.Helper()
+	var g got
+	if err := json.Unmarshal(<-c.outbox, &g); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func TestBroker_RetryScheduleInFakeTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, err := New(Options{Secret: testSecret, Store: newMemoryStore(),
+			Logger: quietLogger})
+		if err != nil {
+			t.Fatal(err)
+		}
+		worker := fakeConnection(b, "worker")
+		worker.handle([]byte(`{"type":"subscribe","topic":"jobs"}`))
+		nextFrame(t, worker)
+		synctest.Wait()
+
+		// With the original's defaults, five seconds and five retries,
+		// the six attempts come five seconds apart, give or take the
+		// retry loop's one-second tick.
+		start := time.Now()
+		b.publish(&Message{Topic: "jobs", ID: "j", QoS: 1,
+			Payload: json.RawMessage(`1`)})
+		for attempt := 1; attempt <= 6; attempt++ {
+			g := nextFrame(t, worker)
+			due := time.Duration(attempt-1) * DefaultAckTimeout
+			late := time.Since(start) - due
+			if g.Attempt != attempt || late < 0 || late > time.Second {
+				t.Fatalf("attempt %d arrived at %v, want %v to %v+1s",
+					g.Attempt, time.Since(start), due, due)
+			}
+		}
+
+		// After the last retry times out, the message is dead-lettered.
+		time.Sleep(DefaultAckTimeout + time.Second)
+		synctest.Wait()
+		if head := b.topic("$dead/jobs").headNow(); head != 1 {
+			t.Fatalf("$dead/jobs head = %d, want 1", head)
+		}
+		if n := pendingCount(b); n != 0 {
+			t.Fatalf("pending = %d after dead-lettering, want 0", n)
+		}
+		b.unregister(worker)
+		b.Shutdown(context.Background())
+	})
+}
+
+func TestBroker_RetentionInFakeTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := newMemoryStore()
+		b, err := New(Options{Secret: testSecret, Store: store,
+			TTL: time.Minute, Logger: quietLogger})
+		if err != nil {
+			t.Fatal(err)
+		}
+		publish := func() {
+			b.publish(&Message{Topic: "t", ID: newID(),
+				Payload: json.RawMessage(`1`)})
+		}
+		publish()
+		publish()
+		time.Sleep(40 * time.Second)
+		publish()
+
+		// Nobody reads the topic: the broker expires the first two by
+		// itself, within a tick (a tenth of the TTL) of their deadline.
+		time.Sleep(27 * time.Second)
+		synctest.Wait()
+		msgs, _ := store.Read("t", 0, 10)
+		if len(msgs) != 1 || msgs[0].Seq != 3 {
+			t.Fatalf("log holds %d messages, want only seq 3", len(msgs))
+		}
+		b.Shutdown(context.Background())
+	})
+}
+
+// child is a broker process the crash test can kill.
+type child struct {
+	cmd *exec.Cmd
+	url string
+}
+
+// startChild runs this test binary as a broker over the file at path.
+func startChild(t *testing.T, path string) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "POPSUB_TEST_CHILD_DB="+path)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || strings.HasPrefix(line, "error") {
+		t.Fatalf("child broker: %q, %v", line, err)
+	}
+	return &child{cmd: cmd,
+		url: "ws://" + strings.TrimSpace(line) + "/ws"}
+}
+
+func TestBroker_KillNineKeepsEveryConfirmedMessage(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "popsub.db")
+	confirmed := map[string]uint64{}
+	for round := range 3 {
+		broker := startChild(t, path)
+		publisher := dialRaw(t, broker.url, "publisher")
+		publisher.send(map[string]any{"type": "auth",
+			"token": token(t, "publisher")})
+		publisher.expect("authenticated")
+
+		// Publish without waiting, and kill the broker mid-stream, once
+		// a hundred confirms are in.
+		var mu sync.Mutex
+		go func() {
+			for i := range 2000 {
+				data, _ := json.Marshal(map[string]any{"type": "publish",
+					"topic": "ledger", "payload": i, "qos": 1,
+					"message_id": fmt.Sprintf("r%d-%d", round, i)})
+				ctx, cancel := context.WithTimeout(context.Background(),
+					time.Second)
+				err := publisher.ws.Write(ctx, 1, data)
+				cancel()
+				if err != nil {
+					return
+				}
+			}
+		}()
+		for n := 0; n < 100; n++ {
+			g := publisher.expect("published")
+			mu.Lock()
+			confirmed[g.MessageID] = g.Seq
+			mu.Unlock()
+		}
+		broker.cmd.Process.Kill()
+		broker.cmd.Wait()
+	}
+
+	// After the last kill, every confirmed message is in the log with the
+	// seq its confirm named, and the seqs are dense.
+	broker := startChild(t, path)
+	reader := dialRaw(t, broker.url, "reader")
+	reader.send(map[string]any{"type": "auth", "token": token(t, "reader")})
+	reader.expect("authenticated")
+	head := reader.subscribe("ledger", nil).Seq
+	stored := map[string]uint64{}
+	for i := range int(head) {
+		g := reader.expect("message")
+		reader.ack(g)
+		if g.Seq != uint64(i+1) {
+			t.Fatalf("replayed seq %d at position %d: the log has a gap",
+				g.Seq, i+1)
+		}
+		stored[g.MessageID] = g.Seq
+	}
+	lost := 0
+	for id, seq := range confirmed {
+		if stored[id] != seq {
+			lost++
+		}
+	}
+	t.Logf("confirmed %d, stored %d (unconfirmed but stored %d), lost %d",
+		len(confirmed), len(stored), len(stored)-len(confirmed), lost)
+	if lost != 0 {
+		t.Fatalf("%d confirmed messages lost", lost)
+	}
+}
