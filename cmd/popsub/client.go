@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/popsub/popsub"
+)
+
+// clientFlags are the flags every client command shares.
+type clientFlags struct {
+	url, token, secret string
+}
+
+// add registers the shared flags on fs.
+func (f *clientFlags) add(fs *flag.FlagSet) {
+	fs.StringVar(&f.url, "url", env("POPSUB_URL", "ws://127.0.0.1:8080"),
+		"the broker's WebSocket URL (POPSUB_URL)")
+	fs.StringVar(&f.token, "token", env("POPSUB_TOKEN", ""),
+		"token to authenticate with (POPSUB_TOKEN)")
+	fs.StringVar(&f.secret, "secret", env("POPSUB_SECRET", ""),
+		"without --token, sign one for user \"cli\" (POPSUB_SECRET)")
+}
+
+// credentials returns the token to send, signing one if need be.
+func (f *clientFlags) credentials() (string, error) {
+	if f.token != "" {
+		return f.token, nil
+	}
+	if f.secret != "" {
+		return popsub.NewToken([]byte(f.secret), "cli", time.Hour)
+	}
+	return "", errors.New("no token: pass --token (popsub serve prints " +
+		"one) or set POPSUB_TOKEN")
+}
+
+// clientCommand runs the demo, sub or pub.
+func clientCommand(ctx context.Context, args []string, stdout,
+	stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "sub" {
+		return subCommand(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "pub" {
+		return pubCommand(ctx, args[1:], stdout, stderr)
+	}
+	return demoCommand(ctx, args, stdout, stderr)
+}
+
+// frame is what the client reads of any server frame.
+type frame struct {
+	Type      string `json:"type"`
+	Code      string `json:"code"`
+	Message   string `json:"message"`
+	MessageID string `json:"message_id"`
+	Topic     string `json:"topic"`
+	QoS       int    `json:"qos"`
+}
+
+// session is one authenticated connection.
+type session struct {
+	ws *websocket.Conn
+}
+
+// connect dials the broker and authenticates.
+func connect(ctx context.Context, f clientFlags) (*session, error) {
+	tok, err := f.credentials()
+	if err != nil {
+		return nil, err
+	}
+	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(dialCtx, f.url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", f.url, err)
+	}
+	ws.SetReadLimit(-1)
+	s := &session{ws: ws}
+	if err := s.send(ctx, map[string]any{"type": "auth",
+		"token": tok}); err != nil {
+		return nil, err
+	}
+	reply, _, err := s.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if reply.Type != "authenticated" {
+		ws.CloseNow()
+		return nil, fmt.Errorf("authentication refused: %s", reply.Message)
+	}
+	return s, nil
+}
+
+// send writes v as one JSON frame.
+func (s *session) send(ctx context.Context, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode frame: %w", err)
+	}
+	if err := s.ws.Write(ctx, websocket.MessageText, data); err != nil {
+		return fmt.Errorf("send: %w", err)
+	}
+	return nil
+}
+
+// read returns the next frame, decoded and raw. An error frame is
+// returned as a frame, not as an error: the caller decides.
+func (s *session) read(ctx context.Context) (frame, []byte, error) {
+	_, data, err := s.ws.Read(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return frame{}, nil, ctx.Err()
+		}
+		return frame{}, nil, fmt.Errorf("read: %w", err)
+	}
+	var f frame
+	if err := json.Unmarshal(data, &f); err != nil {
+		return frame{}, nil, fmt.Errorf("decode %s: %w", data, err)
+	}
+	return f, data, nil
+}
+
+// close says goodbye with 1000.
+func (s *session) close() {
+	s.ws.Close(websocket.StatusNormalClosure, "bye")
+}
+
+// ack acknowledges a QoS 1 delivery.
+func (s *session) ack(ctx context.Context, f frame) error {
+	return s.send(ctx, map[string]any{"type": "ack",
+		"message_id": f.MessageID, "topic": f.Topic})
+}
+
+// payloadJSON uses text as JSON if it is valid JSON, else as a string.
+func payloadJSON(text string) json.RawMessage {
+	if json.Valid([]byte(text)) {
+		return json.RawMessage(text)
+	}
+	quoted, _ := json.Marshal(text)
+	return quoted
+}
+
+// demoCommand is the original's example client: authenticate, subscribe
+// to chat, publish a greeting, print everything until it comes back.
+func demoCommand(ctx context.Context, args []string, stdout,
+	stderr io.Writer) error {
+	var cf clientFlags
+	fs := newFlagSet("popsub client", stderr)
+	cf.add(fs)
+	if _, err := parseInterleaved(fs, args); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	s, err := connect(ctx, cf)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	fmt.Fprintln(stdout, "connected to", cf.url)
+
+	frames := []map[string]any{
+		{"type": "subscribe", "topic": "chat", "last": 0},
+		{"type": "publish", "topic": "chat", "qos": 1,
+			"payload": "Hello from the popsub client"},
+	}
+	for _, f := range frames {
+		data, _ := json.Marshal(f)
+		fmt.Fprintf(stdout, "→ %s\n", data)
+		if err := s.send(ctx, f); err != nil {
+			return err
+		}
+	}
+	return printUntilEcho(ctx, s, stdout)
+}
+
+// printUntilEcho prints frames until both the demo's message and its
+// confirm have arrived, acking the message.
+func printUntilEcho(ctx context.Context, s *session, stdout io.Writer) error {
+	delivered, confirmed := false, false
+	for !delivered || !confirmed {
+		f, data, err := s.read(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "← %s\n", data)
+		switch f.Type {
+		case "message":
+			delivered = true
+			if err := s.ack(ctx, f); err != nil {
+				return err
+			}
+		case "published":
+			confirmed = true
+		case "error":
+			return fmt.Errorf("broker said: %s", f.Message)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,148 @@
+// Command popsub runs the PopSub broker and talks to it.
+//
+//	popsub serve                      run the broker (alias: server)
+//	popsub token --sub NAME           print a signed token
+//	popsub client                     the original's demo: auth, subscribe
+//	                                  "chat", publish, print what arrives
+//	popsub client sub TOPIC           print deliveries as JSON lines, ack
+//	popsub client pub TOPIC PAYLOAD   publish; with --qos 1, wait for the
+//	                                  confirm
+//
+// Every flag can also be set from the environment (POPSUB_ADDR, …);
+// a flag wins over the environment, which wins over the default.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// usage is printed for -h and for an unknown command.
+const usage = `usage: popsub <command> [flags]
+
+commands:
+  serve (or server)          run the broker
+  token --sub NAME           print a signed token
+  client                     the original's demo session
+  client sub TOPIC           print deliveries as JSON lines, acking QoS 1
+  client pub TOPIC PAYLOAD   publish a message (--qos 1 waits for confirm)
+
+Run 'popsub <command> -h' for its flags.
+`
+
+// main runs the command until it finishes or SIGINT/SIGTERM arrives.
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt,
+		syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "popsub:", err)
+		os.Exit(1)
+	}
+}
+
+// run dispatches to a command. It is main without the process around it,
+// so tests can call it.
+func run(ctx context.Context, args []string, stdout,
+	stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("no command given")
+	}
+	switch args[0] {
+	case "serve", "server":
+		return serve(ctx, args[1:], stdout, stderr)
+	case "token":
+		return tokenCommand(args[1:], stdout, stderr)
+	case "client":
+		return clientCommand(ctx, args[1:], stdout, stderr)
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown command %q", args[0])
+}
+
+// env returns the environment variable name, or fallback when unset.
+func env(name, fallback string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return fallback
+}
+
+// envInt is env for an integer; a malformed value is reported.
+func envInt(name string, fallback int) (int, error) {
+	v, ok := os.LookupEnv(name)
+	if !ok {
+		return fallback, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q: not a whole number", name, v)
+	}
+	return n, nil
+}
+
+// envDuration is env for a duration such as 5s or 1h.
+func envDuration(name string, fallback time.Duration) (time.Duration,
+	error) {
+	v, ok := os.LookupEnv(name)
+	if !ok {
+		return fallback, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q: not a duration (try 5s or 1h)", name, v)
+	}
+	return d, nil
+}
+
+// parseInterleaved parses flags that may come before, between or after
+// positional arguments (popsub client pub TOPIC PAYLOAD --qos 1), and
+// returns the positional ones.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return positional, nil
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// newFlagSet returns a flag set that reports errors to stderr.
+func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+// splitList splits a comma-separated list, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}

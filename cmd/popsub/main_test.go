@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// startServe runs "popsub serve" in-process on a free 127.0.0.1 port and
+// returns its WebSocket URL, the token it printed, and a stop function
+// that returns serve's error.
+func startServe(t *testing.T, extra ...string) (string, string,
+	func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out, in := io.Pipe()
+	args := append([]string{"serve", "--addr", "127.0.0.1:0",
+		"--db", filepath.Join(t.TempDir(), "popsub.db"),
+		"--log-level", "error"}, extra...)
+	result := make(chan error, 1)
+	go func() {
+		result <- run(ctx, args, in, io.Discard)
+		in.Close()
+	}()
+	lines := bufio.NewScanner(out)
+	var url, token string
+	for lines.Scan() {
+		line := strings.TrimSpace(lines.Text())
+		if rest, ok := strings.CutPrefix(line, "try: popsub client --url "); ok {
+			url, token, _ = strings.Cut(rest, " --token ")
+			break
+		}
+	}
+	go io.Copy(io.Discard, out)
+	if url == "" {
+		cancel()
+		t.Fatalf("serve printed no URL: %v", <-result)
+	}
+	stopped := false
+	stop := func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-result:
+			return err
+		case <-time.After(15 * time.Second):
+			t.Fatal("serve did not stop")
+			return nil
+		}
+	}
+	t.Cleanup(func() { stop() })
+	return url, token, stop
+}
+
+// runClient runs a client command and returns what it printed.
+func runClient(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	if err := run(ctx, append([]string{"client"}, args...), &stdout,
+		&stderr); err != nil {
+		t.Fatalf("client %v: %v\n%s", args, err, stderr.String())
+	}
+	return stdout.String()
+}
+
+func TestServe_ClientRoundTrip(t *testing.T) {
+	url, token, stop := startServe(t)
+	auth := []string{"--url", url, "--token", token}
+
+	t.Run("the demo client sees its own message come back", func(t *testing.T) {
+		out := runClient(t, auth...)
+		if !strings.Contains(out, `"payload":"Hello from the popsub client"`) ||
+			!strings.Contains(out, `"type":"published"`) {
+			t.Fatalf("demo printed:\n%s", out)
+		}
+	})
+	t.Run("pub with qos 1 prints the confirm", func(t *testing.T) {
+		out := runClient(t, append([]string{"pub", "orders", `{"n":1}`,
+			"--qos", "1", "--id", "o-1"}, auth...)...)
+		var confirm struct {
+			MessageID string `json:"message_id"`
+			Seq       uint64 `json:"seq"`
+		}
+		json.Unmarshal([]byte(out), &confirm)
+		if !strings.Contains(out, `"type":"published"`) ||
+			confirm.MessageID != "o-1" || confirm.Seq != 1 {
+			t.Fatalf("pub printed %q", out)
+		}
+	})
+	t.Run("sub prints deliveries as JSON lines", func(t *testing.T) {
+		runClient(t, append([]string{"pub", "orders", "plain"}, auth...)...)
+		out := runClient(t, append([]string{"sub", "orders", "--count",
+			"2"}, auth...)...)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 2 || !strings.Contains(lines[1],
+			`"payload":"plain"`) {
+			t.Fatalf("sub printed:\n%s", out)
+		}
+	})
+	t.Run("a SIGINT-style stop is graceful", func(t *testing.T) {
+		if err := stop(); err != nil {
+			t.Fatalf("serve returned %v, want nil", err)
+		}
+	})
+}
+
+func TestServe_RefusesBadConfiguration(t *testing.T) {
+	cases := map[string][]string{
+		"a secret shorter than 32 bytes": {"--secret", "short"},
+		"a zero outbox":                  {"--outbox", "0"},
+		"an unknown flag":                {"--colour", "blue"},
+		"an auth timeout over 10s":       {"--auth-timeout", "11s"},
+	}
+	for name, args := range cases {
+		t.Run(name, func(t *testing.T) {
+			all := append([]string{"serve", "--addr", "127.0.0.1:0", "--db",
+				filepath.Join(t.TempDir(), "x.db")}, args...)
+			err := run(context.Background(), all, io.Discard, io.Discard)
+			if err == nil {
+				t.Fatal("serve started, want an error")
+			}
+		})
+	}
+	t.Run("a malformed environment value", func(t *testing.T) {
+		t.Setenv("POPSUB_MAX_RETRIES", "five")
+		err := run(context.Background(), []string{"serve"}, io.Discard,
+			io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "POPSUB_MAX_RETRIES") {
+			t.Fatalf("got %v, want an error naming POPSUB_MAX_RETRIES", err)
+		}
+	})
+}
+
+func TestToken_SignsWithTheSecret(t *testing.T) {
+	secret := strings.Repeat("s", 32)
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"token", "--sub", "alice",
+		"--secret", secret, "--ttl", "1h"}, &out, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims := jwt.RegisteredClaims{}
+	_, err = jwt.ParseWithClaims(strings.TrimSpace(out.String()), &claims,
+		func(*jwt.Token) (any, error) { return []byte(secret), nil })
+	if err != nil || claims.Subject != "alice" {
+		t.Fatalf("token did not verify: %v, sub %q", err, claims.Subject)
+	}
+	if err := run(context.Background(), []string{"token", "--secret",
+		secret}, io.Discard, io.Discard); err == nil {
+		t.Fatal("token without --sub succeeded")
+	}
+}
