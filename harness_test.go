@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/golang-jwt/jwt/v5"
 )
 
 // This file holds the test harness: a broker on 127.0.0.1, clients that
@@ -133,14 +135,27 @@ func dialRaw(t *testing.T, url, name string) *client {
 	return &client{t: t, name: name, ws: ws}
 }
 
-// dial connects as sub and authenticates.
+// dial connects as sub and authenticates with a token for every
+// ordinary topic.
 func (ts *testServer) dial(sub string) *client {
 	ts.t.Helper()
+	return ts.dialWith(sub, Claims{})
+}
+
+// dialWith connects as sub with the grants in claims.
+func (ts *testServer) dialWith(sub string, claims Claims) *client {
+	ts.t.Helper()
+	claims.Subject = sub
+	claims.ExpiresAt = jwt.NewNumericDate(time.Now().Add(time.Hour))
+	tok, err := claims.Sign(testSecret)
+	if err != nil {
+		ts.t.Fatal(err)
+	}
 	c := dialRaw(ts.t, ts.url, sub)
 	ts.mu.Lock()
 	ts.clients = append(ts.clients, c)
 	ts.mu.Unlock()
-	c.send(map[string]any{"type": "auth", "token": token(ts.t, sub)})
+	c.send(map[string]any{"type": "auth", "token": tok})
 	c.expect("authenticated")
 	return c
 }
@@ -395,4 +410,27 @@ func maps[K comparable, V any](m map[K]V) map[K]V {
 		out[k] = v
 	}
 	return out
+}
+
+// jwtTime converts a time for a token's claims.
+func jwtTime(at time.Time) *jwt.NumericDate {
+	return jwt.NewNumericDate(at)
+}
+
+// countGoroutines is runtime.NumGoroutine, named for the test.
+func countGoroutines() int {
+	return runtime.NumGoroutine()
+}
+
+// waitFor polls cond for up to ten seconds: for states that settle after
+// sockets close, where there is no event to wait on.
+func waitFor(t *testing.T, cond func() bool, format string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for "+format, args...)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

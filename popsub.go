@@ -50,7 +50,11 @@ package popsub
 import (
 	"bytes"
 	"context"
+	"crypto/pbkdf2"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -58,6 +62,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -101,15 +106,22 @@ const (
 	DefaultMaxInflight = 1000
 	// DefaultAuthTimeout is how long a new connection has to authenticate.
 	DefaultAuthTimeout = 5 * time.Second
+	// DefaultPingInterval is how often the broker pings each connection.
+	// A peer that misses one ping is closed, so a dead one is noticed
+	// within two intervals, well before a NAT forgets the flow.
+	DefaultPingInterval = 20 * time.Second
+	// DefaultLoginTokenTTL is how long a token from login is valid.
+	DefaultLoginTokenTTL = time.Hour
 )
 
 // Limits that are not options: they protect the broker, not a policy.
 const (
-	authReadLimit     = 8 << 10 // bytes a frame may have before auth
-	maxTokenBytes     = 4 << 10 // a JWT longer than this is not parsed
-	maxTopicBytes     = 256     // the longest topic name, in bytes
-	maxMessageIDBytes = 256     // the longest message_id, in bytes
-	replayChunk       = 256     // messages read from the log at a time
+	authReadLimit     = 8 << 10         // bytes a frame may have before auth
+	maxTokenBytes     = 4 << 10         // a JWT longer than this is not parsed
+	tokenLeeway       = 5 * time.Second // clock skew allowed on exp
+	maxTopicBytes     = 256             // the longest topic name, in bytes
+	maxMessageIDBytes = 256             // the longest message_id, in bytes
+	replayChunk       = 256             // messages read from the log at a time
 	deadPrefix        = "$dead/"
 )
 
@@ -118,6 +130,8 @@ const (
 const (
 	// CloseAuthFailed: authentication failed, missing or too late.
 	CloseAuthFailed websocket.StatusCode = 4001
+	// CloseTokenExpired: the token expired and no fresh one came.
+	CloseTokenExpired websocket.StatusCode = 4003
 	// CloseSlowConsumer: the outbox or the in-flight window was full.
 	CloseSlowConsumer websocket.StatusCode = 4008
 )
@@ -155,6 +169,20 @@ type Options struct {
 	// OriginPatterns lists foreign origins allowed to open a WebSocket;
 	// same-origin and non-browser clients are always allowed.
 	OriginPatterns []string
+	// MaxConnections caps open connections; more are refused with HTTP
+	// 503 before the upgrade. Zero means no cap.
+	MaxConnections int
+	// PublishRate caps publishes per second per connection, with a burst
+	// of one second's worth. Zero means no cap.
+	PublishRate float64
+	// PingInterval is how often each connection is pinged.
+	PingInterval time.Duration
+	// Issuer and Audience, when set, must match a token's iss and aud.
+	Issuer, Audience string
+	// Users may log in with a password; see HashPassword.
+	Users map[string]User
+	// LoginTokenTTL is how long a token from login is valid.
+	LoginTokenTTL time.Duration
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -169,6 +197,8 @@ func (o Options) withDefaults() Options {
 	o.Outbox = orDefault(o.Outbox, DefaultOutbox)
 	o.MaxInflight = orDefault(o.MaxInflight, DefaultMaxInflight)
 	o.AuthTimeout = orDefault(o.AuthTimeout, DefaultAuthTimeout)
+	o.PingInterval = orDefault(o.PingInterval, DefaultPingInterval)
+	o.LoginTokenTTL = orDefault(o.LoginTokenTTL, DefaultLoginTokenTTL)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -202,21 +232,27 @@ type Message struct {
 // frame is any frame a client sends. Pointers mark fields whose absence
 // means something different from their zero value.
 type frame struct {
-	Type      string          `json:"type"`
-	Token     string          `json:"token"`
-	Topic     string          `json:"topic"`
-	Payload   json.RawMessage `json:"payload"`
-	MessageID string          `json:"message_id"`
-	QoS       int             `json:"qos"`
-	After     *uint64         `json:"after"`
-	Last      *uint64         `json:"last"`
-	Durable   string          `json:"durable"`
+	Type       string          `json:"type"`
+	Token      string          `json:"token"`
+	Batch      bool            `json:"batch"`
+	Username   string          `json:"username"`
+	Password   string          `json:"password"`
+	Topic      string          `json:"topic"`
+	Payload    json.RawMessage `json:"payload"`
+	MessageID  string          `json:"message_id"`
+	MessageIDs []string        `json:"message_ids"`
+	Seq        *uint64         `json:"seq"`
+	QoS        int             `json:"qos"`
+	After      *uint64         `json:"after"`
+	Last       *uint64         `json:"last"`
+	Durable    string          `json:"durable"`
 }
 
 // reply is any frame the broker sends that is not a delivery.
 type reply struct {
 	Type      string  `json:"type"`
 	Sub       string  `json:"sub,omitempty"`
+	Token     string  `json:"token,omitempty"`
 	Code      string  `json:"code,omitempty"`
 	Message   string  `json:"message,omitempty"`
 	Topic     string  `json:"topic,omitempty"`
@@ -261,6 +297,8 @@ type Broker struct {
 	closed      sync.WaitGroup             // open connection handlers
 	shutdown    sync.Once                  // makes Shutdown idempotent
 	shutdownErr error                      // what the first Shutdown got
+	open        atomic.Int64               // connections, for MaxConnections
+	logins      loginThrottle              // failed logins, per user and address
 }
 
 // topic is one exact topic: its log's in-memory index and its subscribers.
@@ -411,34 +449,53 @@ func (t *topic) firstSeq() uint64 {
 // every frame to the client goes through the outbox, so nothing but the
 // writer ever blocks on the client's socket.
 
-// Claims are what a token says about its holder.
+// Claims are what a token says about its holder: who (sub), until when
+// (exp), and optionally which topics it may publish and subscribe to.
 type Claims struct {
 	jwt.RegisteredClaims
+	// Publish lists the filters the holder may publish to; nil means
+	// every ordinary topic (none starting with $).
+	Publish []string `json:"publish,omitempty"`
+	// Subscribe lists the filters the holder may subscribe to; nil means
+	// every ordinary topic. $sys/… and $dead/… need an explicit grant.
+	Subscribe []string `json:"subscribe,omitempty"`
 }
 
-// NewToken signs a token for subject sub that expires after ttl.
+// Sign signs the claims with secret, HS256.
+func (c Claims) Sign(secret []byte) (string, error) {
+	return jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(secret)
+}
+
+// NewToken signs a token for subject sub that expires after ttl and may
+// use every ordinary topic.
 func NewToken(secret []byte, sub string, ttl time.Duration) (string, error) {
 	now := time.Now()
-	claims := Claims{jwt.RegisteredClaims{
+	return Claims{RegisteredClaims: jwt.RegisteredClaims{
 		Subject:   sub,
 		IssuedAt:  jwt.NewNumericDate(now),
 		ExpiresAt: jwt.NewNumericDate(now.Add(ttl)),
-	}}
-	return jwt.NewWithClaims(jwt.SigningMethodHS256, claims).
-		SignedString(secret)
+	}}.Sign(secret)
 }
 
-// verify checks a token: HS256 only, expiry and subject required.
+// verify checks a token: HS256 only (so neither alg none nor an RSA key
+// passed off as an HMAC secret gets through), exp and sub required, and
+// iss and aud when the broker is configured with them.
 func (b *Broker) verify(token string) (*Claims, error) {
 	if len(token) == 0 || len(token) > maxTokenBytes {
 		return nil, errors.New("token missing or too long")
 	}
+	options := []jwt.ParserOption{jwt.WithValidMethods([]string{"HS256"}),
+		jwt.WithExpirationRequired(), jwt.WithLeeway(tokenLeeway)}
+	if b.opts.Issuer != "" {
+		options = append(options, jwt.WithIssuer(b.opts.Issuer))
+	}
+	if b.opts.Audience != "" {
+		options = append(options, jwt.WithAudience(b.opts.Audience))
+	}
 	claims := &Claims{}
 	_, err := jwt.ParseWithClaims(token, claims,
 		func(*jwt.Token) (any, error) { return b.opts.Secret, nil },
-		jwt.WithValidMethods([]string{"HS256"}),
-		jwt.WithExpirationRequired(),
-		jwt.WithLeeway(5*time.Second))
+		options...)
 	if err != nil {
 		return nil, err
 	}
@@ -455,11 +512,15 @@ type connection struct {
 	remote string // the peer's address, for logs
 
 	sub       string        // token subject; set once, before the writer
+	claims    *Claims       // the token's grants; reader goroutine only
+	expiry    *time.Timer   // closes the connection when the token expires
+	batch     bool          // the client accepts several objects a frame
+	tokens    float64       // publish rate bucket; reader goroutine only
+	refilled  time.Time     // when tokens was last topped up
 	outbox    chan []byte   // frames for the writer; nil closes the socket
 	room      chan struct{} // signalled when the outbox or window drains
 	done      chan struct{} // closed when the reader returns
 	confirms  chan confirm  // publish confirms in order; nil until used
-	closeOnce sync.Once     // the first close wins
 	closing   atomic.Bool   // set by the first close
 	closeCode websocket.StatusCode
 	closeWhy  string
@@ -472,6 +533,15 @@ type connection struct {
 // ServeHTTP upgrades a request to a WebSocket and serves one client until
 // it leaves. It blocks for the connection's whole life.
 func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Refusing before the upgrade costs one HTTP response, not a socket
+	// and two goroutines.
+	if n := b.open.Add(1); b.opts.MaxConnections > 0 &&
+		n > int64(b.opts.MaxConnections) {
+		b.open.Add(-1)
+		http.Error(w, "too many connections", http.StatusServiceUnavailable)
+		return
+	}
+	defer b.open.Add(-1)
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		OriginPatterns: b.opts.OriginPatterns,
 	})
@@ -493,6 +563,10 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ws.Close(websocket.StatusGoingAway, "server shutting down")
 		return
 	}
+
+	// However the client left, its socket is closed here: a peer that
+	// vanished mid-frame would otherwise keep a file descriptor open.
+	defer ws.CloseNow()
 	defer b.unregister(c)
 	c.serve()
 }
@@ -524,8 +598,8 @@ func (b *Broker) unregister(c *connection) {
 	b.mu.Lock()
 	delete(b.connections, c)
 	b.mu.Unlock()
-	b.closed.Done()
 	b.logger.Info("disconnected", "sub", c.sub, "remote", c.remote)
+	b.closed.Done()
 }
 
 // serve authenticates the client, then reads its frames until it leaves.
@@ -544,7 +618,8 @@ func (c *connection) serve() {
 	}
 }
 
-// authenticate reads the first frame, which must be a valid auth frame.
+// authenticate reads frames until a valid auth frame. Login frames may
+// come first, to trade a password for a token; anything else is refused.
 // Replies here are written directly: the writer has not started yet.
 func (c *connection) authenticate() bool {
 	c.ws.SetReadLimit(authReadLimit)
@@ -555,26 +630,50 @@ func (c *connection) authenticate() bool {
 		c.ws.Close(CloseAuthFailed, "authentication timeout")
 	})
 	defer timer.Stop()
-	data, ok := c.read()
-	if !ok {
-		return false
+	for {
+		data, ok := c.read()
+		if !ok {
+			return false
+		}
+		var f frame
+		err := json.Unmarshal(data, &f)
+		switch {
+		case err == nil && f.Type == "login":
+			c.write(c.broker.login(f, c.remote))
+		case err == nil && f.Type == "auth":
+			return c.accept(f)
+		default:
+			c.refuse("unauthenticated", "must authenticate first")
+			return false
+		}
 	}
+}
 
-	var f frame
-	if err := json.Unmarshal(data, &f); err != nil || f.Type != "auth" {
-		c.refuse("unauthenticated", "must authenticate first")
-		return false
-	}
+// accept checks the auth frame's token and, if it is good, starts the
+// session: the subject, the grants, and a timer for the token's expiry.
+func (c *connection) accept(f frame) bool {
 	claims, err := c.broker.verify(f.Token)
 	if err != nil {
 		c.broker.logger.Info("auth failed", "remote", c.remote, "err", err)
 		c.refuse("auth_failed", "authentication failed")
 		return false
 	}
-	c.sub = claims.Subject
+	c.sub, c.claims, c.batch = claims.Subject, claims, f.Batch
+	c.expiry = time.AfterFunc(untilExpiry(claims), c.expire)
 	c.broker.logger.Info("connected", "sub", c.sub, "remote", c.remote)
 	c.write(reply{Type: "authenticated", Sub: c.sub})
 	return true
+}
+
+// untilExpiry is how long a verified token has left, leeway included.
+func untilExpiry(claims *Claims) time.Duration {
+	return time.Until(claims.ExpiresAt.Time) + tokenLeeway
+}
+
+// expire closes a connection whose token ran out without a fresh auth.
+func (c *connection) expire() {
+	c.closeWith(errorReply("token_expired", "token expired"),
+		CloseTokenExpired, "token expired")
 }
 
 // refuse writes an error frame and closes with 4001.
@@ -623,7 +722,7 @@ func (c *connection) handle(data []byte) {
 	case "auth":
 		c.reauthenticate(f)
 	case "login":
-		c.reply(errorReply("login_unavailable", "no users are configured"))
+		c.reply(c.broker.login(f, c.remote))
 	case "subscribe":
 		c.subscribe(f)
 	case "unsubscribe":
@@ -641,7 +740,9 @@ func (c *connection) handle(data []byte) {
 	}
 }
 
-// reauthenticate accepts a fresh token for the same subject.
+// reauthenticate accepts a fresh token for the same subject, as the
+// original allowed: the session is extended and takes the new grants.
+// Subscriptions made under the old grants stay.
 func (c *connection) reauthenticate(f frame) {
 	claims, err := c.broker.verify(f.Token)
 	if err != nil || claims.Subject != c.sub {
@@ -649,7 +750,173 @@ func (c *connection) reauthenticate(f frame) {
 			CloseAuthFailed, "authentication failed")
 		return
 	}
+	c.claims = claims
+	c.expiry.Reset(untilExpiry(claims))
 	c.reply(reply{Type: "authenticated", Sub: c.sub})
+}
+
+// User is an account that may log in with a password.
+type User struct {
+	// PasswordHash is what HashPassword made of the password.
+	PasswordHash string
+	// Publish and Subscribe are the grants of tokens from login; nil
+	// means every ordinary topic.
+	Publish, Subscribe []string
+}
+
+// login answers a login frame with a token, as the original did. Each
+// failure slows the next attempt for that user and that address; the
+// delay is capped, so a stranger guessing cannot lock a user out.
+func (b *Broker) login(f frame, remote string) reply {
+	if len(b.opts.Users) == 0 {
+		return errorReply("login_unavailable", "no users are configured")
+	}
+	keys := []string{"user:" + f.Username, "addr:" + hostOf(remote)}
+	time.Sleep(b.logins.delay(keys...))
+
+	// An unknown user costs the same hash as a known one, so timing does
+	// not tell a stranger which names exist.
+	user, known := b.opts.Users[f.Username]
+	if !known {
+		user.PasswordHash = dummyHash()
+	}
+	if !checkPassword(user.PasswordHash, f.Password) || !known {
+		b.logins.record(false, keys...)
+		b.logger.Info("login failed", "user", f.Username, "remote", remote)
+		return errorReply("invalid_credentials", "invalid credentials")
+	}
+	b.logins.record(true, keys[0])
+	token, err := b.loginToken(f.Username, user)
+	if err != nil {
+		return errorReply("internal", "could not sign a token")
+	}
+	return reply{Type: "login_response", Token: token}
+}
+
+// loginToken signs a token for a user who logged in.
+func (b *Broker) loginToken(name string, user User) (string, error) {
+	now := time.Now()
+	claims := Claims{Publish: user.Publish, Subscribe: user.Subscribe}
+	claims.Subject, claims.Issuer = name, b.opts.Issuer
+	claims.IssuedAt = jwt.NewNumericDate(now)
+	claims.ExpiresAt = jwt.NewNumericDate(now.Add(b.opts.LoginTokenTTL))
+	if b.opts.Audience != "" {
+		claims.Audience = jwt.ClaimStrings{b.opts.Audience}
+	}
+	return claims.Sign(b.opts.Secret)
+}
+
+// Password hashing is PBKDF2-SHA256 from the standard library, at the
+// iteration count OWASP recommends, stored as
+// pbkdf2-sha256$ITERATIONS$SALT$KEY with base64 salt and key.
+const passwordIterations = 600_000
+
+// dummyHash is checked for unknown users, so they cost as much as real
+// ones. It is made on first use: hashing takes a noticeable moment.
+var dummyHash = sync.OnceValue(func() string {
+	hash, _ := hashPassword("", passwordIterations)
+	return hash
+})
+
+// HashPassword returns the stored form of password for a User.
+func HashPassword(password string) (string, error) {
+	return hashPassword(password, passwordIterations)
+}
+
+// hashPassword hashes password with a fresh salt at iterations.
+func hashPassword(password string, iterations int) (string, error) {
+	salt := make([]byte, 16)
+	rand.Read(salt)
+	key, err := pbkdf2.Key(sha256.New, password, salt, iterations, 32)
+	if err != nil {
+		return "", fmt.Errorf("hash password: %w", err)
+	}
+	encode := base64.RawStdEncoding.EncodeToString
+	return fmt.Sprintf("pbkdf2-sha256$%d$%s$%s", iterations, encode(salt),
+		encode(key)), nil
+}
+
+// checkPassword reports whether password matches hash, in constant time.
+func checkPassword(hash, password string) bool {
+	parts := strings.Split(hash, "$")
+	if len(parts) != 4 || parts[0] != "pbkdf2-sha256" {
+		return false
+	}
+	iterations, err := strconv.Atoi(parts[1])
+	salt, err1 := base64.RawStdEncoding.DecodeString(parts[2])
+	key, err2 := base64.RawStdEncoding.DecodeString(parts[3])
+	if err != nil || err1 != nil || err2 != nil || len(key) == 0 ||
+		iterations < 1 {
+		return false
+	}
+	got, err := pbkdf2.Key(sha256.New, password, salt, iterations, len(key))
+	return err == nil && subtle.ConstantTimeCompare(got, key) == 1
+}
+
+// Login throttling: the first failure costs nothing, each further one
+// doubles the wait before the next attempt, up to loginMaxDelay, and ten
+// quiet minutes forget it all.
+const (
+	loginBaseDelay = 250 * time.Millisecond
+	loginMaxDelay  = 4 * time.Second
+	loginForget    = 10 * time.Minute
+	loginMaxKeys   = 10_000 // more keys than this, and old ones are dropped
+)
+
+// loginThrottle counts recent login failures per key (user or address).
+type loginThrottle struct {
+	mu       sync.Mutex               // guards failures
+	failures map[string]loginFailures // key → recent failures
+}
+
+// loginFailures is one key's recent failures.
+type loginFailures struct {
+	count int       // failures since the last success or forgetting
+	last  time.Time // when the newest failure happened
+}
+
+// delay is how long the next attempt for any of keys must wait.
+func (t *loginThrottle) delay(keys ...string) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var wait time.Duration
+	for _, key := range keys {
+		f := t.failures[key]
+		if f.count < 2 || time.Since(f.last) > loginForget {
+			continue
+		}
+		wait = max(wait, min(loginBaseDelay<<min(f.count-2, 8),
+			loginMaxDelay))
+	}
+	return wait
+}
+
+// record counts a failure against keys, or clears them on success.
+func (t *loginThrottle) record(ok bool, keys ...string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.failures == nil || len(t.failures) > loginMaxKeys {
+		t.failures = make(map[string]loginFailures)
+	}
+	for _, key := range keys {
+		if ok {
+			delete(t.failures, key)
+			continue
+		}
+		f := t.failures[key]
+		if time.Since(f.last) > loginForget {
+			f.count = 0
+		}
+		t.failures[key] = loginFailures{f.count + 1, time.Now()}
+	}
+}
+
+// hostOf is the host part of a remote address.
+func hostOf(remote string) string {
+	if host, _, err := net.SplitHostPort(remote); err == nil {
+		return host
+	}
+	return remote
 }
 
 // # The outbox and back-pressure
@@ -664,9 +931,12 @@ func (c *connection) reauthenticate(f frame) {
 // log with "after", or from its durable cursor.
 
 // writeLoop is the connection's only writer. It owns the socket's write
-// side until the reader returns; a nil frame means "close now".
+// side until the reader returns; a nil frame means "close now". It also
+// pings the peer: one that has not answered by the next tick is closed.
 func (c *connection) writeLoop() {
-	ctx := context.Background()
+	ping := time.NewTicker(c.broker.opts.PingInterval)
+	defer ping.Stop()
+	var buffer []byte
 	for {
 		select {
 		case data := <-c.outbox:
@@ -674,14 +944,56 @@ func (c *connection) writeLoop() {
 				c.ws.Close(c.closeCode, c.closeWhy)
 				return
 			}
-			if err := c.ws.Write(ctx, websocket.MessageText, data); err != nil {
+			closing := false
+			if c.batch {
+				buffer, closing = c.gather(append(buffer[:0], data...))
+				data = buffer
+			}
+			err := c.ws.Write(context.Background(), websocket.MessageText,
+				data)
+			if err != nil {
 				c.ws.CloseNow()
 				return
 			}
 			c.signalRoom()
+			if closing {
+				c.ws.Close(c.closeCode, c.closeWhy)
+				return
+			}
+		case <-ping.C:
+			go c.keepalive()
 		case <-c.done:
 			return
 		}
+	}
+}
+
+// gather appends every frame already queued to buffer, newline-separated,
+// for clients that asked for batches, and reports whether a close marker
+// was among them. One write then carries many deliveries: the biggest
+// single saving in CPU per delivery, because each write is a system call.
+func (c *connection) gather(buffer []byte) ([]byte, bool) {
+	for range len(c.outbox) {
+		data := <-c.outbox
+		if data == nil {
+			return buffer, true
+		}
+		buffer = append(append(buffer, '\n'), data...)
+	}
+	return buffer, false
+}
+
+// keepalive pings the peer and closes the socket if no pong comes back
+// within one ping interval. A peer that vanished without a FIN would
+// otherwise hold its subscriptions, and its durable name, forever.
+func (c *connection) keepalive() {
+	ctx, cancel := context.WithTimeout(context.Background(),
+		c.broker.opts.PingInterval)
+	defer cancel()
+	if err := c.ws.Ping(ctx); err != nil && ctx.Err() != nil {
+		c.broker.logger.Info("keepalive timeout", "sub", c.sub,
+			"remote", c.remote)
+		c.ws.CloseNow()
 	}
 }
 
@@ -782,6 +1094,11 @@ func (c *connection) subscribe(f frame) {
 	if f.After != nil && f.Last != nil {
 		c.reply(topicError("bad_frame", "use after or last, not both",
 			f.Topic))
+		return
+	}
+	if !allowed(c.claims.Subscribe, f.Topic) {
+		c.reply(topicError("forbidden", "token may not subscribe to "+
+			f.Topic, f.Topic))
 		return
 	}
 	if isWildcard(f.Topic) {
@@ -993,9 +1310,17 @@ type confirm struct {
 
 // publish answers a publish frame.
 func (c *connection) publish(f frame) {
-	m, problem := c.message(f)
-	if problem.Type != "" {
+	m, problem := newMessage(f)
+	switch {
+	case problem.Type != "":
 		c.reply(problem)
+		return
+	case !allowed(c.claims.Publish, m.Topic):
+		c.reply(topicError("forbidden", "token may not publish to "+m.Topic,
+			m.Topic))
+		return
+	case !c.allowPublish():
+		c.reply(topicError("rate_limited", "publishing too fast", m.Topic))
 		return
 	}
 	seq, duplicate, synced := c.broker.publish(m)
@@ -1006,14 +1331,11 @@ func (c *connection) publish(f frame) {
 		MessageID: m.ID, Seq: &seq, Duplicate: duplicate}})
 }
 
-// message validates a publish frame and builds its message.
-func (c *connection) message(f frame) (*Message, reply) {
+// newMessage validates a publish frame and builds its message.
+func newMessage(f frame) (*Message, reply) {
 	switch {
 	case validTopic(f.Topic) != "":
 		return nil, topicError("invalid_topic", validTopic(f.Topic), f.Topic)
-	case strings.HasPrefix(f.Topic, "$"):
-		return nil, topicError("forbidden",
-			"topics starting with $ belong to the broker", f.Topic)
 	case len(f.Payload) == 0:
 		return nil, topicError("missing_field", "publish needs a payload",
 			f.Topic)
@@ -1031,6 +1353,23 @@ func (c *connection) message(f frame) (*Message, reply) {
 	}
 	return &Message{Topic: f.Topic, ID: id, QoS: f.QoS,
 		Payload: payload.Bytes()}, reply{}
+}
+
+// allowPublish takes one publish from the connection's token bucket,
+// which refills at PublishRate per second up to one second's worth.
+func (c *connection) allowPublish() bool {
+	rate := c.broker.opts.PublishRate
+	if rate <= 0 {
+		return true
+	}
+	now := time.Now()
+	c.tokens = min(max(rate, 1), c.tokens+now.Sub(c.refilled).Seconds()*rate)
+	c.refilled = now
+	if c.tokens < 1 {
+		return false
+	}
+	c.tokens--
+	return true
 }
 
 // confirm queues c for the connection's confirmer, starting it on first
@@ -1158,7 +1497,7 @@ func (b *Broker) fanOut(t *topic, m *Message) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	for s := range b.wildcards {
-		if matches(s.filter, m.Topic) {
+		if covers(s.filter, m.Topic) {
 			s.conn.deliverLive(s, m, data)
 		}
 	}
@@ -1223,21 +1562,29 @@ func (c *connection) track(s *subscription, m *Message, limit int) bool {
 	return true
 }
 
-// ack answers an ack frame. Without a topic it clears every pending
-// delivery of that message_id on this connection.
+// ack answers an ack frame. Three forms clear this connection's pending
+// deliveries: one message_id (on any topic, or on "topic"), a list of
+// message_ids, or everything on a topic up to "seq". The last two are
+// additions: one ack frame per delivery costs a client as much as the
+// delivery did.
 func (c *connection) ack(f frame) {
-	if f.MessageID == "" {
-		c.reply(errorReply("missing_field", "ack needs a message_id"))
+	ids := f.MessageIDs
+	if f.MessageID != "" {
+		ids = append(ids, f.MessageID)
+	}
+	if len(ids) == 0 && (f.Seq == nil || f.Topic == "") {
+		c.reply(errorReply("missing_field",
+			"ack needs a message_id, message_ids, or a topic and a seq"))
 		return
 	}
 	c.mu.Lock()
-	if f.Topic != "" {
-		c.settle(pendingKey{f.Topic, f.MessageID})
-	} else {
-		for key := range c.pending {
-			if key.id == f.MessageID {
-				c.settle(key)
-			}
+	for key, p := range c.pending {
+		if f.Topic != "" && key.topic != f.Topic {
+			continue
+		}
+		if slices.Contains(ids, key.id) ||
+			(f.Seq != nil && p.message.Seq <= *f.Seq) {
+			c.settle(key)
 		}
 	}
 	c.mu.Unlock()
@@ -1985,29 +2332,42 @@ func isWildcard(filter string) bool {
 	return strings.ContainsAny(filter, "+#")
 }
 
-// matches reports whether topic matches filter.
-func matches(filter, topic string) bool {
-	if strings.HasPrefix(topic, "$") && (strings.HasPrefix(filter, "+") ||
-		strings.HasPrefix(filter, "#")) {
+// covers reports whether every topic that filter matches is also matched
+// by grant. For a plain topic as filter, that is "grant matches topic",
+// so one function routes messages and checks permissions.
+func covers(grant, filter string) bool {
+	if strings.HasPrefix(filter, "$") && (strings.HasPrefix(grant, "+") ||
+		strings.HasPrefix(grant, "#")) {
 		return false
 	}
 	for {
-		level, rest, more := strings.Cut(filter, "/")
+		level, rest, more := strings.Cut(grant, "/")
 		if level == "#" {
 			return true
 		}
-		name, topicRest, topicMore := strings.Cut(topic, "/")
-		if level != "+" && level != name {
+		name, filterRest, filterMore := strings.Cut(filter, "/")
+		if name == "#" || (level != "+" && level != name) {
 			return false
 		}
-		if !topicMore {
+		if !filterMore {
 			return !more || rest == "#"
 		}
 		if !more {
 			return false
 		}
-		filter, topic = rest, topicRest
+		grant, filter = rest, filterRest
 	}
+}
+
+// allowed reports whether grants permit filter. No grants at all (nil)
+// means every ordinary topic; $-topics always need an explicit grant.
+func allowed(grants []string, filter string) bool {
+	if grants == nil {
+		return !strings.HasPrefix(filter, "$")
+	}
+	return slices.ContainsFunc(grants, func(grant string) bool {
+		return covers(grant, filter)
+	})
 }
 
 // topicError is an error frame about one topic.

@@ -128,7 +128,8 @@ func TestBroker_AcksArePerSubscriber(t *testing.T) {
 func TestBroker_DeadLetters(t *testing.T) {
 	ts := startBroker(t, Options{AckTimeout: 20 * time.Millisecond,
 		MaxRetries: 2})
-	worker, operator := ts.dial("worker"), ts.dial("operator")
+	worker := ts.dial("worker")
+	operator := ts.dialWith("operator", Claims{Subscribe: []string{"$dead/#"}})
 	publisher := ts.dial("publisher")
 	worker.subscribe("jobs", nil)
 	operator.subscribe("$dead/jobs", nil)
@@ -530,7 +531,7 @@ func TestBroker_Wildcards(t *testing.T) {
 	})
 }
 
-func TestMatches(t *testing.T) {
+func TestCovers_MatchesTopics(t *testing.T) {
 	cases := []struct {
 		filter, topic string
 		want          bool
@@ -554,8 +555,8 @@ func TestMatches(t *testing.T) {
 		{"a/+/c", "a//c", true},
 	}
 	for _, tc := range cases {
-		if got := matches(tc.filter, tc.topic); got != tc.want {
-			t.Errorf("matches(%q, %q) = %v, want %v", tc.filter, tc.topic,
+		if got := covers(tc.filter, tc.topic); got != tc.want {
+			t.Errorf("covers(%q, %q) = %v, want %v", tc.filter, tc.topic,
 				got, tc.want)
 		}
 	}

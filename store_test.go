@@ -185,7 +185,7 @@ func corrupt(t *testing.T, store *BoltStore, topic string, seq uint64) {
 // fakeConnection is a connection with no socket, for fake-time tests:
 // its frames collect in its outbox.
 func fakeConnection(b *Broker, sub string) *connection {
-	c := &connection{broker: b, sub: sub, remote: "test",
+	c := &connection{broker: b, sub: sub, remote: "test", claims: &Claims{},
 		outbox: make(chan []byte, 64), room: make(chan struct{}, 1),
 		done:          make(chan struct{}),
 		subscriptions: map[string]*subscription{},

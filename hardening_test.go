@@ -1,0 +1,382 @@
+package popsub
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// These tests cover what a broker on an open socket must do when clients
+// are hostile, broken, slow or gone.
+
+func TestBroker_Permissions(t *testing.T) {
+	ts := startBroker(t, Options{})
+	sensor := ts.dialWith("sensor", Claims{Publish: []string{"sensors/#"},
+		Subscribe: []string{"sensors/+/config"}})
+	operator := ts.dialWith("operator", Claims{
+		Subscribe: []string{"#", "$dead/#"}})
+	anyone := ts.dial("anyone")
+
+	cases := []struct {
+		name  string
+		who   *client
+		frame map[string]any
+		code  string // "" means allowed
+	}{
+		{"a publish inside the grant is allowed", sensor,
+			map[string]any{"type": "publish", "topic": "sensors/a/temp",
+				"payload": 1, "qos": 1}, ""},
+		{"a publish outside the grant is forbidden", sensor,
+			map[string]any{"type": "publish", "topic": "chat",
+				"payload": 1}, "forbidden"},
+		{"a subscribe inside the grant is allowed", sensor,
+			map[string]any{"type": "subscribe",
+				"topic": "sensors/a/config"}, ""},
+		{"a filter wider than the grant is forbidden", sensor,
+			map[string]any{"type": "subscribe", "topic": "sensors/#"},
+			"forbidden"},
+		{"# does not grant $dead topics", anyone,
+			map[string]any{"type": "subscribe", "topic": "$dead/jobs"},
+			"forbidden"},
+		{"an explicit grant allows $dead topics", operator,
+			map[string]any{"type": "subscribe", "topic": "$dead/jobs"}, ""},
+		{"no token may publish to $sys without a grant", operator,
+			map[string]any{"type": "publish", "topic": "$sys/events",
+				"payload": 1}, "forbidden"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.who.t = t
+			tc.who.send(tc.frame)
+			if tc.code != "" {
+				tc.who.expectError(tc.code)
+			} else if g := tc.who.next(); g.Type == "error" {
+				t.Fatalf("got error %+v, want it allowed", g)
+			}
+			tc.who.quiet()
+		})
+	}
+}
+
+func TestCovers_Grants(t *testing.T) {
+	cases := []struct {
+		grant, filter string
+		want          bool
+	}{
+		{"sensors/#", "sensors/+/temp", true},
+		{"sensors/#", "sensors/#", true},
+		{"sensors/+", "sensors/#", false},
+		{"sensors/+/temp", "sensors/+/temp", true},
+		{"sensors/a/temp", "sensors/+/temp", false},
+		{"#", "$sys/events", false},
+		{"$sys/#", "$sys/events", true},
+		{"+/#", "a/b", true},
+	}
+	for _, tc := range cases {
+		if got := covers(tc.grant, tc.filter); got != tc.want {
+			t.Errorf("covers(%q, %q) = %v, want %v", tc.grant, tc.filter,
+				got, tc.want)
+		}
+	}
+}
+
+func TestBroker_TokenExpiry(t *testing.T) {
+	t.Run("an expired session is closed with 4003", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			ps := startPipeBroker(t, Options{})
+			defer ps.stop()
+			c := ps.dial("alice")
+			c.authenticate(tokenUntil(t, "alice",
+				time.Now().Add(2*time.Second)))
+			c.expectError("token_expired")
+			c.expectClose(CloseTokenExpired)
+		})
+	})
+	t.Run("a fresh auth extends the session", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			ps := startPipeBroker(t, Options{PingInterval: 2 * time.Hour})
+			defer ps.stop()
+			c := ps.dial("alice")
+			c.authenticate(tokenUntil(t, "alice",
+				time.Now().Add(time.Minute)))
+			c.authenticate(tokenUntil(t, "alice", time.Now().Add(time.Hour)))
+			time.Sleep(30 * time.Minute)
+			c.quiet()
+		})
+	})
+	t.Run("a fresh auth for another subject is refused", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			ps := startPipeBroker(t, Options{})
+			defer ps.stop()
+			c := ps.dial("alice")
+			c.authenticate(tokenUntil(t, "alice", time.Now().Add(time.Hour)))
+			c.send(map[string]any{"type": "auth",
+				"token": tokenUntil(t, "mallory", time.Now().Add(time.Hour))})
+			c.expectError("auth_failed")
+			c.expectClose(CloseAuthFailed)
+		})
+	})
+}
+
+func TestBroker_KeepaliveClosesSilentPeers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ps := startPipeBroker(t, Options{PingInterval: 10 * time.Second,
+			AckTimeout: time.Hour})
+		defer ps.stop()
+		publisher := ps.dial("publisher")
+		publisher.authenticate(tokenUntil(t, "p", time.Now().Add(time.Hour)))
+		tok := tokenUntil(t, "worker", time.Now().Add(time.Hour))
+		worker := ps.dial("worker")
+		worker.authenticate(tok)
+		worker.subscribe("jobs", map[string]any{"durable": "w"})
+		publisher.publish("jobs", 1, 1, "job-1")
+		worker.expect("message")
+
+		// Nobody reads now, so nobody answers a ping: within two
+		// intervals the broker closes both, and the durable name is free.
+		time.Sleep(25 * time.Second)
+		synctest.Wait()
+		if n := len(ps.broker.connectionList()); n != 0 {
+			t.Fatalf("open connections = %d, want 0", n)
+		}
+		again := ps.dial("worker")
+		again.authenticate(tok)
+		again.subscribe("jobs", map[string]any{"durable": "w"})
+		if g := again.expect("message"); g.MessageID != "job-1" {
+			t.Fatalf("resumed with %+v, want job-1 again", g)
+		}
+	})
+}
+
+// loginUsers has one user, alice, whose password is "correct horse";
+// the hash uses few iterations to keep tests fast.
+func loginUsers(t *testing.T) map[string]User {
+	hash, err := hashPassword("correct horse", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string]User{"alice": {PasswordHash: hash,
+		Publish: []string{"alice/#"}}}
+}
+
+func TestBroker_Login(t *testing.T) {
+	ts := startBroker(t, Options{Users: loginUsers(t)})
+	c := dialRaw(t, ts.url, "alice")
+
+	t.Run("a wrong password gets invalid credentials, the connection stays",
+		func(t *testing.T) {
+			c.t = t
+			c.send(map[string]any{"type": "login", "username": "alice",
+				"password": "wrong"})
+			if g := c.expectError("invalid_credentials"); g.Message !=
+				"invalid credentials" {
+				t.Fatalf("message = %q", g.Message)
+			}
+		})
+	t.Run("an unknown user gets the same answer", func(t *testing.T) {
+		c.t = t
+		c.send(map[string]any{"type": "login", "username": "bob",
+			"password": "x"})
+		c.expectError("invalid_credentials")
+	})
+	t.Run("the right password gets a token with the user's grants",
+		func(t *testing.T) {
+			c.t = t
+			c.send(map[string]any{"type": "login", "username": "alice",
+				"password": "correct horse"})
+			var reply struct{ Type, Token string }
+			_, data, err := c.ws.Read(context.Background())
+			if err != nil || json.Unmarshal(data, &reply) != nil ||
+				reply.Type != "login_response" {
+				t.Fatalf("got %s, %v; want login_response", data, err)
+			}
+			c.authenticate(reply.Token)
+			c.publish("alice/notes", "hi", 1, "")
+			c.send(map[string]any{"type": "publish", "topic": "bob/notes",
+				"payload": 1})
+			c.expectError("forbidden")
+		})
+}
+
+func TestLoginThrottle_SlowsButDoesNotLockOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &Broker{opts: Options{Users: loginUsers(t),
+			Secret: testSecret}.withDefaults(), logger: quietLogger}
+		attempt := func(password, remote string) (string, time.Duration) {
+			start := time.Now()
+			r := b.login(frame{Username: "alice", Password: password},
+				remote)
+			return r.Type + r.Code, time.Since(start)
+		}
+		for range 20 {
+			attempt("guess", "203.0.113.9:4000")
+		}
+		if _, wait := attempt("guess", "203.0.113.9:4000"); wait !=
+			loginMaxDelay {
+			t.Fatalf("20th failure waited %v, want the cap %v", wait,
+				loginMaxDelay)
+		}
+		result, wait := attempt("correct horse", "198.51.100.7:5000")
+		if result != "login_response" || wait > loginMaxDelay {
+			t.Fatalf("the real user got %q after %v; want in within %v",
+				result, wait, loginMaxDelay)
+		}
+		time.Sleep(loginForget + time.Second)
+		if _, wait := attempt("guess", "203.0.113.9:4000"); wait != 0 {
+			t.Fatalf("after a quiet spell the wait is %v, want 0", wait)
+		}
+	})
+}
+
+func TestBroker_Limits(t *testing.T) {
+	t.Run("connections over the cap get HTTP 503 before the upgrade",
+		func(t *testing.T) {
+			ts := startBroker(t, Options{MaxConnections: 2})
+			ts.dial("one")
+			ts.dial("two")
+			ctx, cancel := context.WithTimeout(context.Background(),
+				5*time.Second)
+			defer cancel()
+			_, resp, err := websocket.Dial(ctx, ts.url, nil)
+			if err == nil || resp == nil ||
+				resp.StatusCode != http.StatusServiceUnavailable {
+				t.Fatalf("third dial: %v, %v; want HTTP 503", resp, err)
+			}
+		})
+	t.Run("publishing faster than the rate gets rate_limited",
+		func(t *testing.T) {
+			ts := startBroker(t, Options{PublishRate: 2})
+			c := ts.dial("chatty")
+			for range 2 {
+				c.publish("chat", 1, 1, "")
+			}
+			c.send(map[string]any{"type": "publish", "topic": "chat",
+				"payload": 1})
+			c.expectError("rate_limited")
+			c.quiet()
+		})
+	t.Run("a large frame before auth closes with 1009", func(t *testing.T) {
+		ts := startBroker(t, Options{})
+		c := dialRaw(t, ts.url, "stranger")
+		c.send(map[string]any{"type": "auth",
+			"token": strings.Repeat("x", 9000)})
+		c.expectClose(websocket.StatusMessageTooBig)
+	})
+	t.Run("a foreign browser origin is refused", func(t *testing.T) {
+		ts := startBroker(t, Options{})
+		ctx, cancel := context.WithTimeout(context.Background(),
+			5*time.Second)
+		defer cancel()
+		header := http.Header{"Origin": {"https://evil.example"}}
+		_, resp, err := websocket.Dial(ctx, ts.url,
+			&websocket.DialOptions{HTTPHeader: header})
+		if err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("foreign origin: %v, %v; want HTTP 403", resp, err)
+		}
+	})
+	t.Run("an allowed foreign origin is accepted", func(t *testing.T) {
+		ts := startBroker(t, Options{OriginPatterns: []string{"app.example"}})
+		ctx, cancel := context.WithTimeout(context.Background(),
+			5*time.Second)
+		defer cancel()
+		header := http.Header{"Origin": {"https://app.example"}}
+		ws, _, err := websocket.Dial(ctx, ts.url,
+			&websocket.DialOptions{HTTPHeader: header})
+		if err != nil {
+			t.Fatalf("allowed origin refused: %v", err)
+		}
+		ws.CloseNow()
+	})
+}
+
+func TestBroker_LogsHoldNoSecrets(t *testing.T) {
+	var logs lockedBuffer
+	logger := slog.New(slog.NewTextHandler(&logs,
+		&slog.HandlerOptions{Level: slog.LevelDebug}))
+	ts := startBroker(t, Options{Users: loginUsers(t), Logger: logger})
+
+	good := token(t, "alice")
+	bad := good[:len(good)-4] + "AAAA"
+	c := ts.dial("alice")
+	c.send(map[string]any{"type": "login", "username": "alice",
+		"password": "correct horse"})
+	c.expect("login_response")
+	c.send(map[string]any{"type": "login", "username": "alice",
+		"password": "hunter2-not-it"})
+	c.expectError("invalid_credentials")
+	refused := dialRaw(t, ts.url, "mallory")
+	refused.send(map[string]any{"type": "auth", "token": bad})
+	refused.expectClose(CloseAuthFailed)
+	ts.stop()
+
+	for _, secret := range []string{good, bad, string(testSecret),
+		"correct horse", "hunter2-not-it", good[strings.LastIndex(good,
+			".")+1:]} {
+		if strings.Contains(logs.String(), secret) {
+			t.Fatalf("logs contain a secret %q:\n%s", secret, logs.String())
+		}
+	}
+	if !strings.Contains(logs.String(), "auth failed") {
+		t.Fatalf("logs lack the auth failure:\n%s", logs.String())
+	}
+}
+
+func TestBroker_NoLeaksAfterManyConnections(t *testing.T) {
+	before := countOpenFiles(t)
+	goroutines := countGoroutines()
+	ts := startBroker(t, Options{})
+	for i := range 1000 {
+		c := ts.dial("visitor")
+		c.subscribe("lobby", nil)
+		if i%2 == 0 {
+			c.ws.Close(websocket.StatusNormalClosure, "")
+		} else {
+			c.ws.CloseNow()
+		}
+	}
+	ts.stop()
+	waitFor(t, func() bool { return countGoroutines() <= goroutines+2 },
+		"goroutines to return to %d, have %d", goroutines,
+		countGoroutines())
+	waitFor(t, func() bool { return countOpenFiles(t) <= before+2 },
+		"open files to return to %d, have %d", before, countOpenFiles(t))
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger and a test at once.
+type lockedBuffer struct {
+	mu     sync.Mutex
+	buffer bytes.Buffer
+}
+
+// Write appends p.
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buffer.Write(p)
+}
+
+// String returns everything written so far.
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buffer.String()
+}
+
+// countOpenFiles counts this process's open file descriptors.
+func countOpenFiles(t *testing.T) int {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd on this system")
+	}
+	return len(entries)
+}

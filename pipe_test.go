@@ -1,0 +1,133 @@
+package popsub
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// This file serves the broker over net.Pipe instead of TCP, so a test
+// can run inside a testing/synctest bubble: the broker's timers (token
+// expiry, keepalive, login delays) then run in fake time, instantly,
+// while the frames still cross a real WebSocket.
+
+// pipeListener hands out the server ends of in-memory pipes.
+type pipeListener struct {
+	conns chan net.Conn // server ends, waiting for Accept
+	done  chan struct{} // closed by Close
+	once  sync.Once     // makes Close idempotent
+}
+
+// Accept returns the next server end.
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close stops Accept.
+func (l *pipeListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+// Addr is a placeholder: pipes have no address.
+func (l *pipeListener) Addr() net.Addr {
+	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}
+}
+
+// dial makes a pipe and returns its client end.
+func (l *pipeListener) dial(context.Context, string, string) (net.Conn,
+	error) {
+	server, client := net.Pipe()
+	select {
+	case l.conns <- server:
+		return client, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// pipeServer is a broker served over pipes, for use inside a bubble.
+type pipeServer struct {
+	t        *testing.T
+	broker   *Broker
+	listener *pipeListener
+	http     *http.Server
+	client   *http.Client
+	clients  []*client
+}
+
+// startPipeBroker serves a broker over pipes, with a memory store. Call
+// it inside synctest.Test, and stop it before the bubble ends.
+func startPipeBroker(t *testing.T, opts Options) *pipeServer {
+	t.Helper()
+	opts.Secret, opts.Store = testSecret, newMemoryStore()
+	if opts.Logger == nil {
+		opts.Logger = quietLogger
+	}
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
+	ps := &pipeServer{t: t, broker: b, listener: l,
+		http: &http.Server{Handler: b},
+		client: &http.Client{Transport: &http.Transport{
+			DialContext: l.dial}}}
+	go ps.http.Serve(l)
+	return ps
+}
+
+// dial connects over a pipe without authenticating.
+func (ps *pipeServer) dial(name string) *client {
+	ps.t.Helper()
+	ws, _, err := websocket.Dial(context.Background(), "ws://pipe/ws",
+		&websocket.DialOptions{HTTPClient: ps.client})
+	if err != nil {
+		ps.t.Fatalf("%s: dial: %v", name, err)
+	}
+	c := &client{t: ps.t, name: name, ws: ws}
+	ps.clients = append(ps.clients, c)
+	return c
+}
+
+// stop closes the clients, the broker and the server, so that no
+// goroutine outlives the bubble.
+func (ps *pipeServer) stop() {
+	for _, c := range ps.clients {
+		c.ws.CloseNow()
+	}
+	ps.broker.Shutdown(context.Background())
+	ps.http.Close()
+	ps.listener.Close()
+	ps.client.CloseIdleConnections()
+}
+
+// authenticate sends an auth frame with tok and expects authenticated.
+func (c *client) authenticate(tok string) {
+	c.t.Helper()
+	c.send(map[string]any{"type": "auth", "token": tok})
+	c.expect("authenticated")
+}
+
+// tokenUntil signs a token for sub that expires at exp.
+func tokenUntil(t *testing.T, sub string, exp time.Time) string {
+	t.Helper()
+	var claims Claims
+	claims.Subject = sub
+	claims.ExpiresAt = jwtTime(exp)
+	tok, err := claims.Sign(testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
