@@ -713,9 +713,9 @@ func (c *connection) read() ([]byte, bool) {
 // handle decodes one frame and answers it. A bad frame costs the client
 // an error frame, never its connection.
 func (c *connection) handle(data []byte) {
-	var f frame
-	if err := json.Unmarshal(data, &f); err != nil {
-		c.reply(errorReply("bad_frame", "malformed frame: "+jsonError(err)))
+	f, problem := decodeFrame(data)
+	if problem.Type != "" {
+		c.reply(problem)
 		return
 	}
 	switch f.Type {
@@ -733,11 +733,21 @@ func (c *connection) handle(data []byte) {
 		c.ack(f)
 	case "ping":
 		c.reply(reply{Type: "pong"})
-	case "":
-		c.reply(errorReply("missing_field", "frame has no type"))
 	default:
 		c.reply(errorReply("unknown_type", "unknown frame type: "+f.Type))
 	}
+}
+
+// decodeFrame parses one frame, or explains what is wrong with it.
+func decodeFrame(data []byte) (frame, reply) {
+	var f frame
+	if err := json.Unmarshal(data, &f); err != nil {
+		return f, errorReply("bad_frame", "malformed frame: "+jsonError(err))
+	}
+	if f.Type == "" {
+		return f, errorReply("missing_field", "frame has no type")
+	}
+	return f, reply{}
 }
 
 // reauthenticate accepts a fresh token for the same subject, as the
@@ -1578,6 +1588,17 @@ func (c *connection) ack(f frame) {
 		return
 	}
 	c.mu.Lock()
+	defer c.signalRoom()
+	defer c.mu.Unlock()
+
+	// With a topic and ids, each ack is one map look-up. The other forms
+	// walk the pending table, which the in-flight window keeps bounded.
+	if f.Topic != "" && f.Seq == nil {
+		for _, id := range ids {
+			c.settle(pendingKey{f.Topic, id})
+		}
+		return
+	}
 	for key, p := range c.pending {
 		if f.Topic != "" && key.topic != f.Topic {
 			continue
@@ -1587,8 +1608,6 @@ func (c *connection) ack(f frame) {
 			c.settle(key)
 		}
 	}
-	c.mu.Unlock()
-	c.signalRoom()
 }
 
 // settle removes a pending delivery, acked or dead-lettered, and moves a

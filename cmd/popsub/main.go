@@ -2,6 +2,8 @@
 //
 //	popsub serve                      run the broker (alias: server)
 //	popsub token --sub NAME           print a signed token
+//	popsub hash-password              hash a password (read from stdin)
+//	                                  for a [users.NAME] config entry
 //	popsub client                     the original's demo: auth, subscribe
 //	                                  "chat", publish, print what arrives
 //	popsub client sub TOPIC           print deliveries as JSON lines, ack
@@ -32,6 +34,7 @@ const usage = `usage: popsub <command> [flags]
 commands:
   serve (or server)          run the broker
   token --sub NAME           print a signed token
+  hash-password              read a password on stdin, print its hash
   client                     the original's demo session
   client sub TOPIC           print deliveries as JSON lines, acking QoS 1
   client pub TOPIC PAYLOAD   publish a message (--qos 1 waits for confirm)
@@ -67,6 +70,8 @@ func run(ctx context.Context, args []string, stdout,
 		return serve(ctx, args[1:], stdout, stderr)
 	case "token":
 		return tokenCommand(args[1:], stdout, stderr)
+	case "hash-password":
+		return hashPasswordCommand(os.Stdin, stdout, stderr)
 	case "client":
 		return clientCommand(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
@@ -96,6 +101,19 @@ func envInt(name string, fallback int) (int, error) {
 		return 0, fmt.Errorf("%s=%q: not a whole number", name, v)
 	}
 	return n, nil
+}
+
+// envFloat is env for a number such as 2.5.
+func envFloat(name string, fallback float64) (float64, error) {
+	v, ok := os.LookupEnv(name)
+	if !ok {
+		return fallback, nil
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q: not a number", name, v)
+	}
+	return f, nil
 }
 
 // envDuration is env for a duration such as 5s or 1h.

@@ -32,11 +32,18 @@ func startServe(t *testing.T, extra ...string) (string, string,
 	}()
 	lines := bufio.NewScanner(out)
 	var url, token string
-	for lines.Scan() {
-		line := strings.TrimSpace(lines.Text())
-		if rest, ok := strings.CutPrefix(line, "try: popsub client --url "); ok {
-			url, token, _ = strings.Cut(rest, " --token ")
+	for url == "" || (token == "" && !strings.Contains(strings.Join(extra,
+		" "), "--config")) {
+		if !lines.Scan() {
 			break
+		}
+		line := strings.TrimSpace(lines.Text())
+		if rest, ok := strings.CutPrefix(line, "popsub listening on "+
+			"http://"); ok {
+			url = "ws://" + strings.Fields(rest)[0]
+		}
+		if rest, ok := strings.CutPrefix(line, "try: popsub client"); ok {
+			_, token, _ = strings.Cut(rest, " --token ")
 		}
 	}
 	go io.Copy(io.Discard, out)

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub"
 )
 
@@ -27,6 +29,31 @@ const localTokenTTL = 24 * time.Hour
 type serveConfig struct {
 	addr, db, secret, origins, logLevel string
 	options                             popsub.Options
+}
+
+// serveDefaults are serve's settings before the environment and flags:
+// the built-in defaults, overridden by the config file if there is one.
+type serveDefaults struct {
+	addr, db, secret, origins, logLevel, issuer, audience  string
+	ackTimeout, ttl, authTimeout, pingInterval             time.Duration
+	maxRetries, maxMessages, maxFrame, outbox, maxInflight int
+	maxConnections                                         int
+	publishRate                                            float64
+}
+
+// builtinDefaults are the package's defaults, for a run with no file.
+func builtinDefaults() serveDefaults {
+	return serveDefaults{
+		addr: "127.0.0.1:8080", db: "popsub.db", logLevel: "info",
+		ackTimeout: popsub.DefaultAckTimeout, ttl: popsub.DefaultTTL,
+		authTimeout:  popsub.DefaultAuthTimeout,
+		pingInterval: popsub.DefaultPingInterval,
+		maxRetries:   popsub.DefaultMaxRetries,
+		maxMessages:  popsub.DefaultMaxMessages,
+		maxFrame:     popsub.DefaultMaxFrameBytes,
+		outbox:       popsub.DefaultOutbox,
+		maxInflight:  popsub.DefaultMaxInflight,
+	}
 }
 
 // serve runs the broker until ctx ends, then shuts it down gracefully.
@@ -46,8 +73,7 @@ func serve(ctx context.Context, args []string, stdout,
 	localToken := ""
 	if cfg.secret == "" {
 		cfg.options.Secret = randomSecret()
-		localToken, err = popsub.NewToken(cfg.options.Secret, "local",
-			localTokenTTL)
+		localToken, err = localClaims().Sign(cfg.options.Secret)
 		if err != nil {
 			return fmt.Errorf("make local token: %w", err)
 		}
@@ -78,9 +104,39 @@ func serve(ctx context.Context, args []string, stdout,
 	return serveUntilDone(ctx, listener, broker, logger)
 }
 
-// parseServe reads serve's flags over its environment variables.
+// parseServe reads serve's settings. Precedence: a flag, then its
+// environment variable, then the config file, then the default.
 func parseServe(args []string, stderr io.Writer) (serveConfig, error) {
 	var cfg serveConfig
+	d := builtinDefaults()
+	path := configPath(args)
+	if path != "" {
+		file, err := loadConfig(path)
+		if err != nil {
+			return cfg, err
+		}
+		if cfg.options.Users, err = file.users(); err != nil {
+			return cfg, err
+		}
+		d = file.defaults()
+	}
+	fs, frame, errs := serveFlags(&cfg, d, stderr)
+	fs.String("config", path, "TOML configuration file (POPSUB_CONFIG)")
+	if err := errors.Join(errs...); err != nil {
+		return cfg, err
+	}
+	if _, err := parseInterleaved(fs, args); err != nil {
+		return cfg, err
+	}
+	cfg.options.MaxFrameBytes = int64(*frame)
+	cfg.options.OriginPatterns = splitList(cfg.origins)
+	return cfg, checkServe(cfg)
+}
+
+// serveFlags declares serve's flags over the environment and d, and
+// returns any malformed environment values.
+func serveFlags(cfg *serveConfig, d serveDefaults,
+	stderr io.Writer) (*flag.FlagSet, *int, []error) {
 	o := &cfg.options
 	var errs []error
 	integer := func(name string, fallback int) int {
@@ -89,55 +145,58 @@ func parseServe(args []string, stderr io.Writer) (serveConfig, error) {
 		return n
 	}
 	duration := func(name string, fallback time.Duration) time.Duration {
-		d, err := envDuration(name, fallback)
+		v, err := envDuration(name, fallback)
 		errs = append(errs, err)
-		return d
+		return v
 	}
 	fs := newFlagSet("popsub serve", stderr)
-	fs.StringVar(&cfg.addr, "addr", env("POPSUB_ADDR", "127.0.0.1:8080"),
+	fs.StringVar(&cfg.addr, "addr", env("POPSUB_ADDR", d.addr),
 		"address to listen on (POPSUB_ADDR)")
-	fs.StringVar(&cfg.db, "db", env("POPSUB_DB", "popsub.db"),
+	fs.StringVar(&cfg.db, "db", env("POPSUB_DB", d.db),
 		"bbolt database file (POPSUB_DB)")
-	fs.StringVar(&cfg.secret, "secret", env("POPSUB_SECRET", ""),
+	fs.StringVar(&cfg.secret, "secret", env("POPSUB_SECRET", d.secret),
 		"token secret, at least 32 bytes; empty makes a random one "+
 			"(POPSUB_SECRET)")
 	fs.DurationVar(&o.AckTimeout, "ack-timeout", duration(
-		"POPSUB_ACK_TIMEOUT", popsub.DefaultAckTimeout),
+		"POPSUB_ACK_TIMEOUT", d.ackTimeout),
 		"wait for an ack before a retry (POPSUB_ACK_TIMEOUT)")
 	fs.IntVar(&o.MaxRetries, "max-retries", integer("POPSUB_MAX_RETRIES",
-		popsub.DefaultMaxRetries),
-		"retries before a dead letter (POPSUB_MAX_RETRIES)")
+		d.maxRetries), "retries before a dead letter (POPSUB_MAX_RETRIES)")
 	fs.IntVar(&o.MaxMessages, "max-messages", integer(
-		"POPSUB_MAX_MESSAGES", popsub.DefaultMaxMessages),
+		"POPSUB_MAX_MESSAGES", d.maxMessages),
 		"messages kept per topic (POPSUB_MAX_MESSAGES)")
-	fs.DurationVar(&o.TTL, "ttl", duration("POPSUB_TTL", popsub.DefaultTTL),
+	fs.DurationVar(&o.TTL, "ttl", duration("POPSUB_TTL", d.ttl),
 		"how long messages are kept (POPSUB_TTL)")
-	frame := fs.Int("max-frame", integer("POPSUB_MAX_FRAME",
-		popsub.DefaultMaxFrameBytes),
+	frame := fs.Int("max-frame", integer("POPSUB_MAX_FRAME", d.maxFrame),
 		"largest incoming frame in bytes (POPSUB_MAX_FRAME)")
-	fs.IntVar(&o.Outbox, "outbox", integer("POPSUB_OUTBOX",
-		popsub.DefaultOutbox),
+	fs.IntVar(&o.Outbox, "outbox", integer("POPSUB_OUTBOX", d.outbox),
 		"frames queued per connection (POPSUB_OUTBOX)")
 	fs.IntVar(&o.MaxInflight, "max-inflight", integer(
-		"POPSUB_MAX_INFLIGHT", popsub.DefaultMaxInflight),
+		"POPSUB_MAX_INFLIGHT", d.maxInflight),
 		"unacked QoS 1 deliveries per connection (POPSUB_MAX_INFLIGHT)")
 	fs.DurationVar(&o.AuthTimeout, "auth-timeout", duration(
-		"POPSUB_AUTH_TIMEOUT", popsub.DefaultAuthTimeout),
+		"POPSUB_AUTH_TIMEOUT", d.authTimeout),
 		"time a new connection has to authenticate (POPSUB_AUTH_TIMEOUT)")
-	fs.StringVar(&cfg.origins, "origins", env("POPSUB_ORIGINS", ""),
+	fs.DurationVar(&o.PingInterval, "ping-interval", duration(
+		"POPSUB_PING_INTERVAL", d.pingInterval),
+		"how often connections are pinged (POPSUB_PING_INTERVAL)")
+	fs.IntVar(&o.MaxConnections, "max-connections", integer(
+		"POPSUB_MAX_CONNECTIONS", d.maxConnections),
+		"open connections allowed, 0 for no cap (POPSUB_MAX_CONNECTIONS)")
+	rate, err := envFloat("POPSUB_PUBLISH_RATE", d.publishRate)
+	errs = append(errs, err)
+	fs.Float64Var(&o.PublishRate, "publish-rate", rate, "publishes per "+
+		"second per connection, 0 for no cap (POPSUB_PUBLISH_RATE)")
+	fs.StringVar(&o.Issuer, "issuer", env("POPSUB_ISSUER", d.issuer),
+		"required token iss, if set (POPSUB_ISSUER)")
+	fs.StringVar(&o.Audience, "audience", env("POPSUB_AUDIENCE", d.audience),
+		"required token aud, if set (POPSUB_AUDIENCE)")
+	fs.StringVar(&cfg.origins, "origins", env("POPSUB_ORIGINS", d.origins),
 		"foreign browser origins allowed, comma-separated "+
 			"(POPSUB_ORIGINS)")
-	fs.StringVar(&cfg.logLevel, "log-level", env("POPSUB_LOG_LEVEL", "info"),
-		"debug, info, warn or error (POPSUB_LOG_LEVEL)")
-	if err := errors.Join(errs...); err != nil {
-		return cfg, err
-	}
-	if _, err := parseInterleaved(fs, args); err != nil {
-		return cfg, err
-	}
-	o.MaxFrameBytes = int64(*frame)
-	o.OriginPatterns = splitList(cfg.origins)
-	return cfg, checkServe(cfg)
+	fs.StringVar(&cfg.logLevel, "log-level", env("POPSUB_LOG_LEVEL",
+		d.logLevel), "debug, info, warn or error (POPSUB_LOG_LEVEL)")
+	return fs, frame, errs
 }
 
 // checkServe rejects values that cannot work, naming the flag.
@@ -147,12 +206,17 @@ func checkServe(cfg serveConfig) error {
 		"ack-timeout": int64(o.AckTimeout), "max-retries": int64(o.MaxRetries),
 		"max-messages": int64(o.MaxMessages), "ttl": int64(o.TTL),
 		"max-frame": o.MaxFrameBytes, "outbox": int64(o.Outbox),
-		"max-inflight": int64(o.MaxInflight),
-		"auth-timeout": int64(o.AuthTimeout),
+		"max-inflight":  int64(o.MaxInflight),
+		"auth-timeout":  int64(o.AuthTimeout),
+		"ping-interval": int64(o.PingInterval),
 	} {
 		if v <= 0 {
 			return fmt.Errorf("--%s must be greater than zero", name)
 		}
+	}
+	if o.MaxConnections < 0 || o.PublishRate < 0 {
+		return errors.New("--max-connections and --publish-rate may not " +
+			"be negative")
 	}
 	if o.AuthTimeout > 10*time.Second {
 		return errors.New("--auth-timeout must be at most 10s")
@@ -169,6 +233,18 @@ func newLogger(level string, w io.Writer) (*slog.Logger, error) {
 	}
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})),
 		nil
+}
+
+// localClaims are the grants of the token printed for a random secret:
+// everything, including the broker's own $sys and $dead topics, because
+// only the person who started the broker can see it.
+func localClaims() popsub.Claims {
+	var claims popsub.Claims
+	claims.Subject = "local"
+	claims.ExpiresAt = jwt.NewNumericDate(time.Now().Add(localTokenTTL))
+	claims.Subscribe = []string{"#", "$sys/#", "$dead/#"}
+	claims.Publish = []string{"#"}
+	return claims
 }
 
 // randomSecret returns 32 random bytes for a run without a secret.

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub"
 )
 
@@ -16,6 +19,10 @@ func tokenCommand(args []string, stdout, stderr io.Writer) error {
 	ttl := fs.Duration("ttl", 24*time.Hour, "how long the token is valid")
 	secret := fs.String("secret", env("POPSUB_SECRET", ""),
 		"the broker's secret (POPSUB_SECRET)")
+	publish := fs.String("publish", "", "topic filters it may publish to, "+
+		"comma-separated (default: every ordinary topic)")
+	subscribe := fs.String("subscribe", "", "topic filters it may "+
+		"subscribe to, comma-separated (default: every ordinary topic)")
 	if _, err := parseInterleaved(fs, args); err != nil {
 		return err
 	}
@@ -28,10 +35,37 @@ func tokenCommand(args []string, stdout, stderr io.Writer) error {
 	case *ttl <= 0:
 		return errors.New("--ttl must be greater than zero")
 	}
-	tok, err := popsub.NewToken([]byte(*secret), *sub, *ttl)
+	var claims popsub.Claims
+	claims.Subject = *sub
+	claims.IssuedAt = jwt.NewNumericDate(time.Now())
+	claims.ExpiresAt = jwt.NewNumericDate(time.Now().Add(*ttl))
+	claims.Publish, claims.Subscribe = splitList(*publish),
+		splitList(*subscribe)
+	tok, err := claims.Sign([]byte(*secret))
 	if err != nil {
 		return fmt.Errorf("sign token: %w", err)
 	}
 	fmt.Fprintln(stdout, tok)
+	return nil
+}
+
+// hashPasswordCommand reads one line, the password, from stdin and prints
+// its hash for a [users.NAME] password_hash entry. The password is never
+// taken as an argument, where shell history and ps would see it.
+func hashPasswordCommand(stdin io.Reader, stdout, stderr io.Writer) error {
+	fmt.Fprintln(stderr, "password (one line on stdin):")
+	line, err := bufio.NewReader(stdin).ReadString('\n')
+	if err != nil && line == "" {
+		return errors.New("no password on stdin")
+	}
+	password := strings.TrimRight(line, "\r\n")
+	if password == "" {
+		return errors.New("the password is empty")
+	}
+	hash, err := popsub.HashPassword(password)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, hash)
 	return nil
 }
