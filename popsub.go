@@ -17,30 +17,33 @@
 //     across reconnects and restarts). Subscribers must tolerate duplicates.
 //   - Within a topic, every subscriber sees messages in seq order, replay
 //     first and live after, with no gap and no duplicate at the hand-over.
-//   - A QoS 1 publish is confirmed only after it is synced to disk; a
-//     confirmed message survives kill -9.
+//   - A message is delivered only once it is on disk, and a QoS 1 publish
+//     is confirmed only then: a confirmed message survives kill -9.
 //
-// It does not replicate, cluster or order messages across topics; see
-// docs/tutorials for where to go when one machine is not enough.
+// It does not replicate, cluster, order messages across topics, or
+// speak TLS; docs/ says where to go when one machine is not enough.
 //
 // # Reading order
 //
-// The file follows a message: options and the wire frames; the broker and
-// its topics; connecting and authenticating; subscribing; publishing and
-// fan-out; acknowledgements; retries and dead letters; replay; the log and
-// its storage seam; shutdown; helpers.
+// The file follows a message: options and frames; the broker and its
+// topics; connecting and authenticating; the outbox; subscribing;
+// publishing and fan-out; acknowledgements; retries and dead letters;
+// replay; the log; shutdown; helpers. Beside it, credentials.go signs
+// tokens and hashes passwords, and bolt.go keeps the log in a bbolt file.
+// This file stays under 1,500 lines of code.
 //
 // # Goroutines
 //
-// Per connection: one reader (the HTTP handler's own), one writer, a
-// confirmer once the connection publishes with QoS 1, and one replayer per
-// subscription while it catches up. Per broker: a retry loop, a retention
-// loop and the log committer.
+// Per connection: the HTTP handler's own goroutine reads, a writer owns
+// the socket's write side, a confirmer starts once the connection
+// publishes with QoS 1, and a replayer runs per subscription while it
+// catches up; a pinger lives for a moment each ping interval. Per broker:
+// a retry loop, a retention loop and the log committer.
 //
 // # A session
 //
 //	$ popsub serve
-//	popsub listening on http://127.0.0.1:8080 (WebSocket at /ws)
+//	popsub listening on http://127.0.0.1:8080 (WebSocket at …/ws, …)
 //	$ popsub client pub chat '"hello"' --qos 1
 //	{"type":"published","topic":"chat","message_id":"…","seq":1}
 //	$ popsub client sub chat
@@ -50,19 +53,12 @@ package popsub
 import (
 	"bytes"
 	"context"
-	"crypto/pbkdf2"
 	"crypto/rand"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/base64"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -74,16 +70,18 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
-	bolt "go.etcd.io/bbolt"
 )
 
-// # Options and defaults
+// # Options, messages and frames
 //
-// Every limit is a named default with its unit and its reason, and every
-// one can be changed by the command's flags. The timing defaults are the
+// Every limit is a named default with its unit and its reason, and each
+// can be changed by the command's flags. The timing defaults are the
 // original PopSub's, so its users see the same behaviour; the size limits
-// are ours, chosen so that one misbehaving client costs a bounded amount
-// of memory rather than whatever it manages to make the broker buffer.
+// are ours, so that one misbehaving client costs a bounded amount of
+// memory. The protocol is the original's too: one JSON object per text
+// frame, with a "type". What PopSub adds is a new field or frame, never a
+// changed one. Incoming frames decode into one flat struct rather than a
+// type per frame, so the whole protocol is visible in one place.
 
 // Defaults for Options. A zero field in Options takes these values.
 const (
@@ -93,13 +91,15 @@ const (
 	// DefaultMaxRetries is how many times a delivery is retried after the
 	// first attempt before it is dead-lettered: the original's five.
 	DefaultMaxRetries = 5
-	// DefaultMaxMessages is how many messages a topic's log keeps.
+	// DefaultMaxMessages is how many messages a topic's log keeps: enough
+	// to cover a subscriber's reconnect, small enough to load at start.
 	DefaultMaxMessages = 1000
 	// DefaultTTL is how long a message stays in a topic's log.
 	DefaultTTL = time.Hour
 	// DefaultMaxFrameBytes caps one incoming frame after authentication.
 	DefaultMaxFrameBytes = 1 << 20
-	// DefaultOutbox is how many frames wait for one connection's writer.
+	// DefaultOutbox is how many frames wait for one connection's writer:
+	// about a second of traffic for a busy subscriber.
 	DefaultOutbox = 1024
 	// DefaultMaxInflight is how many QoS 1 deliveries one connection may
 	// owe acks for before it counts as a slow consumer.
@@ -122,7 +122,7 @@ const (
 	maxTopicBytes     = 256             // the longest topic name, in bytes
 	maxMessageIDBytes = 256             // the longest message_id, in bytes
 	replayChunk       = 256             // messages read from the log at a time
-	deadPrefix        = "$dead/"
+	deadPrefix        = "$dead/"        // dead letters of T go to $dead/T
 )
 
 // Close codes the broker uses, beside the WebSocket standard ones (1001
@@ -138,13 +138,14 @@ const (
 
 // Errors the broker returns to its Go callers.
 var (
-	// ErrClosed is returned after Shutdown.
+	// ErrClosed is returned by Publish after Shutdown.
 	ErrClosed = errors.New("popsub: broker closed")
 	// ErrNoSecret is returned by New when Options.Secret is empty.
 	ErrNoSecret = errors.New("popsub: no token secret configured")
 )
 
-// Options configure a Broker. Only Secret and Store are required.
+// Options configure a Broker. Only Secret and Store are required; every
+// other zero field takes its default.
 type Options struct {
 	// Secret signs and verifies the HS256 tokens clients authenticate with.
 	Secret []byte
@@ -189,6 +190,7 @@ type Options struct {
 
 // withDefaults returns a copy of o with every zero field set to its default.
 func (o Options) withDefaults() Options {
+	// Options is a value, so the caller's copy keeps its zeros.
 	o.AckTimeout = orDefault(o.AckTimeout, DefaultAckTimeout)
 	o.MaxRetries = orDefault(o.MaxRetries, DefaultMaxRetries)
 	o.MaxMessages = orDefault(o.MaxMessages, DefaultMaxMessages)
@@ -205,15 +207,9 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// # Messages and frames
-//
-// The protocol is the original's: one JSON object per text frame, with a
-// "type". Everything PopSub adds (seq, attempt, after, last, durable) is a
-// new field, never a changed one, so the original's clients keep working.
-// Incoming frames decode into one flat struct rather than a type per
-// frame: the reader sees every field of the protocol in one place.
-
-// Message is one published message, as stored in a topic's log.
+// Message is one published message, as stored in a topic's log. Once it
+// has a seq it is shared by every goroutine that delivers it and is never
+// changed again.
 type Message struct {
 	// Topic is the exact topic it was published to.
 	Topic string `json:"topic"`
@@ -230,25 +226,28 @@ type Message struct {
 }
 
 // frame is any frame a client sends. Pointers mark fields whose absence
-// means something different from their zero value.
+// means something different from their zero value: "after":0 asks for
+// everything after seq 0, a missing "after" asks for nothing special.
 type frame struct {
-	Type       string          `json:"type"`
-	Token      string          `json:"token"`
-	Batch      bool            `json:"batch"`
-	Username   string          `json:"username"`
-	Password   string          `json:"password"`
-	Topic      string          `json:"topic"`
-	Payload    json.RawMessage `json:"payload"`
-	MessageID  string          `json:"message_id"`
-	MessageIDs []string        `json:"message_ids"`
-	Seq        *uint64         `json:"seq"`
-	QoS        int             `json:"qos"`
-	After      *uint64         `json:"after"`
-	Last       *uint64         `json:"last"`
-	Durable    string          `json:"durable"`
+	Type       string          `json:"type"`        // every frame
+	Token      string          `json:"token"`       // auth
+	Batch      bool            `json:"batch"`       // auth: opt-in
+	Username   string          `json:"username"`    // login
+	Password   string          `json:"password"`    // login
+	Topic      string          `json:"topic"`       // most frames
+	Payload    json.RawMessage `json:"payload"`     // publish
+	MessageID  string          `json:"message_id"`  // publish, ack
+	MessageIDs []string        `json:"message_ids"` // ack, many at once
+	Seq        *uint64         `json:"seq"`         // ack, all up to seq
+	QoS        int             `json:"qos"`         // publish
+	After      *uint64         `json:"after"`       // subscribe
+	Last       *uint64         `json:"last"`        // subscribe
+	Durable    string          `json:"durable"`     // subscribe
 }
 
-// reply is any frame the broker sends that is not a delivery.
+// reply is any frame the broker sends that is not a delivery. Deliveries
+// have their own hand-written encoder (appendDelivery), because they are
+// the hot path and replies are not.
 type reply struct {
 	Type      string  `json:"type"`
 	Sub       string  `json:"sub,omitempty"`
@@ -263,7 +262,7 @@ type reply struct {
 	Reason    string  `json:"reason,omitempty"`
 }
 
-// errorReply builds the error frame for code, about topic or message id.
+// errorReply builds the error frame for code, with a human message.
 func errorReply(code, text string) reply {
 	return reply{Type: "error", Code: code, Message: text}
 }
@@ -275,43 +274,78 @@ func errorReply(code, text string) reply {
 // guards only its tables (topics, connections, wildcard subscriptions,
 // durable names) and is held for map look-ups, never across I/O. Each
 // topic has its own lock for its seq counter and subscriber set, and each
-// connection has its own for its pending acks. Lock order, when two are
-// held: topic, then broker (read) or connection, then the log committer.
+// connection has its own for its pending acks, so publishers to different
+// topics never wait for each other. When two locks are held the order is
+// topic, then broker (read) or connection, then the log committer's.
 
 // Broker routes messages between WebSocket clients. Create one with New,
 // serve it as an http.Handler, and stop it with Shutdown.
 type Broker struct {
-	opts   Options      // with defaults applied; read-only after New
-	logger *slog.Logger // opts.Logger
-	store  Store        // the durable log and cursors
-	log    *committer   // batches appends, trims and cursors to store
+	// opts are the options with defaults applied; read-only after New.
+	opts Options
+	// logger is opts.Logger, at hand.
+	logger *slog.Logger
+	// store is the durable log and the cursors, behind the Store seam.
+	store Store
+	// log batches appends, trims and cursor moves into store.
+	log *committer
 
-	mu          sync.RWMutex               // guards the fields below
-	topics      map[string]*topic          // exact topic name → topic
-	wildcards   map[*subscription]struct{} // live-only filter subscriptions
-	connections map[*connection]struct{}   // every open connection
-	durables    map[string]*subscription   // durable key → its owner
-	closing     bool                       // set by Shutdown
-	stop        chan struct{}              // closed by Shutdown
-	loops       sync.WaitGroup             // retry and retention loops
-	closed      sync.WaitGroup             // open connection handlers
-	shutdown    sync.Once                  // makes Shutdown idempotent
-	shutdownErr error                      // what the first Shutdown got
-	open        atomic.Int64               // connections, for MaxConnections
-	logins      loginThrottle              // failed logins, per user and address
+	// mu guards the tables below. It is held for look-ups and small
+	// changes, never across a socket write or a disk access.
+	mu sync.RWMutex
+	// topics maps every exact topic name to its topic; topics are never
+	// removed while the broker runs, so a *topic stays valid.
+	topics map[string]*topic
+	// wildcards holds the live-only subscriptions with + or #.
+	wildcards map[*subscription]struct{}
+	// connections holds every registered connection, for the retry loop
+	// and for Shutdown.
+	connections map[*connection]struct{}
+	// durables maps a durable key to the one subscription that owns it.
+	durables map[string]*subscription
+	// closing is set by Shutdown; no connection registers after it.
+	closing bool
+
+	// stop is closed by Shutdown, and the retry and retention loops
+	// return; loops waits for them.
+	stop  chan struct{}
+	loops sync.WaitGroup
+	// closed counts connection handlers still running.
+	closed sync.WaitGroup
+	// shutdown makes Shutdown idempotent; shutdownErr is what the first
+	// call returned.
+	shutdown    sync.Once
+	shutdownErr error
+	// open counts connections for MaxConnections, from before the
+	// upgrade to the end of the handler.
+	open atomic.Int64
+	// logins remembers recent login failures by user and by address.
+	logins loginThrottle
 }
 
 // topic is one exact topic: its log's in-memory index and its subscribers.
+// The index holds no payloads (those stay on disk), so a topic costs a few
+// dozen bytes per retained message.
 type topic struct {
-	name string // the exact topic name
+	// name is the exact topic name; immutable.
+	name string
 
-	mu          sync.Mutex                 // guards the fields below
-	head        uint64                     // newest seq given; 0 before any
-	committed   uint64                     // newest seq on disk and fanned out
-	lastTime    int64                      // newest timestamp, Unix ms
-	index       []entry                    // retained messages, by seq
-	ids         map[string]uint64          // QoS 1 message_id → seq
-	subscribers map[*subscription]struct{} // exact-topic subscriptions
+	// mu guards the fields below, and orders everything that happens to
+	// the topic: sequencing, fan-out, and the hand-over from replay.
+	mu sync.Mutex
+	// head is the newest seq given out; 0 before the first message.
+	head uint64
+	// committed is the newest seq that is on disk and fanned out. It
+	// trails head by the batch the committer is writing.
+	committed uint64
+	// lastTime is the newest timestamp given, in Unix milliseconds.
+	lastTime int64
+	// index lists the retained messages in seq order, without payloads.
+	index []entry
+	// ids maps the message_id of each retained QoS 1 message to its seq.
+	ids map[string]uint64
+	// subscribers are the exact-topic subscriptions, replaying or live.
+	subscribers map[*subscription]struct{}
 }
 
 // entry is what the broker remembers of a retained message without its
@@ -324,7 +358,7 @@ type entry struct {
 }
 
 // New starts a broker over opts.Store, loading every topic's index from it.
-// The caller keeps ownership of the store: Shutdown closes it.
+// The broker owns the store from here on: Shutdown closes it.
 func New(opts Options) (*Broker, error) {
 	if len(opts.Secret) == 0 {
 		return nil, ErrNoSecret
@@ -333,16 +367,14 @@ func New(opts Options) (*Broker, error) {
 		return nil, errors.New("popsub: Options.Store is required")
 	}
 	opts = opts.withDefaults()
-	b := &Broker{
-		opts:        opts,
-		logger:      opts.Logger,
-		store:       opts.Store,
-		topics:      make(map[string]*topic),
-		wildcards:   make(map[*subscription]struct{}),
-		connections: make(map[*connection]struct{}),
-		durables:    make(map[string]*subscription),
-		stop:        make(chan struct{}),
-	}
+	b := &Broker{opts: opts, logger: opts.Logger, store: opts.Store,
+		topics: map[string]*topic{}, wildcards: map[*subscription]struct{}{},
+		connections: map[*connection]struct{}{},
+		durables:    map[string]*subscription{}, stop: make(chan struct{})}
+
+	// The index of every stored topic is rebuilt before the first client
+	// arrives: seqs continue where they stopped, and a publisher's retry
+	// of a message stored before a crash is still recognised.
 	if err := b.loadTopics(); err != nil {
 		return nil, err
 	}
@@ -364,6 +396,9 @@ func (b *Broker) loadTopics() error {
 	for name, head := range heads {
 		t := newTopic(name)
 		t.head, t.committed = head, head
+
+		// Read the log in chunks: retention keeps it short, but a broker
+		// restarted with a smaller cap still has the old, longer one.
 		for after := uint64(0); ; {
 			msgs, err := b.store.Read(name, after, replayChunk)
 			if err != nil {
@@ -384,14 +419,13 @@ func (b *Broker) loadTopics() error {
 
 // newTopic returns an empty topic called name.
 func newTopic(name string) *topic {
-	return &topic{
-		name:        name,
-		ids:         make(map[string]uint64),
-		subscribers: make(map[*subscription]struct{}),
-	}
+	return &topic{name: name, ids: map[string]uint64{},
+		subscribers: map[*subscription]struct{}{}}
 }
 
-// topic returns the topic called name, creating it on first use.
+// topic returns the topic called name, creating it on first use. Most
+// calls find it under the read lock; only a new topic takes the write
+// lock, and checks again in case another goroutine made it meanwhile.
 func (b *Broker) topic(name string) *topic {
 	b.mu.RLock()
 	t := b.topics[name]
@@ -410,6 +444,8 @@ func (b *Broker) topic(name string) *topic {
 
 // remember adds m to the topic's index. The caller holds t.mu (or owns t).
 func (t *topic) remember(m *Message) {
+	// Only QoS 1 ids are remembered for dedup: a QoS 0 publisher asked
+	// for at most once and gets no confirm to retry after.
 	t.index = append(t.index, entry{m.Seq, m.Timestamp, m.ID, m.QoS})
 	if m.QoS == 1 {
 		t.ids[m.ID] = m.Seq
@@ -418,8 +454,10 @@ func (t *topic) remember(m *Message) {
 }
 
 // forget drops the oldest n entries of the index and returns the seq of
-// the last one dropped. The caller holds t.mu.
+// the last one dropped, for the log to trim to. The caller holds t.mu.
 func (t *topic) forget(n int) uint64 {
+	// An id is forgotten only if it still points at this entry: a later
+	// message may have reused it after the first was trimmed.
 	for _, e := range t.index[:n] {
 		if t.ids[e.id] == e.seq {
 			delete(t.ids, e.id)
@@ -433,6 +471,8 @@ func (t *topic) forget(n int) uint64 {
 // firstSeq is the oldest retained seq, or head+1 when the log is empty.
 // The caller holds t.mu.
 func (t *topic) firstSeq() uint64 {
+	// An empty log still has a head: seqs never restart, so after a trim
+	// to nothing the next message is head+1, and so is "first".
 	if len(t.index) == 0 {
 		return t.head + 1
 	}
@@ -445,9 +485,10 @@ func (t *topic) firstSeq() uint64 {
 // in the original; browsers cannot set headers on a WebSocket, so a frame
 // is the one way every client can. Until then the connection gets a small
 // read limit and a deadline, so a stranger cannot hold memory or a socket
-// for long. After auth it gets a writer goroutine and a bounded outbox:
-// every frame to the client goes through the outbox, so nothing but the
-// writer ever blocks on the client's socket.
+// for long. The token also says what its holder may do (Claims), and how
+// long the session lasts: at its expiry the connection is closed unless
+// a fresh auth frame came first. A cookie would have been simpler for
+// browsers, and would let any page a user visits ride their session.
 
 // Claims are what a token says about its holder: who (sub), until when
 // (exp), and optionally which topics it may publish and subscribe to.
@@ -461,26 +502,12 @@ type Claims struct {
 	Subscribe []string `json:"subscribe,omitempty"`
 }
 
-// Sign signs the claims with secret, HS256.
-func (c Claims) Sign(secret []byte) (string, error) {
-	return jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(secret)
-}
-
-// NewToken signs a token for subject sub that expires after ttl and may
-// use every ordinary topic.
-func NewToken(secret []byte, sub string, ttl time.Duration) (string, error) {
-	now := time.Now()
-	return Claims{RegisteredClaims: jwt.RegisteredClaims{
-		Subject:   sub,
-		IssuedAt:  jwt.NewNumericDate(now),
-		ExpiresAt: jwt.NewNumericDate(now.Add(ttl)),
-	}}.Sign(secret)
-}
-
 // verify checks a token: HS256 only (so neither alg none nor an RSA key
 // passed off as an HMAC secret gets through), exp and sub required, and
 // iss and aud when the broker is configured with them.
 func (b *Broker) verify(token string) (*Claims, error) {
+	// The length cap comes before parsing: a forged token cannot make the
+	// parser decode megabytes of base64.
 	if len(token) == 0 || len(token) > maxTokenBytes {
 		return nil, errors.New("token missing or too long")
 	}
@@ -505,29 +532,53 @@ func (b *Broker) verify(token string) (*Claims, error) {
 	return claims, nil
 }
 
-// connection is one authenticated (or authenticating) WebSocket client.
+// connection is one WebSocket client, from its upgrade until it leaves.
+// Fields above mu are set before the writer starts, or belong to one
+// goroutine as noted; those below are shared and guarded by mu.
 type connection struct {
 	broker *Broker
 	ws     *websocket.Conn
-	remote string // the peer's address, for logs
+	// remote is the peer's address, for logs.
+	remote string
 
-	sub       string        // token subject; set once, before the writer
-	claims    *Claims       // the token's grants; reader goroutine only
-	expiry    *time.Timer   // closes the connection when the token expires
-	batch     bool          // the client accepts several objects a frame
-	tokens    float64       // publish rate bucket; reader goroutine only
-	refilled  time.Time     // when tokens was last topped up
-	outbox    chan []byte   // frames for the writer; nil closes the socket
-	room      chan struct{} // signalled when the outbox or window drains
-	done      chan struct{} // closed when the reader returns
-	confirms  chan confirm  // publish confirms in order; nil until used
-	closing   atomic.Bool   // set by the first close
+	// sub is the token's subject, set at auth before the writer starts.
+	sub string
+	// claims are the token's grants; the reader goroutine's alone.
+	claims *Claims
+	// expiry closes the connection when the token runs out; a fresh auth
+	// frame resets it.
+	expiry *time.Timer
+	// batch is set when the client opted into several objects a frame.
+	batch bool
+	// tokens and refilled are the publish rate limit's bucket; the
+	// reader goroutine's alone.
+	tokens   float64
+	refilled time.Time
+	// outbox queues frames for the writer, at most Options.Outbox. A nil
+	// frame tells the writer to close with closeCode and closeWhy.
+	outbox    chan []byte
 	closeCode websocket.StatusCode
 	closeWhy  string
+	// room is signalled when the writer drains a frame or an ack frees
+	// a slot in the in-flight window; a waiting replayer takes it.
+	room chan struct{}
+	// done is closed when the reader returns: every goroutine working for
+	// the connection ends with it.
+	done chan struct{}
+	// confirms carries QoS 1 confirms, in publish order, to the
+	// confirmer; nil until the first QoS 1 publish.
+	confirms chan confirm
+	// closing is set by the first close of any kind, so that the first
+	// reason wins and later ones are quiet.
+	closing atomic.Bool
 
-	mu            sync.Mutex               // guards the fields below
-	subscriptions map[string]*subscription // by filter
-	pending       map[pendingKey]*pending  // QoS 1 deliveries not acked
+	// mu guards the tables below. It is never held while writing.
+	mu sync.Mutex
+	// subscriptions maps each filter to the connection's subscription.
+	subscriptions map[string]*subscription
+	// pending holds the QoS 1 deliveries this connection owes acks for;
+	// its size is the in-flight count checked against MaxInflight.
+	pending map[pendingKey]*pending
 }
 
 // ServeHTTP upgrades a request to a WebSocket and serves one client until
@@ -542,6 +593,9 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer b.open.Add(-1)
+
+	// Accept checks the Origin header: a page from another site, running
+	// in a user's browser, may not open a socket unless allowed.
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		OriginPatterns: b.opts.OriginPatterns,
 	})
@@ -549,16 +603,9 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		b.logger.Debug("upgrade refused", "remote", r.RemoteAddr, "err", err)
 		return
 	}
-	c := &connection{
-		broker:        b,
-		ws:            ws,
-		remote:        r.RemoteAddr,
-		outbox:        make(chan []byte, b.opts.Outbox),
-		room:          make(chan struct{}, 1),
-		done:          make(chan struct{}),
-		subscriptions: make(map[string]*subscription),
-		pending:       make(map[pendingKey]*pending),
-	}
+	// A connection registers before it authenticates, so that Shutdown
+	// and the connection count see it from its first moment.
+	c := b.newConnection(ws, r.RemoteAddr)
 	if !b.register(c) {
 		ws.Close(websocket.StatusGoingAway, "server shutting down")
 		return
@@ -571,8 +618,21 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.serve()
 }
 
+// newConnection prepares the state of a freshly upgraded connection.
+func (b *Broker) newConnection(ws *websocket.Conn, remote string) *connection {
+	// The outbox is the only per-connection buffer that grows with load,
+	// and it is allocated at its full, bounded size up front.
+	return &connection{broker: b, ws: ws, remote: remote,
+		outbox: make(chan []byte, b.opts.Outbox),
+		room:   make(chan struct{}, 1), done: make(chan struct{}),
+		subscriptions: map[string]*subscription{},
+		pending:       map[pendingKey]*pending{}}
+}
+
 // register adds c to the broker's table unless the broker is closing.
 func (b *Broker) register(c *connection) bool {
+	// Checking closing and adding to closed under one lock means Shutdown
+	// either sees the connection or the connection sees Shutdown.
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closing {
@@ -583,8 +643,12 @@ func (b *Broker) register(c *connection) bool {
 	return true
 }
 
-// unregister removes c and everything it subscribed to.
+// unregister removes c and everything it subscribed to. Its unacked
+// deliveries go with it: a durable subscription replays them on resume,
+// an ordinary one has nobody left to deliver them to.
 func (b *Broker) unregister(c *connection) {
+	// Closing done first stops the writer, the confirmer and any replayer
+	// before the subscriptions they work for are taken apart.
 	close(c.done)
 	c.mu.Lock()
 	subs := make([]*subscription, 0, len(c.subscriptions))
@@ -595,6 +659,7 @@ func (b *Broker) unregister(c *connection) {
 	for _, s := range subs {
 		b.unsubscribe(s)
 	}
+
 	b.mu.Lock()
 	delete(b.connections, c)
 	b.mu.Unlock()
@@ -603,12 +668,19 @@ func (b *Broker) unregister(c *connection) {
 }
 
 // serve authenticates the client, then reads its frames until it leaves.
+// This goroutine is the connection's only reader.
 func (c *connection) serve() {
 	if !c.authenticate() {
 		return
 	}
+
+	// Authenticated: the full frame limit applies, and from here on every
+	// frame to the client goes through the outbox and the writer.
 	c.ws.SetReadLimit(c.broker.opts.MaxFrameBytes)
 	go c.writeLoop()
+
+	// Frames are handled one at a time, in order: a ping's pong proves
+	// that everything sent before it has been handled.
 	for {
 		data, ok := c.read()
 		if !ok {
@@ -630,6 +702,9 @@ func (c *connection) authenticate() bool {
 		c.ws.Close(CloseAuthFailed, "authentication timeout")
 	})
 	defer timer.Stop()
+	// Only two frames are understood before auth. Anything else, even a
+	// malformed frame, ends the connection: a stranger gets no second
+	// chance to probe the protocol.
 	for {
 		data, ok := c.read()
 		if !ok {
@@ -654,10 +729,13 @@ func (c *connection) authenticate() bool {
 func (c *connection) accept(f frame) bool {
 	claims, err := c.broker.verify(f.Token)
 	if err != nil {
+		// The parser's error says what was wrong, never the token.
 		c.broker.logger.Info("auth failed", "remote", c.remote, "err", err)
 		c.refuse("auth_failed", "authentication failed")
 		return false
 	}
+	// The session lasts as long as the token, plus the same leeway that
+	// verify allowed, so a token accepted is never closed at once.
 	c.sub, c.claims, c.batch = claims.Subject, claims, f.Batch
 	c.expiry = time.AfterFunc(untilExpiry(claims), c.expire)
 	c.broker.logger.Info("connected", "sub", c.sub, "remote", c.remote)
@@ -671,6 +749,7 @@ func untilExpiry(claims *Claims) time.Duration {
 }
 
 // expire closes a connection whose token ran out without a fresh auth.
+// It runs on the timer's goroutine.
 func (c *connection) expire() {
 	c.closeWith(errorReply("token_expired", "token expired"),
 		CloseTokenExpired, "token expired")
@@ -678,13 +757,15 @@ func (c *connection) expire() {
 
 // refuse writes an error frame and closes with 4001.
 func (c *connection) refuse(code, text string) {
+	// The error frame first, so the client learns why before the close.
 	c.write(errorReply(code, text))
 	c.ws.Close(CloseAuthFailed, text)
 }
 
 // write encodes r and writes it straight to the socket. Only used before
-// the writer goroutine starts.
+// the writer goroutine starts, so it races with nothing.
 func (c *connection) write(r reply) {
+	// The timeout bounds a stranger who never reads our reply.
 	data, _ := json.Marshal(r)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -693,8 +774,12 @@ func (c *connection) write(r reply) {
 
 // read returns the next text frame. Binary frames and invalid UTF-8 close
 // the connection: encoding/json would silently replace bad bytes, and
-// then a payload would not be what its publisher sent.
+// then a payload would not be what its publisher sent. A frame over the
+// read limit is closed with 1009 by the WebSocket library itself, before
+// it is buffered.
 func (c *connection) read() ([]byte, bool) {
+	// Any read error (a close, a reset, a frame over the limit) ends the
+	// connection; the library has already sent whatever close applies.
 	typ, data, err := c.ws.Read(context.Background())
 	if err != nil {
 		return nil, false
@@ -718,6 +803,9 @@ func (c *connection) handle(data []byte) {
 		c.reply(problem)
 		return
 	}
+
+	// Each frame type has one handler; each handler validates its own
+	// fields, so that its error names exactly what was wrong.
 	switch f.Type {
 	case "auth":
 		c.reauthenticate(f)
@@ -740,6 +828,8 @@ func (c *connection) handle(data []byte) {
 
 // decodeFrame parses one frame, or explains what is wrong with it.
 func decodeFrame(data []byte) (frame, reply) {
+	// Unknown fields are ignored, as the original did: a newer client
+	// may send fields this broker does not know yet.
 	var f frame
 	if err := json.Unmarshal(data, &f); err != nil {
 		return f, errorReply("bad_frame", "malformed frame: "+jsonError(err))
@@ -754,6 +844,8 @@ func decodeFrame(data []byte) (frame, reply) {
 // original allowed: the session is extended and takes the new grants.
 // Subscriptions made under the old grants stay.
 func (c *connection) reauthenticate(f frame) {
+	// Another subject's token is refused like a bad one: a connection is
+	// one identity for its whole life, or durable keys would mix.
 	claims, err := c.broker.verify(f.Token)
 	if err != nil || claims.Subject != c.sub {
 		c.closeWith(errorReply("auth_failed", "authentication failed"),
@@ -765,177 +857,14 @@ func (c *connection) reauthenticate(f frame) {
 	c.reply(reply{Type: "authenticated", Sub: c.sub})
 }
 
-// User is an account that may log in with a password.
-type User struct {
-	// PasswordHash is what HashPassword made of the password.
-	PasswordHash string
-	// Publish and Subscribe are the grants of tokens from login; nil
-	// means every ordinary topic.
-	Publish, Subscribe []string
-}
-
-// login answers a login frame with a token, as the original did. Each
-// failure slows the next attempt for that user and that address; the
-// delay is capped, so a stranger guessing cannot lock a user out.
-func (b *Broker) login(f frame, remote string) reply {
-	if len(b.opts.Users) == 0 {
-		return errorReply("login_unavailable", "no users are configured")
-	}
-	keys := []string{"user:" + f.Username, "addr:" + hostOf(remote)}
-	time.Sleep(b.logins.delay(keys...))
-
-	// An unknown user costs the same hash as a known one, so timing does
-	// not tell a stranger which names exist.
-	user, known := b.opts.Users[f.Username]
-	if !known {
-		user.PasswordHash = dummyHash()
-	}
-	if !checkPassword(user.PasswordHash, f.Password) || !known {
-		b.logins.record(false, keys...)
-		b.logger.Info("login failed", "user", f.Username, "remote", remote)
-		return errorReply("invalid_credentials", "invalid credentials")
-	}
-	b.logins.record(true, keys[0])
-	token, err := b.loginToken(f.Username, user)
-	if err != nil {
-		return errorReply("internal", "could not sign a token")
-	}
-	return reply{Type: "login_response", Token: token}
-}
-
-// loginToken signs a token for a user who logged in.
-func (b *Broker) loginToken(name string, user User) (string, error) {
-	now := time.Now()
-	claims := Claims{Publish: user.Publish, Subscribe: user.Subscribe}
-	claims.Subject, claims.Issuer = name, b.opts.Issuer
-	claims.IssuedAt = jwt.NewNumericDate(now)
-	claims.ExpiresAt = jwt.NewNumericDate(now.Add(b.opts.LoginTokenTTL))
-	if b.opts.Audience != "" {
-		claims.Audience = jwt.ClaimStrings{b.opts.Audience}
-	}
-	return claims.Sign(b.opts.Secret)
-}
-
-// Password hashing is PBKDF2-SHA256 from the standard library, at the
-// iteration count OWASP recommends, stored as
-// pbkdf2-sha256$ITERATIONS$SALT$KEY with base64 salt and key.
-const passwordIterations = 600_000
-
-// dummyHash is checked for unknown users, so they cost as much as real
-// ones. It is made on first use: hashing takes a noticeable moment.
-var dummyHash = sync.OnceValue(func() string {
-	hash, _ := hashPassword("", passwordIterations)
-	return hash
-})
-
-// HashPassword returns the stored form of password for a User.
-func HashPassword(password string) (string, error) {
-	return hashPassword(password, passwordIterations)
-}
-
-// hashPassword hashes password with a fresh salt at iterations.
-func hashPassword(password string, iterations int) (string, error) {
-	salt := make([]byte, 16)
-	rand.Read(salt)
-	key, err := pbkdf2.Key(sha256.New, password, salt, iterations, 32)
-	if err != nil {
-		return "", fmt.Errorf("hash password: %w", err)
-	}
-	encode := base64.RawStdEncoding.EncodeToString
-	return fmt.Sprintf("pbkdf2-sha256$%d$%s$%s", iterations, encode(salt),
-		encode(key)), nil
-}
-
-// checkPassword reports whether password matches hash, in constant time.
-func checkPassword(hash, password string) bool {
-	parts := strings.Split(hash, "$")
-	if len(parts) != 4 || parts[0] != "pbkdf2-sha256" {
-		return false
-	}
-	iterations, err := strconv.Atoi(parts[1])
-	salt, err1 := base64.RawStdEncoding.DecodeString(parts[2])
-	key, err2 := base64.RawStdEncoding.DecodeString(parts[3])
-	if err != nil || err1 != nil || err2 != nil || len(key) == 0 ||
-		iterations < 1 {
-		return false
-	}
-	got, err := pbkdf2.Key(sha256.New, password, salt, iterations, len(key))
-	return err == nil && subtle.ConstantTimeCompare(got, key) == 1
-}
-
-// Login throttling: the first failure costs nothing, each further one
-// doubles the wait before the next attempt, up to loginMaxDelay, and ten
-// quiet minutes forget it all.
-const (
-	loginBaseDelay = 250 * time.Millisecond
-	loginMaxDelay  = 4 * time.Second
-	loginForget    = 10 * time.Minute
-	loginMaxKeys   = 10_000 // more keys than this, and old ones are dropped
-)
-
-// loginThrottle counts recent login failures per key (user or address).
-type loginThrottle struct {
-	mu       sync.Mutex               // guards failures
-	failures map[string]loginFailures // key → recent failures
-}
-
-// loginFailures is one key's recent failures.
-type loginFailures struct {
-	count int       // failures since the last success or forgetting
-	last  time.Time // when the newest failure happened
-}
-
-// delay is how long the next attempt for any of keys must wait.
-func (t *loginThrottle) delay(keys ...string) time.Duration {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	var wait time.Duration
-	for _, key := range keys {
-		f := t.failures[key]
-		if f.count < 2 || time.Since(f.last) > loginForget {
-			continue
-		}
-		wait = max(wait, min(loginBaseDelay<<min(f.count-2, 8),
-			loginMaxDelay))
-	}
-	return wait
-}
-
-// record counts a failure against keys, or clears them on success.
-func (t *loginThrottle) record(ok bool, keys ...string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.failures == nil || len(t.failures) > loginMaxKeys {
-		t.failures = make(map[string]loginFailures)
-	}
-	for _, key := range keys {
-		if ok {
-			delete(t.failures, key)
-			continue
-		}
-		f := t.failures[key]
-		if time.Since(f.last) > loginForget {
-			f.count = 0
-		}
-		t.failures[key] = loginFailures{f.count + 1, time.Now()}
-	}
-}
-
-// hostOf is the host part of a remote address.
-func hostOf(remote string) string {
-	if host, _, err := net.SplitHostPort(remote); err == nil {
-		return host
-	}
-	return remote
-}
-
 // # The outbox and back-pressure
 //
 // The original had no back-pressure: a slow subscriber's channel simply
 // filled. Here each connection has a bounded outbox drained by its own
-// writer goroutine. Replies to a client's own requests wait for room, so a
-// client that stops reading stops being read. Live deliveries never wait:
-// a publisher must not stall because one subscriber is slow, so a full
+// writer goroutine, so nothing but the writer ever blocks on the client's
+// socket. Replies to a client's own requests wait for room, so a client
+// that stops reading stops being read. Live deliveries never wait: a
+// publisher must not stall because one subscriber is slow, so a full
 // outbox, or a full window of unacked QoS 1 deliveries, cuts the
 // subscriber off with 4008. Nothing retained is lost: it resumes from the
 // log with "after", or from its durable cursor.
@@ -954,6 +883,9 @@ func (c *connection) writeLoop() {
 				c.ws.Close(c.closeCode, c.closeWhy)
 				return
 			}
+
+			// A client that opted into batches gets everything queued in
+			// one frame; the buffer is reused, as Write copies it out.
 			closing := false
 			if c.batch {
 				buffer, closing = c.gather(append(buffer[:0], data...))
@@ -983,6 +915,8 @@ func (c *connection) writeLoop() {
 // was among them. One write then carries many deliveries: the biggest
 // single saving in CPU per delivery, because each write is a system call.
 func (c *connection) gather(buffer []byte) ([]byte, bool) {
+	// Only what is queued now: waiting for more would trade latency for
+	// fewer writes, and the next round collects whatever arrives.
 	for range len(c.outbox) {
 		data := <-c.outbox
 		if data == nil {
@@ -997,6 +931,8 @@ func (c *connection) gather(buffer []byte) ([]byte, bool) {
 // within one ping interval. A peer that vanished without a FIN would
 // otherwise hold its subscriptions, and its durable name, forever.
 func (c *connection) keepalive() {
+	// The library closes nothing on a ping timeout, so the broker does,
+	// without a close frame: a peer that does not read will not read it.
 	ctx, cancel := context.WithTimeout(context.Background(),
 		c.broker.opts.PingInterval)
 	defer cancel()
@@ -1033,6 +969,8 @@ func (c *connection) enqueue(data []byte) bool {
 
 // offer queues data without waiting; a full outbox cuts the client off.
 func (c *connection) offer(data []byte) bool {
+	// The only non-blocking send to the outbox; everything that may wait
+	// uses enqueue.
 	select {
 	case c.outbox <- data:
 		return true
@@ -1043,8 +981,12 @@ func (c *connection) offer(data []byte) bool {
 }
 
 // cutOff disconnects a slow consumer with 4008. It never blocks and takes
-// no lock, so it is safe to call while fanning out under a topic's lock.
+// no lock, so it is safe to call while fanning out under a topic's lock:
+// the close handshake, which may wait seconds for a stuck peer, runs on a
+// goroutine of its own.
 func (c *connection) cutOff(why string) {
+	// Only the first close speaks: a connection already closing for
+	// another reason keeps that reason.
 	if c.closing.Swap(true) {
 		return
 	}
@@ -1060,6 +1002,8 @@ func (c *connection) closeWith(last reply, code websocket.StatusCode,
 	if c.closing.Swap(true) {
 		return
 	}
+	// Written before the marker is queued, and read by the writer after
+	// it receives the marker: the channel orders the two.
 	c.closeCode, c.closeWhy = code, why
 	c.reply(last)
 	c.enqueue(nil)
@@ -1068,35 +1012,53 @@ func (c *connection) closeWith(last reply, code websocket.StatusCode,
 // # Subscribing
 //
 // A subscription to an exact topic starts with a replay of the topic's
-// log and then turns live. The hand-over is the subtle part: while the
-// replayer reads from the log, live fan-out skips the subscription; when
-// the replayer finds nothing newer, it turns the subscription live under
-// the topic's lock, the same lock that orders publishes. No message can
-// slip between the two, and none is sent twice. Wildcard subscriptions
-// (MQTT's + and #) cannot replay, because they span logs with separate
-// seq counters, so they are live only.
+// log and then turns live; the replay section explains the hand-over.
+// Wildcard subscriptions (MQTT's + and #) cannot replay, because they
+// span logs with separate seq counters, so they are live only: merging
+// logs would need a global order the broker does not keep. A durable name
+// ties a subscription to a cursor on disk, keyed by the token's subject,
+// the name and the topic, so that a client can resume where it stopped,
+// on another connection or after a restart. One connection at a time owns
+// a durable name: the newest claim wins, because the older one is most
+// likely a connection that died without the broker noticing yet.
 
 // subscription is one client's interest in one topic or filter.
 type subscription struct {
-	conn    *connection    // the subscriber
-	filter  string         // the topic, or a filter with + or #
-	topic   *topic         // nil for a wildcard filter
-	live    bool           // guarded by topic.mu: replay is done
-	cancel  chan struct{}  // closed when the subscription ends
-	durable *durableCursor // nil unless subscribed with a durable name
+	// conn is the subscriber.
+	conn *connection
+	// filter is the topic, or a filter with + or #.
+	filter string
+	// topic is the exact topic, or nil for a wildcard filter.
+	topic *topic
+	// live is set once replay has caught up, and from then on fan-out
+	// delivers to it. Guarded by topic.mu.
+	live bool
+	// cancel is closed, under conn.mu, when the subscription ends; a
+	// replayer waiting for room gives up on it.
+	cancel chan struct{}
+	// durable is the cursor of a durable subscription, or nil.
+	durable *durableCursor
 }
 
-// durableCursor tracks how far a durable subscription has got. All fields
-// are guarded by the connection's mu.
+// durableCursor tracks how far a durable subscription has got. Its fields
+// other than key are guarded by the connection's mu.
 type durableCursor struct {
-	key     string   // sub, name and topic, NUL-separated
-	sent    uint64   // newest seq queued to the subscriber
-	unacked []uint64 // QoS 1 seqs delivered, not acked, ascending
-	saved   uint64   // the last position handed to the log
+	// key is the token's sub, the durable name and the topic, separated
+	// by NUL (which topics may not contain); immutable.
+	key string
+	// sent is the newest seq queued to the subscriber.
+	sent uint64
+	// unacked lists the QoS 1 seqs delivered and not yet acked, in
+	// ascending order: its first element holds the cursor back.
+	unacked []uint64
+	// saved is the last position handed to the log.
+	saved uint64
 }
 
 // subscribe answers a subscribe frame.
 func (c *connection) subscribe(f frame) {
+	// Checks run from the cheapest to the most specific, and the first
+	// failure is the one reported.
 	if msg := validFilter(f.Topic); msg != "" {
 		c.reply(topicError("invalid_topic", msg, f.Topic))
 		return
@@ -1129,6 +1091,8 @@ func (c *connection) subscribeWildcard(f frame) {
 			"wildcard subscriptions are live only", f.Topic))
 		return
 	}
+	// A wildcard subscription has no replay, so it is live at once and
+	// its reply carries no seq: there is no single head to report.
 	s := c.newSubscription(f.Topic, nil, "")
 	c.broker.mu.Lock()
 	c.broker.wildcards[s] = struct{}{}
@@ -1147,6 +1111,8 @@ func (c *connection) newSubscription(filter string, t *topic,
 		key := strings.Join([]string{c.sub, durable, filter}, "\x00")
 		s.durable = &durableCursor{key: key}
 	}
+	// The old subscription is ended outside c.mu: unsubscribe takes the
+	// topic's lock, which comes before the connection's in lock order.
 	c.mu.Lock()
 	old := c.subscriptions[filter]
 	c.subscriptions[filter] = s
@@ -1167,6 +1133,7 @@ func (c *connection) subscribeTopic(f frame) {
 	if s.durable != nil {
 		after, err := b.claimDurable(s)
 		if err != nil {
+			c.dropSubscription(s)
 			c.reply(topicError("store_failed", err.Error(), f.Topic))
 			return
 		}
@@ -1183,6 +1150,8 @@ func (c *connection) subscribeTopic(f frame) {
 	t.subscribers[s] = struct{}{}
 	t.mu.Unlock()
 
+	// The reply is queued before the replayer starts, so the client hears
+	// "subscribed" before any message of this subscription.
 	r := reply{Type: "subscribed", Topic: f.Topic, Seq: &head}
 	if !recovered {
 		r.Recovered = &recovered
@@ -1195,6 +1164,10 @@ func (c *connection) subscribeTopic(f frame) {
 // reports whether everything asked for is still retained. The caller
 // holds t.mu.
 func (t *topic) startAfter(after, last *uint64) (uint64, bool) {
+	// Replay starts after the returned seq; first-1 means "everything
+	// retained". Asking for more than is retained is not an error: the
+	// client gets what there is, and "recovered":false when it asked for
+	// a specific seq that is gone.
 	first := t.firstSeq()
 	switch {
 	case last != nil:
@@ -1212,10 +1185,10 @@ func (t *topic) startAfter(after, last *uint64) (uint64, bool) {
 }
 
 // claimDurable makes s the owner of its durable name and returns the
-// stored cursor, or nil for a name never seen. An earlier owner, perhaps
-// a connection that died without the broker noticing yet, is told it was
-// taken over and loses the subscription.
+// stored cursor, or nil for a name never seen.
 func (b *Broker) claimDurable(s *subscription) (*uint64, error) {
+	// The newest claim wins: the older owner is most likely a connection
+	// that died without the broker noticing yet.
 	d := s.durable
 	b.mu.Lock()
 	old := b.durables[d.key]
@@ -1224,6 +1197,10 @@ func (b *Broker) claimDurable(s *subscription) (*uint64, error) {
 	if old != nil {
 		b.takeOver(old)
 	}
+
+	// The cursor is read after the old owner is gone, so its last acks
+	// are counted, and through the committer, which knows moves that have
+	// not reached the disk yet.
 	position, found, err := b.log.cursor(d.key)
 	if err != nil {
 		return nil, fmt.Errorf("read cursor: %w", err)
@@ -1240,16 +1217,23 @@ func (b *Broker) claimDurable(s *subscription) (*uint64, error) {
 // takeOver ends a durable subscription claimed by another connection.
 // The notice is offered, not waited for: its connection may be dead.
 func (b *Broker) takeOver(old *subscription) {
-	c := old.conn
-	c.mu.Lock()
-	if c.subscriptions[old.filter] == old {
-		delete(c.subscriptions, old.filter)
-	}
-	c.mu.Unlock()
-	b.unsubscribe(old)
+	// Its unacked deliveries go with it; the new owner replays them from
+	// the cursor, which they hold back.
+	old.conn.dropSubscription(old)
 	data, _ := json.Marshal(reply{Type: "unsubscribed", Topic: old.filter,
 		Reason: "durable subscription taken over"})
-	c.offer(data)
+	old.conn.offer(data)
+}
+
+// dropSubscription removes s from c's table, if it is still there, and
+// ends it.
+func (c *connection) dropSubscription(s *subscription) {
+	c.mu.Lock()
+	if c.subscriptions[s.filter] == s {
+		delete(c.subscriptions, s.filter)
+	}
+	c.mu.Unlock()
+	c.broker.unsubscribe(s)
 }
 
 // unsubscribeFrame answers an unsubscribe frame. Unsubscribing from a
@@ -1259,12 +1243,13 @@ func (c *connection) unsubscribeFrame(f frame) {
 		c.reply(topicError("invalid_topic", msg, f.Topic))
 		return
 	}
+	// The reply comes after the subscription is gone: nothing of it is
+	// delivered after "unsubscribed".
 	c.mu.Lock()
 	s := c.subscriptions[f.Topic]
-	delete(c.subscriptions, f.Topic)
 	c.mu.Unlock()
 	if s != nil {
-		c.broker.unsubscribe(s)
+		c.dropSubscription(s)
 	}
 	c.reply(reply{Type: "unsubscribed", Topic: f.Topic})
 }
@@ -1272,6 +1257,10 @@ func (c *connection) unsubscribeFrame(f frame) {
 // unsubscribe ends s: no more deliveries, and its unacked ones are no
 // longer retried. A durable cursor stays on disk for the next subscribe.
 func (b *Broker) unsubscribe(s *subscription) {
+	// It is safe to call twice (a takeover racing a disconnect): every
+	// step below is idempotent.
+	//
+	// First no new deliveries: out of the topic and the wildcard table.
 	if s.topic != nil {
 		s.topic.mu.Lock()
 		delete(s.topic.subscribers, s)
@@ -1284,8 +1273,11 @@ func (b *Broker) unsubscribe(s *subscription) {
 	}
 	b.mu.Unlock()
 
+	// Then no retries: cancel (which stops a replayer) and drop pending
+	// entries, under the same lock track takes, so none sneaks in after.
 	c := s.conn
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	select {
 	case <-s.cancel:
 	default:
@@ -1296,7 +1288,6 @@ func (b *Broker) unsubscribe(s *subscription) {
 			delete(c.pending, key)
 		}
 	}
-	c.mu.Unlock()
 }
 
 // # Publishing and fan-out
@@ -1337,6 +1328,10 @@ func (c *connection) publish(f frame) {
 	if m.QoS == 0 {
 		return
 	}
+
+	// The reader does not wait for the disk: it hands the confirm to the
+	// confirmer and reads the next frame, so one connection can have many
+	// publishes in flight, and they can share one sync.
 	c.confirm(confirm{synced, reply{Type: "published", Topic: m.Topic,
 		MessageID: m.ID, Seq: &seq, Duplicate: duplicate}})
 }
@@ -1355,6 +1350,9 @@ func newMessage(f frame) (*Message, reply) {
 		return nil, topicError("invalid_message_id",
 			"message_id is longer than 256 bytes", f.Topic)
 	}
+
+	// Compacting puts the payload on one line, so a batch of deliveries
+	// can be split on newlines; encoding/json has already checked it.
 	var payload bytes.Buffer
 	json.Compact(&payload, f.Payload)
 	id := f.MessageID
@@ -1367,6 +1365,7 @@ func newMessage(f frame) (*Message, reply) {
 
 // allowPublish takes one publish from the connection's token bucket,
 // which refills at PublishRate per second up to one second's worth.
+// Only the reader goroutine calls it, so the bucket needs no lock.
 func (c *connection) allowPublish() bool {
 	rate := c.broker.opts.PublishRate
 	if rate <= 0 {
@@ -1382,9 +1381,12 @@ func (c *connection) allowPublish() bool {
 	return true
 }
 
-// confirm queues c for the connection's confirmer, starting it on first
+// confirm queues cf for the connection's confirmer, starting it on first
 // use. Confirms leave in publish order, and many can wait on one sync.
 func (c *connection) confirm(cf confirm) {
+	// Only the reader calls confirm, so starting the confirmer lazily
+	// needs no lock. A connection that never publishes QoS 1 never pays
+	// for the goroutine.
 	if c.confirms == nil {
 		c.confirms = make(chan confirm, 256)
 		go c.confirmLoop()
@@ -1395,11 +1397,14 @@ func (c *connection) confirm(cf confirm) {
 	}
 }
 
-// confirmLoop sends each confirm once its message is on disk.
+// confirmLoop sends each confirm once its message is on disk. It ends
+// with the connection; confirms still waiting are then moot.
 func (c *connection) confirmLoop() {
 	for {
 		select {
 		case cf := <-c.confirms:
+			// Confirms wait in order: a later publish's batch is never
+			// synced before an earlier one's, so none waits needlessly.
 			select {
 			case <-cf.sync.done:
 			case <-c.done:
@@ -1416,6 +1421,41 @@ func (c *connection) confirmLoop() {
 	}
 }
 
+// Publish publishes payload to topic from inside the process, as a
+// client's publish frame would, and returns the message's seq. For QoS 1
+// it returns once the message is on disk (or ctx ends).
+func (b *Broker) Publish(ctx context.Context, topic string, payload any,
+	qos int) (uint64, error) {
+	// The payload goes through the same validation as a client's, so an
+	// in-process publisher cannot store what a client could not.
+	raw, err := json.Marshal(payload)
+	if err != nil {
+		return 0, fmt.Errorf("publish: encode payload: %w", err)
+	}
+	m, problem := newMessage(frame{Topic: topic, Payload: raw, QoS: qos})
+	if problem.Type != "" {
+		return 0, fmt.Errorf("publish: %s", problem.Message)
+	}
+	// After Shutdown the committer is gone, and a QoS 1 confirm would
+	// never come.
+	b.mu.RLock()
+	closing := b.closing
+	b.mu.RUnlock()
+	if closing {
+		return 0, ErrClosed
+	}
+	seq, _, synced := b.publish(m)
+	if qos == 0 {
+		return seq, nil
+	}
+	select {
+	case <-synced.done:
+		return seq, synced.err
+	case <-ctx.Done():
+		return seq, ctx.Err()
+	}
+}
+
 // publish sequences m and queues it for the log, which fans it out once
 // it is on disk. It returns m's seq, whether m repeated a QoS 1
 // message_id the topic still remembers, and the flush that makes it
@@ -1426,7 +1466,8 @@ func (b *Broker) publish(m *Message) (uint64, bool, *flush) {
 	defer t.mu.Unlock()
 
 	// A publisher that lost its confirm may send again: same id, same
-	// seq, nothing stored or delivered twice.
+	// seq, nothing stored or delivered twice. Its confirm waits for the
+	// first copy's sync, which may not have happened yet.
 	if seq, ok := t.ids[m.ID]; ok && m.QoS == 1 {
 		return seq, true, b.log.barrier()
 	}
@@ -1437,6 +1478,9 @@ func (b *Broker) publish(m *Message) (uint64, bool, *flush) {
 	m.Timestamp = max(time.Now().UnixMilli(), t.lastTime)
 	t.remember(m)
 	synced := b.log.append(m)
+
+	// The count cap is applied here, as messages arrive: the oldest
+	// leave the index now and the log in the same batch as m.
 	if over := len(t.index) - b.opts.MaxMessages; over > 0 {
 		b.log.trim(t.name, t.forget(over))
 	}
@@ -1446,6 +1490,9 @@ func (b *Broker) publish(m *Message) (uint64, bool, *flush) {
 // deliverCommitted fans out a committed batch, topic by topic, in seq
 // order. It runs on the committer's goroutine, right after the sync.
 func (b *Broker) deliverCommitted(msgs []*Message) {
+	// The committed mark moves with each message, under the same lock as
+	// its fan-out: a replayer that reads the mark has either seen the
+	// message in the store or will get it live.
 	for _, group := range byTopic(msgs) {
 		t := b.topic(group[0].Topic)
 		t.mu.Lock()
@@ -1463,6 +1510,9 @@ func (b *Broker) deliverCommitted(msgs []*Message) {
 func (b *Broker) forgetFailed(msgs []*Message) {
 	for _, group := range byTopic(msgs) {
 		t := b.topic(group[0].Topic)
+		// The seqs themselves are not given back: later publishes may
+		// already hold the next ones. The log has a gap, which replay
+		// skips, and the publishers hear store_failed.
 		t.mu.Lock()
 		for _, m := range group {
 			if t.ids[m.ID] == m.Seq {
@@ -1478,7 +1528,8 @@ func (b *Broker) forgetFailed(msgs []*Message) {
 	}
 }
 
-// byTopic splits msgs into runs per topic, keeping each topic's order.
+// byTopic splits msgs into runs per topic, keeping each topic's order,
+// so that each topic's lock is taken once per batch, not once a message.
 func byTopic(msgs []*Message) [][]*Message {
 	groups := map[string]int{}
 	var out [][]*Message
@@ -1497,13 +1548,20 @@ func byTopic(msgs []*Message) [][]*Message {
 // fanOut offers m to every live subscriber of t and every matching
 // wildcard subscription. The caller holds t.mu, which keeps seq order.
 func (b *Broker) fanOut(t *topic, m *Message) {
-	// One encoding serves every subscriber: the bytes are never mutated.
+	// Replaying subscriptions are skipped: their replayer will read m
+	// from the store, which already holds it.
+	//
+	// One encoding serves every subscriber: the bytes are never mutated,
+	// so a hundred outboxes can hold the same slice.
 	data := appendDelivery(nil, m, 1)
 	for s := range t.subscribers {
 		if s.live {
 			s.conn.deliverLive(s, m, data)
 		}
 	}
+
+	// Wildcards live in one table, read-locked: subscribing to a filter
+	// is rare, publishing is not.
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	for s := range b.wildcards {
@@ -1515,6 +1573,9 @@ func (b *Broker) fanOut(t *topic, m *Message) {
 
 // deliverLive offers one live delivery; it never waits.
 func (c *connection) deliverLive(s *subscription, m *Message, data []byte) {
+	// Track first, then queue: a retry found due before the frame leaves
+	// is harmless, a frame out before its pending entry exists is not,
+	// because a fast ack would find nothing to clear.
 	if !c.track(s, m, c.broker.opts.MaxInflight) {
 		c.cutOff("too many unacknowledged messages")
 		return
@@ -1529,7 +1590,9 @@ func (c *connection) deliverLive(s *subscription, m *Message, data []byte) {
 // own pending table, keyed by topic and message_id: an ack clears the
 // acking connection's entry and nobody else's. The cost is one entry per
 // subscriber per QoS 1 delivery, bounded by the in-flight window; the
-// gain is that "at least once" holds for every subscriber.
+// gain is that "at least once" holds for every subscriber. A connection
+// that gets the same message through two of its subscriptions (a topic
+// and a wildcard) owes one ack for it, not two.
 
 // pendingKey names one delivery awaiting an ack on one connection.
 type pendingKey struct {
@@ -1539,10 +1602,16 @@ type pendingKey struct {
 
 // pending is one QoS 1 delivery the subscriber has not acknowledged.
 type pending struct {
-	subscription *subscription // through which it was delivered
-	message      *Message      // shared, never mutated
-	attempt      int           // 1 on first delivery; grows with retries
-	deadline     time.Time     // when the next retry is due
+	// subscription is the one it was delivered through: unsubscribing
+	// drops its entries, and a durable one's cursor waits for them.
+	subscription *subscription
+	// message is shared with the log and other subscribers; read only.
+	message *Message
+	// attempt is 1 on first delivery and grows with each retry; past
+	// 1+MaxRetries the delivery is dead-lettered.
+	attempt int
+	// deadline is when the next retry is due.
+	deadline time.Time
 }
 
 // track records a delivery about to be queued: a pending entry for QoS 1
@@ -1551,6 +1620,14 @@ type pending struct {
 func (c *connection) track(s *subscription, m *Message, limit int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+
+	// A subscription ended a moment ago gets no pending entry: nobody
+	// would ever clear it.
+	select {
+	case <-s.cancel:
+		return true
+	default:
+	}
 	if m.QoS == 1 {
 		if len(c.pending) >= limit {
 			return false
@@ -1562,6 +1639,8 @@ func (c *connection) track(s *subscription, m *Message, limit int) bool {
 			deadline:     time.Now().Add(c.broker.opts.AckTimeout),
 		}
 	}
+	// A durable subscription's deliveries come in seq order (replay,
+	// then live), so appending keeps unacked sorted.
 	if d := s.durable; d != nil {
 		d.sent = m.Seq
 		if m.QoS == 1 {
@@ -1578,6 +1657,7 @@ func (c *connection) track(s *subscription, m *Message, limit int) bool {
 // additions: one ack frame per delivery costs a client as much as the
 // delivery did.
 func (c *connection) ack(f frame) {
+	// The original's single message_id is one more id in the list.
 	ids := f.MessageIDs
 	if f.MessageID != "" {
 		ids = append(ids, f.MessageID)
@@ -1611,13 +1691,17 @@ func (c *connection) ack(f frame) {
 }
 
 // settle removes a pending delivery, acked or dead-lettered, and moves a
-// durable cursor past it. The caller holds c.mu.
+// durable cursor past it. An unknown key changes nothing: acks for what
+// this connection does not owe are ignored. The caller holds c.mu.
 func (c *connection) settle(key pendingKey) {
 	p := c.pending[key]
 	if p == nil {
 		return
 	}
 	delete(c.pending, key)
+
+	// Acks mostly come in order, so the seq is usually first in unacked
+	// and the search stops at once.
 	if d := p.subscription.durable; d != nil {
 		if i := slices.Index(d.unacked, p.message.Seq); i >= 0 {
 			d.unacked = slices.Delete(d.unacked, i, i+1)
@@ -1627,8 +1711,10 @@ func (c *connection) settle(key pendingKey) {
 }
 
 // saveCursor hands a durable cursor to the log if it moved. The position
-// is the highest seq with everything up to it acked (or sent, for QoS 0).
-// The caller holds c.mu.
+// is the highest seq with everything up to it acked (or sent, for QoS 0):
+// an ack out of order moves nothing until the gap below it closes, so a
+// resumed subscription may see some acked messages again, never miss an
+// unacked one. The caller holds c.mu.
 func (c *connection) saveCursor(d *durableCursor) {
 	position := d.sent
 	if len(d.unacked) > 0 {
@@ -1648,12 +1734,16 @@ func (c *connection) saveCursor(d *durableCursor) {
 // number, only to the subscriber that owes the ack. After the last retry
 // the message is not dropped: it goes to the dead-letter topic
 // $dead/<topic>, with the reason and the subscriber, where an operator
-// can look at it. The loop wakes several times per ack timeout, so a
-// retry is late by at most a fifth of the timeout.
+// can look at it. One loop for the whole broker, rather than a timer per
+// delivery, keeps the cost flat; it wakes five times per ack timeout, so
+// a retry is late by at most a fifth of the timeout.
 
 // retryLoop redelivers overdue QoS 1 messages until Shutdown.
 func (b *Broker) retryLoop() {
 	defer b.loops.Done()
+
+	// A fifth of the timeout, but no busier than a millisecond and no
+	// lazier than the original's one second.
 	tick := time.NewTicker(clamp(b.opts.AckTimeout/5, time.Millisecond,
 		time.Second))
 	defer tick.Stop()
@@ -1669,8 +1759,11 @@ func (b *Broker) retryLoop() {
 	}
 }
 
-// connectionList snapshots the open connections.
+// connectionList snapshots the open connections, so that the broker's
+// lock is not held while each one is visited.
 func (b *Broker) connectionList() []*connection {
+	// Connections that leave after the snapshot are visited anyway;
+	// their tables are empty by then, so the visit does nothing.
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	list := make([]*connection, 0, len(b.connections))
@@ -1683,8 +1776,15 @@ func (b *Broker) connectionList() []*connection {
 // redeliver retries c's overdue deliveries and dead-letters exhausted
 // ones. Frames are built under c.mu and sent after it is released.
 func (c *connection) redeliver(now time.Time) {
+	// The retries and dead letters are collected first and acted on after
+	// c.mu is released: dead-lettering publishes, which takes a topic's
+	// lock, and topic comes before connection in the lock order.
 	var retries [][]byte
 	var dead []*pending
+
+	// Walk the table once, deciding for each overdue entry: retry with
+	// the next attempt number, or, past the last retry, settle it (which
+	// also frees the durable cursor) and dead-letter it.
 	c.mu.Lock()
 	for key, p := range c.pending {
 		if now.Before(p.deadline) {
@@ -1701,6 +1801,8 @@ func (c *connection) redeliver(now time.Time) {
 	}
 	c.mu.Unlock()
 
+	// A retry is live traffic: if the outbox is full, the subscriber is
+	// too slow, and it is cut off like any other.
 	for _, data := range retries {
 		if !c.offer(data) {
 			break
@@ -1713,22 +1815,25 @@ func (c *connection) redeliver(now time.Time) {
 
 // deadLetter is the payload of a message on $dead/<topic>.
 type deadLetter struct {
-	Topic      string          `json:"topic"`
-	MessageID  string          `json:"message_id"`
-	Seq        uint64          `json:"seq"`
-	Payload    json.RawMessage `json:"payload"`
-	Reason     string          `json:"reason"`
-	Attempts   int             `json:"attempts"`
-	Subscriber string          `json:"subscriber"`
+	Topic      string          `json:"topic"`      // where it was published
+	MessageID  string          `json:"message_id"` // its id there
+	Seq        uint64          `json:"seq"`        // its seq there
+	Payload    json.RawMessage `json:"payload"`    // what it said
+	Reason     string          `json:"reason"`     // why it is here
+	Attempts   int             `json:"attempts"`   // deliveries tried
+	Subscriber string          `json:"subscriber"` // who did not ack
 }
 
-// deadLetter publishes an exhausted delivery to $dead/<topic>. A dead
+// deadLetter publishes an exhausted delivery to $dead/<topic>, with QoS 1
+// so that whoever watches dead letters gets them at least once. A dead
 // letter that is itself never acked is logged and dropped, not nested.
 func (b *Broker) deadLetter(p *pending, subscriber string) {
+	// The log line says what happened even when nobody watches $dead.
 	m := p.message
 	b.logger.Warn("dead letter", "topic", m.Topic, "message_id", m.ID,
 		"seq", m.Seq, "subscriber", subscriber, "attempts", p.attempt)
-	if strings.HasPrefix(m.Topic, deadPrefix) {
+	dead := deadPrefix + m.Topic
+	if strings.HasPrefix(m.Topic, deadPrefix) || len(dead) > maxTopicBytes {
 		return
 	}
 	payload, _ := json.Marshal(deadLetter{
@@ -1736,10 +1841,6 @@ func (b *Broker) deadLetter(p *pending, subscriber string) {
 		Reason: "not acknowledged", Attempts: p.attempt,
 		Subscriber: subscriber,
 	})
-	dead := deadPrefix + m.Topic
-	if len(dead) > maxTopicBytes {
-		return
-	}
 	b.publish(&Message{Topic: dead, ID: newID(), QoS: 1, Payload: payload})
 }
 
@@ -1751,18 +1852,21 @@ func (b *Broker) deadLetter(p *pending, subscriber string) {
 // retried like a live delivery. The hand-over to live rests on one mark,
 // the topic's committed seq: the committer moves it and fans out under
 // the topic's lock, and the replayer turns live under that same lock once
-// it has read up to the mark. Replay waits for room rather than
-// overflowing: it uses at most half the outbox and half the in-flight
-// window, so a subscriber that reads and acks is never cut off by its own
-// history, and live traffic on its other subscriptions still has room.
+// it has read up to the mark, so nothing falls between the two and
+// nothing comes twice. Replay waits for room rather than overflowing: it
+// uses at most half the outbox and half the in-flight window, so a
+// subscriber that reads and acks is never cut off by its own history.
 
 // replay sends the log after seq start, then turns s live. It runs on its
 // own goroutine and ends early if s or its connection ends.
 func (s *subscription) replay(after uint64) {
+	// stuck remembers the committed mark seen after the last empty read.
 	b := s.conn.broker
 	var stuck uint64
 	for {
-		msgs, err := b.readLog(s.topic, after)
+		// Everything committed is in the store (delivery waits for the
+		// commit), so the store alone is read.
+		msgs, err := b.store.Read(s.topic.name, after, replayChunk)
 		if err != nil {
 			b.logger.Error("replay read", "topic", s.filter, "err", err)
 			s.conn.cutOff("log unreadable")
@@ -1802,14 +1906,20 @@ func (s *subscription) goLive(after uint64) (bool, uint64) {
 	if t.committed > after {
 		return false, t.committed
 	}
+
+	// A subscription ended during replay is no longer in the topic, and
+	// must not come back to life.
 	if _, subscribed := t.subscribers[s]; subscribed {
 		s.live = true
 	}
 	return true, after
 }
 
-// deliverReplay queues one replayed message once there is room.
+// deliverReplay queues one replayed message once there is room, and
+// reports false if the subscription or the connection ended first.
 func (c *connection) deliverReplay(s *subscription, m *Message) bool {
+	// Room means: the outbox at most half full, and the in-flight window
+	// (counted over the whole connection) at most half used.
 	half := c.broker.opts.MaxInflight / 2
 	for {
 		if len(c.outbox) < cap(c.outbox)/2+1 && c.track(s, m, max(half, 1)) {
@@ -1829,11 +1939,6 @@ func (c *connection) deliverReplay(s *subscription, m *Message) bool {
 	}
 }
 
-// readLog returns up to replayChunk committed messages of t after seq.
-func (b *Broker) readLog(t *topic, after uint64) ([]*Message, error) {
-	return b.store.Read(t.name, after, replayChunk)
-}
-
 // # The log and its storage seam
 //
 // Every message, of any QoS, is appended to its topic's log, and the log
@@ -1843,8 +1948,8 @@ func (b *Broker) readLog(t *topic, after uint64) ([]*Message, error) {
 // gathers everything queued since its last sync (appends, trims, cursor
 // moves) into one transaction and one sync: group commit. Then it fans
 // the batch out; only QoS 1 publishers wait for it. The disk sits behind
-// Store, five methods, so that a bigger engine can replace bbolt without
-// touching the broker.
+// Store, five methods, so that another engine (bolt.go has bbolt; a
+// distributed one can follow) replaces it without touching the broker.
 
 // Store keeps topic logs and durable cursors. Implementations must make a
 // Commit durable before returning and must be safe for concurrent use.
@@ -1854,7 +1959,8 @@ type Store interface {
 	// Read returns up to limit messages of topic with seq > after, in
 	// seq order.
 	Read(topic string, after uint64, limit int) ([]*Message, error)
-	// Topics returns every stored topic with its head seq.
+	// Topics returns every stored topic with its head seq, which must
+	// survive the topic's log being trimmed empty.
 	Topics() (map[string]uint64, error)
 	// Cursor returns a durable cursor's position, if one is stored.
 	Cursor(key string) (uint64, bool, error)
@@ -1884,14 +1990,22 @@ type flush struct {
 // locked while it is held.
 type committer struct {
 	broker *Broker
-	wake   chan struct{} // signalled when work is queued
-	ended  chan struct{} // closed when the loop returns
+	// wake is signalled (capacity 1, never blocking) when work is queued.
+	wake chan struct{}
+	// ended is closed when the loop returns.
+	ended chan struct{}
 
-	mu         sync.Mutex // guards the fields below
-	queued     *Batch     // work not yet committing
-	committing *Batch     // the batch the loop is committing now
-	next       *flush     // the fate of queued
-	stopped    bool       // set by stop; the loop drains and returns
+	// mu guards the fields below; it is held for queueing only.
+	mu sync.Mutex
+	// queued is the work gathered since the loop last took a batch.
+	queued *Batch
+	// committing is the batch being written now, or nil; cursor reads it.
+	committing *Batch
+	// next is the fate of queued: every caller that queued into it waits
+	// on the same flush.
+	next *flush
+	// stopped is set by stop: the loop commits what is queued and returns.
+	stopped bool
 }
 
 // newCommitter starts the commit loop for b.
@@ -1912,6 +2026,8 @@ func (c *committer) reset() {
 
 // append queues m and returns the flush that will make it durable.
 func (c *committer) append(m *Message) *flush {
+	// Callers hold their topic's lock, so appends of one topic arrive in
+	// seq order, which is the order the store needs them in.
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.queued.Messages = append(c.queued.Messages, m)
@@ -1927,7 +2043,8 @@ func (c *committer) trim(topic string, seq uint64) {
 	c.signal()
 }
 
-// saveCursor queues a durable cursor's new position.
+// saveCursor queues a durable cursor's new position. Only the newest
+// position per cursor is kept: a thousand acks cost one write.
 func (c *committer) saveCursor(key string, position uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -1938,6 +2055,8 @@ func (c *committer) saveCursor(key string, position uint64) {
 // barrier returns a flush that completes once everything queued so far
 // is durable: a repeated publish is confirmed no sooner than the first.
 func (c *committer) barrier() *flush {
+	// The queued batch commits after any batch in progress, so its flush
+	// covers everything queued before, even with nothing queued itself.
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.signal()
@@ -1947,6 +2066,8 @@ func (c *committer) barrier() *flush {
 // cursor reads a durable cursor, newest first: the queue, the batch being
 // committed, then the store.
 func (c *committer) cursor(key string) (uint64, bool, error) {
+	// A cursor moved a moment ago is still in memory; reading only the
+	// store would resume a subscription from an older position.
 	c.mu.Lock()
 	for _, batch := range []*Batch{c.queued, c.committing} {
 		if batch == nil {
@@ -1970,15 +2091,21 @@ func (c *committer) signal() {
 }
 
 // loop commits queued batches until stop, then commits what is left.
+// While one batch is being synced, the next one fills: the busier the
+// broker, the more each sync carries.
 func (c *committer) loop() {
 	defer close(c.ended)
 	for range c.wake {
+		// Swap the queue for an empty one and release the lock at once:
+		// publishers keep queueing while this batch is written.
 		c.mu.Lock()
 		batch, fate, stopped := c.queued, c.next, c.stopped
 		c.committing = batch
 		c.reset()
 		c.mu.Unlock()
 
+		// Fan-out happens before the flush is marked done, so that a
+		// publisher's confirm never overtakes its own delivery.
 		fate.err = c.broker.store.Commit(batch)
 		if fate.err != nil {
 			c.broker.logger.Error("log commit", "err", fate.err,
@@ -2000,6 +2127,8 @@ func (c *committer) loop() {
 
 // stop commits what is queued and ends the loop.
 func (c *committer) stop() {
+	// The signal makes the loop run once more, see stopped, commit what
+	// is queued and return.
 	c.mu.Lock()
 	c.stopped = true
 	c.signal()
@@ -2012,6 +2141,8 @@ func (c *committer) stop() {
 // checks it here rather than waiting for someone to read the topic.
 func (b *Broker) retentionLoop() {
 	defer b.loops.Done()
+
+	// A tenth of the TTL: a message outlives its time by at most that.
 	tick := time.NewTicker(clamp(b.opts.TTL/10, time.Millisecond,
 		time.Minute))
 	defer tick.Stop()
@@ -2026,7 +2157,10 @@ func (b *Broker) retentionLoop() {
 }
 
 // expire trims from every topic the messages older than cutoff (Unix ms).
+// Timestamps only grow within a topic, so the old ones are a prefix.
 func (b *Broker) expire(cutoff int64) {
+	// Snapshot the topic list, then take each topic's lock in turn: the
+	// broker's lock is never held across a topic's.
 	b.mu.RLock()
 	topics := make([]*topic, 0, len(b.topics))
 	for _, t := range b.topics {
@@ -2046,257 +2180,48 @@ func (b *Broker) expire(cutoff int64) {
 	}
 }
 
-// # bbolt, the default store
-//
-// bbolt is a single-file, transactional, embedded B+tree: one file beside
-// the binary, no server. Each topic is a bucket of records keyed by
-// big-endian seq, so a cursor walks them in seq order; the topic's head
-// is kept beside them so seqs never restart after the log is trimmed
-// empty. Each record carries a CRC-32 of its bytes: bbolt checks only its
-// own meta pages, and a flipped bit in a payload must not be delivered as
-// if it were good.
-
-// Bucket and key names in the bbolt file.
-var (
-	topicsBucket  = []byte("topics")  // topic name → topic bucket
-	cursorsBucket = []byte("cursors") // durable key → position
-	logBucket     = []byte("log")     // in a topic bucket: seq → record
-	headKey       = []byte("head")    // in a topic bucket: newest seq
-)
-
-// BoltStore is the Store kept in one bbolt file.
-type BoltStore struct {
-	db     *bolt.DB
-	logger *slog.Logger
-}
-
-// OpenBolt opens (or creates) the bbolt file at path. It fails within a
-// second if another process has the file open.
-func OpenBolt(path string, logger *slog.Logger) (*BoltStore, error) {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
-	if errors.Is(err, bolt.ErrTimeout) {
-		return nil, fmt.Errorf("open %s: database is in use by another "+
-			"process", path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, err)
-	}
-	if logger == nil {
-		logger = slog.Default()
-	}
-	return &BoltStore{db: db, logger: logger}, nil
-}
-
-// Commit writes a batch in one transaction: one sync for all of it.
-func (s *BoltStore) Commit(batch *Batch) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		for _, m := range batch.Messages {
-			if err := putMessage(tx, m); err != nil {
-				return fmt.Errorf("append %q: %w", m.Topic, err)
-			}
-		}
-		for topic, seq := range batch.Trims {
-			if err := trimLog(tx, topic, seq); err != nil {
-				return fmt.Errorf("trim %q: %w", topic, err)
-			}
-		}
-		cursors, err := tx.CreateBucketIfNotExists(cursorsBucket)
-		if err != nil {
-			return err
-		}
-		for key, position := range batch.Cursors {
-			if err := cursors.Put([]byte(key), seqKey(position)); err != nil {
-				return fmt.Errorf("save cursor: %w", err)
-			}
-		}
-		return nil
-	})
-}
-
-// putMessage appends m to its topic's bucket and moves the head.
-func putMessage(tx *bolt.Tx, m *Message) error {
-	topics, err := tx.CreateBucketIfNotExists(topicsBucket)
-	if err != nil {
-		return err
-	}
-	bucket, err := topics.CreateBucketIfNotExists([]byte(m.Topic))
-	if err != nil {
-		return err
-	}
-	records, err := bucket.CreateBucketIfNotExists(logBucket)
-	if err != nil {
-		return err
-	}
-	if err := records.Put(seqKey(m.Seq), encodeRecord(m)); err != nil {
-		return err
-	}
-	if head := bucket.Get(headKey); head == nil ||
-		binary.BigEndian.Uint64(head) < m.Seq {
-		return bucket.Put(headKey, seqKey(m.Seq))
-	}
-	return nil
-}
-
-// trimLog deletes topic's records with seq <= upTo.
-func trimLog(tx *bolt.Tx, topic string, upTo uint64) error {
-	records := logOf(tx, topic)
-	if records == nil {
-		return nil
-	}
-	cursor := records.Cursor()
-	for k, _ := cursor.First(); k != nil &&
-		binary.BigEndian.Uint64(k) <= upTo; k, _ = cursor.First() {
-		if err := cursor.Delete(); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// logOf returns topic's record bucket, or nil if it has none.
-func logOf(tx *bolt.Tx, topic string) *bolt.Bucket {
-	topics := tx.Bucket(topicsBucket)
-	if topics == nil {
-		return nil
-	}
-	bucket := topics.Bucket([]byte(topic))
-	if bucket == nil {
-		return nil
-	}
-	return bucket.Bucket(logBucket)
-}
-
-// Read returns up to limit records of topic after seq, skipping (and
-// logging) any whose checksum does not match.
-func (s *BoltStore) Read(topic string, after uint64,
-	limit int) ([]*Message, error) {
-	var msgs []*Message
-	err := s.db.View(func(tx *bolt.Tx) error {
-		records := logOf(tx, topic)
-		if records == nil {
-			return nil
-		}
-		cursor := records.Cursor()
-		for k, v := cursor.Seek(seqKey(after + 1)); k != nil &&
-			len(msgs) < limit; k, v = cursor.Next() {
-			m, err := decodeRecord(v)
-			if err != nil {
-				s.logger.Error("corrupt record skipped", "topic", topic,
-					"seq", binary.BigEndian.Uint64(k), "err", err)
-				continue
-			}
-			msgs = append(msgs, m)
-		}
-		return nil
-	})
-	return msgs, err
-}
-
-// Topics returns every topic bucket's name and head.
-func (s *BoltStore) Topics() (map[string]uint64, error) {
-	heads := map[string]uint64{}
-	err := s.db.View(func(tx *bolt.Tx) error {
-		topics := tx.Bucket(topicsBucket)
-		if topics == nil {
-			return nil
-		}
-		return topics.ForEachBucket(func(name []byte) error {
-			head := topics.Bucket(name).Get(headKey)
-			if len(head) == 8 {
-				heads[string(name)] = binary.BigEndian.Uint64(head)
-			}
-			return nil
-		})
-	})
-	return heads, err
-}
-
-// Cursor returns the stored position of a durable cursor.
-func (s *BoltStore) Cursor(key string) (uint64, bool, error) {
-	var position uint64
-	var found bool
-	err := s.db.View(func(tx *bolt.Tx) error {
-		cursors := tx.Bucket(cursorsBucket)
-		if cursors == nil {
-			return nil
-		}
-		if v := cursors.Get([]byte(key)); len(v) == 8 {
-			position, found = binary.BigEndian.Uint64(v), true
-		}
-		return nil
-	})
-	return position, found, err
-}
-
-// Close closes the bbolt file.
-func (s *BoltStore) Close() error {
-	return s.db.Close()
-}
-
-// encodeRecord is m as JSON behind a 4-byte CRC-32 (Castagnoli).
-func encodeRecord(m *Message) []byte {
-	body, _ := json.Marshal(m)
-	record := binary.BigEndian.AppendUint32(nil, crc32.Checksum(body,
-		castagnoli))
-	return append(record, body...)
-}
-
-// castagnoli is the CRC-32 table for records: hardware-accelerated.
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-// decodeRecord checks a record's CRC and decodes it.
-func decodeRecord(record []byte) (*Message, error) {
-	if len(record) < 4 {
-		return nil, errors.New("record too short")
-	}
-	body := record[4:]
-	if crc32.Checksum(body, castagnoli) !=
-		binary.BigEndian.Uint32(record) {
-		return nil, errors.New("checksum mismatch")
-	}
-	m := &Message{}
-	if err := json.Unmarshal(body, m); err != nil {
-		return nil, fmt.Errorf("decode record: %w", err)
-	}
-	return m, nil
-}
-
-// seqKey is seq as an 8-byte big-endian key, which sorts numerically.
-func seqKey(seq uint64) []byte {
-	return binary.BigEndian.AppendUint64(nil, seq)
-}
-
 // # Shutdown
 //
 // A graceful stop closes every client with 1001 so it knows to come back
 // later, stops the loops, commits whatever the log still holds and
 // closes the store. Durable cursors are written as they move, so nothing
-// a client acked is forgotten; unacked deliveries replay on resume.
+// a client acked is forgotten; unacked deliveries replay on resume. A
+// crash skips all of this, and loses nothing confirmed: the log and the
+// cursors are only ever ahead on disk of what clients were told. The
+// alternative, draining every outbox before closing, would let one stuck
+// client hold the whole broker open; the context bounds the wait instead.
 
 // Shutdown closes every connection with 1001, waits for their handlers
 // (or ctx), flushes the log and closes the store. It is idempotent.
 func (b *Broker) Shutdown(ctx context.Context) error {
+	// sync.Once: the command's signal handler and a test's cleanup may
+	// both call it.
 	b.shutdown.Do(func() { b.shutdownErr = b.shutdownOnce(ctx) })
 	return b.shutdownErr
 }
 
 // shutdownOnce does Shutdown's work, once.
 func (b *Broker) shutdownOnce(ctx context.Context) error {
+	// From here no connection registers and no loop starts another
+	// round.
 	b.mu.Lock()
 	b.closing = true
 	b.mu.Unlock()
 	close(b.stop)
+
+	// Each close handshake waits for its peer, so they run side by side.
 	for _, c := range b.connectionList() {
 		c.closing.Store(true)
 		go c.ws.Close(websocket.StatusGoingAway, "server shutting down")
 	}
-
 	handlers := make(chan struct{})
 	go func() { b.closed.Wait(); close(handlers) }()
 	select {
 	case <-handlers:
 	case <-ctx.Done():
 	}
+
+	// The committer goes last: handlers still finishing may queue acks.
 	b.loops.Wait()
 	b.log.stop()
 	if err := b.store.Close(); err != nil {
@@ -2311,7 +2236,8 @@ func (b *Broker) shutdownOnce(ctx context.Context) error {
 // separated by "/", "+" matches one level, "#" matches the rest and must
 // come last, and a wildcard in the first level never matches a topic
 // starting with "$", so that "#" does not drown a subscriber in the
-// broker's own traffic.
+// broker's own traffic. The same matcher routes messages and checks
+// permissions, so the two can never disagree about what a filter means.
 
 // validTopic explains why name cannot be published to, or returns "".
 func validTopic(name string) string {
@@ -2325,6 +2251,7 @@ func validTopic(name string) string {
 }
 
 // validFilter explains why filter cannot be subscribed to, or returns "".
+// NUL is refused because durable keys use it as a separator.
 func validFilter(filter string) string {
 	switch {
 	case filter == "":
@@ -2334,6 +2261,8 @@ func validFilter(filter string) string {
 	case strings.ContainsRune(filter, 0):
 		return "topic contains a NUL character"
 	}
+	// Wildcards must fill a level: "a+" or "#b" would be a typo that MQTT
+	// refuses too, not a pattern.
 	levels := strings.Split(filter, "/")
 	for i, level := range levels {
 		if strings.ContainsAny(level, "+#") && len(level) > 1 {
@@ -2359,6 +2288,9 @@ func covers(grant, filter string) bool {
 		strings.HasPrefix(grant, "#")) {
 		return false
 	}
+
+	// Walk both level by level. "#" in the grant covers whatever is
+	// left; in the filter it is covered only by a "#" in the grant.
 	for {
 		level, rest, more := strings.Cut(grant, "/")
 		if level == "#" {
@@ -2407,8 +2339,11 @@ func jsonError(err error) string {
 
 // appendDelivery appends the message frame for m at attempt. It is
 // written by hand because it runs once per publish and once per retry,
-// and encoding/json costs several times as much.
+// and encoding/json costs several times as much. Field order and names
+// are the original's, with seq and attempt added at the end.
 func appendDelivery(buf []byte, m *Message, attempt int) []byte {
+	// Topic and id are escaped; the payload is copied as it is, because
+	// it was validated and compacted when it was published.
 	buf = append(buf, `{"type":"message","topic":`...)
 	buf = appendString(buf, m.Topic)
 	buf = append(buf, `,"payload":`...)
@@ -2427,8 +2362,11 @@ func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 }
 
 // appendString appends s as a JSON string. s is valid UTF-8: every frame
-// is checked on arrival.
+// is checked on arrival, so only quotes, backslashes and control
+// characters need escaping.
 func appendString(buf []byte, s string) []byte {
+	// Bytes of 0x80 and above are parts of valid UTF-8 sequences and go
+	// through unchanged; JSON allows them as they are.
 	const hexDigits = "0123456789abcdef"
 	buf = append(buf, '"')
 	for i := 0; i < len(s); i++ {
@@ -2445,7 +2383,8 @@ func appendString(buf []byte, s string) []byte {
 	return append(buf, '"')
 }
 
-// newID returns a random 128-bit message id in hex.
+// newID returns a random 128-bit message id in hex: unique without
+// coordination, even across restarts.
 func newID() string {
 	var raw [16]byte
 	rand.Read(raw[:])

@@ -1,0 +1,205 @@
+package popsub
+
+import (
+	"crypto/pbkdf2"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// This file holds the credentials the broker checks: signing tokens, and
+// the login frame with its password hashing and throttling. popsub.go
+// decides when they are checked and what follows; here is how.
+
+// Sign signs the claims with secret, HS256.
+func (c Claims) Sign(secret []byte) (string, error) {
+	return jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(secret)
+}
+
+// NewToken signs a token for subject sub that expires after ttl and may
+// use every ordinary topic.
+func NewToken(secret []byte, sub string, ttl time.Duration) (string, error) {
+	now := time.Now()
+	return Claims{RegisteredClaims: jwt.RegisteredClaims{
+		Subject:   sub,
+		IssuedAt:  jwt.NewNumericDate(now),
+		ExpiresAt: jwt.NewNumericDate(now.Add(ttl)),
+	}}.Sign(secret)
+}
+
+// User is an account that may log in with a password.
+type User struct {
+	// PasswordHash is what HashPassword made of the password.
+	PasswordHash string
+	// Publish and Subscribe are the grants of tokens from login; nil
+	// means every ordinary topic.
+	Publish, Subscribe []string
+}
+
+// login answers a login frame with a token, as the original did. Each
+// failure slows the next attempt for that user and that address; the
+// delay is capped, so a stranger guessing cannot lock a user out.
+func (b *Broker) login(f frame, remote string) reply {
+	if len(b.opts.Users) == 0 {
+		return errorReply("login_unavailable", "no users are configured")
+	}
+	keys := []string{"user:" + f.Username, "addr:" + hostOf(remote)}
+	time.Sleep(b.logins.delay(keys...))
+
+	// An unknown user costs the same hash as a known one, so timing does
+	// not tell a stranger which names exist.
+	user, known := b.opts.Users[f.Username]
+	if !known {
+		user.PasswordHash = dummyHash()
+	}
+	if !checkPassword(user.PasswordHash, f.Password) || !known {
+		b.logins.record(false, keys...)
+		b.logger.Info("login failed", "user", f.Username, "remote", remote)
+		return errorReply("invalid_credentials", "invalid credentials")
+	}
+
+	// Success clears the user's failures, not the address's: one right
+	// password does not excuse a thousand wrong ones from the same place.
+	b.logins.record(true, keys[0])
+	token, err := b.loginToken(f.Username, user)
+	if err != nil {
+		return errorReply("internal", "could not sign a token")
+	}
+	return reply{Type: "login_response", Token: token}
+}
+
+// loginToken signs a token for a user who logged in, with the user's
+// grants and the broker's issuer and audience, so verify accepts it.
+func (b *Broker) loginToken(name string, user User) (string, error) {
+	now := time.Now()
+	claims := Claims{Publish: user.Publish, Subscribe: user.Subscribe}
+	claims.Subject, claims.Issuer = name, b.opts.Issuer
+	claims.IssuedAt = jwt.NewNumericDate(now)
+	claims.ExpiresAt = jwt.NewNumericDate(now.Add(b.opts.LoginTokenTTL))
+	if b.opts.Audience != "" {
+		claims.Audience = jwt.ClaimStrings{b.opts.Audience}
+	}
+	return claims.Sign(b.opts.Secret)
+}
+
+// Password hashing is PBKDF2-SHA256 from the standard library, at the
+// iteration count OWASP recommends, stored as
+// pbkdf2-sha256$ITERATIONS$SALT$KEY with base64 salt and key.
+const passwordIterations = 600_000
+
+// dummyHash is checked for unknown users, so they cost as much as real
+// ones. It is made on first use: hashing takes a noticeable moment.
+var dummyHash = sync.OnceValue(func() string {
+	hash, _ := hashPassword("", passwordIterations)
+	return hash
+})
+
+// HashPassword returns the stored form of password for a User.
+func HashPassword(password string) (string, error) {
+	return hashPassword(password, passwordIterations)
+}
+
+// hashPassword hashes password with a fresh salt at iterations.
+func hashPassword(password string, iterations int) (string, error) {
+	salt := make([]byte, 16)
+	rand.Read(salt)
+	key, err := pbkdf2.Key(sha256.New, password, salt, iterations, 32)
+	if err != nil {
+		return "", fmt.Errorf("hash password: %w", err)
+	}
+	encode := base64.RawStdEncoding.EncodeToString
+	return fmt.Sprintf("pbkdf2-sha256$%d$%s$%s", iterations, encode(salt),
+		encode(key)), nil
+}
+
+// checkPassword reports whether password matches hash, in constant time.
+func checkPassword(hash, password string) bool {
+	parts := strings.Split(hash, "$")
+	if len(parts) != 4 || parts[0] != "pbkdf2-sha256" {
+		return false
+	}
+	iterations, err := strconv.Atoi(parts[1])
+	salt, err1 := base64.RawStdEncoding.DecodeString(parts[2])
+	key, err2 := base64.RawStdEncoding.DecodeString(parts[3])
+	if err != nil || err1 != nil || err2 != nil || len(key) == 0 ||
+		iterations < 1 {
+		return false
+	}
+	got, err := pbkdf2.Key(sha256.New, password, salt, iterations, len(key))
+	return err == nil && subtle.ConstantTimeCompare(got, key) == 1
+}
+
+// Login throttling: the first failure costs nothing, each further one
+// doubles the wait before the next attempt, up to loginMaxDelay, and ten
+// quiet minutes forget it all.
+const (
+	loginBaseDelay = 250 * time.Millisecond
+	loginMaxDelay  = 4 * time.Second
+	loginForget    = 10 * time.Minute
+	loginMaxKeys   = 10_000 // more keys than this, and old ones are dropped
+)
+
+// loginThrottle counts recent login failures per key (user or address).
+type loginThrottle struct {
+	mu       sync.Mutex               // guards failures
+	failures map[string]loginFailures // key → recent failures
+}
+
+// loginFailures is one key's recent failures.
+type loginFailures struct {
+	count int       // failures since the last success or forgetting
+	last  time.Time // when the newest failure happened
+}
+
+// delay is how long the next attempt for any of keys must wait.
+func (t *loginThrottle) delay(keys ...string) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var wait time.Duration
+	for _, key := range keys {
+		f := t.failures[key]
+		if f.count < 2 || time.Since(f.last) > loginForget {
+			continue
+		}
+		wait = max(wait, min(loginBaseDelay<<min(f.count-2, 8),
+			loginMaxDelay))
+	}
+	return wait
+}
+
+// record counts a failure against keys, or clears them on success.
+func (t *loginThrottle) record(ok bool, keys ...string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.failures == nil || len(t.failures) > loginMaxKeys {
+		t.failures = make(map[string]loginFailures)
+	}
+	for _, key := range keys {
+		if ok {
+			delete(t.failures, key)
+			continue
+		}
+		f := t.failures[key]
+		if time.Since(f.last) > loginForget {
+			f.count = 0
+		}
+		t.failures[key] = loginFailures{f.count + 1, time.Now()}
+	}
+}
+
+// hostOf is the host part of a remote address.
+func hostOf(remote string) string {
+	if host, _, err := net.SplitHostPort(remote); err == nil {
+		return host
+	}
+	return remote
+}
