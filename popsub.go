@@ -28,8 +28,9 @@
 // The file follows a message: options and frames; the broker and its
 // topics; connecting and authenticating; the outbox; subscribing;
 // publishing and fan-out; acknowledgements; retries and dead letters;
-// replay; the log; shutdown; helpers. Beside it, credentials.go signs
-// tokens and hashes passwords, and bolt.go keeps the log in a bbolt file.
+// replay; the log; shutdown; helpers. Beside it, access.go signs tokens,
+// checks passwords and meters publishes; events.go feeds the x-ray; and
+// bolt.go keeps the log in a bbolt file.
 // This file stays under 1,500 lines of code.
 //
 // # Goroutines
@@ -231,6 +232,7 @@ type Message struct {
 type frame struct {
 	Type       string          `json:"type"`        // every frame
 	Token      string          `json:"token"`       // auth
+	Client     string          `json:"client"`      // auth: a display name
 	Batch      bool            `json:"batch"`       // auth: opt-in
 	Username   string          `json:"username"`    // login
 	Password   string          `json:"password"`    // login
@@ -321,6 +323,12 @@ type Broker struct {
 	open atomic.Int64
 	// logins remembers recent login failures by user and by address.
 	logins loginThrottle
+	// events queues x-ray events for eventsLoop; watchers counts $sys
+	// subscriptions (no events are made without one); dropped counts
+	// events lost to a full queue. See events.go.
+	events   chan Event
+	watchers atomic.Int64
+	dropped  atomic.Int64
 }
 
 // topic is one exact topic: its log's in-memory index and its subscribers.
@@ -370,7 +378,8 @@ func New(opts Options) (*Broker, error) {
 	b := &Broker{opts: opts, logger: opts.Logger, store: opts.Store,
 		topics: map[string]*topic{}, wildcards: map[*subscription]struct{}{},
 		connections: map[*connection]struct{}{},
-		durables:    map[string]*subscription{}, stop: make(chan struct{})}
+		durables:    map[string]*subscription{}, stop: make(chan struct{}),
+		events: make(chan Event, eventQueue)}
 
 	// The index of every stored topic is rebuilt before the first client
 	// arrives: seqs continue where they stopped, and a publisher's retry
@@ -380,10 +389,11 @@ func New(opts Options) (*Broker, error) {
 	}
 	b.log = newCommitter(b)
 
-	// Retries and retention run on their own loops; see their sections.
-	b.loops.Add(2)
+	// Retries, retention and x-ray events run on their own loops.
+	b.loops.Add(3)
 	go b.retryLoop()
 	go b.retentionLoop()
+	go b.eventsLoop()
 	return b, nil
 }
 
@@ -538,11 +548,14 @@ func (b *Broker) verify(token string) (*Claims, error) {
 type connection struct {
 	broker *Broker
 	ws     *websocket.Conn
-	// remote is the peer's address, for logs.
+	// remote is the peer's address, for logs; id numbers the connection
+	// in x-ray events.
 	remote string
+	id     uint64
 
-	// sub is the token's subject, set at auth before the writer starts.
-	sub string
+	// sub is the token's subject, and client the name the client gave
+	// in its auth frame; both set at auth under mu, then read-only.
+	sub, client string
 	// claims are the token's grants; the reader goroutine's alone.
 	claims *Claims
 	// expiry closes the connection when the token runs out; a fresh auth
@@ -623,6 +636,7 @@ func (b *Broker) newConnection(ws *websocket.Conn, remote string) *connection {
 	// The outbox is the only per-connection buffer that grows with load,
 	// and it is allocated at its full, bounded size up front.
 	return &connection{broker: b, ws: ws, remote: remote,
+		id:     connectionIDs.Add(1),
 		outbox: make(chan []byte, b.opts.Outbox),
 		room:   make(chan struct{}, 1), done: make(chan struct{}),
 		subscriptions: map[string]*subscription{},
@@ -664,6 +678,9 @@ func (b *Broker) unregister(c *connection) {
 	delete(b.connections, c)
 	b.mu.Unlock()
 	b.logger.Info("disconnected", "sub", c.sub, "remote", c.remote)
+	if c.sub != "" {
+		b.noteConnection("disconnected", c, "")
+	}
 	b.closed.Done()
 }
 
@@ -736,9 +753,13 @@ func (c *connection) accept(f frame) bool {
 	}
 	// The session lasts as long as the token, plus the same leeway that
 	// verify allowed, so a token accepted is never closed at once.
-	c.sub, c.claims, c.batch = claims.Subject, claims, f.Batch
+	c.mu.Lock()
+	c.sub, c.client = claims.Subject, f.Client
+	c.mu.Unlock()
+	c.claims, c.batch = claims, f.Batch
 	c.expiry = time.AfterFunc(untilExpiry(claims), c.expire)
 	c.broker.logger.Info("connected", "sub", c.sub, "remote", c.remote)
+	c.broker.noteConnection("connected", c, "")
 	c.write(reply{Type: "authenticated", Sub: c.sub})
 	return true
 }
@@ -992,6 +1013,7 @@ func (c *connection) cutOff(why string) {
 	}
 	c.broker.logger.Warn("slow consumer cut off", "sub", c.sub,
 		"remote", c.remote, "reason", why)
+	c.broker.noteConnection("disconnected_slow", c, why)
 	go c.ws.Close(CloseSlowConsumer, "slow consumer")
 }
 
@@ -1097,6 +1119,7 @@ func (c *connection) subscribeWildcard(f frame) {
 	c.broker.mu.Lock()
 	c.broker.wildcards[s] = struct{}{}
 	c.broker.mu.Unlock()
+	c.broker.noteSubscription("subscribed", s)
 	c.reply(reply{Type: "subscribed", Topic: f.Topic})
 }
 
@@ -1157,6 +1180,7 @@ func (c *connection) subscribeTopic(f frame) {
 		r.Recovered = &recovered
 	}
 	c.reply(r)
+	b.noteSubscription("subscribed", s)
 	go s.replay(start)
 }
 
@@ -1282,6 +1306,7 @@ func (b *Broker) unsubscribe(s *subscription) {
 	case <-s.cancel:
 	default:
 		close(s.cancel)
+		b.noteSubscription("unsubscribed", s)
 	}
 	for key, p := range c.pending {
 		if p.subscription == s {
@@ -1361,24 +1386,6 @@ func newMessage(f frame) (*Message, reply) {
 	}
 	return &Message{Topic: f.Topic, ID: id, QoS: f.QoS,
 		Payload: payload.Bytes()}, reply{}
-}
-
-// allowPublish takes one publish from the connection's token bucket,
-// which refills at PublishRate per second up to one second's worth.
-// Only the reader goroutine calls it, so the bucket needs no lock.
-func (c *connection) allowPublish() bool {
-	rate := c.broker.opts.PublishRate
-	if rate <= 0 {
-		return true
-	}
-	now := time.Now()
-	c.tokens = min(max(rate, 1), c.tokens+now.Sub(c.refilled).Seconds()*rate)
-	c.refilled = now
-	if c.tokens < 1 {
-		return false
-	}
-	c.tokens--
-	return true
 }
 
 // confirm queues cf for the connection's confirmer, starting it on first
@@ -1477,6 +1484,7 @@ func (b *Broker) publish(m *Message) (uint64, bool, *flush) {
 	m.Seq = t.head
 	m.Timestamp = max(time.Now().UnixMilli(), t.lastTime)
 	t.remember(m)
+	b.noteMessage("published", nil, m, nil)
 	synced := b.log.append(m)
 
 	// The count cap is applied here, as messages arrive: the oldest
@@ -1628,17 +1636,16 @@ func (c *connection) track(s *subscription, m *Message, limit int) bool {
 		return true
 	default:
 	}
+	var p *pending
 	if m.QoS == 1 {
 		if len(c.pending) >= limit {
 			return false
 		}
-		c.pending[pendingKey{m.Topic, m.ID}] = &pending{
-			subscription: s,
-			message:      m,
-			attempt:      1,
-			deadline:     time.Now().Add(c.broker.opts.AckTimeout),
-		}
+		p = &pending{subscription: s, message: m, attempt: 1,
+			deadline: time.Now().Add(c.broker.opts.AckTimeout)}
+		c.pending[pendingKey{m.Topic, m.ID}] = p
 	}
+	c.broker.noteMessage("delivered", c, m, p)
 	// A durable subscription's deliveries come in seq order (replay,
 	// then live), so appending keeps unacked sorted.
 	if d := s.durable; d != nil {
@@ -1675,7 +1682,7 @@ func (c *connection) ack(f frame) {
 	// walk the pending table, which the in-flight window keeps bounded.
 	if f.Topic != "" && f.Seq == nil {
 		for _, id := range ids {
-			c.settle(pendingKey{f.Topic, id})
+			c.settle(pendingKey{f.Topic, id}, "acked")
 		}
 		return
 	}
@@ -1685,20 +1692,22 @@ func (c *connection) ack(f frame) {
 		}
 		if slices.Contains(ids, key.id) ||
 			(f.Seq != nil && p.message.Seq <= *f.Seq) {
-			c.settle(key)
+			c.settle(key, "acked")
 		}
 	}
 }
 
-// settle removes a pending delivery, acked or dead-lettered, and moves a
-// durable cursor past it. An unknown key changes nothing: acks for what
-// this connection does not owe are ignored. The caller holds c.mu.
-func (c *connection) settle(key pendingKey) {
+// settle removes a pending delivery, acked or dead_lettered (the kind),
+// and moves a durable cursor past it. An unknown key changes nothing:
+// acks for what this connection does not owe are ignored. The caller
+// holds c.mu.
+func (c *connection) settle(key pendingKey, kind string) {
 	p := c.pending[key]
 	if p == nil {
 		return
 	}
 	delete(c.pending, key)
+	c.broker.noteMessage(kind, c, p.message, p)
 
 	// Acks mostly come in order, so the seq is usually first in unacked
 	// and the search stops at once.
@@ -1791,12 +1800,13 @@ func (c *connection) redeliver(now time.Time) {
 			continue
 		}
 		if p.attempt > c.broker.opts.MaxRetries {
-			c.settle(key)
+			c.settle(key, "dead_lettered")
 			dead = append(dead, p)
 			continue
 		}
 		p.attempt++
 		p.deadline = now.Add(c.broker.opts.AckTimeout)
+		c.broker.noteMessage("redelivered", c, p.message, p)
 		retries = append(retries, appendDelivery(nil, p.message, p.attempt))
 	}
 	c.mu.Unlock()

@@ -16,9 +16,10 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 )
 
-// This file holds the credentials the broker checks: signing tokens, and
-// the login frame with its password hashing and throttling. popsub.go
-// decides when they are checked and what follows; here is how.
+// This file holds who may do what, and how often: signing tokens, the
+// login frame with its password hashing and throttling, and the publish
+// rate limit. popsub.go decides when each is checked and what follows;
+// here is how.
 
 // Sign signs the claims with secret, HS256.
 func (c Claims) Sign(secret []byte) (string, error) {
@@ -202,4 +203,22 @@ func hostOf(remote string) string {
 		return host
 	}
 	return remote
+}
+
+// allowPublish takes one publish from the connection's token bucket,
+// which refills at PublishRate per second up to one second's worth.
+// Only the reader goroutine calls it, so the bucket needs no lock.
+func (c *connection) allowPublish() bool {
+	rate := c.broker.opts.PublishRate
+	if rate <= 0 {
+		return true
+	}
+	now := time.Now()
+	c.tokens = min(max(rate, 1), c.tokens+now.Sub(c.refilled).Seconds()*rate)
+	c.refilled = now
+	if c.tokens < 1 {
+		return false
+	}
+	c.tokens--
+	return true
 }

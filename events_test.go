@@ -1,0 +1,141 @@
+package popsub
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// watch subscribes c to the x-ray feed, live only, and returns the
+// snapshot that a new watcher gets first.
+func watch(t *testing.T, c *client) Event {
+	t.Helper()
+	c.subscribe(EventsTopic, map[string]any{"last": 0})
+	e := nextEvent(t, c)
+	if e.Kind != "snapshot" || e.State == nil {
+		t.Fatalf("first event %+v, want a snapshot", e)
+	}
+	return e
+}
+
+// nextEvent reads the next x-ray event from c.
+func nextEvent(t *testing.T, c *client) Event {
+	t.Helper()
+	g := c.expect("message")
+	var e Event
+	if err := json.Unmarshal(g.Payload, &e); err != nil {
+		t.Fatalf("event %s: %v", g.Payload, err)
+	}
+	return e
+}
+
+// eventKey names an event for counting.
+func eventKey(kind, topic, id, client string, attempt int) string {
+	return fmt.Sprintf("%s|%s|%s|%s|%d", kind, topic, id, client, attempt)
+}
+
+// countEvents reads events from c into counts until one matches stop.
+func countEvents(t *testing.T, c *client, counts map[string]int,
+	stop func(Event) bool) {
+	t.Helper()
+	for {
+		e := nextEvent(t, c)
+		counts[eventKey(e.Kind, e.Topic, e.MessageID, e.Client, e.Attempt)]++
+		if stop(e) {
+			return
+		}
+	}
+}
+
+func TestEvents_EachTransitionEmitsExactlyOneEvent(t *testing.T) {
+	ts := startBroker(t, Options{AckTimeout: 20 * time.Millisecond,
+		MaxRetries: 1, MaxInflight: 1})
+	xray := ts.dialWith("xray", Claims{Subscribe: []string{"$sys/#"}})
+	watch(t, xray)
+	counts := map[string]int{}
+	is := func(kind, id string) func(Event) bool {
+		return func(e Event) bool { return e.Kind == kind && e.MessageID == id }
+	}
+
+	alice := dialRaw(t, ts.url, "alice")
+	alice.send(map[string]any{"type": "auth", "token": token(t, "alice"),
+		"client": "alice"})
+	alice.expect("authenticated")
+	alice.subscribe("jobs", nil)
+	bob := ts.dial("bob")
+
+	// j1 is delivered and acked.
+	bob.publish("jobs", 1, 1, "j1")
+	alice.ack(alice.expect("message"))
+	countEvents(t, xray, counts, is("acked", "j1"))
+
+	// j2 is never acked: one retry, then the dead-letter queue.
+	bob.publish("jobs", 2, 1, "j2")
+	alice.messages(2)
+	countEvents(t, xray, counts, is("dead_lettered", "j2"))
+
+	// j3 fills alice's window of one; j4 finds it full and cuts her off.
+	bob.publish("jobs", 3, 1, "j3")
+	alice.expect("message")
+	bob.publish("jobs", 4, 1, "j4")
+	alice.expectClose(CloseSlowConsumer)
+	countEvents(t, xray, counts, func(e Event) bool {
+		return e.Kind == "disconnected" && e.Client == "alice"
+	})
+
+	for _, want := range []string{
+		eventKey("connected", "", "", "alice", 0),
+		eventKey("subscribed", "jobs", "", "alice", 0),
+		eventKey("published", "jobs", "j1", "", 0),
+		eventKey("delivered", "jobs", "j1", "alice", 1),
+		eventKey("acked", "jobs", "j1", "alice", 1),
+		eventKey("published", "jobs", "j2", "", 0),
+		eventKey("delivered", "jobs", "j2", "alice", 1),
+		eventKey("redelivered", "jobs", "j2", "alice", 2),
+		eventKey("dead_lettered", "jobs", "j2", "alice", 2),
+		eventKey("delivered", "jobs", "j3", "alice", 1),
+		eventKey("published", "jobs", "j4", "", 0),
+		eventKey("disconnected_slow", "", "", "alice", 0),
+		eventKey("unsubscribed", "jobs", "", "alice", 0),
+		eventKey("disconnected", "", "", "alice", 0),
+	} {
+		if counts[want] != 1 {
+			t.Errorf("event %q seen %d times, want once", want, counts[want])
+		}
+	}
+	if n := counts[eventKey("delivered", "jobs", "j4", "alice", 1)]; n != 0 {
+		t.Errorf("j4 was never delivered, but %d events say so", n)
+	}
+}
+
+func TestEvents_NeedAGrant(t *testing.T) {
+	ts := startBroker(t, Options{})
+	c := ts.dial("curious")
+	c.send(map[string]any{"type": "subscribe", "topic": EventsTopic})
+	c.expectError("forbidden")
+	c.send(map[string]any{"type": "subscribe", "topic": "#"})
+	c.expect("subscribed")
+	ts.dial("p").publish("anything", 1, 1, "")
+	if g := c.expect("message"); g.Topic != "anything" {
+		t.Fatalf("# delivered %q, want only ordinary topics", g.Topic)
+	}
+	c.quiet()
+}
+
+func TestEvents_SnapshotShowsPendingDeliveries(t *testing.T) {
+	ts := startBroker(t, Options{AckTimeout: time.Hour})
+	worker := ts.dial("worker")
+	worker.subscribe("jobs", nil)
+	ts.dial("p").publish("jobs", 1, 1, "j1")
+	worker.expect("message")
+
+	xray := ts.dialWith("xray", Claims{Subscribe: []string{"$sys/#"}})
+	state := watch(t, xray).State
+	if state.Topics["jobs"] != 1 || len(state.Pending) != 1 ||
+		state.Pending[0].MessageID != "j1" ||
+		state.Pending[0].Sub != "worker" {
+		t.Fatalf("snapshot %+v, want jobs at 1 and j1 pending for worker",
+			state)
+	}
+}
