@@ -32,8 +32,9 @@ func startServe(t *testing.T, extra ...string) (string, string,
 	}()
 	lines := bufio.NewScanner(out)
 	var url, token string
-	for url == "" || (token == "" && !strings.Contains(strings.Join(extra,
-		" "), "--config")) {
+	configured := strings.Contains(strings.Join(extra, " "), "--config") ||
+		strings.Contains(strings.Join(extra, " "), "--secret")
+	for url == "" || (token == "" && !configured) {
 		if !lines.Scan() {
 			break
 		}

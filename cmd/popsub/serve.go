@@ -16,6 +16,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/playground"
 )
 
 // minSecretBytes is the shortest secret serve accepts: HS256 keys shorter
@@ -257,15 +258,16 @@ func randomSecret() []byte {
 // printBanner tells the user where the broker is and how to reach it.
 func printBanner(w io.Writer, addr, db, localToken string) {
 	host := strings.Replace(addr, "0.0.0.0", "127.0.0.1", 1)
-	fmt.Fprintf(w, "popsub listening on http://%s (WebSocket at ws://%s/ws,"+
-		" database %s)\n", host, host, db)
+	fmt.Fprintf(w, "popsub listening on http://%s (playground at /, "+
+		"WebSocket at ws://%s/ws, database %s)\n", host, host, db)
 	if localToken == "" {
 		return
 	}
 	fmt.Fprintf(w, "no secret configured: made a random one for this run.\n"+
+		"open the playground: http://%s/#token=%s\n"+
 		"token for user \"local\" (valid 24h):\n  %s\n"+
 		"try: popsub client --url ws://%s --token %s\n",
-		localToken, host, localToken)
+		host, localToken, localToken, host, localToken)
 }
 
 // serveUntilDone serves HTTP until ctx ends, then closes clients with
@@ -296,8 +298,9 @@ func serveUntilDone(ctx context.Context, listener net.Listener,
 }
 
 // routes serves the WebSocket at /ws, and at / for upgrade requests as
-// the original's clients expect; other requests to / get a short page.
+// the original's clients expect; other requests get the playground.
 func routes(broker *popsub.Broker) http.Handler {
+	page := playground.Handler([]string{"alice", "bob", "carol"})
 	mux := http.NewServeMux()
 	mux.Handle("/ws", broker)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -305,13 +308,7 @@ func routes(broker *popsub.Broker) http.Handler {
 			broker.ServeHTTP(w, r)
 			return
 		}
-		if r.URL.Path != "/" {
-			http.NotFound(w, r)
-			return
-		}
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprint(w, "PopSub is running. Connect a WebSocket client to "+
-			"/ws and send {\"type\":\"auth\",\"token\":\"…\"} first.\n")
+		page.ServeHTTP(w, r)
 	})
 	return mux
 }

@@ -1,0 +1,138 @@
+// Package playground serves the PopSub playground: a page rendered with
+// templ and a client compiled from ../wasm to WebAssembly, both embedded
+// in the binary, so go install and go run give a working playground with
+// no extra step.
+package playground
+
+//go:generate go tool templ generate
+//go:generate go run ./build
+
+import (
+	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"io"
+	"io/fs"
+	"mime"
+	"net/http"
+	"path"
+	"strings"
+	"sync"
+)
+
+// static holds the assets: the stylesheet, the boot script, Go's
+// wasm_exec.js and the gzipped client.
+//
+//go:embed static
+var static embed.FS
+
+// asset is one embedded file, ready to serve.
+type asset struct {
+	body     []byte // as stored; gzipped when gzipped is true
+	gzipped  bool
+	kind     string // Content-Type
+	etag     string // quoted, from the stored bytes
+	plain    []byte // the gunzipped body, made on first need
+	plainErr error
+	once     sync.Once
+}
+
+// Handler serves the page at / and its assets under /static/.
+func Handler(clients []string) http.Handler {
+	assets := loadAssets()
+	data := PageData{Clients: clients,
+		CSS:      assets.url("playground.css"),
+		Boot:     assets.url("boot.js"),
+		WasmExec: assets.url("wasm_exec.js"),
+		Wasm:     assets.url("popsub.wasm")}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-cache")
+		Page(data).Render(r.Context(), w)
+	})
+	mux.HandleFunc("GET /static/{name}", assets.serve)
+	return mux
+}
+
+// assets are the embedded files by name (popsub.wasm for the .gz).
+type assets map[string]*asset
+
+// loadAssets reads every embedded file once, at start.
+func loadAssets() assets {
+	list := assets{}
+	entries, _ := fs.ReadDir(static, "static")
+	for _, entry := range entries {
+		body, _ := fs.ReadFile(static, "static/"+entry.Name())
+		name, gzipped := strings.CutSuffix(entry.Name(), ".gz")
+		sum := sha256.Sum256(body)
+		kind := mime.TypeByExtension(path.Ext(name))
+		if path.Ext(name) == ".wasm" {
+			kind = "application/wasm"
+		}
+		list[name] = &asset{body: body, gzipped: gzipped, kind: kind,
+			etag: `"` + hex.EncodeToString(sum[:8]) + `"`}
+	}
+	return list
+}
+
+// url is the versioned address of name: its content hash in the query
+// lets browsers keep it for a year and still see every new build.
+func (a assets) url(name string) string {
+	etag := ""
+	if file := a[name]; file != nil {
+		etag = strings.Trim(file.etag, `"`)
+	}
+	return "/static/" + name + "?v=" + etag
+}
+
+// serve sends one asset: compressed if the client takes gzip, 304 if it
+// has this version, cacheable for a year when the URL names the version.
+func (a assets) serve(w http.ResponseWriter, r *http.Request) {
+	file := a[r.PathValue("name")]
+	if file == nil {
+		http.NotFound(w, r)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", file.kind)
+	h.Set("ETag", file.etag)
+	h.Set("Vary", "Accept-Encoding")
+	h.Set("Cache-Control", "no-cache")
+	if r.URL.Query().Get("v") == strings.Trim(file.etag, `"`) {
+		h.Set("Cache-Control", "public, max-age=31536000, immutable")
+	}
+	if r.Header.Get("If-None-Match") == file.etag {
+		w.WriteHeader(http.StatusNotModified)
+		return
+	}
+	body, err := file.bodyFor(r, h)
+	if err != nil {
+		http.Error(w, "asset unreadable", http.StatusInternalServerError)
+		return
+	}
+	w.Write(body)
+}
+
+// bodyFor picks the stored bytes, or gunzips them for a client that does
+// not accept gzip.
+func (file *asset) bodyFor(r *http.Request, h http.Header) ([]byte, error) {
+	if !file.gzipped {
+		return file.body, nil
+	}
+	if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+		h.Set("Content-Encoding", "gzip")
+		return file.body, nil
+	}
+	file.once.Do(func() {
+		zr, err := gzip.NewReader(bytes.NewReader(file.body))
+		if err != nil {
+			file.plainErr = err
+			return
+		}
+		file.plain, file.plainErr = io.ReadAll(zr)
+	})
+	return file.plain, file.plainErr
+}
