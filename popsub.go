@@ -44,7 +44,7 @@
 // # A session
 //
 //	$ popsub serve
-//	popsub listening on http://127.0.0.1:8080 (WebSocket at …/ws, …)
+//	popsub listening on http://127.0.0.1:8080 (playground at /, …)
 //	$ popsub client pub chat '"hello"' --qos 1
 //	{"type":"published","topic":"chat","message_id":"…","seq":1}
 //	$ popsub client sub chat

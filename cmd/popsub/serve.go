@@ -16,6 +16,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/docs"
 	"github.com/popsub/popsub/playground"
 )
 
@@ -298,11 +299,17 @@ func serveUntilDone(ctx context.Context, listener net.Listener,
 }
 
 // routes serves the WebSocket at /ws, and at / for upgrade requests as
-// the original's clients expect; other requests get the playground.
+// the original's clients expect; popsub.go as a page at /source; other
+// requests get the playground.
 func routes(broker *popsub.Broker) http.Handler {
 	page := playground.Handler([]string{"alice", "bob", "carol"})
 	mux := http.NewServeMux()
 	mux.Handle("/ws", broker)
+	mux.HandleFunc("GET /source", func(w http.ResponseWriter,
+		r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Write(docs.SourcePage)
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 			broker.ServeHTTP(w, r)
