@@ -1,0 +1,487 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/popsub/popsub"
+)
+
+// This file runs the docs. Every fenced block in docs/*.md that shows a
+// shell command or a client frame is marked runnable, and is executed
+// here against a real server, so the docs cannot drift from the code:
+//
+//   - "sh serve": $ popsub serve [flags] starts the server (a later one
+//     restarts it on the same database); its banner must match.
+//   - "sh run": $ popsub … commands, each followed by its output; "$
+//     export NAME=value" sets a variable for the commands after it.
+//   - "json frames": a session of named clients over WebSockets:
+//     "alice → {…}" sends, "alice ← {…}" expects, "alice ✕ 4008"
+//     expects the close code. "TOKEN" stands for a valid token. A client
+//     is authenticated before its first frame unless that frame is auth
+//     or login, or its name starts with "stranger".
+//
+// In expected output "…" matches anything. The address 127.0.0.1:8080
+// stands for the test server's, wherever it listens.
+
+// fence is one fenced block of a Markdown file.
+type fence struct {
+	info  string   // what follows the opening backticks
+	lines []string // the block's lines
+	line  int      // where it starts, for messages
+}
+
+// fences returns the fenced blocks of Markdown text.
+func fences(text string) []fence {
+	var list []fence
+	var current *fence
+	for i, line := range strings.Split(text, "\n") {
+		trimmed := strings.TrimSpace(line)
+		switch {
+		case current == nil && strings.HasPrefix(trimmed, "```"):
+			current = &fence{info: strings.TrimPrefix(trimmed, "```"),
+				line: i + 1}
+		case current != nil && trimmed == "```":
+			list = append(list, *current)
+			current = nil
+		case current != nil:
+			current.lines = append(current.lines, line)
+		}
+	}
+	return list
+}
+
+// docServer is the server a Markdown file's blocks run against.
+type docServer struct {
+	t       *testing.T
+	dir     string       // the file's working folder: databases go here
+	address string       // host:port of the running server
+	token   string       // the token serve printed, if it made one
+	stop    func() error // stops the running server
+	clients map[string]*docClient
+}
+
+func TestDocs_EveryCommandAndFrameRuns(t *testing.T) {
+	paths, _ := filepath.Glob("../../docs/*.md")
+	if len(paths) == 0 {
+		t.Fatal("no docs found")
+	}
+	for _, path := range paths {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			text, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := &docServer{t: t, dir: t.TempDir()}
+			t.Chdir(s.dir)
+			t.Setenv("POPSUB_TOKEN", "")
+			t.Setenv("POPSUB_SECRET", "")
+			for _, f := range fences(string(text)) {
+				s.run(f)
+			}
+		})
+	}
+}
+
+// run executes one block, or checks that it need not run.
+func (s *docServer) run(f fence) {
+	s.t.Helper()
+	where := fmt.Sprintf("line %d", f.line)
+	switch f.info {
+	case "sh serve":
+		s.serve(f.lines, where)
+	case "sh run":
+		s.ensure()
+		s.shell(f.lines, where)
+	case "json frames":
+		s.ensure()
+		s.frames(f.lines, where)
+	case "sh", "bash", "console", "json", "":
+		if len(f.lines) > 0 {
+			s.t.Errorf("%s: a %q block must be marked runnable (sh run, "+
+				"sh serve or json frames)", where, f.info)
+		}
+	}
+}
+
+// ensure starts a server with the defaults if no block has.
+func (s *docServer) ensure() {
+	if s.stop == nil {
+		s.start(nil, nil, "default server")
+	}
+}
+
+// serve restarts the server as the block says and checks its banner.
+func (s *docServer) serve(lines []string, where string) {
+	command, expected := "", []string{}
+	for _, line := range lines {
+		switch {
+		case strings.HasPrefix(line, "$ export "):
+			s.export(strings.TrimPrefix(line, "$ export "))
+		case strings.HasPrefix(line, "$ "):
+			command = strings.TrimPrefix(line, "$ ")
+		default:
+			expected = append(expected, line)
+		}
+	}
+	args := words(s.t, command)
+	if len(args) < 2 || args[0] != "popsub" || args[1] != "serve" {
+		s.t.Fatalf("%s: a serve block runs popsub serve, not %q", where,
+			command)
+	}
+	s.start(args[2:], expected, where)
+}
+
+// start runs serve with args on a free port, in the file's folder.
+func (s *docServer) start(args, expected []string, where string) {
+	if s.stop != nil {
+		if err := s.stop(); err != nil {
+			s.t.Fatalf("%s: stopping the last server: %v", where, err)
+		}
+	}
+	for name, c := range s.clients {
+		c.ws.CloseNow()
+		delete(s.clients, name)
+	}
+	all := append([]string{"serve", "--log-level", "error"}, args...)
+	if s.address != "" {
+		all = append(all, "--addr", s.address)
+	} else {
+		all = append(all, "--addr", "127.0.0.1:0")
+	}
+	banner, stop := startServeLines(s.t, all)
+	s.stop, s.clients = stop, map[string]*docClient{}
+	s.address, s.token = "", ""
+	for _, line := range banner {
+		if rest, ok := strings.CutPrefix(line, "popsub listening on http://"); ok {
+			s.address = strings.Fields(rest)[0]
+		}
+		if _, token, ok := strings.Cut(line, "#token="); ok {
+			s.token = token
+		}
+	}
+	os.Setenv("POPSUB_URL", "ws://"+s.address)
+	if s.token != "" {
+		os.Setenv("POPSUB_TOKEN", s.token)
+	}
+	if expected != nil {
+		s.match(where+": popsub serve", expected, banner)
+	}
+}
+
+// startServeLines runs serve and returns the lines it printed before it
+// was ready, and a func that stops it.
+func startServeLines(t *testing.T, args []string) ([]string, func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	out, in := io.Pipe()
+	result := make(chan error, 1)
+	go func() {
+		result <- run(ctx, args, in, io.Discard)
+		in.Close()
+	}()
+
+	// The banner is one line, or five when serve made its own secret.
+	var banner []string
+	lines := bufio.NewScanner(out)
+	for lines.Scan() {
+		banner = append(banner, lines.Text())
+		if strings.HasPrefix(lines.Text(), "try: ") || (len(banner) == 1 &&
+			strings.Contains(strings.Join(args, " "), "--secret")) ||
+			(len(banner) == 1 && os.Getenv("POPSUB_SECRET") != "") {
+			break
+		}
+	}
+	go io.Copy(io.Discard, out)
+	stop := func() error {
+		cancel()
+		return <-result
+	}
+	t.Cleanup(func() { cancel() })
+	return banner, stop
+}
+
+// export sets NAME=value for the commands that follow. A value with "…"
+// in it is a token the reader copies from serve's output.
+func (s *docServer) export(assignment string) {
+	name, value, _ := strings.Cut(assignment, "=")
+	if strings.Contains(value, "…") && name == "POPSUB_TOKEN" {
+		value = s.token
+	}
+	s.t.Setenv(name, strings.Trim(value, `'"`))
+}
+
+// shell runs each $ popsub command and compares what it printed.
+func (s *docServer) shell(lines []string, where string) {
+	for i := 0; i < len(lines); i++ {
+		line := lines[i]
+		if strings.HasPrefix(line, "$ export ") {
+			s.export(strings.TrimPrefix(line, "$ export "))
+			continue
+		}
+		if !strings.HasPrefix(line, "$ ") {
+			s.t.Fatalf("%s: expected a $ command, got %q", where, line)
+		}
+		var expected []string
+		for i+1 < len(lines) && !strings.HasPrefix(lines[i+1], "$ ") {
+			i++
+			expected = append(expected, lines[i])
+		}
+		s.command(strings.TrimPrefix(line, "$ "), expected, where)
+	}
+}
+
+// command runs one popsub command line.
+func (s *docServer) command(line string, expected []string, where string) {
+	line = strings.ReplaceAll(line, "127.0.0.1:8080", s.address)
+	args := words(s.t, line)
+	if len(args) > 2 && args[0] == "go" && args[1] == "run" {
+		args = append([]string{"popsub"}, args[3:]...)
+	}
+	if len(args) == 0 || args[0] != "popsub" {
+		s.t.Fatalf("%s: only popsub commands run here, not %q", where, line)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var stdout bytes.Buffer
+	if err := run(ctx, args[1:], &stdout, io.Discard); err != nil {
+		s.t.Fatalf("%s: $ %s: %v", where, line, err)
+	}
+	got := strings.Split(strings.TrimRight(stdout.String(), "\n"), "\n")
+	if stdout.Len() == 0 {
+		got = nil
+	}
+	s.match(where+": $ "+line, expected, got)
+}
+
+// match compares printed lines with the expected ones, "…" matching
+// anything.
+func (s *docServer) match(what string, expected, got []string) {
+	s.t.Helper()
+	if len(expected) != len(got) {
+		s.t.Errorf("%s printed %d lines, the doc shows %d:\n%s", what,
+			len(got), len(expected), strings.Join(got, "\n"))
+		return
+	}
+	for i, want := range expected {
+		want = strings.ReplaceAll(want, "127.0.0.1:8080", s.address)
+		if !wildcard(want).MatchString(got[i]) {
+			s.t.Errorf("%s printed\n  %s\nwhere the doc shows\n  %s", what,
+				got[i], want)
+		}
+	}
+}
+
+// wildcard compiles a line where "…" matches anything.
+func wildcard(line string) *regexp.Regexp {
+	parts := strings.Split(line, "…")
+	for i, part := range parts {
+		parts[i] = regexp.QuoteMeta(part)
+	}
+	return regexp.MustCompile("^" + strings.Join(parts, ".*") + "$")
+}
+
+// words splits a command line as a shell would, for single and double
+// quotes without escapes inside.
+func words(t *testing.T, line string) []string {
+	var list []string
+	var word strings.Builder
+	quote, inWord := rune(0), false
+	for _, r := range line {
+		switch {
+		case quote != 0 && r == quote:
+			quote = 0
+		case quote != 0:
+			word.WriteRune(r)
+		case r == '\'' || r == '"':
+			quote, inWord = r, true
+		case r == ' ':
+			if inWord {
+				list = append(list, word.String())
+				word.Reset()
+				inWord = false
+			}
+		default:
+			word.WriteRune(r)
+			inWord = true
+		}
+	}
+	if quote != 0 {
+		t.Fatalf("unbalanced quote in %q", line)
+	}
+	if inWord {
+		list = append(list, word.String())
+	}
+	return list
+}
+
+// docClient is one named client of a frames block.
+type docClient struct {
+	ws *websocket.Conn
+}
+
+// frames plays a session of named clients.
+func (s *docServer) frames(lines []string, where string) {
+	for _, line := range lines {
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		name, rest := "client", line
+		for _, arrow := range []string{" → ", " ← ", " ✕ "} {
+			if before, _, ok := strings.Cut(line, arrow); ok &&
+				!strings.Contains(before, "{") {
+				name, rest = before, line[len(before)+1:]
+				break
+			}
+		}
+		s.frame(name, rest, where)
+	}
+}
+
+// frame sends, expects, or expects a close, for one client.
+func (s *docServer) frame(name, line, where string) {
+	kind, body, _ := strings.Cut(line, " ")
+	switch kind {
+	case "→":
+		s.send(name, body, where)
+	case "←":
+		s.expectFrame(name, body, where)
+	case "✕":
+		c := s.client(name, false, where)
+		ctx, cancel := context.WithTimeout(context.Background(),
+			20*time.Second)
+		defer cancel()
+		for {
+			if _, _, err := c.ws.Read(ctx); err != nil {
+				if code := websocket.CloseStatus(err); fmt.Sprint(int(code)) != body {
+					s.t.Errorf("%s: %s closed with %d, the doc shows %s",
+						where, name, code, body)
+				}
+				delete(s.clients, name)
+				return
+			}
+		}
+	default:
+		s.t.Fatalf("%s: a frame line starts with →, ← or ✕: %q", where, line)
+	}
+}
+
+// send writes a frame, connecting first: a client whose first frame is
+// not auth or login is authenticated for the reader's convenience.
+func (s *docServer) send(name, body, where string) {
+	var probe struct{ Type string }
+	json.Unmarshal([]byte(body), &probe)
+	c := s.client(name, probe.Type != "auth" && probe.Type != "login" &&
+		!strings.HasPrefix(name, "stranger"), where)
+	body = strings.ReplaceAll(body, `"TOKEN"`, `"`+s.tokenFor(name)+`"`)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.ws.Write(ctx, websocket.MessageText, []byte(body)); err != nil {
+		s.t.Fatalf("%s: %s → %s: %v", where, name, body, err)
+	}
+}
+
+// client returns the named client, connecting it if need be.
+func (s *docServer) client(name string, authenticate bool,
+	where string) *docClient {
+	if c := s.clients[name]; c != nil {
+		return c
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, "ws://"+s.address+"/ws", nil)
+	if err != nil {
+		s.t.Fatalf("%s: %s cannot connect: %v", where, name, err)
+	}
+	ws.SetReadLimit(-1)
+	c := &docClient{ws: ws}
+	s.clients[name] = c
+	if authenticate {
+		s.send(name, `{"type":"auth","token":"TOKEN","client":"`+name+`"}`,
+			where)
+		s.expectFrame(name, `{"type":"authenticated","sub":"…"}`, where)
+	}
+	return c
+}
+
+// tokenFor is a token for the named client: signed for that name when
+// the secret is known, else the one serve printed.
+func (s *docServer) tokenFor(name string) string {
+	secret := os.Getenv("POPSUB_SECRET")
+	if secret == "" {
+		return s.token
+	}
+	claims := popsub.Claims{Subscribe: []string{"#", "$sys/#", "$dead/#"}}
+	claims.Subject = name
+	claims.ExpiresAt = jwt.NewNumericDate(time.Now().Add(time.Hour))
+	token, err := claims.Sign([]byte(secret))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return token
+}
+
+// expectFrame reads the client's next frame and compares it as JSON:
+// the same fields, where a "…" string matches any value.
+func (s *docServer) expectFrame(name, body, where string) {
+	c := s.client(name, false, where)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, data, err := c.ws.Read(ctx)
+	if err != nil {
+		s.t.Fatalf("%s: %s expected %s, read: %v", where, name, body, err)
+	}
+	var want, got any
+	if err := json.Unmarshal([]byte(body), &want); err != nil {
+		s.t.Fatalf("%s: the doc's frame %s is not JSON: %v", where, body, err)
+	}
+	json.Unmarshal(data, &got)
+	if !sameJSON(want, got) {
+		s.t.Errorf("%s: %s received\n  %s\nwhere the doc shows\n  %s",
+			where, name, data, body)
+	}
+}
+
+// sameJSON compares decoded JSON, "…" in want matching any value.
+func sameJSON(want, got any) bool {
+	if w, ok := want.(string); ok && w == "…" {
+		return true
+	}
+	switch w := want.(type) {
+	case map[string]any:
+		g, ok := got.(map[string]any)
+		if !ok || len(g) != len(w) {
+			return false
+		}
+		for key, value := range w {
+			if other, ok := g[key]; !ok || !sameJSON(value, other) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		g, ok := got.([]any)
+		if !ok || len(g) != len(w) {
+			return false
+		}
+		for i := range w {
+			if !sameJSON(w[i], g[i]) {
+				return false
+			}
+		}
+		return true
+	}
+	return reflect.DeepEqual(want, got)
+}
