@@ -198,7 +198,7 @@ func printUntilEcho(ctx context.Context, s *session, stdout io.Writer) error {
 		case "published":
 			confirmed = true
 		case "error":
-			return fmt.Errorf("broker said: %s", f.Message)
+			return fmt.Errorf("broker said: %s (%s)", f.Message, f.Code)
 		}
 	}
 	return nil

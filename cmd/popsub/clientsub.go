@@ -62,7 +62,7 @@ func printDeliveries(ctx context.Context, s *session, count int, ack bool,
 		if f.Type != "message" {
 			fmt.Fprintf(stderr, "%s\n", data)
 			if f.Type == "error" {
-				return fmt.Errorf("broker said: %s", f.Message)
+				return fmt.Errorf("broker said: %s (%s)", f.Message, f.Code)
 			}
 			continue
 		}

@@ -26,11 +26,16 @@ import (
 //
 //   - "sh serve": $ popsub serve [flags] starts the server (a later one
 //     restarts it on the same database); its banner must match.
-//   - "sh run": $ popsub … commands, each followed by its output; "$
-//     export NAME=value" sets a variable for the commands after it.
+//   - "sh run": $ popsub … commands, each followed by its output (a
+//     failing command prints "popsub: " and its error); "$ export
+//     NAME=value" sets a variable for the commands after it, and the
+//     value may be $(popsub …).
+//   - "toml file=NAME" (or any "LANG file=NAME"): the block is written to
+//     NAME in the working folder, for the commands after it.
 //   - "json frames": a session of named clients over WebSockets:
 //     "alice → {…}" sends, "alice ← {…}" expects, "alice ✕ 4008"
-//     expects the close code. "TOKEN" stands for a valid token. A client
+//     expects the close code, and "alice ✕" alone closes alice's
+//     connection. "TOKEN" stands for a valid token. A client
 //     is authenticated before its first frame unless that frame is auth
 //     or login, or its name starts with "stranger".
 //
@@ -100,6 +105,14 @@ func TestDocs_EveryCommandAndFrameRuns(t *testing.T) {
 func (s *docServer) run(f fence) {
 	s.t.Helper()
 	where := fmt.Sprintf("line %d", f.line)
+	if _, name, ok := strings.Cut(f.info, " file="); ok {
+		text := strings.Join(f.lines, "\n") + "\n"
+		if err := os.WriteFile(filepath.Join(s.dir, name), []byte(text),
+			0o600); err != nil {
+			s.t.Fatal(err)
+		}
+		return
+	}
 	switch f.info {
 	case "sh serve":
 		s.serve(f.lines, where)
@@ -138,6 +151,9 @@ func (s *docServer) serve(lines []string, where string) {
 		}
 	}
 	args := words(s.t, command)
+	if len(args) > 2 && args[0] == "go" && args[1] == "run" {
+		args = append([]string{"popsub"}, args[3:]...)
+	}
 	if len(args) < 2 || args[0] != "popsub" || args[1] != "serve" {
 		s.t.Fatalf("%s: a serve block runs popsub serve, not %q", where,
 			command)
@@ -220,6 +236,13 @@ func (s *docServer) export(assignment string) {
 	if strings.Contains(value, "…") && name == "POPSUB_TOKEN" {
 		value = s.token
 	}
+	if inner, ok := strings.CutPrefix(value, "$("); ok {
+		out, err := s.output(strings.TrimSuffix(inner, ")"))
+		if err != nil {
+			s.t.Fatalf("$ export %s: %v", assignment, err)
+		}
+		value = strings.TrimSpace(out)
+	}
 	s.t.Setenv(name, strings.Trim(value, `'"`))
 }
 
@@ -243,27 +266,35 @@ func (s *docServer) shell(lines []string, where string) {
 	}
 }
 
-// command runs one popsub command line.
+// command runs one popsub command line and compares what it printed,
+// with its error, if any, as popsub's main prints it.
 func (s *docServer) command(line string, expected []string, where string) {
+	out, err := s.output(line)
+	if err != nil {
+		out += "popsub: " + err.Error() + "\n"
+	}
+	got := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if out == "" {
+		got = nil
+	}
+	s.match(where+": $ "+line, expected, got)
+}
+
+// output runs a popsub command line and returns its standard output.
+func (s *docServer) output(line string) (string, error) {
 	line = strings.ReplaceAll(line, "127.0.0.1:8080", s.address)
 	args := words(s.t, line)
 	if len(args) > 2 && args[0] == "go" && args[1] == "run" {
 		args = append([]string{"popsub"}, args[3:]...)
 	}
 	if len(args) == 0 || args[0] != "popsub" {
-		s.t.Fatalf("%s: only popsub commands run here, not %q", where, line)
+		s.t.Fatalf("only popsub commands run here, not %q", line)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var stdout bytes.Buffer
-	if err := run(ctx, args[1:], &stdout, io.Discard); err != nil {
-		s.t.Fatalf("%s: $ %s: %v", where, line, err)
-	}
-	got := strings.Split(strings.TrimRight(stdout.String(), "\n"), "\n")
-	if stdout.Len() == 0 {
-		got = nil
-	}
-	s.match(where+": $ "+line, expected, got)
+	err := run(ctx, args[1:], &stdout, io.Discard)
+	return stdout.String(), err
 }
 
 // match compares printed lines with the expected ones, "…" matching
@@ -339,7 +370,7 @@ func (s *docServer) frames(lines []string, where string) {
 			continue
 		}
 		name, rest := "client", line
-		for _, arrow := range []string{" → ", " ← ", " ✕ "} {
+		for _, arrow := range []string{" → ", " ← ", " ✕"} {
 			if before, _, ok := strings.Cut(line, arrow); ok &&
 				!strings.Contains(before, "{") {
 				name, rest = before, line[len(before)+1:]
@@ -359,6 +390,12 @@ func (s *docServer) frame(name, line, where string) {
 	case "←":
 		s.expectFrame(name, body, where)
 	case "✕":
+		if body == "" {
+			s.client(name, false, where).ws.Close(
+				websocket.StatusNormalClosure, "")
+			delete(s.clients, name)
+			return
+		}
 		c := s.client(name, false, where)
 		ctx, cancel := context.WithTimeout(context.Background(),
 			20*time.Second)

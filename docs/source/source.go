@@ -17,6 +17,7 @@ import (
 	"go/scanner"
 	"go/token"
 	"html/template"
+	"regexp"
 	"strings"
 )
 
@@ -257,3 +258,89 @@ a.anchor { color: #bbb; text-decoration: none; font: 12px system-ui, sans-serif;
 {{end}}</body>
 </html>
 `))
+
+// Quote returns the source of the declaration called name in the Go
+// file src, with its doc comment: "Broker.Publish", "Options", "New".
+func Quote(src []byte, name string) (string, error) {
+	fset := token.NewFileSet()
+	file, err := parser.ParseFile(fset, "", src, parser.ParseComments)
+	if err != nil {
+		return "", err
+	}
+	for _, decl := range file.Decls {
+		start, end, found := declarationSpan(decl, name)
+		if !found {
+			continue
+		}
+		from := fset.Position(start).Offset
+		to := fset.Position(end).Offset
+		return string(src[from:to]), nil
+	}
+	return "", fmt.Errorf("no declaration called %s", name)
+}
+
+// declarationSpan finds name in decl: a func, or a type, const or var
+// spec (with the doc comment of its group when it is alone in it).
+func declarationSpan(decl ast.Decl, name string) (token.Pos, token.Pos,
+	bool) {
+	switch d := decl.(type) {
+	case *ast.FuncDecl:
+		if funcName(d) == name {
+			return startOf(d.Doc, d.Pos()), d.End(), true
+		}
+	case *ast.GenDecl:
+		for _, spec := range d.Specs {
+			if specName(spec) != name {
+				continue
+			}
+			if len(d.Specs) == 1 {
+				return startOf(d.Doc, d.Pos()), d.End(), true
+			}
+			return spec.Pos(), spec.End(), true
+		}
+	}
+	return 0, 0, false
+}
+
+// startOf is where a declaration's quote begins: its doc comment, if any.
+func startOf(doc *ast.CommentGroup, pos token.Pos) token.Pos {
+	if doc != nil {
+		return doc.Pos()
+	}
+	return pos
+}
+
+// quoteMarker introduces a quoted declaration in Markdown.
+var quoteMarker = regexp.MustCompile(`<!-- quote: (\S+) -->`)
+
+// UpdateQuotes rewrites each quote block of the Markdown text md (the go
+// block that follows a quote marker) with the declaration's current
+// source, and reports how many there were.
+func UpdateQuotes(md string, src []byte) (string, int, error) {
+	lines := strings.Split(md, "\n")
+	var out []string
+	count := 0
+	for i := 0; i < len(lines); i++ {
+		out = append(out, lines[i])
+		match := quoteMarker.FindStringSubmatch(lines[i])
+		if match == nil {
+			continue
+		}
+		quote, err := Quote(src, match[1])
+		if err != nil {
+			return "", 0, err
+		}
+		if i+1 >= len(lines) || lines[i+1] != "```go" {
+			return "", 0, fmt.Errorf("quote of %s: a ```go block must "+
+				"follow the marker", match[1])
+		}
+		end := i + 2
+		for end < len(lines) && lines[end] != "```" {
+			end++
+		}
+		out = append(out, "```go", quote, "```")
+		i = end
+		count++
+	}
+	return strings.Join(out, "\n"), count, nil
+}

@@ -3,6 +3,7 @@ package source
 import (
 	"bytes"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -53,5 +54,49 @@ func (t *Thing) Do() string {
 		if !strings.Contains(string(page), want) {
 			t.Errorf("page lacks %s", want)
 		}
+	}
+}
+
+func TestQuotesInTheDocsAreCurrent(t *testing.T) {
+	src, err := os.ReadFile("../../popsub.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths, _ := filepath.Glob("../*.md")
+	total := 0
+	for _, path := range paths {
+		md, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		updated, count, err := UpdateQuotes(string(md), src)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if updated != string(md) {
+			t.Errorf("%s quotes stale code: run go generate ./docs", path)
+		}
+		total += count
+	}
+	if total == 0 {
+		t.Error("no tutorial quotes the code; each should")
+	}
+}
+
+func TestQuote_FindsDeclarationsByName(t *testing.T) {
+	src := []byte("package p\n\n// T is a type.\ntype T int\n\n" +
+		"// M is a method.\nfunc (t *T) M() {}\n\nconst (\n\tA = 1\n\tB = 2\n)\n")
+	for name, want := range map[string]string{
+		"T":   "// T is a type.\ntype T int",
+		"T.M": "// M is a method.\nfunc (t *T) M() {}",
+		"B":   "B = 2",
+	} {
+		got, err := Quote(src, name)
+		if err != nil || got != want {
+			t.Errorf("Quote(%s) = %q, %v; want %q", name, got, err, want)
+		}
+	}
+	if _, err := Quote(src, "Missing"); err == nil {
+		t.Error("Quote found a declaration that does not exist")
 	}
 }
