@@ -171,3 +171,23 @@ func TestToken_SignsWithTheSecret(t *testing.T) {
 		t.Fatal("token without --sub succeeded")
 	}
 }
+
+func TestServe_ASecondServerOnTheSameDatabaseFails(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "shared.db")
+	url, token, _ := startServe(t, "--db", db)
+
+	started := time.Now()
+	err := run(context.Background(), []string{"serve", "--addr",
+		"127.0.0.1:0", "--db", db}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "in use by another") {
+		t.Fatalf("second serve: %v, want 'in use by another process'", err)
+	}
+	if waited := time.Since(started); waited > 3*time.Second {
+		t.Fatalf("second serve took %v to give up", waited)
+	}
+	out := runClient(t, "pub", "still", "here", "--qos", "1", "--url", url,
+		"--token", token)
+	if !strings.Contains(out, `"type":"published"`) {
+		t.Fatalf("the first server stopped serving: %q", out)
+	}
+}
