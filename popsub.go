@@ -473,8 +473,12 @@ func (t *topic) forget(n int) uint64 {
 			delete(t.ids, e.id)
 		}
 	}
+	// Reslicing, not copying: dropping the front of a thousand entries on
+	// every publish would move them all each time. The dead prefix is
+	// cleared for the collector and freed when append next reallocates.
 	last := t.index[n-1].seq
-	t.index = slices.Delete(t.index, 0, n)
+	clear(t.index[:n])
+	t.index = t.index[n:]
 	return last
 }
 
@@ -1376,16 +1380,20 @@ func newMessage(f frame) (*Message, reply) {
 			"message_id is longer than 256 bytes", f.Topic)
 	}
 
-	// Compacting puts the payload on one line, so a batch of deliveries
-	// can be split on newlines; encoding/json has already checked it.
-	var payload bytes.Buffer
-	json.Compact(&payload, f.Payload)
+	// A payload must be on one line, so a batch of deliveries can be
+	// split on newlines; encoding/json has already checked it is JSON.
+	payload := f.Payload
+	if bytes.ContainsAny(payload, "\r\n") {
+		var compact bytes.Buffer
+		json.Compact(&compact, payload)
+		payload = compact.Bytes()
+	}
 	id := f.MessageID
 	if id == "" {
 		id = newID()
 	}
 	return &Message{Topic: f.Topic, ID: id, QoS: f.QoS,
-		Payload: payload.Bytes()}, reply{}
+		Payload: payload}, reply{}
 }
 
 // confirm queues cf for the connection's confirmer, starting it on first

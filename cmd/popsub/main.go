@@ -9,6 +9,8 @@
 //	popsub client sub TOPIC           print deliveries as JSON lines, ack
 //	popsub client pub TOPIC PAYLOAD   publish; with --qos 1, wait for the
 //	                                  confirm
+//	popsub bench                      load a server: throughput, losses,
+//	                                  latency, server CPU and memory
 //
 // Every flag can also be set from the environment (POPSUB_ADDR, …);
 // a flag wins over the environment, which wins over the default.
@@ -22,6 +24,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -38,6 +41,7 @@ commands:
   client                     the original's demo session
   client sub TOPIC           print deliveries as JSON lines, acking QoS 1
   client pub TOPIC PAYLOAD   publish a message (--qos 1 waits for confirm)
+  bench                      load a server and report speed and losses
 
 Run 'popsub <command> -h' for its flags.
 `
@@ -47,12 +51,22 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt,
 		syscall.SIGTERM)
 	defer stop()
+
+	// POPSUB_CPUPROFILE=FILE profiles the whole run, for popsub bench
+	// and docs/performance.md; go tool pprof reads the file.
+	if path := os.Getenv("POPSUB_CPUPROFILE"); path != "" {
+		if f, err := os.Create(path); err == nil {
+			pprof.StartCPUProfile(f)
+			defer pprof.StopCPUProfile()
+		}
+	}
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "popsub:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
@@ -74,6 +88,8 @@ func run(ctx context.Context, args []string, stdout,
 		return hashPasswordCommand(os.Stdin, stdout, stderr)
 	case "client":
 		return clientCommand(ctx, args[1:], stdout, stderr)
+	case "bench":
+		return benchCommand(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil

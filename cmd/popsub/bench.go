@@ -1,0 +1,369 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/popsub/popsub"
+)
+
+// This file is popsub bench, the load generator. It drives a server with
+// publishers and subscribers and reports throughput, losses, duplicates,
+// latency, and, when it started the server itself, the server's CPU time
+// per delivery and memory per connection, read from /proc. Every loop is
+// bounded in count or time, and it refuses to load a host other than
+// this machine unless told to.
+
+// benchSecret signs the tokens of a server bench starts itself.
+const benchSecret = "popsub-bench-secret-of-at-least-32-bytes"
+
+// benchConfig is what the flags ask for.
+type benchConfig struct {
+	url, secret, token                   string
+	publishers, subscribers, topics      int
+	size, qos, window, idle              int
+	rate                                 float64
+	duration                             time.Duration
+	jsonOut, allowRemote, batch, noServe bool
+}
+
+// benchResult is the summary, printed as text or as one JSON object.
+type benchResult struct {
+	Publishers        int     `json:"publishers"`
+	Subscribers       int     `json:"subscribers"`
+	Topics            int     `json:"topics"`
+	PayloadBytes      int     `json:"payload_bytes"`
+	QoS               int     `json:"qos"`
+	Seconds           float64 `json:"seconds"`
+	Published         int64   `json:"published"`
+	Delivered         int64   `json:"delivered"`
+	PublishedPerSec   float64 `json:"published_per_sec"`
+	DeliveredPerSec   float64 `json:"delivered_per_sec"`
+	Lost              int64   `json:"lost"`
+	Duplicated        int64   `json:"duplicated"`
+	CutOff            int64   `json:"cut_off"`
+	LatencyP50Micros  float64 `json:"latency_p50_us"`
+	LatencyP90Micros  float64 `json:"latency_p90_us"`
+	LatencyP99Micros  float64 `json:"latency_p99_us"`
+	LatencyMaxMicros  float64 `json:"latency_max_us"`
+	ServerCPUPerDeliv float64 `json:"server_cpu_us_per_delivery,omitempty"`
+	ServerKiBPerConn  float64 `json:"server_kib_per_connection,omitempty"`
+	IdleConnections   int     `json:"idle_connections,omitempty"`
+}
+
+// benchCommand runs popsub bench.
+func benchCommand(ctx context.Context, args []string, stdout,
+	stderr io.Writer) error {
+	cfg, err := parseBench(args, stderr)
+	if err != nil {
+		return err
+	}
+	var server *benchServer
+	if cfg.url == "" {
+		if server, err = startBenchServer(ctx); err != nil {
+			return err
+		}
+		defer server.stop()
+		cfg.url, cfg.secret = server.url, benchSecret
+	}
+	if err := checkLoopback(cfg.url, cfg.allowRemote); err != nil {
+		return err
+	}
+	var result benchResult
+	if cfg.idle > 0 {
+		result, err = runIdle(ctx, cfg, server)
+	} else {
+		result, err = runLoad(ctx, cfg, server, stderr)
+	}
+	if err != nil {
+		return err
+	}
+	return printBench(stdout, cfg.jsonOut, result)
+}
+
+// parseBench reads bench's flags.
+func parseBench(args []string, stderr io.Writer) (benchConfig, error) {
+	var c benchConfig
+	fs := newFlagSet("popsub bench", stderr)
+	fs.StringVar(&c.url, "url", "", "server to load (default: start one on "+
+		"127.0.0.1 and measure its CPU and memory)")
+	fs.StringVar(&c.secret, "secret", env("POPSUB_SECRET", ""),
+		"the server's secret, to sign tokens (POPSUB_SECRET)")
+	fs.StringVar(&c.token, "token", env("POPSUB_TOKEN", ""),
+		"a token to use when the secret is unknown (POPSUB_TOKEN)")
+	fs.IntVar(&c.publishers, "publishers", 1, "publishing connections")
+	fs.IntVar(&c.subscribers, "subscribers", 10, "subscribing connections")
+	fs.IntVar(&c.topics, "topics", 1, "topics; each subscriber takes them all")
+	fs.IntVar(&c.size, "size", 64, "payload bytes")
+	fs.IntVar(&c.qos, "qos", 0, "0 or 1 (subscribers ack QoS 1)")
+	fs.Float64Var(&c.rate, "rate", 0, "messages per second for all "+
+		"publishers; 0: as fast as the slowest subscriber allows")
+	fs.IntVar(&c.window, "window", 1000, "most messages a publisher may be "+
+		"ahead of the slowest subscriber")
+	fs.DurationVar(&c.duration, "duration", 5*time.Second, "how long to publish")
+	fs.IntVar(&c.idle, "idle", 0, "instead, open N idle connections with "+
+		"one subscription each and report server memory per connection")
+	fs.BoolVar(&c.batch, "batch", true, "subscribers take several messages "+
+		"a frame and ack many at once")
+	fs.BoolVar(&c.jsonOut, "json", false, "print the summary as JSON")
+	fs.BoolVar(&c.allowRemote, "allow-remote", false, "allow a target that "+
+		"is not this machine")
+	if _, err := parseInterleaved(fs, args); err != nil {
+		return c, err
+	}
+	switch {
+	case c.publishers < 1 || c.subscribers < 0 || c.topics < 1:
+		return c, errors.New("need at least one publisher and one topic")
+	case c.qos != 0 && c.qos != 1:
+		return c, errors.New("--qos must be 0 or 1")
+	case c.duration <= 0 || c.duration > time.Hour || c.window < 1:
+		return c, errors.New("--duration must be in (0, 1h], --window ≥ 1")
+	case c.idle < 0 || c.idle > 100_000 || c.size < 16 || c.size > 1<<20:
+		return c, errors.New("--idle ≤ 100000, 16 ≤ --size ≤ 1 MiB")
+	}
+	return c, nil
+}
+
+// checkLoopback refuses a target off this machine unless allowed: a load
+// generator pointed at the wrong host is an attack.
+func checkLoopback(target string, allowed bool) error {
+	u, err := url.Parse(target)
+	if err != nil {
+		return fmt.Errorf("--url: %w", err)
+	}
+	host := u.Hostname()
+	ip := net.ParseIP(host)
+	if allowed || host == "localhost" || (ip != nil && ip.IsLoopback()) {
+		return nil
+	}
+	return fmt.Errorf("%s is not this machine; pass --allow-remote if you "+
+		"own it", host)
+}
+
+// benchServer is a popsub serve child process, measured from /proc.
+type benchServer struct {
+	cmd *exec.Cmd
+	url string
+	dir string
+}
+
+// startBenchServer runs this binary's serve on a free port, with limits
+// wide enough that the bench, not the limits, is what is measured.
+func startBenchServer(ctx context.Context) (*benchServer, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "popsub-bench")
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, self, "serve", "--addr", "127.0.0.1:0",
+		"--db", filepath.Join(dir, "bench.db"), "--secret", benchSecret,
+		"--log-level", "error", "--outbox", "65536", "--max-inflight",
+		"100000", "--max-messages", "100000")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	go io.Copy(io.Discard, out)
+	rest, ok := strings.CutPrefix(line, "popsub listening on http://")
+	if err != nil || !ok {
+		cmd.Process.Kill()
+		return nil, fmt.Errorf("bench server did not start: %q", line)
+	}
+	return &benchServer{cmd: cmd, dir: dir,
+		url: "ws://" + strings.Fields(rest)[0] + "/ws"}, nil
+}
+
+// stop ends the server and removes its database.
+func (s *benchServer) stop() {
+	s.cmd.Process.Signal(os.Interrupt)
+	done := make(chan struct{})
+	go func() { s.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		s.cmd.Process.Kill()
+	}
+	os.RemoveAll(s.dir)
+}
+
+// cpu is the server's user and system CPU time so far.
+func (s *benchServer) cpu() time.Duration {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	text := string(data)
+	fields := strings.Fields(text[strings.LastIndexByte(text, ')')+2:])
+	user, _ := strconv.ParseInt(fields[11], 10, 64)
+	system, _ := strconv.ParseInt(fields[12], 10, 64)
+	const ticksPerSecond = 100 // Linux's USER_HZ
+	return time.Duration(user+system) * time.Second / ticksPerSecond
+}
+
+// memory is the server's resident set, in KiB.
+func (s *benchServer) memory() float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kib, _ := strconv.ParseFloat(strings.Fields(rest)[0], 64)
+			return kib
+		}
+	}
+	return 0
+}
+
+// tokenFor signs a bench token, or uses the one given.
+func (c benchConfig) tokenFor(name string) (string, error) {
+	if c.secret == "" {
+		if c.token == "" {
+			return "", errors.New("bench needs --secret or --token for --url")
+		}
+		return c.token, nil
+	}
+	var claims popsub.Claims
+	claims.Subject = name
+	claims.ExpiresAt = jwt.NewNumericDate(time.Now().Add(24 * time.Hour))
+	return claims.Sign([]byte(c.secret))
+}
+
+// benchDial connects and authenticates one bench connection.
+func benchDial(ctx context.Context, c benchConfig, name string,
+	batch bool) (*websocket.Conn, error) {
+	token, err := c.tokenFor(name)
+	if err != nil {
+		return nil, err
+	}
+	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(dialCtx, c.url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", name, err)
+	}
+	ws.SetReadLimit(-1)
+	auth, _ := json.Marshal(map[string]any{"type": "auth", "token": token,
+		"batch": batch, "client": name})
+	if err := ws.Write(dialCtx, websocket.MessageText, auth); err != nil {
+		return nil, err
+	}
+	_, reply, err := ws.Read(dialCtx)
+	if err != nil || !strings.Contains(string(reply), `"authenticated"`) {
+		ws.CloseNow()
+		return nil, fmt.Errorf("auth %s: %s %v", name, reply, err)
+	}
+	return ws, nil
+}
+
+// subscribeAll subscribes ws to every bench topic, live only, and waits
+// for each reply.
+func subscribeAll(ctx context.Context, ws *websocket.Conn, topics int) error {
+	for i := range topics {
+		frame := fmt.Sprintf(`{"type":"subscribe","topic":"bench/%d","last":0}`, i)
+		if err := ws.Write(ctx, websocket.MessageText, []byte(frame)); err != nil {
+			return err
+		}
+	}
+	for got := 0; got < topics; {
+		_, data, err := ws.Read(ctx)
+		if err != nil {
+			return err
+		}
+		got += strings.Count(string(data), `"subscribed"`)
+	}
+	return nil
+}
+
+// printBench prints the summary.
+func printBench(w io.Writer, asJSON bool, r benchResult) error {
+	if asJSON {
+		return json.NewEncoder(w).Encode(r)
+	}
+	if r.IdleConnections > 0 {
+		fmt.Fprintf(w, "idle connections: %d\nserver memory per connection: "+
+			"%.1f KiB\n", r.IdleConnections, r.ServerKiBPerConn)
+		return nil
+	}
+	fmt.Fprintf(w, "publishers %d, subscribers %d, topics %d, payload %d B, "+
+		"qos %d, %.1fs\n", r.Publishers, r.Subscribers, r.Topics,
+		r.PayloadBytes, r.QoS, r.Seconds)
+	fmt.Fprintf(w, "published  %d (%.0f/s)\ndelivered  %d (%.0f/s)\n",
+		r.Published, r.PublishedPerSec, r.Delivered, r.DeliveredPerSec)
+	fmt.Fprintf(w, "lost %d, duplicated %d, cut off %d\n", r.Lost,
+		r.Duplicated, r.CutOff)
+	fmt.Fprintf(w, "latency p50 %.0fµs, p90 %.0fµs, p99 %.0fµs, max %.0fµs\n",
+		r.LatencyP50Micros, r.LatencyP90Micros, r.LatencyP99Micros,
+		r.LatencyMaxMicros)
+	if r.ServerCPUPerDeliv > 0 {
+		fmt.Fprintf(w, "server CPU per delivery %.2fµs\n", r.ServerCPUPerDeliv)
+	}
+	return nil
+}
+
+// isTerminal reports whether f is a terminal, where a progress bar helps;
+// in pipes and CI logs it would only be noise.
+func isTerminal(f io.Writer) bool {
+	file, ok := f.(*os.File)
+	if !ok {
+		return false
+	}
+	info, err := file.Stat()
+	return err == nil && info.Mode()&os.ModeCharDevice != 0
+}
+
+// percentile returns the p-th percentile of sorted durations, in µs.
+func percentile(sorted []time.Duration, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := min(int(float64(len(sorted))*p), len(sorted)-1)
+	return float64(sorted[i]) / float64(time.Microsecond)
+}
+
+// latencies gathers samples from many subscribers.
+type latencies struct {
+	mu      sync.Mutex
+	samples []time.Duration
+}
+
+// add records one sample; at most a million are kept.
+func (l *latencies) add(d time.Duration) {
+	l.mu.Lock()
+	if len(l.samples) < 1_000_000 {
+		l.samples = append(l.samples, d)
+	}
+	l.mu.Unlock()
+}
+
+// sorted returns the samples in order.
+func (l *latencies) sorted() []time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	slices.Sort(l.samples)
+	return l.samples
+}

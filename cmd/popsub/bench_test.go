@@ -1,0 +1,57 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// benchAgainst runs popsub bench with args against a server started in
+// this process, and returns its JSON summary.
+func benchAgainst(t *testing.T, args ...string) benchResult {
+	t.Helper()
+	secret := strings.Repeat("bench-test-secret-", 2)
+	url, _, _ := startServe(t, "--secret", secret, "--max-messages",
+		"100000")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	all := append([]string{"bench", "--url", url, "--secret", secret,
+		"--json"}, args...)
+	if err := run(ctx, all, &out, io.Discard); err != nil {
+		t.Fatalf("bench: %v", err)
+	}
+	var result benchResult
+	if err := json.Unmarshal(out.Bytes(), &result); err != nil {
+		t.Fatalf("bench printed %q: %v", out.String(), err)
+	}
+	return result
+}
+
+func TestBench_CountsEveryDelivery(t *testing.T) {
+	for _, qos := range []string{"0", "1"} {
+		t.Run("qos "+qos, func(t *testing.T) {
+			r := benchAgainst(t, "--subscribers", "3", "--qos", qos,
+				"--duration", "300ms", "--window", "50")
+			if r.Published == 0 || r.Lost != 0 || r.Duplicated != 0 ||
+				r.Delivered != 3*r.Published {
+				t.Fatalf("published %d, delivered %d, lost %d, duplicated "+
+					"%d; want every message to each of 3 subscribers once",
+					r.Published, r.Delivered, r.Lost, r.Duplicated)
+			}
+		})
+	}
+}
+
+func TestBench_RefusesOtherMachines(t *testing.T) {
+	err := run(context.Background(), []string{"bench", "--url",
+		"ws://broker.example.invalid:8080/ws", "--secret", strings.Repeat("s", 32)},
+		io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "not this machine") {
+		t.Fatalf("got %v, want a refusal before any connection", err)
+	}
+}

@@ -1,0 +1,377 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// drainTimeout bounds the wait for the last deliveries after publishing.
+const drainTimeout = 10 * time.Second
+
+// load is one throughput run: its connections and what they counted.
+type load struct {
+	cfg         benchConfig
+	subscribers []*benchSubscriber
+	sent        []atomic.Int64 // per publisher: messages sent
+	confirmed   atomic.Int64   // QoS 1 confirms received
+	progress    chan struct{}  // signalled as subscribers receive
+	latency     latencies
+	cutOff      atomic.Int64
+}
+
+// benchSubscriber is one subscribing connection.
+type benchSubscriber struct {
+	ws       *websocket.Conn
+	received []atomic.Int64 // per publisher: messages received
+	mu       sync.Mutex     // guards seen
+	seen     [][]bool       // per publisher: which indexes arrived
+	dups     atomic.Int64
+	closed   atomic.Bool
+}
+
+// runLoad publishes for the configured duration and reports.
+func runLoad(ctx context.Context, cfg benchConfig, server *benchServer,
+	stderr io.Writer) (benchResult, error) {
+	l := &load{cfg: cfg, sent: make([]atomic.Int64, cfg.publishers),
+		progress: make(chan struct{}, 1)}
+	if err := l.subscribe(ctx); err != nil {
+		return benchResult{}, err
+	}
+	publishers, err := l.connectPublishers(ctx)
+	if err != nil {
+		return benchResult{}, err
+	}
+
+	// Publish until the deadline, then wait (bounded) for the tail.
+	var cpuBefore time.Duration
+	if server != nil {
+		cpuBefore = server.cpu()
+	}
+	start := time.Now()
+	deadline := start.Add(cfg.duration)
+	done := make(chan struct{})
+	go l.showProgress(stderr, start, done)
+	var wg sync.WaitGroup
+	for i, ws := range publishers {
+		wg.Go(func() { l.publish(ctx, i, ws, start, deadline) })
+	}
+	wg.Wait()
+	l.drain()
+	elapsed := time.Since(start)
+	close(done)
+
+	result := l.result(elapsed)
+	if server != nil && result.Delivered > 0 {
+		cpu := server.cpu() - cpuBefore
+		result.ServerCPUPerDeliv = float64(cpu.Microseconds()) /
+			float64(result.Delivered)
+	}
+	for _, s := range l.subscribers {
+		s.ws.CloseNow()
+	}
+	for _, ws := range publishers {
+		ws.CloseNow()
+	}
+	return result, nil
+}
+
+// subscribe connects the subscribers and starts their readers.
+func (l *load) subscribe(ctx context.Context) error {
+	for i := range l.cfg.subscribers {
+		ws, err := benchDial(ctx, l.cfg, fmt.Sprintf("sub-%d", i), l.cfg.batch)
+		if err != nil {
+			return err
+		}
+		if err := subscribeAll(ctx, ws, l.cfg.topics); err != nil {
+			return err
+		}
+		s := &benchSubscriber{ws: ws,
+			received: make([]atomic.Int64, l.cfg.publishers),
+			seen:     make([][]bool, l.cfg.publishers)}
+		l.subscribers = append(l.subscribers, s)
+		go l.read(s)
+	}
+	return nil
+}
+
+// connectPublishers connects the publishers and drains their replies.
+func (l *load) connectPublishers(ctx context.Context) ([]*websocket.Conn,
+	error) {
+	var list []*websocket.Conn
+	for i := range l.cfg.publishers {
+		ws, err := benchDial(ctx, l.cfg, fmt.Sprintf("pub-%d", i), false)
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, ws)
+		go func() {
+			for {
+				_, data, err := ws.Read(context.Background())
+				if err != nil {
+					return
+				}
+				l.confirmed.Add(int64(bytes.Count(data, []byte(`"published"`))))
+			}
+		}()
+	}
+	return list, nil
+}
+
+// publish sends messages from publisher p until the deadline, paced by
+// the rate or held within the window of the slowest subscriber.
+func (l *load) publish(ctx context.Context, p int, ws *websocket.Conn,
+	start, deadline time.Time) {
+	padding := strings.Repeat("x", max(l.cfg.size-48, 1))
+	perPublisher := l.cfg.rate / float64(l.cfg.publishers)
+	var frame []byte
+	for n := int64(0); time.Now().Before(deadline); n++ {
+		if perPublisher > 0 {
+			due := start.Add(time.Duration(float64(n) / perPublisher *
+				float64(time.Second)))
+			time.Sleep(time.Until(due))
+		}
+		if !l.waitForWindow(p, n, deadline) {
+			return
+		}
+		topic := (p + int(n)) % l.cfg.topics
+		frame = fmt.Appendf(frame[:0], `{"type":"publish","topic":"bench/%d",`+
+			`"qos":%d,"payload":{"p":%d,"n":%d,"t":%d,"x":"%s"}}`, topic,
+			l.cfg.qos, p, n, time.Now().UnixNano(), padding)
+		if ws.Write(ctx, websocket.MessageText, frame) != nil {
+			return
+		}
+		l.sent[p].Add(1)
+	}
+}
+
+// waitForWindow holds publisher p until its message n is within the
+// window of every live subscriber, or the deadline passes.
+func (l *load) waitForWindow(p int, n int64, deadline time.Time) bool {
+	for {
+		slowest := n
+		for _, s := range l.subscribers {
+			if !s.closed.Load() {
+				slowest = min(slowest, s.received[p].Load())
+			}
+		}
+		if n-slowest < int64(l.cfg.window) {
+			return true
+		}
+		select {
+		case <-l.progress:
+		case <-time.After(time.Until(deadline)):
+			return false
+		}
+	}
+}
+
+// read counts a subscriber's deliveries until its connection ends.
+func (l *load) read(s *benchSubscriber) {
+	defer s.closed.Store(true)
+	for {
+		_, data, err := s.ws.Read(context.Background())
+		if err != nil {
+			if websocket.CloseStatus(err) == 4008 {
+				l.cutOff.Add(1)
+			}
+			return
+		}
+		now := time.Now().UnixNano()
+		acks := map[string]uint64{}
+		for line := range bytes.SplitSeq(data, []byte("\n")) {
+			l.count(s, line, now, acks)
+		}
+		for topic, seq := range acks {
+			ack := fmt.Sprintf(`{"type":"ack","topic":%q,"seq":%d}`, topic, seq)
+			s.ws.Write(context.Background(), websocket.MessageText, []byte(ack))
+		}
+		select {
+		case l.progress <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// count records one delivery: who sent it, whether it came before, how
+// long it took, and what to ack.
+func (l *load) count(s *benchSubscriber, line []byte, now int64,
+	acks map[string]uint64) {
+	p, okP := field(line, `"p":`)
+	n, okN := field(line, `"n":`)
+	sent, okT := field(line, `"t":`)
+	if !okP || !okN || !okT || int(p) >= len(s.received) {
+		return
+	}
+	l.latency.add(time.Duration(now - sent))
+	s.mu.Lock()
+	for int64(len(s.seen[p])) <= n {
+		s.seen[p] = append(s.seen[p], make([]bool, 1024)...)
+	}
+	if s.seen[p][n] {
+		s.dups.Add(1)
+	} else {
+		s.seen[p][n] = true
+		s.received[p].Add(1)
+	}
+	s.mu.Unlock()
+	if l.cfg.qos == 1 {
+		topic := string(between(line, `"topic":"`, `"`))
+		seq, _ := field(line, `"seq":`)
+		acks[topic] = max(acks[topic], uint64(seq))
+	}
+}
+
+// drain waits, at most drainTimeout, for every subscriber to receive
+// everything sent.
+func (l *load) drain() {
+	deadline := time.Now().Add(drainTimeout)
+	for time.Now().Before(deadline) {
+		if l.caughtUp() {
+			return
+		}
+		select {
+		case <-l.progress:
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// caughtUp reports whether every live subscriber has everything sent.
+func (l *load) caughtUp() bool {
+	for _, s := range l.subscribers {
+		for p := range l.sent {
+			if !s.closed.Load() && s.received[p].Load() < l.sent[p].Load() {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// result summarizes the run.
+func (l *load) result(elapsed time.Duration) benchResult {
+	r := benchResult{Publishers: l.cfg.publishers,
+		Subscribers: l.cfg.subscribers, Topics: l.cfg.topics,
+		PayloadBytes: l.cfg.size, QoS: l.cfg.qos,
+		Seconds: elapsed.Seconds(), CutOff: l.cutOff.Load()}
+	for p := range l.sent {
+		r.Published += l.sent[p].Load()
+	}
+	for _, s := range l.subscribers {
+		r.Duplicated += s.dups.Load()
+		for p := range l.sent {
+			got := s.received[p].Load()
+			r.Delivered += got
+			if !s.closed.Load() {
+				r.Lost += l.sent[p].Load() - got
+			}
+		}
+	}
+	r.PublishedPerSec = float64(r.Published) / elapsed.Seconds()
+	r.DeliveredPerSec = float64(r.Delivered) / elapsed.Seconds()
+	sorted := l.latency.sorted()
+	r.LatencyP50Micros = percentile(sorted, 0.50)
+	r.LatencyP90Micros = percentile(sorted, 0.90)
+	r.LatencyP99Micros = percentile(sorted, 0.99)
+	if len(sorted) > 0 {
+		r.LatencyMaxMicros = percentile(sorted, 1)
+	}
+	return r
+}
+
+// showProgress draws a progress bar on a terminal until done.
+func (l *load) showProgress(w io.Writer, start time.Time,
+	done chan struct{}) {
+	if !isTerminal(w) {
+		return
+	}
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			fmt.Fprint(w, "\r\033[K")
+			return
+		case <-tick.C:
+			part := min(time.Since(start).Seconds()/l.cfg.duration.Seconds(), 1)
+			bar := strings.Repeat("#", int(part*30)) +
+				strings.Repeat(" ", 30-int(part*30))
+			var sent int64
+			for p := range l.sent {
+				sent += l.sent[p].Load()
+			}
+			fmt.Fprintf(w, "\r[%s] %.1fs, %d published", bar,
+				time.Since(start).Seconds(), sent)
+		}
+	}
+}
+
+// runIdle opens idle connections, one subscription each, and reports
+// the server's memory per connection.
+func runIdle(ctx context.Context, cfg benchConfig,
+	server *benchServer) (benchResult, error) {
+	if server == nil {
+		return benchResult{}, fmt.Errorf("--idle measures a server bench " +
+			"starts itself: leave out --url")
+	}
+	before := server.memory()
+	var open []*websocket.Conn
+	defer func() {
+		for _, ws := range open {
+			ws.CloseNow()
+		}
+	}()
+	for i := range cfg.idle {
+		ws, err := benchDial(ctx, cfg, "idle-"+strconv.Itoa(i), false)
+		if err != nil {
+			return benchResult{}, err
+		}
+		open = append(open, ws)
+		frame := fmt.Sprintf(`{"type":"subscribe","topic":"idle/%d"}`, i)
+		ws.Write(ctx, websocket.MessageText, []byte(frame))
+		if _, _, err := ws.Read(ctx); err != nil {
+			return benchResult{}, err
+		}
+	}
+	after := server.memory()
+	return benchResult{IdleConnections: cfg.idle,
+		ServerKiBPerConn: (after - before) / float64(cfg.idle)}, nil
+}
+
+// field reads the integer after key in a frame, without a JSON decoder:
+// the bench must not spend the CPU it is trying to measure.
+func field(line []byte, key string) (int64, bool) {
+	i := bytes.Index(line, []byte(key))
+	if i < 0 {
+		return 0, false
+	}
+	rest := line[i+len(key):]
+	end := 0
+	for end < len(rest) && rest[end] >= '0' && rest[end] <= '9' {
+		end++
+	}
+	n, err := strconv.ParseInt(string(rest[:end]), 10, 64)
+	return n, err == nil
+}
+
+// between returns the bytes after open up to the next close.
+func between(line []byte, open, close string) []byte {
+	i := bytes.Index(line, []byte(open))
+	if i < 0 {
+		return nil
+	}
+	rest := line[i+len(open):]
+	if j := bytes.Index(rest, []byte(close)); j >= 0 {
+		return rest[:j]
+	}
+	return nil
+}
