@@ -152,13 +152,7 @@ func (b *Broker) noteSubscription(kind string, s *subscription) {
 // snapshot copies the broker's tables, one lock at a time.
 func (b *Broker) snapshot() *State {
 	state := &State{Topics: map[string]uint64{}}
-	b.mu.RLock()
-	topics := make([]*topic, 0, len(b.topics))
-	for _, t := range b.topics {
-		topics = append(topics, t)
-	}
-	b.mu.RUnlock()
-	for _, t := range topics {
+	for _, t := range b.topicList() {
 		if !strings.HasPrefix(t.name, "$sys/") {
 			t.mu.Lock()
 			state.Topics[t.name] = t.head

@@ -1790,6 +1790,18 @@ func (b *Broker) connectionList() []*connection {
 	return list
 }
 
+// topicList snapshots the topics, so that each topic's lock can be taken
+// in turn without holding the broker's across them.
+func (b *Broker) topicList() []*topic {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	list := make([]*topic, 0, len(b.topics))
+	for _, t := range b.topics {
+		list = append(list, t)
+	}
+	return list
+}
+
 // redeliver retries c's overdue deliveries and dead-letters exhausted
 // ones. Frames are built under c.mu and sent after it is released.
 func (c *connection) redeliver(now time.Time) {
@@ -1882,21 +1894,28 @@ func (s *subscription) replay(after uint64) {
 	b := s.conn.broker
 	var stuck uint64
 	for {
-		// Everything committed is in the store (delivery waits for the
-		// commit), so the store alone is read.
+		// Everything committed is in the store, but the store may also
+		// hold a batch the committer has synced and not yet fanned out.
+		// Replay stops at the mark read first: what lies beyond it comes
+		// live, and sending it from here as well would send it twice.
+		mark := s.topic.committedSeq()
 		msgs, err := b.store.Read(s.topic.name, after, replayChunk)
 		if err != nil {
 			b.logger.Error("replay read", "topic", s.filter, "err", err)
 			s.conn.cutOff("log unreadable")
 			return
 		}
+		sent := 0
 		for _, m := range msgs {
+			if m.Seq > mark {
+				break
+			}
 			if !s.conn.deliverReplay(s, m) {
 				return
 			}
-			after = m.Seq
+			after, sent = m.Seq, sent+1
 		}
-		if len(msgs) > 0 {
+		if sent > 0 {
 			continue
 		}
 
@@ -1912,6 +1931,13 @@ func (s *subscription) replay(after uint64) {
 		}
 		stuck = newest
 	}
+}
+
+// committedSeq reads the topic's committed mark.
+func (t *topic) committedSeq() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.committed
 }
 
 // goLive turns s live if nothing after seq is committed; otherwise it
@@ -2177,15 +2203,7 @@ func (b *Broker) retentionLoop() {
 // expire trims from every topic the messages older than cutoff (Unix ms).
 // Timestamps only grow within a topic, so the old ones are a prefix.
 func (b *Broker) expire(cutoff int64) {
-	// Snapshot the topic list, then take each topic's lock in turn: the
-	// broker's lock is never held across a topic's.
-	b.mu.RLock()
-	topics := make([]*topic, 0, len(b.topics))
-	for _, t := range b.topics {
-		topics = append(topics, t)
-	}
-	b.mu.RUnlock()
-	for _, t := range topics {
+	for _, t := range b.topicList() {
 		t.mu.Lock()
 		n := 0
 		for n < len(t.index) && t.index[n].timestamp < cutoff {
