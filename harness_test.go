@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http/httptest"
 	"path/filepath"
 	"runtime"
@@ -384,7 +385,7 @@ func (s *memoryStore) Read(topic string, after uint64,
 func (s *memoryStore) Topics() (map[string]uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return maps(s.heads), nil
+	return maps.Clone(s.heads), nil
 }
 
 // Cursor returns a stored cursor.
@@ -401,15 +402,6 @@ func (s *memoryStore) Close() error {
 	defer s.mu.Unlock()
 	s.closed = true
 	return nil
-}
-
-// maps copies a map.
-func maps[K comparable, V any](m map[K]V) map[K]V {
-	out := make(map[K]V, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 // jwtTime converts a time for a token's claims.

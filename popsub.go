@@ -60,6 +60,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -669,10 +670,7 @@ func (b *Broker) unregister(c *connection) {
 	// before the subscriptions they work for are taken apart.
 	close(c.done)
 	c.mu.Lock()
-	subs := make([]*subscription, 0, len(c.subscriptions))
-	for _, s := range c.subscriptions {
-		subs = append(subs, s)
-	}
+	subs := slices.Collect(maps.Values(c.subscriptions))
 	c.mu.Unlock()
 	for _, s := range subs {
 		b.unsubscribe(s)
@@ -1453,11 +1451,10 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 	}
 	// After Shutdown the committer is gone, and a QoS 1 confirm would
 	// never come.
-	b.mu.RLock()
-	closing := b.closing
-	b.mu.RUnlock()
-	if closing {
+	select {
+	case <-b.stop:
 		return 0, ErrClosed
+	default:
 	}
 	seq, _, synced := b.publish(m)
 	if qos == 0 {
@@ -1783,11 +1780,7 @@ func (b *Broker) connectionList() []*connection {
 	// their tables are empty by then, so the visit does nothing.
 	b.mu.RLock()
 	defer b.mu.RUnlock()
-	list := make([]*connection, 0, len(b.connections))
-	for c := range b.connections {
-		list = append(list, c)
-	}
-	return list
+	return slices.Collect(maps.Keys(b.connections))
 }
 
 // topicList snapshots the topics, so that each topic's lock can be taken
@@ -1795,11 +1788,7 @@ func (b *Broker) connectionList() []*connection {
 func (b *Broker) topicList() []*topic {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
-	list := make([]*topic, 0, len(b.topics))
-	for _, t := range b.topics {
-		list = append(list, t)
-	}
-	return list
+	return slices.Collect(maps.Values(b.topics))
 }
 
 // redeliver retries c's overdue deliveries and dead-letters exhausted
