@@ -260,24 +260,8 @@ func benchDial(ctx context.Context, c benchConfig, name string,
 	if err != nil {
 		return nil, err
 	}
-	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	ws, _, err := websocket.Dial(dialCtx, c.url, nil)
-	if err != nil {
-		return nil, fmt.Errorf("connect %s: %w", name, err)
-	}
-	ws.SetReadLimit(-1)
-	auth, _ := json.Marshal(map[string]any{"type": "auth", "token": token,
+	return dialAuthenticated(ctx, c.url, map[string]any{"token": token,
 		"batch": batch, "client": name})
-	if err := ws.Write(dialCtx, websocket.MessageText, auth); err != nil {
-		return nil, err
-	}
-	_, reply, err := ws.Read(dialCtx)
-	if err != nil || !strings.Contains(string(reply), `"authenticated"`) {
-		ws.CloseNow()
-		return nil, fmt.Errorf("auth %s: %s %v", name, reply, err)
-	}
-	return ws, nil
 }
 
 // subscribeAll subscribes ws to every bench topic, live only, and waits

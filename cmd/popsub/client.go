@@ -73,27 +73,40 @@ func connect(ctx context.Context, f clientFlags) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
+	ws, err := dialAuthenticated(ctx, f.url, map[string]any{"token": tok})
+	if err != nil {
+		return nil, err
+	}
+	return &session{ws: ws}, nil
+}
+
+// dialAuthenticated connects to url and sends an auth frame with the
+// given fields (token, and batch or client if wanted), returning once
+// the broker has said "authenticated". The bench uses it too.
+func dialAuthenticated(ctx context.Context, url string,
+	auth map[string]any) (*websocket.Conn, error) {
 	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	ws, _, err := websocket.Dial(dialCtx, f.url, nil)
+	ws, _, err := websocket.Dial(dialCtx, url, nil)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", f.url, err)
+		return nil, fmt.Errorf("connect to %s: %w", url, err)
 	}
 	ws.SetReadLimit(-1)
 	s := &session{ws: ws}
-	if err := s.send(ctx, map[string]any{"type": "auth",
-		"token": tok}); err != nil {
-		return nil, err
-	}
-	reply, _, err := s.read(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if reply.Type != "authenticated" {
+	auth["type"] = "auth"
+	if err := s.send(dialCtx, auth); err != nil {
 		ws.CloseNow()
-		return nil, fmt.Errorf("authentication refused: %s", reply.Message)
+		return nil, err
 	}
-	return s, nil
+	reply, _, err := s.read(dialCtx)
+	if err == nil && reply.Type != "authenticated" {
+		err = fmt.Errorf("authentication refused: %s", reply.Message)
+	}
+	if err != nil {
+		ws.CloseNow()
+		return nil, err
+	}
+	return ws, nil
 }
 
 // send writes v as one JSON frame.
