@@ -226,8 +226,9 @@ func (s *BoltStore) Close() error {
 }
 
 // encodeRecord appends to buffer m as JSON behind a 4-byte CRC-32
-// (Castagnoli) of the JSON. It is written by hand, like the delivery frame, because it
-// runs once per message; decodeRecord reads it with encoding/json.
+// (Castagnoli) of the JSON. It is written by hand, like the delivery
+// frame, because it runs once per message; decodeRecord reads it with
+// encoding/json.
 func encodeRecord(buffer []byte, m *Message) []byte {
 	start := len(buffer)
 	buffer = append(buffer, 0, 0, 0, 0)

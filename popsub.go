@@ -48,7 +48,7 @@
 //	$ popsub client pub chat '"hello"' --qos 1
 //	{"type":"published","topic":"chat","message_id":"…","seq":1}
 //	$ popsub client sub chat
-//	{"type":"message","topic":"chat","payload":"hello",…,"seq":1,"attempt":1}
+//	{"type":"message","topic":"chat","payload":"hello",…,"seq":1,…}
 package popsub
 
 import (

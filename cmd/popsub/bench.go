@@ -116,7 +116,8 @@ func parseBench(args []string, stderr io.Writer) (benchConfig, error) {
 		"publishers; 0: as fast as the slowest subscriber allows")
 	fs.IntVar(&c.window, "window", 1000, "most messages a publisher may be "+
 		"ahead of the slowest subscriber")
-	fs.DurationVar(&c.duration, "duration", 5*time.Second, "how long to publish")
+	fs.DurationVar(&c.duration, "duration", 5*time.Second,
+		"how long to publish")
 	fs.IntVar(&c.idle, "idle", 0, "instead, open N idle connections with "+
 		"one subscription each and report server memory per connection")
 	fs.BoolVar(&c.batch, "batch", true, "subscribers take several messages "+
@@ -268,8 +269,10 @@ func benchDial(ctx context.Context, c benchConfig, name string,
 // for each reply.
 func subscribeAll(ctx context.Context, ws *websocket.Conn, topics int) error {
 	for i := range topics {
-		frame := fmt.Sprintf(`{"type":"subscribe","topic":"bench/%d","last":0}`, i)
-		if err := ws.Write(ctx, websocket.MessageText, []byte(frame)); err != nil {
+		frame := fmt.Appendf(nil,
+			`{"type":"subscribe","topic":"bench/%d","last":0}`, i)
+		err := ws.Write(ctx, websocket.MessageText, frame)
+		if err != nil {
 			return err
 		}
 	}
@@ -300,8 +303,8 @@ func printBench(w io.Writer, asJSON bool, r benchResult) error {
 		r.Published, r.PublishedPerSec, r.Delivered, r.DeliveredPerSec)
 	fmt.Fprintf(w, "lost %d, duplicated %d, cut off %d\n", r.Lost,
 		r.Duplicated, r.CutOff)
-	fmt.Fprintf(w, "latency p50 %.0fµs, p90 %.0fµs, p99 %.0fµs, max %.0fµs\n",
-		r.LatencyP50Micros, r.LatencyP90Micros, r.LatencyP99Micros,
+	fmt.Fprintf(w, "latency p50 %.0fµs, p90 %.0fµs, p99 %.0fµs, "+
+		"max %.0fµs\n", r.LatencyP50Micros, r.LatencyP90Micros, r.LatencyP99Micros,
 		r.LatencyMaxMicros)
 	if r.ServerCPUPerDeliv > 0 {
 		fmt.Fprintf(w, "server CPU per delivery %.2fµs\n", r.ServerCPUPerDeliv)

@@ -49,7 +49,8 @@ func TestBench_CountsEveryDelivery(t *testing.T) {
 
 func TestBench_RefusesOtherMachines(t *testing.T) {
 	err := run(context.Background(), []string{"bench", "--url",
-		"ws://broker.example.invalid:8080/ws", "--secret", strings.Repeat("s", 32)},
+		"ws://broker.example.invalid:8080/ws", "--secret",
+		strings.Repeat("s", 32)},
 		io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "not this machine") {
 		t.Fatalf("got %v, want a refusal before any connection", err)

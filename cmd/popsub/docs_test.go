@@ -182,7 +182,8 @@ func (s *docServer) start(args, expected []string, where string) {
 	s.stop, s.clients = stop, map[string]*docClient{}
 	s.address, s.token = "", ""
 	for _, line := range banner {
-		if rest, ok := strings.CutPrefix(line, "popsub listening on http://"); ok {
+		rest, ok := strings.CutPrefix(line, "popsub listening on http://")
+		if ok {
 			s.address = strings.Fields(rest)[0]
 		}
 		if _, token, ok := strings.Cut(line, "#token="); ok {
@@ -402,7 +403,8 @@ func (s *docServer) frame(name, line, where string) {
 		defer cancel()
 		for {
 			if _, _, err := c.ws.Read(ctx); err != nil {
-				if code := websocket.CloseStatus(err); fmt.Sprint(int(code)) != body {
+				code := websocket.CloseStatus(err)
+				if fmt.Sprint(int(code)) != body {
 					s.t.Errorf("%s: %s closed with %d, the doc shows %s",
 						where, name, code, body)
 				}
@@ -411,7 +413,8 @@ func (s *docServer) frame(name, line, where string) {
 			}
 		}
 	default:
-		s.t.Fatalf("%s: a frame line starts with →, ← or ✕: %q", where, line)
+		s.t.Fatalf("%s: a frame line starts with →, ← or ✕: %q", where,
+			line)
 	}
 }
 

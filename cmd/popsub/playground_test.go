@@ -119,11 +119,13 @@ func TestPlayground_ShowsARetryAndItsAck(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if err := chromedp.Do(ctx, chromedp.WaitVisible(css("#banner.down"))); err != nil {
+	err = chromedp.Do(ctx, chromedp.WaitVisible(css("#banner.down")))
+	if err != nil {
 		t.Fatalf("the page did not notice the server was gone: %v", err)
 	}
 	startServe(t, "--addr", address, "--secret", secret)
-	if err := chromedp.Do(ctx, chromedp.WaitVisible(css("#banner.up"))); err != nil {
+	err = chromedp.Do(ctx, chromedp.WaitVisible(css("#banner.up")))
+	if err != nil {
 		t.Fatalf("the page did not reconnect: %v", err)
 	}
 }
