@@ -49,7 +49,7 @@ func countEvents(t *testing.T, c *client, counts map[string]int,
 }
 
 func TestEvents_EachTransitionEmitsExactlyOneEvent(t *testing.T) {
-	ts := startBroker(t, Options{AckTimeout: 20 * time.Millisecond,
+	ts := startBroker(t, Options{AckTimeout: 250 * time.Millisecond,
 		MaxRetries: 1, MaxInflight: 1})
 	xray := ts.dialWith("xray", Claims{Subscribe: []string{"$sys/#"}})
 	watch(t, xray)

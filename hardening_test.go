@@ -255,11 +255,11 @@ func TestBroker_Limits(t *testing.T) {
 		})
 	t.Run("publishing faster than the rate gets rate_limited",
 		func(t *testing.T) {
-			ts := startBroker(t, Options{PublishRate: 2})
+			// One publish every two seconds, a burst of one: the second
+			// is refused unless two seconds pass between them.
+			ts := startBroker(t, Options{PublishRate: 0.5})
 			c := ts.dial("chatty")
-			for range 2 {
-				c.publish("chat", 1, 1, "")
-			}
+			c.publish("chat", 1, 1, "")
 			c.send(map[string]any{"type": "publish", "topic": "chat",
 				"payload": 1})
 			c.expectError("rate_limited")

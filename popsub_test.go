@@ -18,7 +18,7 @@ import (
 // testing/synctest to run the retry and retention clocks in fake time.
 
 func TestBroker_Authentication(t *testing.T) {
-	ts := startBroker(t, Options{AuthTimeout: 100 * time.Millisecond})
+	ts := startBroker(t, Options{})
 	sign := func(method jwt.SigningMethod, key any, claims jwt.Claims) string {
 		tok, err := jwt.NewWithClaims(method, claims).SignedString(key)
 		if err != nil {
@@ -70,7 +70,9 @@ func TestBroker_Authentication(t *testing.T) {
 			c.expectClose(CloseAuthFailed)
 		})
 	t.Run("a silent connection is closed with 4001", func(t *testing.T) {
-		c := dialRaw(t, ts.url, "eve")
+		impatient := startBroker(t, Options{
+			AuthTimeout: 100 * time.Millisecond})
+		c := dialRaw(t, impatient.url, "eve")
 		c.expectClose(CloseAuthFailed)
 	})
 	t.Run("a re-auth with a fresh token keeps the session",
@@ -83,7 +85,9 @@ func TestBroker_Authentication(t *testing.T) {
 }
 
 func TestBroker_AcksArePerSubscriber(t *testing.T) {
-	ts := startBroker(t, Options{AckTimeout: 30 * time.Millisecond})
+	// Long enough for alice's ack to arrive on a loaded machine, short
+	// enough that bob's retries come at once.
+	ts := startBroker(t, Options{AckTimeout: 250 * time.Millisecond})
 	alice, bob := ts.dial("alice"), ts.dial("bob")
 	publisher := ts.dial("publisher")
 	alice.subscribe("jobs", nil)
@@ -126,7 +130,7 @@ func TestBroker_AcksArePerSubscriber(t *testing.T) {
 }
 
 func TestBroker_DeadLetters(t *testing.T) {
-	ts := startBroker(t, Options{AckTimeout: 20 * time.Millisecond,
+	ts := startBroker(t, Options{AckTimeout: 100 * time.Millisecond,
 		MaxRetries: 2})
 	worker := ts.dial("worker")
 	operator := ts.dialWith("operator", Claims{Subscribe: []string{"$dead/#"}})
@@ -155,6 +159,7 @@ func TestBroker_DeadLetters(t *testing.T) {
 	if fmt.Sprint(letter) != fmt.Sprint(want) {
 		t.Fatalf("dead letter = %+v, want %+v", letter, want)
 	}
+	operator.quiet()
 	worker.quiet()
 	if n := pendingCount(ts.broker); n != 0 {
 		t.Fatalf("pending entries = %d, want 0", n)
@@ -162,7 +167,7 @@ func TestBroker_DeadLetters(t *testing.T) {
 }
 
 func TestBroker_ReplayKeepsOriginalIdentity(t *testing.T) {
-	ts := startBroker(t, Options{AckTimeout: 30 * time.Millisecond})
+	ts := startBroker(t, Options{AckTimeout: 250 * time.Millisecond})
 	watcher, publisher := ts.dial("watcher"), ts.dial("publisher")
 	watcher.subscribe("news", nil)
 	publisher.publish("news", "zero", 0, "n-0")
