@@ -4,7 +4,7 @@
 // no extra step.
 package playground
 
-//go:generate go tool templ generate
+//go:generate go tool templ generate -path ..
 //go:generate go run ./build
 
 import (
