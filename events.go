@@ -124,8 +124,12 @@ func (b *Broker) noteMessage(kind string, c *connection, m *Message,
 	b.emit(e)
 }
 
-// noteConnection emits a connection's transition.
+// noteConnection emits a connection's transition. A connection that
+// never authenticated was never announced, and leaves no event either.
 func (b *Broker) noteConnection(kind string, c *connection, reason string) {
+	if c.sub == "" {
+		return
+	}
 	b.emit(Event{Kind: kind, Conn: c.id, Client: c.client, Sub: c.sub,
 		Reason: reason})
 }

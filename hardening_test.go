@@ -380,3 +380,25 @@ func countOpenFiles(t *testing.T) int {
 	}
 	return len(entries)
 }
+
+func TestBroker_LeavingStopsTheExpiryTimer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ps := startPipeBroker(t, Options{})
+		defer ps.stop()
+		c := ps.dial("alice")
+		c.authenticate(tokenUntil(t, "alice", time.Now().Add(24*time.Hour)))
+		c.quiet()
+		connections := ps.broker.connectionList()
+		if len(connections) != 1 {
+			t.Fatalf("%d connections, want 1", len(connections))
+		}
+
+		// A timer left running would hold the connection, and its
+		// outbox, in memory for the token's remaining day.
+		c.ws.CloseNow()
+		synctest.Wait()
+		if connections[0].expiry.Stop() {
+			t.Fatal("the expiry timer was still running after the client left")
+		}
+	})
+}

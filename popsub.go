@@ -667,8 +667,12 @@ func (b *Broker) register(c *connection) bool {
 // an ordinary one has nobody left to deliver them to.
 func (b *Broker) unregister(c *connection) {
 	// Closing done first stops the writer, the confirmer and any replayer
-	// before the subscriptions they work for are taken apart.
+	// before the subscriptions they work for are taken apart; a pending
+	// expiry timer would keep the whole connection alive until it fired.
 	close(c.done)
+	if c.expiry != nil {
+		c.expiry.Stop()
+	}
 	c.mu.Lock()
 	subs := slices.Collect(maps.Values(c.subscriptions))
 	c.mu.Unlock()
@@ -680,9 +684,7 @@ func (b *Broker) unregister(c *connection) {
 	delete(b.connections, c)
 	b.mu.Unlock()
 	b.logger.Info("disconnected", "sub", c.sub, "remote", c.remote)
-	if c.sub != "" {
-		b.noteConnection("disconnected", c, "")
-	}
+	b.noteConnection("disconnected", c, "")
 	b.closed.Done()
 }
 
@@ -729,12 +731,11 @@ func (c *connection) authenticate() bool {
 		if !ok {
 			return false
 		}
-		var f frame
-		err := json.Unmarshal(data, &f)
+		f, problem := decodeFrame(data)
 		switch {
-		case err == nil && f.Type == "login":
+		case problem.Type == "" && f.Type == "login":
 			c.write(c.broker.login(f, c.remote))
-		case err == nil && f.Type == "auth":
+		case problem.Type == "" && f.Type == "auth":
 			return c.accept(f)
 		default:
 			c.refuse("unauthenticated", "must authenticate first")
