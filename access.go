@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -16,10 +17,57 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 )
 
-// This file holds who may do what, and how often: signing tokens, the
-// login frame with its password hashing and throttling, and the publish
-// rate limit. popsub.go decides when each is checked and what follows;
+// This file holds who may do what, and how often: the claims of a token
+// and how they are checked and signed, the login frame with its password
+// hashing and throttling, and the publish rate limit. popsub.go decides when each is checked and what follows;
 // here is how.
+
+// Claims are what a token says about its holder: who (sub), until when
+// (exp), and optionally which topics it may publish and subscribe to.
+type Claims struct {
+	jwt.RegisteredClaims
+	// Publish lists the filters the holder may publish to; nil means
+	// every ordinary topic (none starting with $).
+	Publish []string `json:"publish,omitempty"`
+	// Subscribe lists the filters the holder may subscribe to; nil means
+	// every ordinary topic. $sys/… and $dead/… need an explicit grant.
+	Subscribe []string `json:"subscribe,omitempty"`
+}
+
+// verify checks a token: HS256 only (so neither alg none nor an RSA key
+// passed off as an HMAC secret gets through), exp and sub required, and
+// iss and aud when the broker is configured with them.
+func (b *Broker) verify(token string) (*Claims, error) {
+	// The length cap comes before parsing: a forged token cannot make the
+	// parser decode megabytes of base64.
+	if len(token) == 0 || len(token) > maxTokenBytes {
+		return nil, errors.New("token missing or too long")
+	}
+	options := []jwt.ParserOption{jwt.WithValidMethods([]string{"HS256"}),
+		jwt.WithExpirationRequired(), jwt.WithLeeway(tokenLeeway)}
+	if b.opts.Issuer != "" {
+		options = append(options, jwt.WithIssuer(b.opts.Issuer))
+	}
+	if b.opts.Audience != "" {
+		options = append(options, jwt.WithAudience(b.opts.Audience))
+	}
+	claims := &Claims{}
+	_, err := jwt.ParseWithClaims(token, claims,
+		func(*jwt.Token) (any, error) { return b.opts.Secret, nil },
+		options...)
+	if err != nil {
+		return nil, err
+	}
+	if claims.Subject == "" {
+		return nil, errors.New("token has no sub")
+	}
+	return claims, nil
+}
+
+// untilExpiry is how long a verified token has left, leeway included.
+func untilExpiry(claims *Claims) time.Duration {
+	return time.Until(claims.ExpiresAt.Time) + tokenLeeway
+}
 
 // Sign signs the claims with secret, HS256.
 func (c Claims) Sign(secret []byte) (string, error) {

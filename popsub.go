@@ -71,7 +71,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/coder/websocket"
-	"github.com/golang-jwt/jwt/v5"
 )
 
 // # Options, messages and frames
@@ -505,48 +504,6 @@ func (t *topic) firstSeq() uint64 {
 // a fresh auth frame came first. A cookie would have been simpler for
 // browsers, and would let any page a user visits ride their session.
 
-// Claims are what a token says about its holder: who (sub), until when
-// (exp), and optionally which topics it may publish and subscribe to.
-type Claims struct {
-	jwt.RegisteredClaims
-	// Publish lists the filters the holder may publish to; nil means
-	// every ordinary topic (none starting with $).
-	Publish []string `json:"publish,omitempty"`
-	// Subscribe lists the filters the holder may subscribe to; nil means
-	// every ordinary topic. $sys/… and $dead/… need an explicit grant.
-	Subscribe []string `json:"subscribe,omitempty"`
-}
-
-// verify checks a token: HS256 only (so neither alg none nor an RSA key
-// passed off as an HMAC secret gets through), exp and sub required, and
-// iss and aud when the broker is configured with them.
-func (b *Broker) verify(token string) (*Claims, error) {
-	// The length cap comes before parsing: a forged token cannot make the
-	// parser decode megabytes of base64.
-	if len(token) == 0 || len(token) > maxTokenBytes {
-		return nil, errors.New("token missing or too long")
-	}
-	options := []jwt.ParserOption{jwt.WithValidMethods([]string{"HS256"}),
-		jwt.WithExpirationRequired(), jwt.WithLeeway(tokenLeeway)}
-	if b.opts.Issuer != "" {
-		options = append(options, jwt.WithIssuer(b.opts.Issuer))
-	}
-	if b.opts.Audience != "" {
-		options = append(options, jwt.WithAudience(b.opts.Audience))
-	}
-	claims := &Claims{}
-	_, err := jwt.ParseWithClaims(token, claims,
-		func(*jwt.Token) (any, error) { return b.opts.Secret, nil },
-		options...)
-	if err != nil {
-		return nil, err
-	}
-	if claims.Subject == "" {
-		return nil, errors.New("token has no sub")
-	}
-	return claims, nil
-}
-
 // connection is one WebSocket client, from its upgrade until it leaves.
 // Fields above mu are set before the writer starts, or belong to one
 // goroutine as noted; those below are shared and guarded by mu.
@@ -574,7 +531,7 @@ type connection struct {
 	refilled time.Time
 	// outbox queues frames for the writer, at most Options.Outbox. A nil
 	// frame tells the writer to close with closeCode and closeWhy.
-	outbox    chan []byte
+	outbox    outbox
 	closeCode websocket.StatusCode
 	closeWhy  string
 	// room is signalled when the writer drains a frame or an ack frees
@@ -614,9 +571,8 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	// Accept checks the Origin header: a page from another site, running
 	// in a user's browser, may not open a socket unless allowed.
-	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
-		OriginPatterns: b.opts.OriginPatterns,
-	})
+	ws, err := websocket.Accept(w, r,
+		&websocket.AcceptOptions{OriginPatterns: b.opts.OriginPatterns})
 	if err != nil {
 		b.logger.Debug("upgrade refused", "remote", r.RemoteAddr, "err", err)
 		return
@@ -638,11 +594,11 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // newConnection prepares the state of a freshly upgraded connection.
 func (b *Broker) newConnection(ws *websocket.Conn, remote string) *connection {
-	// The outbox is the only per-connection buffer that grows with load,
-	// and it is allocated at its full, bounded size up front.
+	// The outbox is the only per-connection buffer that grows with load;
+	// it starts empty and grows only as far as its bound.
 	return &connection{broker: b, ws: ws, remote: remote,
 		id:     connectionIDs.Add(1),
-		outbox: make(chan []byte, b.opts.Outbox),
+		outbox: outbox{limit: b.opts.Outbox, ready: make(chan struct{}, 1)},
 		room:   make(chan struct{}, 1), done: make(chan struct{}),
 		subscriptions: map[string]*subscription{},
 		pending:       map[pendingKey]*pending{}}
@@ -767,11 +723,6 @@ func (c *connection) accept(f frame) bool {
 	return true
 }
 
-// untilExpiry is how long a verified token has left, leeway included.
-func untilExpiry(claims *Claims) time.Duration {
-	return time.Until(claims.ExpiresAt.Time) + tokenLeeway
-}
-
 // expire closes a connection whose token ran out without a fresh auth.
 // It runs on the timer's goroutine.
 func (c *connection) expire() {
@@ -893,37 +844,64 @@ func (c *connection) reauthenticate(f frame) {
 // subscriber off with 4008. Nothing retained is lost: it resumes from the
 // log with "after", or from its durable cursor.
 
+// outbox is a connection's queue of frames for its writer, at most limit
+// long. A channel of that capacity would be simpler, but it allocates
+// every slot up front: a thousand of them for every idle connection. This
+// queue grows with a burst and gives the memory back once drained.
+type outbox struct {
+	mu     sync.Mutex    // guards frames
+	frames [][]byte      // queued, oldest first
+	limit  int           // Options.Outbox
+	ready  chan struct{} // signalled (capacity 1) when frames are added
+}
+
+// push queues data unless the outbox is full.
+func (o *outbox) push(data []byte) bool {
+	o.mu.Lock()
+	if len(o.frames) >= o.limit {
+		o.mu.Unlock()
+		return false
+	}
+	o.frames = append(o.frames, data)
+	o.mu.Unlock()
+	notify(o.ready)
+	return true
+}
+
+// take moves every queued frame into batch, in order, and returns it.
+func (o *outbox) take(batch [][]byte) [][]byte {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	batch = append(batch, o.frames...)
+	clear(o.frames)
+	o.frames = o.frames[:0]
+	if cap(o.frames) > 64 {
+		o.frames = nil
+	}
+	return batch
+}
+
+// size is how many frames are queued.
+func (o *outbox) size() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.frames)
+}
+
 // writeLoop is the connection's only writer. It owns the socket's write
-// side until the reader returns; a nil frame means "close now". It also
-// pings the peer: one that has not answered by the next tick is closed.
+// side until the reader returns. It also pings the peer: one that has
+// not answered by the next tick is closed.
 func (c *connection) writeLoop() {
 	ping := time.NewTicker(c.broker.opts.PingInterval)
 	defer ping.Stop()
+	var batch [][]byte
 	var buffer []byte
 	for {
 		select {
-		case data := <-c.outbox:
-			if data == nil {
-				c.ws.Close(c.closeCode, c.closeWhy)
-				return
-			}
-
-			// A client that opted into batches gets everything queued in
-			// one frame; the buffer is reused, as Write copies it out.
-			closing := false
-			if c.batch {
-				buffer, closing = c.gather(append(buffer[:0], data...))
-				data = buffer
-			}
-			err := c.ws.Write(context.Background(), websocket.MessageText,
-				data)
-			if err != nil {
-				c.ws.CloseNow()
-				return
-			}
-			c.signalRoom()
-			if closing {
-				c.ws.Close(c.closeCode, c.closeWhy)
+		case <-c.outbox.ready:
+			var ok bool
+			batch = c.outbox.take(batch[:0])
+			if buffer, ok = c.flush(batch, buffer); !ok {
 				return
 			}
 		case <-ping.C:
@@ -934,21 +912,34 @@ func (c *connection) writeLoop() {
 	}
 }
 
-// gather appends every frame already queued to buffer, newline-separated,
-// for clients that asked for batches, and reports whether a close marker
-// was among them. One write then carries many deliveries: the biggest
-// single saving in CPU per delivery, because each write is a system call.
-func (c *connection) gather(buffer []byte) ([]byte, bool) {
-	// Only what is queued now: waiting for more would trade latency for
-	// fewer writes, and the next round collects whatever arrives.
-	for range len(c.outbox) {
-		data := <-c.outbox
+// flush writes a batch of frames and reports false once the socket is
+// done with: a write failed, or a nil frame asked for the close. A client
+// that opted into batches gets runs of frames joined by newlines in one
+// write: the biggest single saving in CPU per delivery, because each
+// write is a system call. The buffer is reused; Write copies it out.
+func (c *connection) flush(batch [][]byte, buffer []byte) ([]byte, bool) {
+	for len(batch) > 0 {
+		data, n := batch[0], 1
 		if data == nil {
-			return buffer, true
+			c.ws.Close(c.closeCode, c.closeWhy)
+			return buffer, false
 		}
-		buffer = append(append(buffer, '\n'), data...)
+		if c.batch {
+			buffer = append(buffer[:0], data...)
+			for ; n < len(batch) && batch[n] != nil; n++ {
+				buffer = append(append(buffer, '\n'), batch[n]...)
+			}
+			data = buffer
+		}
+		err := c.ws.Write(context.Background(), websocket.MessageText, data)
+		if err != nil {
+			c.ws.CloseNow()
+			return buffer, false
+		}
+		batch = batch[n:]
+		notify(c.room)
 	}
-	return buffer, false
+	return buffer, true
 }
 
 // keepalive pings the peer and closes the socket if no pong comes back
@@ -967,14 +958,6 @@ func (c *connection) keepalive() {
 	}
 }
 
-// signalRoom wakes one replayer waiting for room, if any.
-func (c *connection) signalRoom() {
-	select {
-	case c.room <- struct{}{}:
-	default:
-	}
-}
-
 // reply queues r, waiting for room: the client asked for it.
 func (c *connection) reply(r reply) {
 	data, _ := json.Marshal(r)
@@ -982,26 +965,28 @@ func (c *connection) reply(r reply) {
 }
 
 // enqueue queues data, waiting for room or for the connection to end.
+// The poll covers a wake-up taken by another waiter on this connection.
 func (c *connection) enqueue(data []byte) bool {
-	select {
-	case c.outbox <- data:
-		return true
-	case <-c.done:
-		return false
+	for !c.outbox.push(data) {
+		select {
+		case <-c.room:
+		case <-time.After(10 * time.Millisecond):
+		case <-c.done:
+			return false
+		}
 	}
+	return true
 }
 
 // offer queues data without waiting; a full outbox cuts the client off.
 func (c *connection) offer(data []byte) bool {
-	// The only non-blocking send to the outbox; everything that may wait
-	// uses enqueue.
-	select {
-	case c.outbox <- data:
-		return true
-	default:
+	// The only send that never waits; everything that may wait uses
+	// enqueue.
+	if !c.outbox.push(data) {
 		c.cutOff("outbox full")
 		return false
 	}
+	return true
 }
 
 // cutOff disconnects a slow consumer with 4008. It never blocks and takes
@@ -1681,7 +1666,7 @@ func (c *connection) ack(f frame) {
 		return
 	}
 	c.mu.Lock()
-	defer c.signalRoom()
+	defer notify(c.room)
 	defer c.mu.Unlock()
 
 	// With a topic and ids, each ack is one map look-up. The other forms
@@ -1956,7 +1941,8 @@ func (c *connection) deliverReplay(s *subscription, m *Message) bool {
 	// (counted over the whole connection) at most half used.
 	half := c.broker.opts.MaxInflight / 2
 	for {
-		if len(c.outbox) < cap(c.outbox)/2+1 && c.track(s, m, max(half, 1)) {
+		if c.outbox.size() < c.outbox.limit/2+1 &&
+			c.track(s, m, max(half, 1)) {
 			return c.enqueue(appendDelivery(nil, m, 1))
 		}
 
@@ -2065,7 +2051,7 @@ func (c *committer) append(m *Message) *flush {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.queued.Messages = append(c.queued.Messages, m)
-	c.signal()
+	notify(c.wake)
 	return c.next
 }
 
@@ -2074,7 +2060,7 @@ func (c *committer) trim(topic string, seq uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.queued.Trims[topic] = max(c.queued.Trims[topic], seq)
-	c.signal()
+	notify(c.wake)
 }
 
 // saveCursor queues a durable cursor's new position. Only the newest
@@ -2083,7 +2069,7 @@ func (c *committer) saveCursor(key string, position uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.queued.Cursors[key] = position
-	c.signal()
+	notify(c.wake)
 }
 
 // barrier returns a flush that completes once everything queued so far
@@ -2093,7 +2079,7 @@ func (c *committer) barrier() *flush {
 	// covers everything queued before, even with nothing queued itself.
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.signal()
+	notify(c.wake)
 	return c.next
 }
 
@@ -2114,14 +2100,6 @@ func (c *committer) cursor(key string) (uint64, bool, error) {
 	}
 	c.mu.Unlock()
 	return c.broker.store.Cursor(key)
-}
-
-// signal wakes the loop. The caller holds c.mu.
-func (c *committer) signal() {
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
 }
 
 // loop commits queued batches until stop, then commits what is left.
@@ -2165,7 +2143,7 @@ func (c *committer) stop() {
 	// is queued and return.
 	c.mu.Lock()
 	c.stopped = true
-	c.signal()
+	notify(c.wake)
 	c.mu.Unlock()
 	<-c.ended
 }
@@ -2415,6 +2393,15 @@ func newID() string {
 	var raw [16]byte
 	rand.Read(raw[:])
 	return hex.EncodeToString(raw[:])
+}
+
+// notify signals ch, a channel of capacity one, without waiting: a signal
+// already pending says the same.
+func notify(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
 }
 
 // orDefault returns v, or fallback when v is zero.

@@ -186,7 +186,8 @@ func corrupt(t *testing.T, store *BoltStore, topic string, seq uint64) {
 // its frames collect in its outbox.
 func fakeConnection(b *Broker, sub string) *connection {
 	c := &connection{broker: b, sub: sub, remote: "test", claims: &Claims{},
-		outbox: make(chan []byte, 64), room: make(chan struct{}, 1),
+		outbox:        outbox{limit: 64, ready: make(chan struct{}, 1)},
+		room:          make(chan struct{}, 1),
 		done:          make(chan struct{}),
 		subscriptions: map[string]*subscription{},
 		pending:       map[pendingKey]*pending{}}
@@ -197,11 +198,21 @@ func fakeConnection(b *Broker, sub string) *connection {
 // nextFrame takes the next frame from a fake connection's outbox.
 func nextFrame(t *testing.T, c *connection) got {
 	t.Helper()
-	var g got
-	if err := json.Unmarshal(<-c.outbox, &g); err != nil {
-		t.Fatal(err)
+	for {
+		c.outbox.mu.Lock()
+		if len(c.outbox.frames) > 0 {
+			data := c.outbox.frames[0]
+			c.outbox.frames = c.outbox.frames[1:]
+			c.outbox.mu.Unlock()
+			var g got
+			if err := json.Unmarshal(data, &g); err != nil {
+				t.Fatal(err)
+			}
+			return g
+		}
+		c.outbox.mu.Unlock()
+		<-c.outbox.ready
 	}
-	return g
 }
 
 func TestBroker_RetryScheduleInFakeTime(t *testing.T) {

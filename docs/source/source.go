@@ -17,6 +17,8 @@ import (
 	"go/scanner"
 	"go/token"
 	"html/template"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 )
@@ -29,20 +31,52 @@ type section struct {
 	Title string        // a banner's heading, if the prose is one
 }
 
-// Render returns the page for the Go file src, called name.
-func Render(name string, src []byte) ([]byte, error) {
-	fset := token.NewFileSet()
-	file, err := parser.ParseFile(fset, name, src, parser.ParseComments)
-	if err != nil {
-		return nil, fmt.Errorf("parse %s: %w", name, err)
+// File is one Go file of the page.
+type File struct {
+	Name string // as shown, and as the anchor of its first section
+	Src  []byte
+}
+
+// PackageFiles are the broker's files in reading order: popsub.go, then
+// the files its package doc names beside it.
+var PackageFiles = []string{"popsub.go", "access.go", "events.go",
+	"bolt.go"}
+
+// Load reads PackageFiles from dir.
+func Load(dir string) ([]File, error) {
+	var files []File
+	for _, name := range PackageFiles {
+		src, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, File{name, src})
 	}
-	names := declarationLines(fset, file)
-	sections := split(strings.Split(string(src), "\n"), names)
+	return files, nil
+}
+
+// Render returns the page for files, one after the other; each file
+// after the first opens with a heading of its name.
+func Render(files []File) ([]byte, error) {
+	var sections []section
+	for i, f := range files {
+		fset := token.NewFileSet()
+		file, err := parser.ParseFile(fset, f.Name, f.Src, parser.ParseComments)
+		if err != nil {
+			return nil, fmt.Errorf("parse %s: %w", f.Name, err)
+		}
+		if i > 0 {
+			sections = append(sections, section{ID: f.Name, Title: f.Name})
+		}
+		names := declarationLines(fset, file)
+		sections = append(sections, split(strings.Split(string(f.Src), "\n"),
+			names, len(sections))...)
+	}
 	var out bytes.Buffer
-	err = page.Execute(&out, struct {
+	err := page.Execute(&out, struct {
 		Name     string
 		Sections []section
-	}{name, sections})
+	}{files[0].Name, sections})
 	return out.Bytes(), err
 }
 
@@ -98,7 +132,7 @@ func specName(spec ast.Spec) string {
 
 // split cuts the file's lines into sections: a run of comment-only lines
 // starts a new one, and the code after it belongs to it.
-func split(lines []string, names map[int]string) []section {
+func split(lines []string, names map[int]string, before int) []section {
 	var sections []section
 	var prose, code []string
 	id := ""
@@ -107,7 +141,7 @@ func split(lines []string, names map[int]string) []section {
 			return
 		}
 		sections = append(sections, newSection(prose, code, id,
-			len(sections)))
+			before+len(sections)))
 		prose, code, id = nil, nil, ""
 	}
 	for i, line := range lines {
@@ -232,7 +266,7 @@ var page = template.Must(template.New("page").Parse(`<!DOCTYPE html>
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{{.Name}}: PopSub, prose beside code</title>
+<title>{{.Name}} and its neighbours: PopSub, prose beside code</title>
 <link rel="icon" href="data:,">
 <style>
 body { margin: 0; font: 15px/1.55 Georgia, serif; color: #1d232b; }
@@ -250,7 +284,7 @@ a.anchor { color: #bbb; text-decoration: none; font: 12px system-ui, sans-serif;
 </style>
 </head>
 <body>
-<nav><a href="/">playground</a> · {{.Name}}, prose on the left, code on the right</nav>
+<nav><a href="/">playground</a> · {{.Name}}, then <a href="#access.go">access.go</a>, <a href="#events.go">events.go</a> and <a href="#bolt.go">bolt.go</a>: prose on the left, code on the right</nav>
 {{range .Sections}}<div class="section" id="{{.ID}}">
 <div class="prose"><a class="anchor" href="#{{.ID}}">#{{.ID}}</a>{{if .Title}}<h2>{{.Title}}</h2>{{end}}{{.Prose}}</div>
 <div class="code"><pre>{{.Code}}</pre></div>
@@ -259,22 +293,22 @@ a.anchor { color: #bbb; text-decoration: none; font: 12px system-ui, sans-serif;
 </html>
 `))
 
-// Quote returns the source of the declaration called name in the Go
-// file src, with its doc comment: "Broker.Publish", "Options", "New".
-func Quote(src []byte, name string) (string, error) {
-	fset := token.NewFileSet()
-	file, err := parser.ParseFile(fset, "", src, parser.ParseComments)
-	if err != nil {
-		return "", err
-	}
-	for _, decl := range file.Decls {
-		start, end, found := declarationSpan(decl, name)
-		if !found {
-			continue
+// Quote returns the source of the declaration called name in files,
+// with its doc comment: "Broker.Publish", "Options", "New".
+func Quote(files []File, name string) (string, error) {
+	for _, f := range files {
+		fset := token.NewFileSet()
+		file, err := parser.ParseFile(fset, f.Name, f.Src, parser.ParseComments)
+		if err != nil {
+			return "", err
 		}
-		from := fset.Position(start).Offset
-		to := fset.Position(end).Offset
-		return string(src[from:to]), nil
+		for _, decl := range file.Decls {
+			start, end, found := declarationSpan(decl, name)
+			if found {
+				from := fset.Position(start).Offset
+				return string(f.Src[from:fset.Position(end).Offset]), nil
+			}
+		}
 	}
 	return "", fmt.Errorf("no declaration called %s", name)
 }
@@ -316,7 +350,7 @@ var quoteMarker = regexp.MustCompile(`<!-- quote: (\S+) -->`)
 // UpdateQuotes rewrites each quote block of the Markdown text md (the go
 // block that follows a quote marker) with the declaration's current
 // source, and reports how many there were.
-func UpdateQuotes(md string, src []byte) (string, int, error) {
+func UpdateQuotes(md string, files []File) (string, int, error) {
 	lines := strings.Split(md, "\n")
 	var out []string
 	count := 0
@@ -326,7 +360,7 @@ func UpdateQuotes(md string, src []byte) (string, int, error) {
 		if match == nil {
 			continue
 		}
-		quote, err := Quote(src, match[1])
+		quote, err := Quote(files, match[1])
 		if err != nil {
 			return "", 0, err
 		}

@@ -9,11 +9,11 @@ import (
 )
 
 func TestCommittedPageIsCurrent(t *testing.T) {
-	src, err := os.ReadFile("../../popsub.go")
+	files, err := Load("../..")
 	if err != nil {
 		t.Fatal(err)
 	}
-	page, err := Render("popsub.go", src)
+	page, err := Render(files)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func (t *Thing) Do() string {
 	return "hi" // a greeting
 }
 `)
-	page, err := Render("p.go", src)
+	page, err := Render([]File{{"p.go", src}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func (t *Thing) Do() string {
 }
 
 func TestQuotesInTheDocsAreCurrent(t *testing.T) {
-	src, err := os.ReadFile("../../popsub.go")
+	files, err := Load("../..")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestQuotesInTheDocsAreCurrent(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		updated, count, err := UpdateQuotes(string(md), src)
+		updated, count, err := UpdateQuotes(string(md), files)
 		if err != nil {
 			t.Fatalf("%s: %v", path, err)
 		}
@@ -85,18 +85,19 @@ func TestQuotesInTheDocsAreCurrent(t *testing.T) {
 
 func TestQuote_FindsDeclarationsByName(t *testing.T) {
 	src := []byte("package p\n\n// T is a type.\ntype T int\n\n" +
-		"// M is a method.\nfunc (t *T) M() {}\n\nconst (\n\tA = 1\n\tB = 2\n)\n")
+		"// M is a method.\nfunc (t *T) M() {}\n\n" +
+		"const (\n\tA = 1\n\tB = 2\n)\n")
 	for name, want := range map[string]string{
 		"T":   "// T is a type.\ntype T int",
 		"T.M": "// M is a method.\nfunc (t *T) M() {}",
 		"B":   "B = 2",
 	} {
-		got, err := Quote(src, name)
+		got, err := Quote([]File{{"p.go", src}}, name)
 		if err != nil || got != want {
 			t.Errorf("Quote(%s) = %q, %v; want %q", name, got, err, want)
 		}
 	}
-	if _, err := Quote(src, "Missing"); err == nil {
+	if _, err := Quote([]File{{"p.go", src}}, "Missing"); err == nil {
 		t.Error("Quote found a declaration that does not exist")
 	}
 }

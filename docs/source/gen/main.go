@@ -1,4 +1,5 @@
-// Command gen writes docs/source.html from popsub.go, and refreshes the
+// Command gen writes docs/source.html from popsub.go and the files beside
+// it, and refreshes the
 // quoted declarations in docs/*.md. It runs from the docs folder, through
 // go generate.
 package main
@@ -21,11 +22,11 @@ func main() {
 
 // generate does main's work.
 func generate() error {
-	src, err := os.ReadFile("../popsub.go")
+	files, err := source.Load("..")
 	if err != nil {
 		return err
 	}
-	page, err := source.Render("popsub.go", src)
+	page, err := source.Render(files)
 	if err != nil {
 		return err
 	}
@@ -38,7 +39,7 @@ func generate() error {
 		if err != nil {
 			return err
 		}
-		updated, _, err := source.UpdateQuotes(string(md), src)
+		updated, _, err := source.UpdateQuotes(string(md), files)
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}
