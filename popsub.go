@@ -28,7 +28,7 @@
 // The file follows a message: options and frames; the broker and its
 // topics; connecting and authenticating; the outbox; subscribing;
 // publishing and fan-out; acknowledgements; retries and dead letters;
-// replay; the log; shutdown; helpers. Beside it, access.go signs tokens,
+// replay; the log; shutdown; helpers. Beside it, access.go checks tokens,
 // checks passwords and meters publishes; events.go feeds the x-ray; and
 // bolt.go keeps the log in a bbolt file.
 // This file stays under 1,500 lines of code.
