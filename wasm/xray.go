@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	sysevents "github.com/popsub/popsub/xray"
 )
 
 // This file is the x-ray's model: the broker's tables as the page knows
@@ -16,32 +18,8 @@ const (
 	maxDead     = 50
 )
 
-// event mirrors popsub.Event: the wasm client cannot import the broker's
-// package, which needs bbolt, and bbolt does not build for js/wasm.
-type event struct {
-	Kind      string `json:"event"`
-	Time      int64  `json:"time"`
-	Conn      uint64 `json:"conn,omitempty"`
-	Client    string `json:"client,omitempty"`
-	Sub       string `json:"sub,omitempty"`
-	Topic     string `json:"topic,omitempty"`
-	Seq       uint64 `json:"seq,omitempty"`
-	MessageID string `json:"message_id,omitempty"`
-	QoS       int    `json:"qos,omitempty"`
-	Attempt   int    `json:"attempt,omitempty"`
-	Deadline  int64  `json:"deadline,omitempty"`
-	Reason    string `json:"reason,omitempty"`
-	State     *struct {
-		Topics      map[string]uint64 `json:"topics"`
-		Connections []struct {
-			Conn          uint64   `json:"conn"`
-			Client        string   `json:"client"`
-			Sub           string   `json:"sub"`
-			Subscriptions []string `json:"subscriptions"`
-		} `json:"connections"`
-		Pending []event `json:"pending"`
-	} `json:"state,omitempty"`
-}
+// event is one event from $sys/events, as the broker defines it.
+type event = sysevents.Event
 
 // connection is one broker connection as the x-ray shows it.
 type connection struct {
