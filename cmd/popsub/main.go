@@ -52,9 +52,12 @@ func main() {
 		syscall.SIGTERM)
 	defer stop()
 
-	// POPSUB_CPUPROFILE=FILE profiles the whole run, for popsub bench
-	// and docs/performance.md; go tool pprof reads the file.
-	if path := os.Getenv("POPSUB_CPUPROFILE"); path != "" {
+	// POPSUB_CPUPROFILE=FILE profiles a server's whole run, for
+	// docs/performance.md; go tool pprof reads the file. Only serve
+	// profiles, so that popsub bench, whose child server inherits the
+	// variable, profiles the server and not itself.
+	serving := len(os.Args) > 1 && strings.HasPrefix(os.Args[1], "serve")
+	if path := os.Getenv("POPSUB_CPUPROFILE"); path != "" && serving {
 		if f, err := os.Create(path); err == nil {
 			pprof.StartCPUProfile(f)
 			defer pprof.StopCPUProfile()
