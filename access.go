@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,8 +20,9 @@ import (
 
 // This file holds who may do what, and how often: the claims of a token
 // and how they are checked and signed, the login frame with its password
-// hashing and throttling, and the publish rate limit. popsub.go decides when each is checked and what follows;
-// here is how.
+// hashing and throttling, the publish rate limit, and the topic rules
+// that both routing and grants rest on. popsub.go decides when each is
+// checked and what follows; here is how.
 
 // Claims are what a token says about its holder: who (sub), until when
 // (exp), and optionally which topics it may publish and subscribe to.
@@ -269,4 +271,95 @@ func (c *connection) allowPublish() bool {
 	}
 	c.tokens--
 	return true
+}
+
+// # Topic rules
+//
+// Topic rules are MQTT's, because most readers already know them: levels
+// separated by "/", "+" matches one level, "#" matches the rest and must
+// come last, and a wildcard in the first level never matches a topic
+// starting with "$", so that "#" does not drown a subscriber in the
+// broker's own traffic. The same matcher routes messages and checks
+// permissions, so the two can never disagree about what a filter means.
+
+// validTopic explains why name cannot be published to, or returns "".
+func validTopic(name string) string {
+	if msg := validFilter(name); msg != "" {
+		return msg
+	}
+	if isWildcard(name) {
+		return "wildcards are for subscriptions, not publishes"
+	}
+	return ""
+}
+
+// validFilter explains why filter cannot be subscribed to, or returns "".
+// NUL is refused because durable keys use it as a separator.
+func validFilter(filter string) string {
+	switch {
+	case filter == "":
+		return "topic is empty"
+	case len(filter) > maxTopicBytes:
+		return "topic is longer than 256 bytes"
+	case strings.ContainsRune(filter, 0):
+		return "topic contains a NUL character"
+	}
+	// Wildcards must fill a level: "a+" or "#b" would be a typo that MQTT
+	// refuses too, not a pattern.
+	levels := strings.Split(filter, "/")
+	for i, level := range levels {
+		if strings.ContainsAny(level, "+#") && len(level) > 1 {
+			return "a wildcard must fill a whole level"
+		}
+		if level == "#" && i != len(levels)-1 {
+			return "# must be the last level"
+		}
+	}
+	return ""
+}
+
+// isWildcard reports whether filter has a + or # level.
+func isWildcard(filter string) bool {
+	return strings.ContainsAny(filter, "+#")
+}
+
+// covers reports whether every topic that filter matches is also matched
+// by grant. For a plain topic as filter, that is "grant matches topic",
+// so one function routes messages and checks permissions.
+func covers(grant, filter string) bool {
+	if strings.HasPrefix(filter, "$") && (strings.HasPrefix(grant, "+") ||
+		strings.HasPrefix(grant, "#")) {
+		return false
+	}
+
+	// Walk both level by level. "#" in the grant covers whatever is
+	// left; in the filter it is covered only by a "#" in the grant.
+	for {
+		level, rest, more := strings.Cut(grant, "/")
+		if level == "#" {
+			return true
+		}
+		name, filterRest, filterMore := strings.Cut(filter, "/")
+		if name == "#" || (level != "+" && level != name) {
+			return false
+		}
+		if !filterMore {
+			return !more || rest == "#"
+		}
+		if !more {
+			return false
+		}
+		grant, filter = rest, filterRest
+	}
+}
+
+// allowed reports whether grants permit filter. No grants at all (nil)
+// means every ordinary topic; $-topics always need an explicit grant.
+func allowed(grants []string, filter string) bool {
+	if grants == nil {
+		return !strings.HasPrefix(filter, "$")
+	}
+	return slices.ContainsFunc(grants, func(grant string) bool {
+		return covers(grant, filter)
+	})
 }

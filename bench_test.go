@@ -44,7 +44,7 @@ func BenchmarkFanOut(b *testing.B) {
 			t := broker.topic("bench")
 			var connections []*connection
 			for i := range n {
-				c := fakeConnection(broker, fmt.Sprint("s", i))
+				c, _ := fakeConnection(broker, fmt.Sprint("s", i))
 				defer broker.unregister(c)
 				connections = append(connections, c)
 				s := c.newSubscription("bench", t, "")

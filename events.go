@@ -147,12 +147,14 @@ func (c *connection) state(state *State) (ConnectionState, bool) {
 	for filter := range c.subscriptions {
 		cs.Subscriptions = append(cs.Subscriptions, filter)
 	}
-	for _, p := range c.pending {
-		m := p.message
-		state.Pending = append(state.Pending, Event{Kind: "pending",
-			Conn: c.id, Client: c.client, Sub: c.sub, Topic: m.Topic,
-			Seq: m.Seq, MessageID: m.ID, QoS: m.QoS, Attempt: p.attempt,
-			Deadline: p.deadline.UnixMilli()})
+	for _, q := range c.pending {
+		for _, p := range q {
+			m := p.message
+			state.Pending = append(state.Pending, Event{Kind: "pending",
+				Conn: c.id, Client: c.client, Sub: c.sub, Topic: m.Topic,
+				Seq: m.Seq, MessageID: m.ID, QoS: m.QoS, Attempt: p.attempt,
+				Deadline: p.deadline.UnixMilli()})
+		}
 	}
 	return cs, true
 }

@@ -402,3 +402,39 @@ func TestBroker_LeavingStopsTheExpiryTimer(t *testing.T) {
 		}
 	})
 }
+
+// panickyStore panics when a cursor is read, which the broker does on the
+// reader's goroutine for a durable subscribe: a stand-in for any bug met
+// while handling one client's frame.
+type panickyStore struct{ *memoryStore }
+
+// Cursor panics.
+func (panickyStore) Cursor(string) (uint64, bool, error) {
+	panic("a bug in the store")
+}
+
+func TestBroker_PanicCostsOnlyThatConnection(t *testing.T) {
+	var logs lockedBuffer
+	ts := startBroker(t, Options{Store: panickyStore{newMemoryStore()},
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	bystander := ts.dial("bystander")
+	bystander.subscribe("news", nil)
+
+	// The connection whose frame met the bug ends; the broker, and
+	// every other client's session, goes on.
+	unlucky := ts.dial("unlucky")
+	unlucky.send(map[string]any{"type": "subscribe", "topic": "jobs",
+		"durable": "worker"})
+	if status := unlucky.closeStatus(); status != -1 {
+		t.Fatalf("unlucky closed with %d, want an abrupt close", status)
+	}
+	ts.dial("publisher").publish("news", "still here", 1, "")
+	if g := bystander.expect("message"); string(g.Payload) != `"still here"` {
+		t.Fatalf("bystander got %s", g.Payload)
+	}
+	waitFor(t, func() bool { return ts.broker.open.Load() == 2 },
+		"the unlucky connection to leave the count")
+	if !strings.Contains(logs.String(), "panic serving a connection") {
+		t.Fatalf("the panic was not logged:\n%s", logs.String())
+	}
+}

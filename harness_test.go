@@ -324,7 +324,7 @@ func pendingCount(b *Broker) int {
 	n := 0
 	for _, c := range b.connectionList() {
 		c.mu.Lock()
-		n += len(c.pending)
+		n += c.inflight
 		c.mu.Unlock()
 	}
 	return n

@@ -3,6 +3,7 @@ package popsub
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -591,4 +592,87 @@ func TestBroker_ShutdownClosesClientsWith1001(t *testing.T) {
 	if code := <-done; code != websocket.StatusGoingAway {
 		t.Fatalf("closed with %d, want 1001", code)
 	}
+}
+
+// pendingIDs lists the message ids of every unacked delivery, sorted.
+func pendingIDs(b *Broker) []string {
+	var ids []string
+	for _, c := range b.connectionList() {
+		c.mu.Lock()
+		for _, q := range c.pending {
+			for _, p := range q {
+				ids = append(ids, p.message.ID)
+			}
+		}
+		c.mu.Unlock()
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func TestBroker_AckForms(t *testing.T) {
+	ts := startBroker(t, Options{AckTimeout: time.Minute})
+	worker, publisher := ts.dial("worker"), ts.dial("publisher")
+	worker.subscribe("jobs", nil)
+	worker.subscribe("mail", nil)
+	for _, id := range []string{"j1", "j2", "j3", "j4", "j5", "j6"} {
+		publisher.publish("jobs", id, 1, id)
+	}
+	publisher.publish("mail", "m1", 1, "m1")
+	publisher.publish("mail", "m2", 1, "m2")
+	worker.messages(8)
+
+	// Each ack is followed by a ping: its pong proves the ack was handled.
+	steps := []struct {
+		name string
+		ack  map[string]any
+		left []string
+	}{
+		{"everything on a topic up to a seq",
+			map[string]any{"topic": "jobs", "seq": 2},
+			[]string{"j3", "j4", "j5", "j6", "m1", "m2"}},
+		{"one id out of order, on no topic",
+			map[string]any{"message_id": "j5"},
+			[]string{"j3", "j4", "j6", "m1", "m2"}},
+		{"a list of ids on a topic",
+			map[string]any{"topic": "mail", "message_ids": []string{"m2"}},
+			[]string{"j3", "j4", "j6", "m1"}},
+		{"an id on another topic changes nothing",
+			map[string]any{"topic": "mail", "message_id": "j3"},
+			[]string{"j3", "j4", "j6", "m1"}},
+		{"a seq past a gap, with ids only on that topic",
+			map[string]any{"topic": "jobs", "seq": 4,
+				"message_ids": []string{"m1"}},
+			[]string{"j6", "m1"}},
+		{"the largest seq there is",
+			map[string]any{"topic": "jobs", "seq": uint64(math.MaxUint64)},
+			[]string{"m1"}},
+		{"an id on its topic", map[string]any{"topic": "mail",
+			"message_id": "m1"}, nil},
+	}
+	for _, step := range steps {
+		step.ack["type"] = "ack"
+		worker.send(step.ack)
+		worker.quiet()
+		if left := pendingIDs(ts.broker); !slices.Equal(left, step.left) {
+			t.Fatalf("after %s: pending %v, want %v", step.name, left,
+				step.left)
+		}
+	}
+
+	t.Run("a message through two subscriptions owes one ack",
+		func(t *testing.T) {
+			worker.subscribe("#", nil)
+			publisher.publish("jobs", "twice", 1, "j7")
+			worker.messages(2)
+			if left := pendingIDs(ts.broker); !slices.Equal(left,
+				[]string{"j7"}) {
+				t.Fatalf("pending %v, want [j7]", left)
+			}
+			worker.send(map[string]any{"type": "ack", "message_id": "j7"})
+			worker.quiet()
+			if left := pendingIDs(ts.broker); len(left) != 0 {
+				t.Fatalf("pending %v after one ack, want none", left)
+			}
+		})
 }

@@ -182,21 +182,26 @@ func corrupt(t *testing.T, store *BoltStore, topic string, seq uint64) {
 	}
 }
 
-// fakeConnection is a connection with no socket, for fake-time tests:
-// its frames collect in its outbox.
-func fakeConnection(b *Broker, sub string) *connection {
-	c := &connection{broker: b, sub: sub, remote: "test", claims: &Claims{},
-		outbox:        outbox{limit: 64, ready: make(chan struct{}, 1)},
+// fakeConnection is a connection with no socket, for fake-time tests and
+// benchmarks: its frames collect in its outbox, and its writer only
+// signals wake. Whoever takes the frames plays the writer.
+func fakeConnection(b *Broker, sub string) (c *connection,
+	wake chan struct{}) {
+	c = &connection{broker: b, sub: sub, remote: "test", claims: &Claims{},
 		room:          make(chan struct{}, 1),
 		done:          make(chan struct{}),
 		subscriptions: map[string]*subscription{},
-		pending:       map[pendingKey]*pending{}}
+		pending:       map[string][]pending{}}
+	wake = make(chan struct{}, 1)
+	c.outbox = outbox{limit: 64, write: func() { notify(wake) }}
 	b.register(c)
-	return c
+	return c, wake
 }
 
-// nextFrame takes the next frame from a fake connection's outbox.
-func nextFrame(t *testing.T, c *connection) got {
+// nextFrame takes the next frame from a fake connection's outbox, as its
+// writer would: an empty outbox is marked idle, so that the next push
+// starts the writer and signals wake.
+func nextFrame(t *testing.T, c *connection, wake chan struct{}) got {
 	t.Helper()
 	for {
 		c.outbox.mu.Lock()
@@ -210,21 +215,23 @@ func nextFrame(t *testing.T, c *connection) got {
 			}
 			return g
 		}
+		c.outbox.writing = false
 		c.outbox.mu.Unlock()
-		<-c.outbox.ready
+		<-wake
 	}
 }
 
 func TestBroker_RetryScheduleInFakeTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
+		// A fake connection has no socket to ping.
 		b, err := New(Options{Secret: testSecret, Store: newMemoryStore(),
-			Logger: quietLogger})
+			Logger: quietLogger, PingInterval: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
-		worker := fakeConnection(b, "worker")
+		worker, wake := fakeConnection(b, "worker")
 		worker.handle([]byte(`{"type":"subscribe","topic":"jobs"}`))
-		nextFrame(t, worker)
+		nextFrame(t, worker, wake)
 		synctest.Wait()
 
 		// With the original's defaults, five seconds and five retries,
@@ -234,7 +241,7 @@ func TestBroker_RetryScheduleInFakeTime(t *testing.T) {
 		b.publish(&Message{Topic: "jobs", ID: "j", QoS: 1,
 			Payload: json.RawMessage(`1`)})
 		for attempt := 1; attempt <= 6; attempt++ {
-			g := nextFrame(t, worker)
+			g := nextFrame(t, worker, wake)
 			due := time.Duration(attempt-1) * DefaultAckTimeout
 			late := time.Since(start) - due
 			if g.Attempt != attempt || late < 0 || late > time.Second {
