@@ -305,15 +305,17 @@ func validFilter(filter string) string {
 		return "topic contains a NUL character"
 	}
 	// Wildcards must fill a level: "a+" or "#b" would be a typo that MQTT
-	// refuses too, not a pattern.
-	levels := strings.Split(filter, "/")
-	for i, level := range levels {
+	// refuses too, not a pattern. SplitSeq, not Split: every publish
+	// comes through here, and it allocates nothing.
+	afterHash := false
+	for level := range strings.SplitSeq(filter, "/") {
+		if afterHash {
+			return "# must be the last level"
+		}
 		if strings.ContainsAny(level, "+#") && len(level) > 1 {
 			return "a wildcard must fill a whole level"
 		}
-		if level == "#" && i != len(levels)-1 {
-			return "# must be the last level"
-		}
+		afterHash = level == "#"
 	}
 	return ""
 }

@@ -2,25 +2,34 @@ package popsub
 
 import (
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
-// Fuzz targets for the two places a stranger's bytes meet the broker's
+// Fuzz targets for the places a stranger's bytes meet the broker's
 // logic: frame parsing and topic matching. Their seed corpora run in
 // every plain go test; go test -fuzz=FuzzFrame explores further.
 
+// frameSeeds are frames of every shape, for the frame fuzz targets.
+var frameSeeds = []string{
+	`{"type":"auth","token":"x"}`,
+	`{"type":"publish","topic":"a/b","payload":{"k":[1,2]},"qos":1}`,
+	`{"type":"publish","topic":"a","payload":"\u2028\n","message_id":""}`,
+	`{"type":"subscribe","topic":"a/+/#","after":18446744073709551615}`,
+	`{"type":"ack","message_ids":["a","b"],"topic":"t","seq":3}`,
+	`{"type":"publish","topic":"a","payload":1e999}`,
+	`{"type":"subscribe","topic":"` + strings.Repeat("a/", 200) + `"}`,
+	`{"type":`, `[]`, `null`, `{"type":null}`, `{"qos":-1}`,
+	` { "type" : "ack" , "topic" : "t" , "seq" : 0 } `,
+	`{"type":"publish","payload":[{"a":"]}"},"\""],"topic":"t"}`,
+	`{"type":"auth","batch":true,"client":"é"}`, `{}`, `{"seq":01}`,
+	`{"Type":"ping"}`, `{"type":"ping"}x`, `{"payload":"a"b}`,
+}
+
 func FuzzFrame(f *testing.F) {
-	for _, seed := range []string{
-		`{"type":"auth","token":"x"}`,
-		`{"type":"publish","topic":"a/b","payload":{"k":[1,2]},"qos":1}`,
-		`{"type":"publish","topic":"a","payload":"\u2028\n","message_id":""}`,
-		`{"type":"subscribe","topic":"a/+/#","after":18446744073709551615}`,
-		`{"type":"ack","message_ids":["a","b"],"topic":"t","seq":3}`,
-		`{"type":"publish","topic":"a","payload":1e999}`,
-		`{"type":"subscribe","topic":"` + strings.Repeat("a/", 200) + `"}`,
-		`{"type":`, `[]`, `null`, `{"type":null}`, `{"qos":-1}`,
-	} {
+	for _, seed := range frameSeeds {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -41,6 +50,33 @@ func FuzzFrame(f *testing.F) {
 		if !json.Valid(delivery) || strings.ContainsRune(string(delivery),
 			'\n') {
 			t.Fatalf("bad delivery %q from frame %q", delivery, data)
+		}
+	})
+}
+
+// FuzzScanFrame checks the hand-written reader against encoding/json:
+// whatever frame it accepts, it reads exactly as encoding/json does.
+func FuzzScanFrame(f *testing.F) {
+	for _, seed := range frameSeeds {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		// Frames are checked for UTF-8 before they are decoded.
+		if !utf8.Valid(data) {
+			return
+		}
+		fast, ok := scanFrame(data)
+		if !ok {
+			return
+		}
+		var slow frame
+		if err := json.Unmarshal(data, &slow); err != nil {
+			t.Fatalf("scanFrame accepted %q, which encoding/json refuses: %v",
+				data, err)
+		}
+		if !reflect.DeepEqual(fast, slow) {
+			t.Fatalf("frame %q: scanFrame read %+v, encoding/json %+v", data,
+				fast, slow)
 		}
 	})
 }
@@ -67,4 +103,37 @@ func FuzzCovers(f *testing.F) {
 			t.Fatalf("# does not cover %q", topic)
 		}
 	})
+}
+
+func TestScanFrame_TakesOnlyTheCommonShape(t *testing.T) {
+	// The fast path must actually be taken for what clients send, or it
+	// saves nothing; everything else must be left to encoding/json.
+	fast := []string{
+		`{"type":"publish","topic":"a/b","payload":{"k":[1,"]"]},"qos":1}`,
+		`{"type":"ack","topic":"t","seq":18446744073709551615}`,
+		` { "type" : "subscribe" , "topic" : "a/+" , "after" : 0 } `,
+		`{"type":"auth","token":"x.y.z","batch":true,"client":"é"}`,
+		`{"type":"publish","topic":"t","payload":"a \"quoted\" word"}`,
+	}
+	slow := []string{
+		`{"type":"publish","topic":"a\/b","payload":1}`, // an escape
+		`{"type":"ack","message_ids":["a"]}`,            // a list
+		`{"type":"publish","topic":"t","payload":null}`, // null
+		`{"type":"ack","topic":"t","seq":1.0}`,          // a float
+		`{"type":"ack","topic":"t","seq":01}`,           // a leading zero
+		`{"Type":"ping"}`,                               // another case
+		`{"type":"ping","extra":1}`,                     // an unknown key
+		`{"type":"ping"} {}`,                            // trailing data
+		`{"type":"ack","seq":18446744073709551616}`,     // overflow
+	}
+	for _, data := range fast {
+		if _, ok := scanFrame([]byte(data)); !ok {
+			t.Errorf("scanFrame gave up on %s", data)
+		}
+	}
+	for _, data := range slow {
+		if _, ok := scanFrame([]byte(data)); ok {
+			t.Errorf("scanFrame accepted %s", data)
+		}
+	}
 }

@@ -1,0 +1,320 @@
+package popsub
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"slices"
+	"strconv"
+)
+
+// This file holds the wire format written by hand, for the frames that
+// come and go once per message: reading the common shape of an incoming
+// frame, and writing a delivery. encoding/json handles every other case;
+// popsub.go decides when each is used.
+
+// # Reading frames
+//
+// With one subscriber, decoding the publish frame with encoding/json was
+// a quarter of the broker's CPU per message: it validates the whole frame
+// byte by byte, then decodes it again through reflection. scanFrame reads
+// the shape clients actually send, a flat object of known keys with
+// plain strings, unsigned integers and booleans, in one pass. Anything
+// else (an escape in a string, a null, a list, a float, an unknown key)
+// makes it give up, and encoding/json decodes the frame instead, and
+// explains what is wrong with a bad one. So the fast path never has to be
+// right about an error, only about a frame it accepts; a fuzz test checks
+// that it reads every such frame exactly as encoding/json does.
+
+// scanner reads one frame from data, at pos.
+type scanner struct {
+	data []byte
+	pos  int
+}
+
+// scanFrame decodes the common shape of a frame, or reports false. data
+// must be valid UTF-8, which connection.read checks.
+func scanFrame(data []byte) (frame, bool) {
+	var f frame
+	s := scanner{data: data}
+	if !s.next('{') {
+		return f, false
+	}
+	if !s.next('}') {
+		for more := true; more; more = s.next(',') {
+			key, ok := s.text()
+			if !ok || !s.next(':') || !s.field(&f, string(key)) {
+				return f, false
+			}
+		}
+		if !s.next('}') {
+			return f, false
+		}
+	}
+	// Nothing but whitespace may follow the object.
+	s.space()
+	return f, s.pos == len(data)
+}
+
+// field reads the value of key into f. A key outside the fast path's
+// shape, message_ids for one, reports false.
+func (s *scanner) field(f *frame, key string) bool {
+	var ok bool
+	switch key {
+	case "type", "token", "client", "username", "password", "topic",
+		"message_id", "durable":
+		var value []byte
+		if value, ok = s.text(); ok {
+			*f.text(key) = string(value)
+		}
+	case "seq", "after", "last":
+		var n uint64
+		if n, ok = s.number(); ok {
+			*f.number(key) = &n
+		}
+	case "qos":
+		var n uint64
+		n, ok = s.number()
+		ok = ok && n <= math.MaxInt32
+		f.QoS = int(n)
+	case "batch":
+		f.Batch, ok = s.boolean()
+	case "payload":
+		var value []byte
+		// A copy, as encoding/json makes: data is the reader's buffer.
+		if value, ok = s.value(); ok {
+			f.Payload = bytes.Clone(value)
+		}
+	}
+	return ok
+}
+
+// text returns the field of f that a string key names.
+func (f *frame) text(key string) *string {
+	switch key {
+	case "type":
+		return &f.Type
+	case "token":
+		return &f.Token
+	case "client":
+		return &f.Client
+	case "username":
+		return &f.Username
+	case "password":
+		return &f.Password
+	case "topic":
+		return &f.Topic
+	case "message_id":
+		return &f.MessageID
+	}
+	return &f.Durable
+}
+
+// number returns the field of f that an optional number key names.
+func (f *frame) number(key string) **uint64 {
+	switch key {
+	case "seq":
+		return &f.Seq
+	case "after":
+		return &f.After
+	}
+	return &f.Last
+}
+
+// space skips JSON's whitespace.
+func (s *scanner) space() {
+	for s.pos < len(s.data) {
+		switch s.data[s.pos] {
+		case ' ', '\t', '\n', '\r':
+			s.pos++
+		default:
+			return
+		}
+	}
+}
+
+// next consumes c, after any whitespace, if it comes next.
+func (s *scanner) next(c byte) bool {
+	s.space()
+	if s.pos < len(s.data) && s.data[s.pos] == c {
+		s.pos++
+		return true
+	}
+	return false
+}
+
+// text reads a string with no escapes and no control characters, and
+// returns its bytes, which are then exactly its value.
+func (s *scanner) text() ([]byte, bool) {
+	if !s.next('"') {
+		return nil, false
+	}
+	start := s.pos
+	for ; s.pos < len(s.data); s.pos++ {
+		switch c := s.data[s.pos]; {
+		case c == '"':
+			s.pos++
+			return s.data[start : s.pos-1], true
+		case c == '\\' || c < 0x20:
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+// number reads an unsigned integer in JSON's form: digits, with no
+// leading zero, no sign, fraction or exponent, and no overflow.
+func (s *scanner) number() (uint64, bool) {
+	s.space()
+	start := s.pos
+	var n uint64
+	for ; s.pos < len(s.data); s.pos++ {
+		digit := uint64(s.data[s.pos] - '0')
+		if s.data[s.pos] < '0' || digit > 9 {
+			break
+		}
+		if n > (math.MaxUint64-digit)/10 {
+			return 0, false
+		}
+		n = n*10 + digit
+	}
+	digits := s.pos - start
+	if digits == 0 || (s.data[start] == '0' && digits > 1) {
+		return 0, false
+	}
+	return n, s.end()
+}
+
+// boolean reads true or false.
+func (s *scanner) boolean() (bool, bool) {
+	s.space()
+	for _, word := range []string{"false", "true"} {
+		if string(s.data[s.pos:min(s.pos+len(word), len(s.data))]) == word {
+			s.pos += len(word)
+			return word == "true", s.end()
+		}
+	}
+	return false, false
+}
+
+// end reports whether a number or a word ended where a value may end.
+func (s *scanner) end() bool {
+	if s.pos == len(s.data) {
+		return true
+	}
+	switch s.data[s.pos] {
+	case ' ', '\t', '\n', '\r', ',', '}':
+		return true
+	}
+	return false
+}
+
+// value reads any JSON value but null and returns its bytes. It finds the
+// value's end by counting brackets outside strings, then has encoding/json
+// check it: a value that is not valid JSON, or not all of one, fails that
+// check. This is where the fast path still spends most of its time.
+func (s *scanner) value() ([]byte, bool) {
+	s.space()
+	start, depth := s.pos, 0
+	for s.pos < len(s.data) {
+		switch c := s.data[s.pos]; {
+		case c == '"':
+			s.skipString()
+			if depth == 0 {
+				return s.raw(start)
+			}
+			continue
+		case c == '{' || c == '[':
+			depth++
+		case (c == '}' || c == ']') && depth == 0:
+			return s.raw(start) // the frame's own end
+		case c == '}' || c == ']':
+			depth--
+			if depth == 0 {
+				s.pos++
+				return s.raw(start)
+			}
+		case depth == 0 && (c == ',' || c == ' ' || c == '\t' ||
+			c == '\n' || c == '\r'):
+			return s.raw(start)
+		}
+		s.pos++
+	}
+	return s.raw(start)
+}
+
+// skipString moves pos past the closing quote of the string it is at, or
+// to the end of data if the string never closes.
+func (s *scanner) skipString() {
+	for s.pos++; s.pos < len(s.data); s.pos++ {
+		switch s.data[s.pos] {
+		case '\\':
+			s.pos++
+		case '"':
+			s.pos++
+			return
+		}
+	}
+	s.pos = len(s.data)
+}
+
+// raw returns data from start to pos if it is one valid JSON value other
+// than null, which encoding/json gives a RawMessage its own meaning for.
+func (s *scanner) raw(start int) ([]byte, bool) {
+	value := s.data[start:s.pos]
+	return value, len(value) > 0 && value[0] != 'n' && json.Valid(value)
+}
+
+// # Writing deliveries
+//
+// A delivery is encoded once per message, by hand, and the same bytes go
+// to every subscriber (Broker.fanOut): encoding/json would cost several
+// times as much, once per subscriber.
+
+// appendDelivery appends the message frame for m at attempt. It is
+// written by hand because it runs once per publish and once per retry,
+// and encoding/json costs several times as much. Field order and names
+// are the original's, with seq and attempt added at the end.
+func appendDelivery(buf []byte, m *Message, attempt int) []byte {
+	// Topic and id are escaped; the payload is copied as it is, because
+	// it was validated and compacted when it was published. Room for all
+	// of it is made at once, so the frame is one allocation.
+	buf = slices.Grow(buf, 128+len(m.Topic)+len(m.ID)+len(m.Payload))
+	buf = append(buf, `{"type":"message","topic":`...)
+	buf = appendString(buf, m.Topic)
+	buf = append(buf, `,"payload":`...)
+	buf = append(buf, m.Payload...)
+	buf = append(buf, `,"timestamp":`...)
+	buf = strconv.AppendInt(buf, m.Timestamp, 10)
+	buf = append(buf, `,"message_id":`...)
+	buf = appendString(buf, m.ID)
+	buf = append(buf, `,"qos":`...)
+	buf = strconv.AppendInt(buf, int64(m.QoS), 10)
+	buf = append(buf, `,"seq":`...)
+	buf = strconv.AppendUint(buf, m.Seq, 10)
+	buf = append(buf, `,"attempt":`...)
+	buf = strconv.AppendInt(buf, int64(attempt), 10)
+	return append(buf, '}')
+}
+
+// appendString appends s as a JSON string. s is valid UTF-8: every frame
+// is checked on arrival, so only quotes, backslashes and control
+// characters need escaping.
+func appendString(buf []byte, s string) []byte {
+	// Bytes of 0x80 and above are parts of valid UTF-8 sequences and go
+	// through unchanged; JSON allows them as they are.
+	const hexDigits = "0123456789abcdef"
+	buf = append(buf, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			buf = append(buf, '\\', c)
+		case c < 0x20:
+			buf = append(buf, '\\', 'u', '0', '0', hexDigits[c>>4],
+				hexDigits[c&0xf])
+		default:
+			buf = append(buf, c)
+		}
+	}
+	return append(buf, '"')
+}
