@@ -1,10 +1,13 @@
 package popsub
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -674,5 +677,90 @@ func TestBroker_AckForms(t *testing.T) {
 			if left := pendingIDs(ts.broker); len(left) != 0 {
 				t.Fatalf("pending %v after one ack, want none", left)
 			}
+		})
+}
+
+// objects reads frames from c until it has n objects, and returns them
+// with how many frames they came in.
+func (c *client) objects(n int) ([]got, int) {
+	c.t.Helper()
+	var list []got
+	frames := 0
+	for len(list) < n {
+		ctx, cancel := context.WithTimeout(context.Background(),
+			10*time.Second)
+		_, data, err := c.ws.Read(ctx)
+		cancel()
+		if err != nil {
+			c.t.Fatalf("%s: read: %v", c.name, err)
+		}
+		frames++
+		for line := range bytes.Lines(data) {
+			var g got
+			if err := json.Unmarshal(line, &g); err != nil {
+				c.t.Fatalf("%s: line %q of frame %q: %v", c.name, line, data,
+					err)
+			}
+			list = append(list, g)
+		}
+	}
+	return list, frames
+}
+
+func TestBroker_Batches(t *testing.T) {
+	ts := startBroker(t, Options{})
+	plain := ts.dial("plain")
+	plain.subscribe("news", nil)
+	batched := dialRaw(t, ts.url, "batched")
+	batched.send(map[string]any{"type": "auth", "token": token(t, "batched"),
+		"batch": true})
+	batched.expect("authenticated")
+	batched.subscribe("news", nil)
+
+	t.Run("a batching client may send several objects a frame, one a line",
+		func(t *testing.T) {
+			batched.sendRaw(websocket.MessageText, []byte(
+				`{"type":"publish","topic":"news","payload":1}`+"\n"+
+					`{"type":"publish","topic":"news","payload":2}`+"\n\n"+
+					`{"type":"ping"}`+"\n"))
+			list, _ := batched.objects(3)
+			kinds := []string{list[0].Type, list[1].Type, list[2].Type}
+			if !slices.Contains(kinds, "pong") {
+				t.Fatalf("got %v, want two messages and a pong", kinds)
+			}
+		})
+	t.Run("a client that did not opt in gets one object a frame",
+		func(t *testing.T) {
+			for _, want := range []string{"1", "2"} {
+				if g := plain.expect("message"); string(g.Payload) != want {
+					t.Fatalf("payload %s, want %s", g.Payload, want)
+				}
+			}
+		})
+	t.Run("a batching client gets runs of deliveries in one frame",
+		func(t *testing.T) {
+			var frame bytes.Buffer
+			for i := range 200 {
+				fmt.Fprintf(&frame, `{"type":"publish","topic":"news",`+
+					`"payload":%d}`+"\n", i)
+			}
+			batched.sendRaw(websocket.MessageText, frame.Bytes())
+			list, frames := batched.objects(200)
+			for i, g := range list {
+				if string(g.Payload) != strconv.Itoa(i) {
+					t.Fatalf("delivery %d has payload %s", i, g.Payload)
+				}
+			}
+			if frames == len(list) {
+				t.Fatalf("200 deliveries came in %d frames, want fewer",
+					frames)
+			}
+			plain.messages(200)
+		})
+	t.Run("a frame of several objects is malformed without the opt-in",
+		func(t *testing.T) {
+			plain.sendRaw(websocket.MessageText, []byte(
+				`{"type":"ping"}`+"\n"+`{"type":"ping"}`))
+			plain.expectError("bad_frame")
 		})
 }

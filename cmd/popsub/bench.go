@@ -120,8 +120,8 @@ func parseBench(args []string, stderr io.Writer) (benchConfig, error) {
 		"how long to publish")
 	fs.IntVar(&c.idle, "idle", 0, "instead, open N idle connections with "+
 		"one subscription each and report server memory per connection")
-	fs.BoolVar(&c.batch, "batch", true, "subscribers take several messages "+
-		"a frame and ack many at once")
+	fs.BoolVar(&c.batch, "batch", true, "several messages a frame: "+
+		"publishers send up to 64, subscribers take runs and ack many at once")
 	fs.BoolVar(&c.jsonOut, "json", false, "print the summary as JSON")
 	fs.BoolVar(&c.allowRemote, "allow-remote", false, "allow a target that "+
 		"is not this machine")

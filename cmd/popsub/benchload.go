@@ -108,7 +108,7 @@ func (l *load) connectPublishers(ctx context.Context) ([]*websocket.Conn,
 	error) {
 	var list []*websocket.Conn
 	for i := range l.cfg.publishers {
-		ws, err := benchDial(ctx, l.cfg, fmt.Sprintf("pub-%d", i), false)
+		ws, err := benchDial(ctx, l.cfg, fmt.Sprintf("pub-%d", i), l.cfg.batch)
 		if err != nil {
 			return nil, err
 		}
@@ -126,44 +126,73 @@ func (l *load) connectPublishers(ctx context.Context) ([]*websocket.Conn,
 	return list, nil
 }
 
+// publishBatch is the most publishes a batching publisher puts in one
+// frame.
+const publishBatch = 64
+
 // publish sends messages from publisher p until the deadline, paced by
-// the rate or held within the window of the slowest subscriber.
+// the rate or held within the window of the slowest subscriber. With
+// --batch it sends up to publishBatch messages a frame, as a client that
+// publishes fast would, and sends what it has before any wait.
 func (l *load) publish(ctx context.Context, p int, ws *websocket.Conn,
 	start, deadline time.Time) {
 	padding := strings.Repeat("x", max(l.cfg.size-48, 1))
 	perPublisher := l.cfg.rate / float64(l.cfg.publishers)
 	var frame []byte
+	queued := 0
+	send := func() bool {
+		if queued == 0 {
+			return true
+		}
+		err := ws.Write(ctx, websocket.MessageText, frame)
+		l.sent[p].Add(int64(queued))
+		frame, queued = frame[:0], 0
+		return err == nil
+	}
+	defer send()
 	for n := int64(0); time.Now().Before(deadline); n++ {
 		if perPublisher > 0 {
 			due := start.Add(time.Duration(float64(n) / perPublisher *
 				float64(time.Second)))
+			if time.Until(due) > 0 && !send() {
+				return
+			}
 			time.Sleep(time.Until(due))
 		}
-		if !l.waitForWindow(p, n, deadline) {
+		if !l.inWindow(p, n) && (!send() || !l.waitForWindow(p, n, deadline)) {
 			return
+		}
+		if queued > 0 {
+			frame = append(frame, '\n')
 		}
 		topic := (p + int(n)) % l.cfg.topics
-		frame = fmt.Appendf(frame[:0], `{"type":"publish","topic":"bench/%d",`+
+		frame = fmt.Appendf(frame, `{"type":"publish","topic":"bench/%d",`+
 			`"qos":%d,"payload":{"p":%d,"n":%d,"t":%d,"x":"%s"}}`, topic,
 			l.cfg.qos, p, n, time.Now().UnixNano(), padding)
-		if ws.Write(ctx, websocket.MessageText, frame) != nil {
+		queued++
+		if (!l.cfg.batch || queued == publishBatch) && !send() {
 			return
 		}
-		l.sent[p].Add(1)
 	}
+}
+
+// inWindow reports whether publisher p's message n is within the window
+// of every live subscriber.
+func (l *load) inWindow(p int, n int64) bool {
+	slowest := n
+	for _, s := range l.subscribers {
+		if !s.closed.Load() {
+			slowest = min(slowest, s.received[p].Load())
+		}
+	}
+	return n-slowest < int64(l.cfg.window)
 }
 
 // waitForWindow holds publisher p until its message n is within the
 // window of every live subscriber, or the deadline passes.
 func (l *load) waitForWindow(p int, n int64, deadline time.Time) bool {
 	for {
-		slowest := n
-		for _, s := range l.subscribers {
-			if !s.closed.Load() {
-				slowest = min(slowest, s.received[p].Load())
-			}
-		}
-		if n-slowest < int64(l.cfg.window) {
+		if l.inWindow(p, n) {
 			return true
 		}
 		select {
