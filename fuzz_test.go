@@ -1,6 +1,7 @@
 package popsub
 
 import (
+	"bytes"
 	"encoding/json"
 	"reflect"
 	"strings"
@@ -77,6 +78,38 @@ func FuzzScanFrame(f *testing.F) {
 		if !reflect.DeepEqual(fast, slow) {
 			t.Fatalf("frame %q: scanFrame read %+v, encoding/json %+v", data,
 				fast, slow)
+		}
+	})
+}
+
+// FuzzScanValue checks the payload reader against json.Valid, both ways:
+// what it accepts is valid JSON, and valid JSON (short enough to be
+// within its nesting limit) it accepts.
+func FuzzScanValue(f *testing.F) {
+	for _, seed := range []string{
+		`{"a":[1,-0.5e+3,"\u00e9\n\"",true,false,null,{}]}`, `"\ud800"`,
+		`01`, `1.`, `[1,]`, `{"a"}`, `"\x"`, `[[[]]]`, ` 1 `, `-`, `1e`,
+		`tru`, `null`, `"a` + "\t" + `b"`, `[1 2]`, `{"a":1,}`, `-0`,
+		`1E+2`, `"\u12G4"`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if !utf8.Valid(data) {
+			return
+		}
+		s := scanner{data: data}
+		value, ok := s.value()
+		s.space()
+		whole := ok && s.pos == len(data)
+		trimmed := bytes.Trim(data, " \t\n\r")
+		if whole && (!json.Valid(value) || !bytes.Equal(value, trimmed)) {
+			t.Fatalf("accepted %q as %q, which is not one JSON value", data,
+				value)
+		}
+		if !whole && json.Valid(data) && len(data) <= maxDepth &&
+			!bytes.Equal(trimmed, []byte("null")) {
+			t.Fatalf("refused %q, which is valid JSON", data)
 		}
 	})
 }

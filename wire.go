@@ -2,10 +2,10 @@ package popsub
 
 import (
 	"bytes"
-	"encoding/json"
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 )
 
 // This file holds the wire format written by hand, for the frames that
@@ -19,12 +19,14 @@ import (
 // a quarter of the broker's CPU per message: it validates the whole frame
 // byte by byte, then decodes it again through reflection. scanFrame reads
 // the shape clients actually send, a flat object of known keys with
-// plain strings, unsigned integers and booleans, in one pass. Anything
-// else (an escape in a string, a null, a list, a float, an unknown key)
-// makes it give up, and encoding/json decodes the frame instead, and
-// explains what is wrong with a bad one. So the fast path never has to be
-// right about an error, only about a frame it accepts; a fuzz test checks
-// that it reads every such frame exactly as encoding/json does.
+// plain strings, unsigned integers, booleans and any JSON payload, in one
+// pass, checking the payload as it goes. Anything else (an escape in a
+// string field, a null, a list, a float, an unknown key) makes it give
+// up, and encoding/json decodes the frame instead, and explains what is
+// wrong with a bad one. So the fast path never has to be right about an
+// error, only about a frame it accepts: fuzz tests check that it reads
+// every such frame exactly as encoding/json does, and accepts a payload
+// exactly when json.Valid does.
 
 // scanner reads one frame from data, at pos.
 type scanner struct {
@@ -209,60 +211,155 @@ func (s *scanner) end() bool {
 	return false
 }
 
-// value reads any JSON value but null and returns its bytes. It finds the
-// value's end by counting brackets outside strings, then has encoding/json
-// check it: a value that is not valid JSON, or not all of one, fails that
-// check. This is where the fast path still spends most of its time.
+// value reads any JSON value but null, checking it as it goes, and
+// returns its bytes. null is left to encoding/json, which gives a
+// RawMessage its own meaning for it. Counting brackets to find the end
+// and then calling json.Valid was simpler, and read the payload twice.
 func (s *scanner) value() ([]byte, bool) {
 	s.space()
-	start, depth := s.pos, 0
-	for s.pos < len(s.data) {
-		switch c := s.data[s.pos]; {
-		case c == '"':
-			s.skipString()
-			if depth == 0 {
-				return s.raw(start)
-			}
-			continue
-		case c == '{' || c == '[':
-			depth++
-		case (c == '}' || c == ']') && depth == 0:
-			return s.raw(start) // the frame's own end
-		case c == '}' || c == ']':
-			depth--
-			if depth == 0 {
-				s.pos++
-				return s.raw(start)
-			}
-		case depth == 0 && (c == ',' || c == ' ' || c == '\t' ||
-			c == '\n' || c == '\r'):
-			return s.raw(start)
+	start := s.pos
+	if s.pos < len(s.data) && s.data[s.pos] == 'n' {
+		return nil, false
+	}
+	ok := s.skip(0)
+	return s.data[start:s.pos], ok
+}
+
+// maxDepth is the deepest nesting the fast path reads; deeper payloads go
+// to encoding/json, whose own limit is ten times this.
+const maxDepth = 1000
+
+// skip moves past one JSON value, at nesting depth, and reports whether
+// it was valid JSON.
+func (s *scanner) skip(depth int) bool {
+	s.space()
+	if s.pos == len(s.data) || depth > maxDepth {
+		return false
+	}
+	switch s.data[s.pos] {
+	case '{':
+		return s.skipAll(depth, '}', func() bool {
+			return s.skipString() && s.next(':') && s.skip(depth+1)
+		})
+	case '[':
+		return s.skipAll(depth, ']', func() bool { return s.skip(depth + 1) })
+	case '"':
+		return s.skipString()
+	case 't':
+		return s.word("true")
+	case 'f':
+		return s.word("false")
+	case 'n':
+		return s.word("null")
+	}
+	return s.skipNumber()
+}
+
+// skipAll moves past an object or an array: an opening bracket, members
+// read by member and separated by commas, and the closing bracket.
+func (s *scanner) skipAll(depth int, closing byte, member func() bool) bool {
+	s.pos++
+	if s.next(closing) {
+		return true
+	}
+	for member() {
+		if !s.next(',') {
+			return s.next(closing)
 		}
+	}
+	return false
+}
+
+// skipString moves past a string, checking its escapes; data is valid
+// UTF-8 already.
+func (s *scanner) skipString() bool {
+	if !s.next('"') {
+		return false
+	}
+	for s.pos < len(s.data) {
+		c := s.data[s.pos]
+		s.pos++
+		switch {
+		case c == '"':
+			return true
+		case c < 0x20:
+			return false
+		case c == '\\' && s.pos < len(s.data):
+			escape := s.data[s.pos]
+			s.pos++
+			if escape == 'u' {
+				if !s.hex4() {
+					return false
+				}
+			} else if !strings.ContainsRune(`"\\/bfnrt`, rune(escape)) {
+				return false
+			}
+		case c == '\\':
+			return false
+		}
+	}
+	return false
+}
+
+// hex4 moves past the four hex digits of a \u escape.
+func (s *scanner) hex4() bool {
+	if len(s.data)-s.pos < 4 {
+		return false
+	}
+	for _, c := range s.data[s.pos : s.pos+4] {
+		if !strings.ContainsRune("0123456789abcdefABCDEF", rune(c)) {
+			return false
+		}
+	}
+	s.pos += 4
+	return true
+}
+
+// skipNumber moves past a number in JSON's grammar: an optional minus,
+// an integer part with no leading zero, then an optional fraction and
+// exponent.
+func (s *scanner) skipNumber() bool {
+	s.accept("-")
+	if !s.accept("0") && s.digits() == 0 {
+		return false
+	}
+	if s.accept(".") && s.digits() == 0 {
+		return false
+	}
+	if s.accept("eE") {
+		s.accept("+-")
+		if s.digits() == 0 {
+			return false
+		}
+	}
+	return s.end() || s.pos < len(s.data) && s.data[s.pos] == ']'
+}
+
+// accept moves past the next byte if it is one of set.
+func (s *scanner) accept(set string) bool {
+	if s.pos < len(s.data) && strings.IndexByte(set, s.data[s.pos]) >= 0 {
+		s.pos++
+		return true
+	}
+	return false
+}
+
+// digits moves past decimal digits and returns how many there were.
+func (s *scanner) digits() int {
+	start := s.pos
+	for s.pos < len(s.data) && s.data[s.pos] >= '0' && s.data[s.pos] <= '9' {
 		s.pos++
 	}
-	return s.raw(start)
+	return s.pos - start
 }
 
-// skipString moves pos past the closing quote of the string it is at, or
-// to the end of data if the string never closes.
-func (s *scanner) skipString() {
-	for s.pos++; s.pos < len(s.data); s.pos++ {
-		switch s.data[s.pos] {
-		case '\\':
-			s.pos++
-		case '"':
-			s.pos++
-			return
-		}
+// word moves past a literal such as true.
+func (s *scanner) word(literal string) bool {
+	if !bytes.HasPrefix(s.data[s.pos:], []byte(literal)) {
+		return false
 	}
-	s.pos = len(s.data)
-}
-
-// raw returns data from start to pos if it is one valid JSON value other
-// than null, which encoding/json gives a RawMessage its own meaning for.
-func (s *scanner) raw(start int) ([]byte, bool) {
-	value := s.data[start:s.pos]
-	return value, len(value) > 0 && value[0] != 'n' && json.Valid(value)
+	s.pos += len(literal)
+	return s.end() || s.pos < len(s.data) && s.data[s.pos] == ']'
 }
 
 // # Writing deliveries
