@@ -847,18 +847,6 @@ func (c *connection) read() (*bytes.Buffer, bool) {
 	return buffer, true
 }
 
-// readBufferPool holds the buffers frames are read into, shared by every
-// connection's reader.
-var readBufferPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-// recycle hands a read buffer back to the pool. One that grew past 64 KiB
-// for a large frame is left to the garbage collector instead.
-func recycle(buffer *bytes.Buffer) {
-	if buffer.Cap() <= 64<<10 {
-		readBufferPool.Put(buffer)
-	}
-}
-
 // handle decodes one frame and answers it. A bad frame costs the client
 // an error frame, never its connection.
 func (c *connection) handle(data []byte) {
@@ -1007,7 +995,9 @@ func (o *outbox) size() int {
 // connection a parked goroutine, whose stack (8 KiB once it has written)
 // was the biggest single item in an idle connection's memory. After a
 // failed write the outbox stays marked as written, so no writer starts
-// again: the reader is about to see the socket closed.
+// again: the reader is about to see the socket closed. Its buffers are
+// pooled (writeBuffers, in wire.go), so that a new writer need not grow
+// them again.
 func (c *connection) writeLoop() {
 	buffers := writeBufferPool.Get().(*writeBuffers)
 	defer buffers.release()
@@ -1019,24 +1009,6 @@ func (c *connection) writeLoop() {
 		}
 		buffers.joined, ok = c.flush(buffers.batch, buffers.joined)
 	}
-}
-
-// writeBuffers are a writer's batch of frames and the buffer it joins
-// them in. They are pooled, shared by every connection's writer: a writer
-// exits whenever its outbox empties, and growing new ones for each run
-// cost more CPU than the run's writes did.
-type writeBuffers struct {
-	batch  [][]byte
-	joined []byte
-}
-
-// writeBufferPool holds the writeBuffers of writers that have exited.
-var writeBufferPool = sync.Pool{New: func() any { return new(writeBuffers) }}
-
-// release returns the buffers to the pool, holding no frame.
-func (w *writeBuffers) release() {
-	clear(w.batch[:cap(w.batch)])
-	writeBufferPool.Put(w)
 }
 
 // flush writes a batch of frames and reports false once the socket is

@@ -6,12 +6,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // This file holds the wire format written by hand, for the frames that
 // come and go once per message: reading the common shape of an incoming
-// frame, and writing a delivery. encoding/json handles every other case;
-// popsub.go decides when each is used.
+// frame, and writing a delivery, with the pooled buffers both use.
+// encoding/json handles every other case; popsub.go decides when each is
+// used.
 
 // # Reading frames
 //
@@ -27,6 +29,18 @@ import (
 // error, only about a frame it accepts: fuzz tests check that it reads
 // every such frame exactly as encoding/json does, and accepts a payload
 // exactly when json.Valid does.
+
+// readBufferPool holds the buffers frames are read into, shared by every
+// connection's reader.
+var readBufferPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// recycle hands a read buffer back to the pool. One that grew past 64 KiB
+// for a large frame is left to the garbage collector instead.
+func recycle(buffer *bytes.Buffer) {
+	if buffer.Cap() <= 64<<10 {
+		readBufferPool.Put(buffer)
+	}
+}
 
 // scanner reads one frame from data, at pos.
 type scanner struct {
@@ -414,4 +428,22 @@ func appendString(buf []byte, s string) []byte {
 		}
 	}
 	return append(buf, '"')
+}
+
+// writeBuffers are a writer's batch of frames and the buffer it joins
+// them in. They are pooled, shared by every connection's writer: a writer
+// exits whenever its outbox empties, and growing new ones for each run
+// cost more CPU than the run's writes did.
+type writeBuffers struct {
+	batch  [][]byte
+	joined []byte
+}
+
+// writeBufferPool holds the writeBuffers of writers that have exited.
+var writeBufferPool = sync.Pool{New: func() any { return new(writeBuffers) }}
+
+// release returns the buffers to the pool, holding no frame.
+func (w *writeBuffers) release() {
+	clear(w.batch[:cap(w.batch)])
+	writeBufferPool.Put(w)
 }
