@@ -148,7 +148,7 @@ func (c *connection) state(state *State) (ConnectionState, bool) {
 		cs.Subscriptions = append(cs.Subscriptions, filter)
 	}
 	for _, q := range c.pending {
-		for _, p := range q {
+		for _, p := range q.live() {
 			m := p.message
 			state.Pending = append(state.Pending, Event{Kind: "pending",
 				Conn: c.id, Client: c.client, Sub: c.sub, Topic: m.Topic,

@@ -29,9 +29,10 @@
 // topics; connecting and authenticating; the outbox; subscribing;
 // publishing and fan-out; acknowledgements; retries and dead letters;
 // replay; the log; shutdown; helpers. Beside it, wire.go reads and
-// writes the frames sent once per message by hand; access.go checks
-// tokens, passwords and topic names and meters publishes; events.go feeds
-// the x-ray; and bolt.go keeps the log in a bbolt file.
+// writes the frames sent once per message by hand; queues.go holds each
+// connection's outbox and unacked tables; access.go checks tokens,
+// passwords and topic names and meters publishes; events.go feeds the
+// x-ray; and bolt.go keeps the log in a bbolt file.
 // This file stays under 1,500 lines of code.
 //
 // # Goroutines
@@ -55,7 +56,6 @@ package popsub
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
@@ -583,7 +583,7 @@ type connection struct {
 	// pending holds the QoS 1 deliveries this connection owes acks for,
 	// by topic, each topic's in seq order; inflight counts them all,
 	// against MaxInflight.
-	pending  map[string][]pending
+	pending  map[string]*unacked
 	inflight int
 }
 
@@ -630,7 +630,7 @@ func (b *Broker) newConnection(ws *websocket.Conn, remote string) *connection {
 		id:   connectionIDs.Add(1),
 		room: make(chan struct{}, 1), done: make(chan struct{}),
 		subscriptions: map[string]*subscription{},
-		pending:       map[string][]pending{}}
+		pending:       map[string]*unacked{}}
 	c.outbox = outbox{limit: b.opts.Outbox, write: c.writeLoop}
 	return c
 }
@@ -934,60 +934,8 @@ func (c *connection) reauthenticate(f frame) {
 // publisher must not stall because one subscriber is slow, so a full
 // outbox, or a full window of unacked QoS 1 deliveries, cuts the
 // subscriber off with 4008. Nothing retained is lost: it resumes from the
-// log with "after", or from its durable cursor.
-
-// outbox is a connection's queue of frames for its writer, at most limit
-// long. A channel of that capacity would be simpler, but it allocates
-// every slot up front: a thousand of them for every idle connection. This
-// queue grows with a burst and gives the memory back once drained.
-type outbox struct {
-	mu      sync.Mutex // guards the fields below
-	frames  [][]byte   // queued, oldest first
-	limit   int        // Options.Outbox
-	writing bool       // a writer goroutine owns the socket's write side
-	write   func()     // the writer: connection.writeLoop
-}
-
-// push queues frames, all or none: none if they would overfill the
-// outbox. The first frames into an idle outbox start a writer goroutine.
-func (o *outbox) push(frames ...[]byte) bool {
-	o.mu.Lock()
-	if len(o.frames)+len(frames) > o.limit {
-		o.mu.Unlock()
-		return false
-	}
-	o.frames = append(o.frames, frames...)
-	idle := !o.writing
-	o.writing = true
-	o.mu.Unlock()
-	if idle {
-		go o.write()
-	}
-	return true
-}
-
-// take moves every queued frame into batch, in order, and returns it. An
-// empty batch means the outbox is idle: the writer must exit, and the
-// next push starts another.
-func (o *outbox) take(batch [][]byte) [][]byte {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	batch = append(batch, o.frames...)
-	o.writing = len(batch) > 0
-	clear(o.frames)
-	o.frames = o.frames[:0]
-	if cap(o.frames) > 64 {
-		o.frames = nil
-	}
-	return batch
-}
-
-// size is how many frames are queued.
-func (o *outbox) size() int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return len(o.frames)
-}
+// log with "after", or from its durable cursor. The outbox itself, a
+// queue that grows with a burst and shrinks after, is in queues.go.
 
 // writeLoop is the connection's only writer while frames are queued: it
 // writes until the outbox is empty, then exits. A writer that waited for
@@ -1405,11 +1353,12 @@ func (b *Broker) unsubscribe(s *subscription) {
 		b.noteSubscription("unsubscribed", s)
 	}
 	for topic, q := range c.pending {
-		kept := slices.DeleteFunc(q, func(p pending) bool {
+		live := q.live()
+		kept := slices.DeleteFunc(live, func(p pending) bool {
 			return p.subscription == s
 		})
-		c.inflight -= len(q) - len(kept)
-		c.pending[topic] = kept
+		c.inflight -= len(live) - len(kept)
+		q.entries = q.entries[:q.head+len(kept)]
 		if len(kept) == 0 {
 			delete(c.pending, topic)
 		}
@@ -1717,12 +1666,12 @@ func (c *connection) deliverLive(s *subscription, msgs []*Message,
 // two of its subscriptions (a topic and a wildcard) owes one ack for it,
 // not two.
 //
-// The entries are kept per topic, in seq order. Deliveries mostly come
-// in seq order and are acked in it, so adding one is an append, and an
-// ack takes from the front: an ack "up to seq" is a binary search and
-// a reslice, whatever the window holds. A map keyed by message id was
-// simpler, and made each such ack walk the whole table: QoS 1 to 100
-// subscribers cost 3.8 times QoS 0, against 2 times now.
+// The entries are kept per topic, in seq order (unacked, in queues.go). Deliveries
+// mostly come in seq order and are acked in it, so adding one is an
+// append, and an ack takes from the front: an ack "up to seq" is a
+// binary search, whatever the window holds. A map keyed by message id
+// was simpler, and made each such ack walk the whole table: QoS 1 to 100
+// subscribers cost 3.8 times QoS 0.
 
 // pending is one QoS 1 delivery the subscriber has not acknowledged.
 type pending struct {
@@ -1754,23 +1703,25 @@ func (c *connection) track(s *subscription, msgs []*Message, limit int,
 		return len(msgs)
 	default:
 	}
-	// The topic's entries are looked up once for the run, and stored
-	// back once.
-	topic := msgs[0].Topic
-	q := c.pending[topic]
-	defer func() {
-		if len(q) > 0 {
-			c.pending[topic] = q
-		}
-	}()
+	// The topic's table is looked up once for the run, and made on its
+	// first QoS 1 message.
+	q := c.pending[msgs[0].Topic]
 	for i, m := range msgs {
 		var p *pending
 		if m.QoS == 1 {
 			if c.inflight >= limit {
 				return i
 			}
-			q, p = c.addPending(q, pending{subscription: s, message: m,
+			if q == nil {
+				q = &unacked{}
+				c.pending[m.Topic] = q
+			}
+			var added bool
+			p, added = q.add(pending{subscription: s, message: m,
 				attempt: 1, deadline: deadline})
+			if added {
+				c.inflight++
+			}
 		}
 		c.broker.noteMessage("delivered", c, m, p)
 		// A durable subscription's deliveries come in seq order (replay,
@@ -1784,31 +1735,6 @@ func (c *connection) track(s *subscription, msgs []*Message, limit int,
 		}
 	}
 	return len(msgs)
-}
-
-// addPending puts p into q, its topic's entries in seq order, and returns
-// q and where p went. The same message already pending is replaced, not
-// added: the connection owes one ack for it. The caller holds c.mu.
-func (c *connection) addPending(q []pending, p pending) ([]pending,
-	*pending) {
-	seq := p.message.Seq
-	i := len(q)
-	if i > 0 && q[i-1].message.Seq >= seq {
-		// Out of order (a replay), or the same message again.
-		var found bool
-		if i, found = slices.BinarySearchFunc(q, seq, bySeq); found {
-			q[i] = p
-			return q, &q[i]
-		}
-	}
-	c.inflight++
-	q = slices.Insert(q, i, p)
-	return q, &q[i]
-}
-
-// bySeq compares a pending delivery with a seq, for binary searches.
-func bySeq(p pending, seq uint64) int {
-	return cmp.Compare(p.message.Seq, seq)
 }
 
 // ack answers an ack frame. Three forms clear this connection's pending
@@ -1832,12 +1758,12 @@ func (c *connection) ack(f frame) {
 	defer c.mu.Unlock()
 
 	// Up to seq: everything before the first entry past it.
-	if f.Seq != nil && f.Topic != "" {
-		q := c.pending[f.Topic]
-		n := sort.Search(len(q), func(i int) bool {
-			return q[i].message.Seq > *f.Seq
+	if q := c.pending[f.Topic]; q != nil && f.Seq != nil {
+		live := q.live()
+		n := sort.Search(len(live), func(i int) bool {
+			return live[i].message.Seq > *f.Seq
 		})
-		c.settle(f.Topic, 0, n, "acked")
+		c.settle(q, 0, n, "acked")
 	}
 	// By id: a search from the front of the topic's entries, or of every
 	// topic's when the frame names none; in-order acks find theirs first.
@@ -1846,25 +1772,26 @@ func (c *connection) ack(f frame) {
 			if f.Topic != "" && topic != f.Topic {
 				continue
 			}
-			i := slices.IndexFunc(q, func(p pending) bool {
+			i := slices.IndexFunc(q.live(), func(p pending) bool {
 				return p.message.ID == id
 			})
 			if i >= 0 {
-				c.settle(topic, i, i+1, "acked")
+				c.settle(q, i, i+1, "acked")
 				break
 			}
 		}
 	}
 }
 
-// settle removes topic's pending deliveries i to j, acked or
-// dead_lettered (the kind), and moves durable cursors past them. Acks
-// for what this connection does not owe find nothing and change nothing.
-// The caller holds c.mu.
-func (c *connection) settle(topic string, i, j int, kind string) {
-	q := c.pending[topic]
+// settle removes the live entries i to j of q, acked or dead_lettered
+// (the kind), and moves durable cursors past them. Acks for what this
+// connection does not owe find nothing and change nothing. An emptied
+// table stays, for the retry loop to drop: a busy topic's table empties
+// and refills many times a second. The caller holds c.mu.
+func (c *connection) settle(q *unacked, i, j int, kind string) {
+	live := q.live()
 	for k := i; k < j; k++ {
-		p := &q[k]
+		p := &live[k]
 		c.broker.noteMessage(kind, c, p.message, p)
 		// Acks mostly come in order, so the seq is usually first in
 		// unacked and the search stops at once.
@@ -1875,13 +1802,8 @@ func (c *connection) settle(topic string, i, j int, kind string) {
 			c.saveCursor(d)
 		}
 	}
-	// What is left moves down to the front, where the array's room is
-	// reused: reslicing instead would leave room only at the back, and
-	// every few appends would copy the whole table to a new array.
 	c.inflight -= j - i
-	// An emptied table stays, for the retry loop to drop: a busy topic's
-	// table empties and refills many times a second.
-	c.pending[topic] = slices.Delete(q, i, j)
+	q.remove(i, j)
 }
 
 // saveCursor hands a durable cursor to the log if it moved. The position
@@ -1966,11 +1888,12 @@ func (c *connection) redeliver(now time.Time) {
 func (c *connection) overdue(now time.Time) (retries [][]byte,
 	dead []pending) {
 	for topic, q := range c.pending {
-		if len(q) == 0 {
+		live := q.live()
+		if len(live) == 0 {
 			delete(c.pending, topic)
 		}
-		for i := range q {
-			switch p := &q[i]; {
+		for i := range live {
+			switch p := &live[i]; {
 			case now.Before(p.deadline):
 			case p.attempt > c.broker.opts.MaxRetries:
 				dead = append(dead, *p)
@@ -1985,8 +1908,8 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 	}
 	for _, p := range dead {
 		q := c.pending[p.message.Topic]
-		i, _ := slices.BinarySearchFunc(q, p.message.Seq, bySeq)
-		c.settle(p.message.Topic, i, i+1, "dead_lettered")
+		i, _ := slices.BinarySearchFunc(q.live(), p.message.Seq, bySeq)
+		c.settle(q, i, i+1, "dead_lettered")
 	}
 	return retries, dead
 }

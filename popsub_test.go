@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -603,7 +604,7 @@ func pendingIDs(b *Broker) []string {
 	for _, c := range b.connectionList() {
 		c.mu.Lock()
 		for _, q := range c.pending {
-			for _, p := range q {
+			for _, p := range q.live() {
 				ids = append(ids, p.message.ID)
 			}
 		}
@@ -763,4 +764,53 @@ func TestBroker_Batches(t *testing.T) {
 				`{"type":"ping"}`+"\n"+`{"type":"ping"}`))
 			plain.expectError("bad_frame")
 		})
+}
+
+func TestUnacked_MatchesASortedList(t *testing.T) {
+	// Random adds (mostly in order, some out of order or repeated) and
+	// removals (mostly from the front), against a plain sorted list.
+	random := rand.New(rand.NewPCG(1, 2))
+	var q unacked
+	var want []uint64
+	next, widest := uint64(1), 0
+	for step := range 20000 {
+		switch r := random.IntN(10); {
+		case r < 6:
+			seq := next
+			if random.IntN(8) == 0 && next > 20 {
+				seq = next - 1 - uint64(random.IntN(20))
+			} else {
+				next++
+			}
+			_, added := q.add(pending{message: &Message{Seq: seq}})
+			i, found := slices.BinarySearch(want, seq)
+			if added == found {
+				t.Fatalf("step %d: add(%d) added=%v, but present=%v", step,
+					seq, added, found)
+			}
+			if !found {
+				want = slices.Insert(want, i, seq)
+			}
+		case len(want) > 0:
+			i := 0
+			if r == 9 {
+				i = random.IntN(len(want))
+			}
+			j := i + 1 + random.IntN(len(want)-i)
+			q.remove(i, j)
+			want = slices.Delete(want, i, j)
+		}
+		got := make([]uint64, 0, len(want))
+		for _, p := range q.live() {
+			got = append(got, p.message.Seq)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("step %d: live %v, want %v", step, got, want)
+		}
+		widest = max(widest, len(want))
+	}
+	if cap(q.entries) > 4*widest {
+		t.Fatalf("the array grew to %d entries for at most %d pending",
+			cap(q.entries), widest)
+	}
 }

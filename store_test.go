@@ -191,7 +191,7 @@ func fakeConnection(b *Broker, sub string) (c *connection,
 		room:          make(chan struct{}, 1),
 		done:          make(chan struct{}),
 		subscriptions: map[string]*subscription{},
-		pending:       map[string][]pending{}}
+		pending:       map[string]*unacked{}}
 	wake = make(chan struct{}, 1)
 	c.outbox = outbox{limit: 64, write: func() { notify(wake) }}
 	b.register(c)

@@ -39,8 +39,8 @@ type File struct {
 
 // PackageFiles are the broker's files in reading order: popsub.go, then
 // the files its package doc names beside it.
-var PackageFiles = []string{"popsub.go", "wire.go", "access.go",
-	"events.go", "bolt.go"}
+var PackageFiles = []string{"popsub.go", "wire.go", "queues.go",
+	"access.go", "events.go", "bolt.go"}
 
 // Load reads PackageFiles from dir.
 func Load(dir string) ([]File, error) {
@@ -284,7 +284,7 @@ a.anchor { color: #bbb; text-decoration: none; font: 12px system-ui, sans-serif;
 </style>
 </head>
 <body>
-<nav><a href="/">playground</a> · {{.Name}}, then <a href="#wire.go">wire.go</a>, <a href="#access.go">access.go</a>, <a href="#events.go">events.go</a> and <a href="#bolt.go">bolt.go</a>: prose on the left, code on the right</nav>
+<nav><a href="/">playground</a> · {{.Name}}, then <a href="#wire.go">wire.go</a>, <a href="#queues.go">queues.go</a>, <a href="#access.go">access.go</a>, <a href="#events.go">events.go</a> and <a href="#bolt.go">bolt.go</a>: prose on the left, code on the right</nav>
 {{range .Sections}}<div class="section" id="{{.ID}}">
 <div class="prose"><a class="anchor" href="#{{.ID}}">#{{.ID}}</a>{{if .Title}}<h2>{{.Title}}</h2>{{end}}{{.Prose}}</div>
 <div class="code"><pre>{{.Code}}</pre></div>
