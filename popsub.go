@@ -1613,7 +1613,7 @@ func (b *Broker) fanOut(t *topic, msgs []*Message) {
 	//
 	// One encoding serves every subscriber: the bytes are never mutated,
 	// so a hundred outboxes can hold the same slice. One clock read
-	// serves them too: here it costs 60 ns, a tenth of a delivery.
+	// serves them too, not one per subscriber: here it costs 60 ns.
 	frames := make([][]byte, len(msgs))
 	for i, m := range msgs {
 		frames[i] = appendDelivery(nil, m, 1)
@@ -1643,7 +1643,7 @@ func (c *connection) deliverLive(s *subscription, msgs []*Message,
 	// The whole run at once: one lock of c.mu, one of the outbox, and a
 	// writer that finds every frame queued and sends them in one write.
 	// Offering each message to every subscriber in turn woke each writer
-	// once per message instead, and cost QoS 1 a third more per delivery.
+	// once per message instead, and cost a third more CPU per delivery.
 	//
 	// Track first, then queue: a retry found due before the frame leaves
 	// is harmless, a frame out before its pending entry exists is not,
@@ -1666,9 +1666,9 @@ func (c *connection) deliverLive(s *subscription, msgs []*Message,
 // two of its subscriptions (a topic and a wildcard) owes one ack for it,
 // not two.
 //
-// The entries are kept per topic, in seq order (unacked, in queues.go). Deliveries
-// mostly come in seq order and are acked in it, so adding one is an
-// append, and an ack takes from the front: an ack "up to seq" is a
+// The entries are kept per topic, in seq order (unacked, in queues.go).
+// Deliveries mostly come in seq order and are acked in it, so adding one
+// is an append, and an ack takes from the front: an ack "up to seq" is a
 // binary search, whatever the window holds. A map keyed by message id
 // was simpler, and made each such ack walk the whole table: QoS 1 to 100
 // subscribers cost 3.8 times QoS 0.
@@ -1766,7 +1766,8 @@ func (c *connection) ack(f frame) {
 		c.settle(q, 0, n, "acked")
 	}
 	// By id: a search from the front of the topic's entries, or of every
-	// topic's when the frame names none; in-order acks find theirs first.
+	// topic's when the frame names none (ids are a publisher's, so two
+	// topics may hold the same one); in-order acks find theirs first.
 	for _, id := range ids {
 		for topic, q := range c.pending {
 			if f.Topic != "" && topic != f.Topic {
@@ -1777,7 +1778,6 @@ func (c *connection) ack(f frame) {
 			})
 			if i >= 0 {
 				c.settle(q, i, i+1, "acked")
-				break
 			}
 		}
 	}
@@ -2340,8 +2340,8 @@ func jsonError(err error) string {
 
 // newID returns a random 128-bit message id in hex: unique without
 // coordination, even across restarts. An id is not a secret, so it comes
-// from math/rand/v2's generator (ChaCha8, seeded by the OS), a tenth of
-// the cost of crypto/rand on this hot path.
+// from math/rand/v2's generator (ChaCha8, seeded by the OS): an id costs
+// 24 ns here, against 82 ns with crypto/rand, once per message.
 func newID() string {
 	var raw [16]byte
 	binary.LittleEndian.PutUint64(raw[:8], rand.Uint64())

@@ -679,6 +679,17 @@ func TestBroker_AckForms(t *testing.T) {
 				t.Fatalf("pending %v after one ack, want none", left)
 			}
 		})
+	t.Run("an id on no topic is acked on every topic that holds it",
+		func(t *testing.T) {
+			publisher.publish("jobs", "same id", 1, "twin")
+			publisher.publish("mail", "same id", 1, "twin")
+			worker.messages(4) // each through "#" as well
+			worker.send(map[string]any{"type": "ack", "message_id": "twin"})
+			worker.quiet()
+			if left := pendingIDs(ts.broker); len(left) != 0 {
+				t.Fatalf("pending %v, want none", left)
+			}
+		})
 }
 
 // objects reads frames from c until it has n objects, and returns them

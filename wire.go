@@ -204,13 +204,10 @@ func (s *scanner) number() (uint64, bool) {
 // boolean reads true or false.
 func (s *scanner) boolean() (bool, bool) {
 	s.space()
-	for _, word := range []string{"false", "true"} {
-		if string(s.data[s.pos:min(s.pos+len(word), len(s.data))]) == word {
-			s.pos += len(word)
-			return word == "true", s.end()
-		}
+	if s.word("true") {
+		return true, true
 	}
-	return false, false
+	return false, s.word("false")
 }
 
 // end reports whether a number or a word ended where a value may end.
@@ -219,7 +216,7 @@ func (s *scanner) end() bool {
 		return true
 	}
 	switch s.data[s.pos] {
-	case ' ', '\t', '\n', '\r', ',', '}':
+	case ' ', '\t', '\n', '\r', ',', '}', ']':
 		return true
 	}
 	return false
@@ -346,7 +343,7 @@ func (s *scanner) skipNumber() bool {
 			return false
 		}
 	}
-	return s.end() || s.pos < len(s.data) && s.data[s.pos] == ']'
+	return s.end()
 }
 
 // accept moves past the next byte if it is one of set.
@@ -373,7 +370,7 @@ func (s *scanner) word(literal string) bool {
 		return false
 	}
 	s.pos += len(literal)
-	return s.end() || s.pos < len(s.data) && s.data[s.pos] == ']'
+	return s.end()
 }
 
 // # Writing deliveries
