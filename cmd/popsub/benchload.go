@@ -32,8 +32,10 @@ type load struct {
 type benchSubscriber struct {
 	ws       *websocket.Conn
 	received []atomic.Int64 // per publisher: messages received
-	mu       sync.Mutex     // guards seen
+	mu       sync.Mutex     // guards seen and toAck
 	seen     [][]bool       // per publisher: which indexes arrived
+	toAck    map[string]uint64
+	acking   chan struct{} // wakes ackLoop; closed when reading ends
 	dups     atomic.Int64
 	closed   atomic.Bool
 }
@@ -96,9 +98,11 @@ func (l *load) subscribe(ctx context.Context) error {
 		}
 		s := &benchSubscriber{ws: ws,
 			received: make([]atomic.Int64, l.cfg.publishers),
-			seen:     make([][]bool, l.cfg.publishers)}
+			seen:     make([][]bool, l.cfg.publishers),
+			toAck:    map[string]uint64{}, acking: make(chan struct{}, 1)}
 		l.subscribers = append(l.subscribers, s)
 		go l.read(s)
+		go s.ackLoop()
 	}
 	return nil
 }
@@ -206,6 +210,7 @@ func (l *load) waitForWindow(p int, n int64, deadline time.Time) bool {
 // read counts a subscriber's deliveries until its connection ends.
 func (l *load) read(s *benchSubscriber) {
 	defer s.closed.Store(true)
+	defer close(s.acking)
 	for {
 		_, data, err := s.ws.Read(context.Background())
 		if err != nil {
@@ -219,14 +224,43 @@ func (l *load) read(s *benchSubscriber) {
 		for line := range bytes.SplitSeq(data, []byte("\n")) {
 			l.count(s, line, now, acks)
 		}
+		if len(acks) > 0 {
+			s.mu.Lock()
+			for topic, seq := range acks {
+				s.toAck[topic] = max(s.toAck[topic], seq)
+			}
+			s.mu.Unlock()
+			notify(s.acking)
+		}
+		notify(l.progress)
+	}
+}
+
+// ackLoop acks what a subscriber received, each topic up to its highest
+// seq, from a goroutine of its own, as a client that keeps reading while
+// it acks would: the reader never waits for an ack to be written, and
+// what arrives meanwhile is covered by the next one.
+func (s *benchSubscriber) ackLoop() {
+	for range s.acking {
+		s.mu.Lock()
+		acks := s.toAck
+		s.toAck = map[string]uint64{}
+		s.mu.Unlock()
 		for topic, seq := range acks {
 			ack := fmt.Sprintf(`{"type":"ack","topic":%q,"seq":%d}`, topic, seq)
-			s.ws.Write(context.Background(), websocket.MessageText, []byte(ack))
+			if s.ws.Write(context.Background(), websocket.MessageText,
+				[]byte(ack)) != nil {
+				return
+			}
 		}
-		select {
-		case l.progress <- struct{}{}:
-		default:
-		}
+	}
+}
+
+// notify signals ch, a channel of capacity one, without waiting.
+func notify(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
 }
 
