@@ -90,10 +90,17 @@ func appendMessages(tx *bolt.Tx, msgs []*Message) error {
 	if err != nil {
 		return err
 	}
-	// Records go into one arena that only grows: bbolt keeps a reference
-	// to each value until the transaction commits, so none may be reused,
-	// and one allocation per batch beats one per message.
-	var arena []byte
+	// Records go into one arena, sized for the batch up front: bbolt
+	// keeps a reference to each value until the transaction commits, so
+	// none may be reused, and one allocation per batch beats one per
+	// message, or a copy of the arena each time it outgrew itself. Keys
+	// need no arena: bbolt copies them.
+	size := 0
+	for _, m := range msgs {
+		size += recordOverhead + len(m.Topic) + len(m.ID) + len(m.Payload)
+	}
+	arena := make([]byte, 0, size)
+	var key [8]byte
 	for start := 0; start < len(msgs); {
 		name := msgs[start].Topic
 		bucket, err := topics.CreateBucketIfNotExists([]byte(name))
@@ -114,7 +121,8 @@ func appendMessages(tx *bolt.Tx, msgs []*Message) error {
 			from := len(arena)
 			arena = encodeRecord(arena, m)
 			record := arena[from:len(arena):len(arena)]
-			if err := records.Put(seqKey(m.Seq), record); err != nil {
+			binary.BigEndian.PutUint64(key[:], m.Seq)
+			if err := records.Put(key[:], record); err != nil {
 				return fmt.Errorf("append %q: %w", name, err)
 			}
 			head = max(head, m.Seq)
@@ -224,6 +232,10 @@ func (s *BoltStore) Cursor(key string) (uint64, bool, error) {
 func (s *BoltStore) Close() error {
 	return s.db.Close()
 }
+
+// recordOverhead is the room a record needs beside its topic, id and
+// payload: the checksum, the field names and the three numbers.
+const recordOverhead = 4 + 64 + 3*20
 
 // encodeRecord appends to buffer m as JSON behind a 4-byte CRC-32
 // (Castagnoli) of the JSON. It is written by hand, like the delivery
