@@ -820,8 +820,8 @@ func TestUnacked_MatchesASortedList(t *testing.T) {
 		}
 		widest = max(widest, len(want))
 	}
-	if cap(q.entries) > 4*widest {
+	if cap(q.items) > 4*widest {
 		t.Fatalf("the array grew to %d entries for at most %d pending",
-			cap(q.entries), widest)
+			cap(q.items), widest)
 	}
 }

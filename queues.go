@@ -6,10 +6,11 @@ import (
 	"sync"
 )
 
-// This file holds the two queues each connection keeps: its outbox, the
-// frames waiting for its writer, and its unacked tables, the QoS 1
-// deliveries waiting for acks. popsub.go says why each exists and when it
-// is used; here is how each keeps its order and gives memory back.
+// This file holds the queues the broker keeps: each connection's outbox,
+// the frames waiting for its writer, and its unacked tables, the QoS 1
+// deliveries waiting for acks; and each topic's index of retained
+// messages. popsub.go says why each exists and when it is used; here is
+// how each keeps its order and its memory.
 
 // outbox is a connection's queue of frames for its writer, at most limit
 // long. A channel of that capacity would be simpler, but it allocates
@@ -64,21 +65,64 @@ func (o *outbox) size() int {
 	return len(o.frames)
 }
 
-// unacked is one topic's pending deliveries on one connection, in seq
-// order: entries[head:]. Settling the oldest moves head and copies
+// queue is a slice appended to at the back and taken from at the front:
+// items[head:] are live. Taking from the front moves head and copies
 // nothing. An append that finds the array full first moves the live
-// entries down to its start if that frees at least half of it, and lets
-// the array grow otherwise, so each entry is copied a bounded number of
-// times. Moving the rest down on every ack was simpler, and copied most
-// of the window each time: a tenth of QoS 1's CPU.
-type unacked struct {
-	entries []pending
-	head    int
+// items down to its start if that frees at least half of it, and lets
+// the array grow otherwise, so each item is copied a bounded number of
+// times and a queue that stays about as long allocates nothing. Deleting
+// from the front of a plain slice was simpler, and copied the rest each
+// time; reslicing it left the room at the front unused, so appends kept
+// allocating new arrays.
+type queue[T any] struct {
+	items []T
+	head  int
 }
 
-// live returns the entries still pending, oldest first.
-func (q *unacked) live() []pending {
-	return q.entries[q.head:]
+// live returns the items in the queue, oldest first.
+func (q *queue[T]) live() []T {
+	return q.items[q.head:]
+}
+
+// insert puts v at i among the live items: at the back, usually.
+func (q *queue[T]) insert(i int, v T) {
+	n := len(q.items) - q.head
+	if len(q.items) == cap(q.items) && q.head >= n {
+		copy(q.items, q.items[q.head:])
+		clear(q.items[n:])
+		q.items, q.head = q.items[:n], 0
+	}
+	q.items = slices.Insert(q.items, q.head+i, v)
+}
+
+// remove drops the live items i to j. An emptied queue starts again at
+// the front of its array.
+func (q *queue[T]) remove(i, j int) {
+	if i == 0 {
+		clear(q.items[q.head : q.head+j])
+		q.head += j
+	} else {
+		q.items = slices.Delete(q.items, q.head+i, q.head+j)
+	}
+	if q.head == len(q.items) {
+		q.items, q.head = q.items[:0], 0
+	}
+}
+
+// keep drops the live items for which drop reports true, keeping the
+// order of the rest, and returns how many it dropped.
+func (q *queue[T]) keep(drop func(T) bool) int {
+	live := q.live()
+	kept := slices.DeleteFunc(live, drop)
+	q.items = q.items[:q.head+len(kept)]
+	return len(live) - len(kept)
+}
+
+// unacked is one topic's pending deliveries on one connection, in seq
+// order. Deliveries mostly come in order and are acked in it, so it is a
+// queue: acks take from its front, and new deliveries go on its back.
+type unacked struct {
+	queue[pending]
 }
 
 // add puts p in seq order and returns where it went, and whether it was
@@ -96,27 +140,8 @@ func (q *unacked) add(p pending) (*pending, bool) {
 			return &live[i], false
 		}
 	}
-	if len(q.entries) == cap(q.entries) && q.head >= len(live) {
-		n := copy(q.entries, live)
-		clear(q.entries[n:])
-		q.entries, q.head = q.entries[:n], 0
-	}
-	q.entries = slices.Insert(q.entries, q.head+i, p)
-	return &q.entries[q.head+i], true
-}
-
-// remove drops the live entries i to j. An emptied table starts again at
-// the front of its array.
-func (q *unacked) remove(i, j int) {
-	if i == 0 {
-		clear(q.entries[q.head : q.head+j])
-		q.head += j
-	} else {
-		q.entries = slices.Delete(q.entries, q.head+i, q.head+j)
-	}
-	if q.head == len(q.entries) {
-		q.entries, q.head = q.entries[:0], 0
-	}
+	q.insert(i, p)
+	return &q.live()[i], true
 }
 
 // bySeq compares a pending delivery with a seq, for binary searches.
