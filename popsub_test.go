@@ -778,8 +778,9 @@ func TestBroker_Batches(t *testing.T) {
 }
 
 func TestUnacked_MatchesASortedList(t *testing.T) {
-	// Random adds (mostly in order, some out of order or repeated) and
-	// removals (mostly from the front), against a plain sorted list.
+	// Random adds (mostly in order, some out of order or repeated),
+	// removals (mostly from the front) and filters, against a plain
+	// sorted list.
 	random := rand.New(rand.NewPCG(1, 2))
 	var q unacked
 	var want []uint64
@@ -801,6 +802,15 @@ func TestUnacked_MatchesASortedList(t *testing.T) {
 			}
 			if !found {
 				want = slices.Insert(want, i, seq)
+			}
+		case r == 6:
+			everyThird := func(seq uint64) bool { return seq%3 == 0 }
+			dropped := q.keep(func(p pending) bool { return everyThird(p.message.Seq) })
+			before := len(want)
+			want = slices.DeleteFunc(want, everyThird)
+			if dropped != before-len(want) {
+				t.Fatalf("step %d: keep dropped %d, want %d", step, dropped,
+					before-len(want))
 			}
 		case len(want) > 0:
 			i := 0
