@@ -1023,10 +1023,10 @@ func (c *connection) reply(r reply) {
 	c.enqueue(data)
 }
 
-// enqueue queues data, waiting for room or for the connection to end.
+// enqueue queues frames, waiting for room or for the connection to end.
 // The poll covers a wake-up taken by another waiter on this connection.
-func (c *connection) enqueue(data []byte) bool {
-	for !c.outbox.push(data) {
+func (c *connection) enqueue(frames ...[]byte) bool {
+	for !c.outbox.push(frames...) {
 		select {
 		case <-c.room:
 		case <-time.After(10 * time.Millisecond):
@@ -1380,8 +1380,10 @@ func (b *Broker) unsubscribe(s *subscription) {
 
 // confirm is a QoS 1 publish waiting for its batch to reach the disk.
 type confirm struct {
-	sync  *flush // closed when the batch holding the message is synced
-	reply reply  // the published frame to send after
+	sync      *flush   // closed when the batch holding the message is synced
+	message   *Message // what was published
+	seq       uint64   // its seq, or the first copy's for a duplicate
+	duplicate bool     // the message_id was already in the log
 }
 
 // publish answers a publish frame.
@@ -1407,8 +1409,7 @@ func (c *connection) publish(f frame) {
 	// The reader does not wait for the disk: it hands the confirm to the
 	// confirmer and reads the next frame, so one connection can have many
 	// publishes in flight, and they can share one sync.
-	c.confirm(confirm{synced, reply{Type: "published", Topic: m.Topic,
-		MessageID: m.ID, Seq: &seq, Duplicate: duplicate}})
+	c.confirm(confirm{synced, m, seq, duplicate})
 }
 
 // newMessage validates a publish frame and builds its message.
@@ -1458,28 +1459,51 @@ func (c *connection) confirm(cf confirm) {
 	}
 }
 
-// confirmLoop sends each confirm once its message is on disk. It ends
-// with the connection; confirms still waiting are then moot.
+// confirmLoop sends each confirm once its message is on disk. Confirms
+// wait in order: a later publish's batch is never synced before an
+// earlier one's, so none waits needlessly. Those ready together, one
+// batch's worth usually, go to the outbox together. It ends with the
+// connection; confirms still waiting are then moot.
 func (c *connection) confirmLoop() {
+	var ready [][]byte
 	for {
+		var cf confirm
 		select {
-		case cf := <-c.confirms:
-			// Confirms wait in order: a later publish's batch is never
-			// synced before an earlier one's, so none waits needlessly.
-			select {
-			case <-cf.sync.done:
-			case <-c.done:
-				return
-			}
-			if cf.sync.err != nil {
-				cf.reply = errorReply("store_failed",
-					"message not stored: "+cf.sync.err.Error())
-			}
-			c.reply(cf.reply)
+		case cf = <-c.confirms:
 		case <-c.done:
 			return
 		}
+		// What is ready leaves before any wait.
+		if len(ready) > 0 && !cf.sync.synced() {
+			if !c.enqueue(ready...) {
+				return
+			}
+			ready = ready[:0]
+		}
+		select {
+		case <-cf.sync.done:
+		case <-c.done:
+			return
+		}
+		ready = append(ready, cf.frame())
+		if len(c.confirms) == 0 {
+			if !c.enqueue(ready...) {
+				return
+			}
+			ready = ready[:0]
+		}
 	}
+}
+
+// frame is the reply a confirm sends: published, written by hand
+// (appendPublished) like a delivery, or store_failed.
+func (cf confirm) frame() []byte {
+	if err := cf.sync.err; err != nil {
+		data, _ := json.Marshal(errorReply("store_failed",
+			"message not stored: "+err.Error()))
+		return data
+	}
+	return appendPublished(nil, cf.message, cf.seq, cf.duplicate)
 }
 
 // Publish publishes payload to topic from inside the process, as a
@@ -2101,6 +2125,16 @@ type Batch struct {
 type flush struct {
 	done chan struct{} // closed after the batch is committed or failed
 	err  error         // nil when the batch is on disk
+}
+
+// synced reports whether the batch is done with, without waiting.
+func (f *flush) synced() bool {
+	select {
+	case <-f.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // committer owns the group commit: callers queue work under its mutex and

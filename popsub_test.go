@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -583,6 +584,31 @@ func TestAppendDelivery_IsValidJSON(t *testing.T) {
 		g.Attempt != 3 || g.QoS != 1 || g.Timestamp != m.Timestamp {
 		t.Fatalf("decoded %+v from %+v", g, m)
 	}
+}
+
+func TestAppendPublished_MatchesEncodingJSON(t *testing.T) {
+	m := &Message{Topic: "a\"b\\c\n\u00e9", ID: "id\x01<>&"}
+	for _, duplicate := range []bool{false, true} {
+		seq := uint64(18446744073709551615)
+		want, _ := json.Marshal(reply{Type: "published", Topic: m.Topic,
+			MessageID: m.ID, Seq: &seq, Duplicate: duplicate})
+		got := decodeExactly(t, appendPublished(nil, m, seq, duplicate))
+		if wanted := decodeExactly(t, want); !reflect.DeepEqual(got, wanted) {
+			t.Fatalf("appendPublished gave %v, encoding/json %s", got, want)
+		}
+	}
+}
+
+// decodeExactly decodes a JSON object, keeping numbers as written.
+func decodeExactly(t *testing.T, data []byte) map[string]any {
+	t.Helper()
+	decoder := json.NewDecoder(bytes.NewReader(data))
+	decoder.UseNumber()
+	var v map[string]any
+	if err := decoder.Decode(&v); err != nil {
+		t.Fatalf("%s: %v", data, err)
+	}
+	return v
 }
 
 func TestBroker_ShutdownClosesClientsWith1001(t *testing.T) {

@@ -405,6 +405,24 @@ func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 	return append(buf, '}')
 }
 
+// appendPublished appends the published frame that confirms m, a QoS 1
+// publish, at seq: by hand, like a delivery, because every QoS 1 publish
+// gets one. The fields are in the order encoding/json would give them.
+func appendPublished(buf []byte, m *Message, seq uint64,
+	duplicate bool) []byte {
+	buf = slices.Grow(buf, 64+len(m.Topic)+len(m.ID))
+	buf = append(buf, `{"type":"published","topic":`...)
+	buf = appendString(buf, m.Topic)
+	buf = append(buf, `,"message_id":`...)
+	buf = appendString(buf, m.ID)
+	buf = append(buf, `,"seq":`...)
+	buf = strconv.AppendUint(buf, seq, 10)
+	if duplicate {
+		buf = append(buf, `,"duplicate":true`...)
+	}
+	return append(buf, '}')
+}
+
 // appendString appends s as a JSON string. s is valid UTF-8: every frame
 // is checked on arrival, so only quotes, backslashes and control
 // characters need escaping.
