@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -332,25 +331,31 @@ func percentile(sorted []time.Duration, p float64) float64 {
 	return float64(sorted[i]) / float64(time.Microsecond)
 }
 
-// latencies gathers samples from many subscribers.
+// maxSamples is how many latency samples a run keeps, over all its
+// subscribers.
+const maxSamples = 1_000_000
+
+// latencies are one subscriber's samples, up to limit. Each subscriber
+// keeps its own, so that a hundred of them recording do not contend for
+// one lock; they are merged at the end (sortedLatencies).
 type latencies struct {
-	mu      sync.Mutex
 	samples []time.Duration
+	limit   int
 }
 
-// add records one sample; at most a million are kept.
+// add records one sample, unless the limit is reached.
 func (l *latencies) add(d time.Duration) {
-	l.mu.Lock()
-	if len(l.samples) < 1_000_000 {
+	if len(l.samples) < l.limit {
 		l.samples = append(l.samples, d)
 	}
-	l.mu.Unlock()
 }
 
-// sorted returns the samples in order.
-func (l *latencies) sorted() []time.Duration {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	slices.Sort(l.samples)
-	return l.samples
+// sortedLatencies merges the subscribers' samples, in order.
+func sortedLatencies(subscribers []*benchSubscriber) []time.Duration {
+	var all []time.Duration
+	for _, s := range subscribers {
+		all = append(all, s.latency.samples...)
+	}
+	slices.Sort(all)
+	return all
 }

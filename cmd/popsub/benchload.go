@@ -24,7 +24,6 @@ type load struct {
 	sent        []atomic.Int64 // per publisher: messages sent
 	confirmed   atomic.Int64   // QoS 1 confirms received
 	progress    chan struct{}  // signalled as subscribers receive
-	latency     latencies
 	cutOff      atomic.Int64
 }
 
@@ -36,6 +35,7 @@ type benchSubscriber struct {
 	seen     [][]bool       // per publisher: which indexes arrived
 	toAck    map[string]uint64
 	acking   chan struct{} // wakes ackLoop; closed when reading ends
+	latency  latencies     // the reader's alone until the run ends
 	dups     atomic.Int64
 	closed   atomic.Bool
 }
@@ -99,7 +99,8 @@ func (l *load) subscribe(ctx context.Context) error {
 		s := &benchSubscriber{ws: ws,
 			received: make([]atomic.Int64, l.cfg.publishers),
 			seen:     make([][]bool, l.cfg.publishers),
-			toAck:    map[string]uint64{}, acking: make(chan struct{}, 1)}
+			toAck:    map[string]uint64{}, acking: make(chan struct{}, 1),
+			latency: latencies{limit: maxSamples / l.cfg.subscribers}}
 		l.subscribers = append(l.subscribers, s)
 		go l.read(s)
 		go s.ackLoop()
@@ -211,6 +212,7 @@ func (l *load) waitForWindow(p int, n int64, deadline time.Time) bool {
 func (l *load) read(s *benchSubscriber) {
 	defer s.closed.Store(true)
 	defer close(s.acking)
+	acks := map[string]uint64{}
 	for {
 		_, data, err := s.ws.Read(context.Background())
 		if err != nil {
@@ -220,7 +222,7 @@ func (l *load) read(s *benchSubscriber) {
 			return
 		}
 		now := time.Now().UnixNano()
-		acks := map[string]uint64{}
+		clear(acks)
 		for line := range bytes.SplitSeq(data, []byte("\n")) {
 			l.count(s, line, now, acks)
 		}
@@ -265,16 +267,20 @@ func notify(ch chan struct{}) {
 }
 
 // count records one delivery: who sent it, whether it came before, how
-// long it took, and what to ack.
+// long it took, and what to ack. The fields are looked for in the order
+// the broker writes them, each search starting where the last ended, so
+// that a line is read once: the bench must not spend the CPU it is trying
+// to measure.
 func (l *load) count(s *benchSubscriber, line []byte, now int64,
 	acks map[string]uint64) {
-	p, okP := field(line, `"p":`)
-	n, okN := field(line, `"n":`)
-	sent, okT := field(line, `"t":`)
+	topic, rest := between(line, `"topic":"`, `"`)
+	p, rest, okP := field(rest, `"p":`)
+	n, rest, okN := field(rest, `"n":`)
+	sent, rest, okT := field(rest, `"t":`)
 	if !okP || !okN || !okT || int(p) >= len(s.received) {
 		return
 	}
-	l.latency.add(time.Duration(now - sent))
+	s.latency.add(time.Duration(now - sent))
 	s.mu.Lock()
 	for int64(len(s.seen[p])) <= n {
 		s.seen[p] = append(s.seen[p], make([]bool, 1024)...)
@@ -287,9 +293,10 @@ func (l *load) count(s *benchSubscriber, line []byte, now int64,
 	}
 	s.mu.Unlock()
 	if l.cfg.qos == 1 {
-		topic := string(between(line, `"topic":"`, `"`))
-		seq, _ := field(line, `"seq":`)
-		acks[topic] = max(acks[topic], uint64(seq))
+		seq, _, _ := field(rest, `"seq":`)
+		if uint64(seq) > acks[string(topic)] {
+			acks[string(topic)] = uint64(seq)
+		}
 	}
 }
 
@@ -341,7 +348,7 @@ func (l *load) result(elapsed time.Duration) benchResult {
 	}
 	r.PublishedPerSec = float64(r.Published) / elapsed.Seconds()
 	r.DeliveredPerSec = float64(r.Delivered) / elapsed.Seconds()
-	sorted := l.latency.sorted()
+	sorted := sortedLatencies(l.subscribers)
 	r.LatencyP50Micros = percentile(sorted, 0.50)
 	r.LatencyP90Micros = percentile(sorted, 0.90)
 	r.LatencyP99Micros = percentile(sorted, 0.99)
@@ -410,12 +417,12 @@ func runIdle(ctx context.Context, cfg benchConfig,
 		ServerKiBPerConn: (after - before) / float64(cfg.idle)}, nil
 }
 
-// field reads the integer after key in a frame, without a JSON decoder:
-// the bench must not spend the CPU it is trying to measure.
-func field(line []byte, key string) (int64, bool) {
+// field reads the integer after key in a frame, without a JSON decoder,
+// and returns it with the rest of the line after it.
+func field(line []byte, key string) (int64, []byte, bool) {
 	i := bytes.Index(line, []byte(key))
 	if i < 0 {
-		return 0, false
+		return 0, line, false
 	}
 	rest := line[i+len(key):]
 	end := 0
@@ -423,18 +430,19 @@ func field(line []byte, key string) (int64, bool) {
 		end++
 	}
 	n, err := strconv.ParseInt(string(rest[:end]), 10, 64)
-	return n, err == nil
+	return n, rest[end:], err == nil
 }
 
-// between returns the bytes after open up to the next close.
-func between(line []byte, open, close string) []byte {
+// between returns the bytes after open up to the next close, and the
+// rest of the line from that close on.
+func between(line []byte, open, close string) ([]byte, []byte) {
 	i := bytes.Index(line, []byte(open))
 	if i < 0 {
-		return nil
+		return nil, line
 	}
 	rest := line[i+len(open):]
 	if j := bytes.Index(rest, []byte(close)); j >= 0 {
-		return rest[:j]
+		return rest[:j], rest[j:]
 	}
-	return nil
+	return nil, line
 }
