@@ -266,8 +266,9 @@ func (s *scanner) skip(depth int) bool {
 	return s.skipNumber()
 }
 
-// skipAll moves past an object or an array: an opening bracket, members
-// read by member and separated by commas, and the closing bracket.
+// skipAll moves past an object or an array: an opening bracket, its
+// members separated by commas, each read by member, and the closing
+// bracket.
 func (s *scanner) skipAll(depth int, closing byte, member func() bool) bool {
 	s.pos++
 	if s.next(closing) {
