@@ -59,15 +59,21 @@ func OpenBolt(path string, logger *slog.Logger) (*BoltStore, error) {
 }
 
 // Commit writes a batch in one transaction: one sync for all of it.
+// Trims go first, and a message the same batch trims is not written at
+// all (its topic's head still moves past it). Appending and then deleting
+// in one transaction cost n² here: bbolt splits the pages a transaction
+// filled only when it commits, so each delete from the front of a freshly
+// filled page moved everything behind it.
 func (s *BoltStore) Commit(batch *Batch) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
-		if err := appendMessages(tx, batch.Messages); err != nil {
-			return err
-		}
 		for topic, seq := range batch.Trims {
 			if err := trimLog(tx, topic, seq); err != nil {
 				return fmt.Errorf("trim %q: %w", topic, err)
 			}
+		}
+		err := appendMessages(tx, batch.Messages, batch.Trims)
+		if err != nil {
+			return err
 		}
 		cursors, err := tx.CreateBucketIfNotExists(cursorsBucket)
 		if err != nil {
@@ -82,10 +88,12 @@ func (s *BoltStore) Commit(batch *Batch) error {
 	})
 }
 
-// appendMessages appends msgs to their topics' buckets. Each run of one
-// topic's messages looks its buckets up once and writes the head once:
-// with a hundred messages in a batch, that was most of an append's work.
-func appendMessages(tx *bolt.Tx, msgs []*Message) error {
+// appendMessages appends msgs to their topics' buckets, but for those at
+// or below their topic's trim. Each run of one topic's messages looks its
+// buckets up once and writes the head once: with a hundred messages in a
+// batch, that was most of an append's work.
+func appendMessages(tx *bolt.Tx, msgs []*Message,
+	trims map[string]uint64) error {
 	topics, err := tx.CreateBucketIfNotExists(topicsBucket)
 	if err != nil {
 		return err
@@ -118,6 +126,10 @@ func appendMessages(tx *bolt.Tx, msgs []*Message) error {
 		head := uint64(0)
 		for ; start < len(msgs) && msgs[start].Topic == name; start++ {
 			m := msgs[start]
+			head = max(head, m.Seq)
+			if m.Seq <= trims[name] {
+				continue
+			}
 			from := len(arena)
 			arena = encodeRecord(arena, m)
 			record := arena[from:len(arena):len(arena)]
@@ -125,7 +137,6 @@ func appendMessages(tx *bolt.Tx, msgs []*Message) error {
 			if err := records.Put(key[:], record); err != nil {
 				return fmt.Errorf("append %q: %w", name, err)
 			}
-			head = max(head, m.Seq)
 		}
 		if old := bucket.Get(headKey); len(old) == 8 {
 			head = max(head, binary.BigEndian.Uint64(old))
@@ -166,10 +177,11 @@ func logOf(tx *bolt.Tx, topic string) *bolt.Bucket {
 	return bucket.Bucket(logBucket)
 }
 
-// Read returns up to limit records of topic after seq, skipping (and
-// logging) any whose checksum does not match.
+// Read returns up to limit records of topic after seq, and no more once
+// their payloads pass maxBytes, skipping (and logging) any whose checksum
+// does not match.
 func (s *BoltStore) Read(topic string, after uint64,
-	limit int) ([]*Message, error) {
+	limit, maxBytes int) ([]*Message, error) {
 	var msgs []*Message
 	err := s.db.View(func(tx *bolt.Tx) error {
 		records := logOf(tx, topic)
@@ -177,8 +189,9 @@ func (s *BoltStore) Read(topic string, after uint64,
 			return nil
 		}
 		cursor := records.Cursor()
+		size := 0
 		for k, v := cursor.Seek(seqKey(after + 1)); k != nil &&
-			len(msgs) < limit; k, v = cursor.Next() {
+			len(msgs) < limit && size < maxBytes; k, v = cursor.Next() {
 			m, err := decodeRecord(v)
 			if err != nil {
 				s.logger.Error("corrupt record skipped", "topic", topic,
@@ -186,6 +199,7 @@ func (s *BoltStore) Read(topic string, after uint64,
 				continue
 			}
 			msgs = append(msgs, m)
+			size += len(m.Payload)
 		}
 		return nil
 	})

@@ -47,7 +47,7 @@ func (b *Broker) eventsLoop() {
 		case e := <-b.events:
 			payload, _ := json.Marshal(e)
 			b.publish(&Message{Topic: EventsTopic, ID: newID(),
-				Payload: payload})
+				Payload: payload}, b.stop)
 		case <-b.stop:
 			return
 		}

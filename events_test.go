@@ -50,7 +50,7 @@ func countEvents(t *testing.T, c *client, counts map[string]int,
 
 func TestEvents_EachTransitionEmitsExactlyOneEvent(t *testing.T) {
 	ts := startBroker(t, Options{AckTimeout: 250 * time.Millisecond,
-		MaxRetries: 1, MaxInflight: 1})
+		MaxRetries: 1, MaxInflight: 1, MaxMessages: 1})
 	xray := ts.dialWith("xray", Claims{Subscribe: []string{"$sys/#"}})
 	watch(t, xray)
 	counts := map[string]int{}
@@ -75,10 +75,14 @@ func TestEvents_EachTransitionEmitsExactlyOneEvent(t *testing.T) {
 	alice.messages(2)
 	countEvents(t, xray, counts, is("dead_lettered", "j2"))
 
-	// j3 fills alice's window of one; j4 finds it full and cuts her off.
+	// j3 fills alice's window of one; j4 finds it full and waits in the
+	// log, which keeps one message: j6 leaves her without j5, long before
+	// j3's retries are over and she has room. She is cut off.
 	bob.publish("jobs", 3, 1, "j3")
 	alice.expect("message")
 	bob.publish("jobs", 4, 1, "j4")
+	bob.publish("jobs", 5, 1, "j5")
+	bob.publish("jobs", 6, 1, "j6")
 	alice.expectClose(CloseSlowConsumer)
 	countEvents(t, xray, counts, func(e Event) bool {
 		return e.Kind == "disconnected" && e.Client == "alice"
@@ -96,6 +100,8 @@ func TestEvents_EachTransitionEmitsExactlyOneEvent(t *testing.T) {
 		eventKey("dead_lettered", "jobs", "j2", "alice", 2),
 		eventKey("delivered", "jobs", "j3", "alice", 1),
 		eventKey("published", "jobs", "j4", "", 0),
+		eventKey("published", "jobs", "j5", "", 0),
+		eventKey("published", "jobs", "j6", "", 0),
 		eventKey("disconnected_slow", "", "", "alice", 0),
 		eventKey("unsubscribed", "jobs", "", "alice", 0),
 		eventKey("disconnected", "", "", "alice", 0),
@@ -104,8 +110,10 @@ func TestEvents_EachTransitionEmitsExactlyOneEvent(t *testing.T) {
 			t.Errorf("event %q seen %d times, want once", want, counts[want])
 		}
 	}
-	if n := counts[eventKey("delivered", "jobs", "j4", "alice", 1)]; n != 0 {
-		t.Errorf("j4 was never delivered, but %d events say so", n)
+	for _, id := range []string{"j4", "j5", "j6"} {
+		if n := counts[eventKey("delivered", "jobs", id, "alice", 1)]; n != 0 {
+			t.Errorf("%s was never delivered, but %d events say so", id, n)
+		}
 	}
 }
 

@@ -7,12 +7,15 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,6 +47,37 @@ type testServer struct {
 // file in the test's temporary folder.
 func startBroker(t *testing.T, opts Options) *testServer {
 	t.Helper()
+	return startBrokerOn(t, opts, nil)
+}
+
+// startBrokerSmallBuffers is startBroker with each server socket's send
+// buffer fixed at 64 KiB. Linux grows it up to tcp_wmem's maximum, which
+// differs between machines, and a test of a peer that does not read must
+// not depend on how much the kernel absorbs for it.
+func startBrokerSmallBuffers(t *testing.T, opts Options) *testServer {
+	t.Helper()
+	return startBrokerOn(t, opts, func(l net.Listener) net.Listener {
+		return smallBuffers{l}
+	})
+}
+
+// smallBuffers is a listener whose connections have small send buffers.
+type smallBuffers struct{ net.Listener }
+
+// Accept sets each new connection's send buffer to 64 KiB.
+func (l smallBuffers) Accept() (net.Conn, error) {
+	conn, err := l.Listener.Accept()
+	if tcp, ok := conn.(*net.TCPConn); ok {
+		tcp.SetWriteBuffer(64 << 10)
+	}
+	return conn, err
+}
+
+// startBrokerOn serves a broker with opts on a listener that wrap, if
+// not nil, wraps.
+func startBrokerOn(t *testing.T, opts Options,
+	wrap func(net.Listener) net.Listener) *testServer {
+	t.Helper()
 	if opts.Store == nil {
 		opts.Store = openBolt(t, filepath.Join(t.TempDir(), "popsub.db"))
 	}
@@ -55,7 +89,11 @@ func startBroker(t *testing.T, opts Options) *testServer {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	srv := httptest.NewServer(b)
+	srv := httptest.NewUnstartedServer(b)
+	if wrap != nil {
+		srv.Listener = wrap(srv.Listener)
+	}
+	srv.Start()
 	ts := &testServer{t: t, broker: b, http: srv,
 		url: "ws" + strings.TrimPrefix(srv.URL, "http") + "/ws"}
 	t.Cleanup(ts.stop)
@@ -125,9 +163,16 @@ type client struct {
 // dialRaw opens a WebSocket to url without authenticating.
 func dialRaw(t *testing.T, url, name string) *client {
 	t.Helper()
+	return dialRawWith(t, url, name, nil)
+}
+
+// dialRawWith is dialRaw with options for the WebSocket library.
+func dialRawWith(t *testing.T, url, name string,
+	options *websocket.DialOptions) *client {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	ws, _, err := websocket.Dial(ctx, url, nil)
+	ws, _, err := websocket.Dial(ctx, url, options)
 	if err != nil {
 		t.Fatalf("%s: dial: %v", name, err)
 	}
@@ -146,13 +191,39 @@ func (ts *testServer) dial(sub string) *client {
 // dialWith connects as sub with the grants in claims.
 func (ts *testServer) dialWith(sub string, claims Claims) *client {
 	ts.t.Helper()
+	return ts.dialOptions(sub, claims, nil)
+}
+
+// dialStuck connects as sub with a 16 KiB receive buffer, for a client
+// that will stop reading: how much it absorbs is then the test's choice,
+// not the machine's.
+func (ts *testServer) dialStuck(sub string) *client {
+	ts.t.Helper()
+	dial := func(ctx context.Context, network, address string) (net.Conn,
+		error) {
+		conn, err := (&net.Dialer{}).DialContext(ctx, network, address)
+		if tcp, ok := conn.(*net.TCPConn); ok {
+			tcp.SetReadBuffer(16 << 10)
+		}
+		return conn, err
+	}
+	transport := &http.Transport{DialContext: dial}
+	return ts.dialOptions(sub, Claims{}, &websocket.DialOptions{
+		HTTPClient: &http.Client{Transport: transport}})
+}
+
+// dialOptions connects as sub with claims' grants and the library's
+// options.
+func (ts *testServer) dialOptions(sub string, claims Claims,
+	options *websocket.DialOptions) *client {
+	ts.t.Helper()
 	claims.Subject = sub
 	claims.ExpiresAt = jwt.NewNumericDate(time.Now().Add(time.Hour))
 	tok, err := claims.Sign(testSecret)
 	if err != nil {
 		ts.t.Fatal(err)
 	}
-	c := dialRaw(ts.t, ts.url, sub)
+	c := dialRawWith(ts.t, ts.url, sub, options)
 	ts.mu.Lock()
 	ts.clients = append(ts.clients, c)
 	ts.mu.Unlock()
@@ -319,6 +390,44 @@ func wantSeqs(t *testing.T, list []got, want []uint64) {
 	}
 }
 
+// connected counts the broker's connections authenticated as sub.
+func (ts *testServer) connected(sub string) int {
+	n := 0
+	for _, c := range ts.broker.connectionList() {
+		c.mu.Lock()
+		if c.sub == sub {
+			n++
+		}
+		c.mu.Unlock()
+	}
+	return n
+}
+
+// watchOutboxes samples every connection's outbox until the test ends,
+// and returns a function that reports the largest it saw.
+func watchOutboxes(t *testing.T, b *Broker) func() int {
+	var peak atomic.Int64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			for _, c := range b.connectionList() {
+				if n := int64(c.outbox.size()); n > peak.Load() {
+					peak.Store(n)
+				}
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+	return func() int { return int(peak.Load()) }
+}
+
 // pendingCount is how many unacked deliveries the broker holds in all.
 func pendingCount(b *Broker) int {
 	n := 0
@@ -369,13 +478,15 @@ func (s *memoryStore) Commit(batch *Batch) error {
 
 // Read returns up to limit messages after seq.
 func (s *memoryStore) Read(topic string, after uint64,
-	limit int) ([]*Message, error) {
+	limit, maxBytes int) ([]*Message, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []*Message
+	size := 0
 	for _, m := range s.logs[topic] {
-		if m.Seq > after && len(out) < limit {
+		if m.Seq > after && len(out) < limit && size < maxBytes {
 			out = append(out, m)
+			size += len(m.Payload)
 		}
 	}
 	return out, nil

@@ -55,6 +55,7 @@
 package popsub
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -65,7 +66,9 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"slices"
 	"sort"
@@ -104,12 +107,23 @@ const (
 	DefaultTTL = time.Hour
 	// DefaultMaxFrameBytes caps one incoming frame after authentication.
 	DefaultMaxFrameBytes = 1 << 20
-	// DefaultOutbox is how many frames wait for one connection's writer:
-	// about a second of traffic for a busy subscriber.
-	DefaultOutbox = 1024
+	// DefaultOutboxBytes bounds the frames waiting for one connection's
+	// writer. NATS lets a connection have 64 MB pending, centrifuge 1 MB
+	// queued. Here a subscriber that fills its outbox loses nothing (it
+	// reads on from the log), so the outbox need only keep the writer
+	// busy: a full commit batch (maxQueueBytes) and change. A subscriber
+	// that reads nothing costs at most this much.
+	DefaultOutboxBytes = 4 << 20
 	// DefaultMaxInflight is how many QoS 1 deliveries one connection may
-	// owe acks for before it counts as a slow consumer.
+	// owe acks for; more wait in the log until acks make room.
 	DefaultMaxInflight = 1000
+	// DefaultMaxInflightBytes bounds the same window in payload bytes:
+	// a thousand deliveries of 512 KiB would otherwise pin 512 MiB.
+	DefaultMaxInflightBytes = 16 << 20
+	// DefaultWriteTimeout is how long one write to a socket may wait for
+	// a peer that does not read before the peer is cut off: NATS's
+	// write deadline. Shorter would cut off a phone on a slow network.
+	DefaultWriteTimeout = 10 * time.Second
 	// DefaultAuthTimeout is how long a new connection has to authenticate.
 	DefaultAuthTimeout = 5 * time.Second
 	// DefaultPingInterval is how often the broker pings each connection.
@@ -128,6 +142,9 @@ const (
 	maxTopicBytes     = 256             // the longest topic name, in bytes
 	maxMessageIDBytes = 256             // the longest message_id, in bytes
 	replayChunk       = 256             // messages read from the log at a time
+	maxQueueMessages  = 4096            // messages waiting for the log
+	maxQueueBytes     = 4 << 20         // their bytes; see committer.admit
+	heldBytes         = 64 << 10        // most a writer holds per write
 	deadPrefix        = "$dead/"        // dead letters of T go to $dead/T
 )
 
@@ -167,10 +184,14 @@ type Options struct {
 	TTL time.Duration
 	// MaxFrameBytes caps an incoming frame; larger ones close with 1009.
 	MaxFrameBytes int64
-	// Outbox is how many frames may queue for one connection's writer.
-	Outbox int
+	// OutboxBytes bounds the frames queued for one connection's writer.
+	OutboxBytes int
 	// MaxInflight is how many unacked QoS 1 deliveries a connection holds.
 	MaxInflight int
+	// MaxInflightBytes bounds the payload bytes of those deliveries.
+	MaxInflightBytes int
+	// WriteTimeout is how long one socket write may wait for the peer.
+	WriteTimeout time.Duration
 	// AuthTimeout is how long a new connection has to send its auth frame.
 	AuthTimeout time.Duration
 	// OriginPatterns lists foreign origins allowed to open a WebSocket;
@@ -202,8 +223,11 @@ func (o Options) withDefaults() Options {
 	o.MaxMessages = orDefault(o.MaxMessages, DefaultMaxMessages)
 	o.TTL = orDefault(o.TTL, DefaultTTL)
 	o.MaxFrameBytes = orDefault(o.MaxFrameBytes, DefaultMaxFrameBytes)
-	o.Outbox = orDefault(o.Outbox, DefaultOutbox)
+	o.OutboxBytes = orDefault(o.OutboxBytes, DefaultOutboxBytes)
 	o.MaxInflight = orDefault(o.MaxInflight, DefaultMaxInflight)
+	o.MaxInflightBytes = orDefault(o.MaxInflightBytes,
+		DefaultMaxInflightBytes)
+	o.WriteTimeout = orDefault(o.WriteTimeout, DefaultWriteTimeout)
 	o.AuthTimeout = orDefault(o.AuthTimeout, DefaultAuthTimeout)
 	o.PingInterval = orDefault(o.PingInterval, DefaultPingInterval)
 	o.LoginTokenTTL = orDefault(o.LoginTokenTTL, DefaultLoginTokenTTL)
@@ -229,6 +253,13 @@ type Message struct {
 	QoS int `json:"qos"`
 	// Payload is any JSON value, compacted onto one line.
 	Payload json.RawMessage `json:"payload"`
+}
+
+// size is roughly what m costs in memory: its payload, its names and the
+// fields around them. The log's queue and the in-flight window are
+// bounded in these bytes.
+func (m *Message) size() int {
+	return len(m.Payload) + len(m.ID) + len(m.Topic) + 64
 }
 
 // frame is any frame a client sends. Pointers mark fields whose absence
@@ -438,7 +469,8 @@ func (b *Broker) loadTopics() error {
 		// Read the log in chunks: retention keeps it short, but a broker
 		// restarted with a smaller cap still has the old, longer one.
 		for after := uint64(0); ; {
-			msgs, err := b.store.Read(name, after, replayChunk)
+			msgs, err := b.store.Read(name, after, replayChunk,
+				maxQueueBytes)
 			if err != nil {
 				return fmt.Errorf("load topic %q: %w", name, err)
 			}
@@ -542,6 +574,9 @@ func (t *topic) firstSeq() uint64 {
 type connection struct {
 	broker *Broker
 	ws     *websocket.Conn
+	// socket is the TCP connection under ws, which holds a writer's
+	// frames for one write (see heldConn).
+	socket *heldConn
 	// remote is the peer's address, for logs; id numbers the connection
 	// in x-ray events.
 	remote string
@@ -569,9 +604,11 @@ type connection struct {
 	// room is signalled when the writer drains a frame or an ack frees
 	// a slot in the in-flight window; a waiting replayer takes it.
 	room chan struct{}
-	// done is closed when the reader returns: every goroutine working for
-	// the connection ends with it.
-	done chan struct{}
+	// done is closed, by end, when the reader returns or the writer
+	// fails: every goroutine working for the connection ends with it,
+	// the reader too if it was waiting to queue a confirm or a publish.
+	done  chan struct{}
+	ended sync.Once
 	// confirms carries QoS 1 confirms, in publish order, to the
 	// confirmer; nil until the first QoS 1 publish.
 	confirms chan confirm
@@ -585,9 +622,11 @@ type connection struct {
 	subscriptions map[string]*subscription
 	// pending holds the QoS 1 deliveries this connection owes acks for,
 	// by topic, each topic's in seq order; inflight counts them all,
-	// against MaxInflight.
-	pending  map[string]*unacked
-	inflight int
+	// against MaxInflight, and inflightBytes their sizes, against
+	// MaxInflightBytes.
+	pending       map[string]*unacked
+	inflight      int
+	inflightBytes int
 }
 
 // ServeHTTP upgrades a request to a WebSocket and starts serving its
@@ -606,8 +645,10 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// Accept checks the Origin header: a page from another site, running
-	// in a user's browser, may not open a socket unless allowed.
-	ws, err := websocket.Accept(w, r,
+	// in a user's browser, may not open a socket unless allowed. It takes
+	// the socket through hijack, which wraps it in a heldConn.
+	hijack := &hijacker{ResponseWriter: w, timeout: b.opts.WriteTimeout}
+	ws, err := websocket.Accept(hijack, r,
 		&websocket.AcceptOptions{OriginPatterns: b.opts.OriginPatterns})
 	if err != nil {
 		b.open.Add(-1)
@@ -617,6 +658,7 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// A connection registers before it authenticates, so that Shutdown
 	// and the connection count see it from its first moment.
 	c := b.newConnection(ws, r.RemoteAddr)
+	c.socket = hijack.socket
 	if !b.register(c) {
 		b.open.Add(-1)
 		ws.Close(websocket.StatusGoingAway, "server shutting down")
@@ -634,7 +676,7 @@ func (b *Broker) newConnection(ws *websocket.Conn, remote string) *connection {
 		room: make(chan struct{}, 1), done: make(chan struct{}),
 		subscriptions: map[string]*subscription{},
 		pending:       map[string]*unacked{}}
-	c.outbox = outbox{limit: b.opts.Outbox, write: c.writeLoop}
+	c.outbox = outbox{limit: b.opts.OutboxBytes, write: c.writeLoop}
 	return c
 }
 
@@ -659,7 +701,7 @@ func (b *Broker) unregister(c *connection) {
 	// Closing done first stops the confirmer and any replayer
 	// before the subscriptions they work for are taken apart; a pending
 	// expiry timer would keep the whole connection alive until it fired.
-	close(c.done)
+	c.end()
 	if c.expiry != nil {
 		c.expiry.Stop()
 	}
@@ -677,6 +719,11 @@ func (b *Broker) unregister(c *connection) {
 	b.noteConnection("disconnected", c, "")
 	b.open.Add(-1)
 	b.closed.Done()
+}
+
+// end closes c.done, once.
+func (c *connection) end() {
+	c.ended.Do(func() { close(c.done) })
 }
 
 // serve authenticates the client, reads its frames until it leaves, and
@@ -930,25 +977,35 @@ func (c *connection) reauthenticate(f frame) {
 // # The outbox and back-pressure
 //
 // The original had no back-pressure: a slow subscriber's channel simply
-// filled. Here each connection has a bounded outbox drained by its own
-// writer goroutine, so nothing but the writer ever blocks on the client's
-// socket. Replies to a client's own requests wait for room, so a client
-// that stops reading stops being read. Live deliveries never wait: a
-// publisher must not stall because one subscriber is slow, so a full
-// outbox, or a full window of unacked QoS 1 deliveries, cuts the
-// subscriber off with 4008. Nothing retained is lost: it resumes from the
-// log with "after", or from its durable cursor. The outbox itself, a
-// queue that grows with a burst and shrinks after, is in queues.go.
+// filled. Here every queue has a bound, in bytes as well as in count, and
+// each bound says who waits when it is reached:
+//
+//   - the log's queue (committer.admit): a publisher's reader waits for
+//     room, so TCP pushes back on that publisher alone, at any QoS;
+//   - each connection's outbox, drained by its own writer: a reply to the
+//     client's own request waits for room; a live delivery never waits,
+//     because a publisher must not stall for one slow subscriber. A
+//     subscription whose outbox or in-flight window has no room for a
+//     run drops back to reading the log, as a late subscriber does, and
+//     turns live again once it has caught up (subscription.fallBehind);
+//   - the socket: one write waits at most WriteTimeout for its peer.
+//
+// A subscriber is cut off with 4008 only for what it failed to drain: its
+// socket took nothing for WriteTimeout, the log dropped a message before
+// the subscriber read it, or a wildcard subscription, which has no single
+// log to fall back on, found no room. Cutting off whoever filled a fixed
+// queue was simpler, and cut off fast readers too: any burst bigger than
+// the queue overflowed it, however fast they read.
 
 // writeLoop is the connection's only writer while frames are queued: it
 // writes until the outbox is empty, then exits. A writer that waited for
 // the next frame instead would be simpler, and would cost every idle
 // connection a parked goroutine, whose stack (8 KiB once it has written)
-// was the biggest single item in an idle connection's memory. After a
-// failed write the outbox stays marked as written, so no writer starts
-// again: the reader is about to see the socket closed. Its buffers are
-// pooled (writeBuffers, in wire.go), so that a new writer need not grow
-// them again.
+// was the biggest single item in an idle connection's memory. Each batch
+// it takes goes out in one system call (heldConn). After a failed write
+// the outbox stays marked as written, so no writer starts again: the
+// reader is about to see the socket closed. Its buffers are pooled
+// (writeBuffers, in wire.go), so that a new writer need not grow them.
 func (c *connection) writeLoop() {
 	buffers := writeBufferPool.Get().(*writeBuffers)
 	defer buffers.release()
@@ -958,19 +1015,28 @@ func (c *connection) writeLoop() {
 		if len(buffers.batch) == 0 {
 			return
 		}
+		notify(c.room)
+		c.socket.hold()
 		buffers.joined, ok = c.flush(buffers.batch, buffers.joined)
+		if err := c.socket.release(); err != nil && ok {
+			c.writeFailed(err)
+			ok = false
+		}
 	}
 }
 
 // flush writes a batch of frames and reports false once the socket is
 // done with: a write failed, or a nil frame asked for the close. A client
 // that opted into batches gets runs of frames joined by newlines in one
-// write: the biggest single saving in CPU per delivery, because each
-// write is a system call. The buffer is reused; Write copies it out.
+// WebSocket frame; every client gets the batch in one system call. The
+// buffer is reused; Write copies it out.
 func (c *connection) flush(batch [][]byte, buffer []byte) ([]byte, bool) {
 	for len(batch) > 0 {
 		data, n := batch[0], 1
 		if data == nil {
+			// A close waits for the peer's answer: its frame must leave
+			// now, not when the batch is released.
+			c.socket.release()
 			c.ws.Close(c.closeCode, c.closeWhy)
 			return buffer, false
 		}
@@ -983,13 +1049,128 @@ func (c *connection) flush(batch [][]byte, buffer []byte) ([]byte, bool) {
 		}
 		err := c.ws.Write(context.Background(), websocket.MessageText, data)
 		if err != nil {
-			c.ws.CloseNow()
+			c.writeFailed(err)
 			return buffer, false
 		}
 		batch = batch[n:]
-		notify(c.room)
 	}
 	return buffer, true
+}
+
+// writeFailed ends a connection whose socket refused a write. A write
+// that timed out means the peer stopped reading: a slow consumer, cut off
+// as one, though its close frame cannot reach a peer that does not read.
+func (c *connection) writeFailed(err error) {
+	// The reader may be waiting for room this writer will never make,
+	// and would then never read the closed socket: end wakes it.
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		c.cutOff("not reading")
+	}
+	c.end()
+	c.ws.CloseNow()
+}
+
+// heldConn is a connection's socket, under the WebSocket library. The
+// library writes and flushes each frame on its own, which costs a system
+// call per frame, most of what a small delivery costs; while the writer
+// holds the socket, heldConn gathers those writes and sends them as one
+// when released, at most heldBytes at a time. Each write to the socket
+// has a deadline of WriteTimeout, so a peer that does not read cannot
+// hold a writer, or a close, for ever.
+type heldConn struct {
+	net.Conn
+	// timeout is Options.WriteTimeout; immutable.
+	timeout time.Duration
+
+	// mu guards the fields below and orders writes to the socket: the
+	// library may write a ping or a close from another goroutine.
+	mu sync.Mutex
+	// holding is set by hold and cleared by release.
+	holding bool
+	// held gathers writes while holding; from heldPool, nil otherwise.
+	held *[]byte
+}
+
+// heldPool holds the buffers of sockets not being held, so that an idle
+// connection keeps none.
+var heldPool = sync.Pool{New: func() any { return new([]byte) }}
+
+// Write sends p, or gathers it while the socket is held. A write as big
+// as a held batch goes straight out, after what was gathered before it.
+func (h *heldConn) Write(p []byte) (int, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.holding {
+		return h.send(p)
+	}
+	if len(*h.held)+len(p) < heldBytes {
+		*h.held = append(*h.held, p...)
+		return len(p), nil
+	}
+	if err := h.sendHeld(); err != nil {
+		return 0, err
+	}
+	return h.send(p)
+}
+
+// hold starts gathering writes.
+func (h *heldConn) hold() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.holding {
+		h.holding, h.held = true, heldPool.Get().(*[]byte)
+	}
+}
+
+// release sends what was gathered and stops gathering.
+func (h *heldConn) release() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.holding {
+		return nil
+	}
+	err := h.sendHeld()
+	heldPool.Put(h.held)
+	h.holding, h.held = false, nil
+	return err
+}
+
+// sendHeld sends what was gathered. The caller holds h.mu.
+func (h *heldConn) sendHeld() error {
+	if len(*h.held) == 0 {
+		return nil
+	}
+	_, err := h.send(*h.held)
+	*h.held = (*h.held)[:0]
+	return err
+}
+
+// send writes p to the socket, within the write timeout.
+func (h *heldConn) send(p []byte) (int, error) {
+	h.Conn.SetWriteDeadline(time.Now().Add(h.timeout))
+	return h.Conn.Write(p)
+}
+
+// hijacker is the ResponseWriter that websocket.Accept sees: it wraps
+// the socket the library hijacks in a heldConn, and points the library's
+// buffered writer at it.
+type hijacker struct {
+	http.ResponseWriter
+	// timeout is Options.WriteTimeout, for the heldConn.
+	timeout time.Duration
+	// socket is the heldConn, once Accept has hijacked the connection.
+	socket *heldConn
+}
+
+// Hijack takes the connection from the HTTP server and wraps it.
+func (h *hijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, rw, err := http.NewResponseController(h.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	h.socket = &heldConn{Conn: conn, timeout: h.timeout}
+	rw.Writer.Reset(h.socket)
+	return h.socket, rw, nil
 }
 
 // ping starts a keepalive for every connection; it runs once per
@@ -1033,17 +1214,6 @@ func (c *connection) enqueue(frames ...[]byte) bool {
 		case <-c.done:
 			return false
 		}
-	}
-	return true
-}
-
-// offer queues frames without waiting; a full outbox cuts the client off.
-func (c *connection) offer(frames ...[]byte) bool {
-	// The only send that never waits; everything that may wait uses
-	// enqueue.
-	if !c.outbox.push(frames...) {
-		c.cutOff("outbox full")
-		return false
 	}
 	return true
 }
@@ -1228,7 +1398,7 @@ func (c *connection) subscribeTopic(f frame) {
 	}
 	c.reply(r)
 	b.noteSubscription("subscribed", s)
-	go s.replay(start)
+	go s.replay(start, false)
 }
 
 // startAfter turns after or last into the seq replay starts after, and
@@ -1293,7 +1463,7 @@ func (b *Broker) takeOver(old *subscription) {
 	old.conn.dropSubscription(old)
 	data, _ := json.Marshal(reply{Type: "unsubscribed", Topic: old.filter,
 		Reason: "durable subscription taken over"})
-	old.conn.offer(data)
+	old.conn.outbox.push(data)
 }
 
 // dropSubscription removes s from c's table, if it is still there, and
@@ -1357,7 +1527,11 @@ func (b *Broker) unsubscribe(s *subscription) {
 	}
 	for topic, q := range c.pending {
 		c.inflight -= q.keep(func(p pending) bool {
-			return p.subscription == s
+			if p.subscription != s {
+				return false
+			}
+			c.inflightBytes -= p.message.size()
+			return true
 		})
 		if len(q.live()) == 0 {
 			delete(c.pending, topic)
@@ -1401,8 +1575,10 @@ func (c *connection) publish(f frame) {
 		c.reply(topicError("rate_limited", "publishing too fast", m.Topic))
 		return
 	}
-	seq, duplicate, synced := c.broker.publish(m)
-	if m.QoS == 0 {
+	// The reader waits here while the log's queue is full: it reads no
+	// further frames, and TCP pushes back on this publisher alone.
+	seq, duplicate, synced := c.broker.publish(m, c.done)
+	if m.QoS == 0 || synced == nil {
 		return
 	}
 
@@ -1528,8 +1704,13 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 		return 0, ErrClosed
 	default:
 	}
-	seq, _, synced := b.publish(m)
-	if qos == 0 {
+	seq, _, synced := b.publish(m, ctx.Done())
+	switch {
+	case synced == nil && ctx.Err() != nil:
+		return 0, ctx.Err()
+	case synced == nil:
+		return 0, ErrClosed
+	case qos == 0:
 		return seq, nil
 	}
 	select {
@@ -1540,11 +1721,18 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 	}
 }
 
-// publish sequences m and queues it for the log, which fans it out once
-// it is on disk. It returns m's seq, whether m repeated a QoS 1
-// message_id the topic still remembers, and the flush that makes it
-// durable.
-func (b *Broker) publish(m *Message) (uint64, bool, *flush) {
+// publish waits for room in the log's queue, then sequences m and queues
+// it for the log, which fans it out once it is on disk. It returns m's
+// seq, whether m repeated a QoS 1 message_id the topic still remembers,
+// and the flush that makes it durable; a nil flush if done was closed,
+// or the broker stopped, before there was room: then nothing happened.
+func (b *Broker) publish(m *Message, done <-chan struct{}) (uint64, bool,
+	*flush) {
+	// The wait comes before the topic's lock: the committer takes that
+	// lock to fan out, and it is the committer that makes room.
+	if !b.log.admit(m.size(), done) {
+		return 0, false, nil
+	}
 	t := b.topic(m.Topic)
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -1553,6 +1741,7 @@ func (b *Broker) publish(m *Message) (uint64, bool, *flush) {
 	// seq, nothing stored or delivered twice. Its confirm waits for the
 	// first copy's sync, which may not have happened yet.
 	if seq, ok := t.ids[m.ID]; ok && m.QoS == 1 {
+		b.log.unreserve(m.size())
 		return seq, true, b.log.barrier()
 	}
 
@@ -1644,39 +1833,33 @@ func (b *Broker) fanOut(t *topic, msgs []*Message) {
 	}
 	deadline := time.Now().Add(b.opts.AckTimeout)
 	for s := range t.subscribers {
-		if s.live {
-			s.conn.deliverLive(s, msgs, frames, deadline)
+		if s.live && !s.conn.deliver(s, msgs, frames, 1, deadline) {
+			s.fallBehind(msgs[0].Seq - 1)
 		}
 	}
 
 	// Wildcards live in one table, read-locked: subscribing to a filter
-	// is rare, publishing is not.
+	// is rare, publishing is not. A wildcard spans logs, so it has none
+	// to fall back on: without room, it is cut off.
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	for s := range b.wildcards {
-		if covers(s.filter, t.name) {
-			s.conn.deliverLive(s, msgs, frames, deadline)
+		if covers(s.filter, t.name) &&
+			!s.conn.deliver(s, msgs, frames, 1, deadline) {
+			s.conn.cutOff("outbox full")
 		}
 	}
 }
 
-// deliverLive offers a run of messages and their frames to s, their first
-// retries due at deadline. It never waits.
-func (c *connection) deliverLive(s *subscription, msgs []*Message,
-	frames [][]byte, deadline time.Time) {
-	// The whole run at once: one lock of c.mu, one of the outbox, and a
-	// writer that finds every frame queued and sends them in one write.
-	// Offering each message to every subscriber in turn woke each writer
-	// once per message instead, and cost a third more CPU per delivery.
-	//
-	// Track first, then queue: a retry found due before the frame leaves
-	// is harmless, a frame out before its pending entry exists is not,
-	// because a fast ack would find nothing to clear.
-	if c.track(s, msgs, c.broker.opts.MaxInflight, deadline) < len(msgs) {
-		c.cutOff("too many unacknowledged messages")
-		return
-	}
-	c.offer(frames...)
+// fallBehind turns a live subscription back into a replaying one, which
+// reads on from the log after seq: its outbox or its in-flight window
+// had no room for the newest run. The caller holds s.topic.mu, as
+// fan-out does.
+func (s *subscription) fallBehind(after uint64) {
+	// The run is all or none, so the subscriber has everything up to
+	// after and nothing past it.
+	s.live = false
+	go s.replay(after, true)
 }
 
 // # Acknowledgements
@@ -1711,31 +1894,63 @@ type pending struct {
 	deadline time.Time
 }
 
-// track records deliveries of one topic's messages about to be queued:
-// for each, a pending entry for QoS 1, retried at deadline, and the
-// durable cursor's progress. It returns how many it recorded before the
-// in-flight window (limit) was full. It takes c.mu.
-func (c *connection) track(s *subscription, msgs []*Message, limit int,
-	deadline time.Time) int {
+// deliver queues a run of one topic's messages to s, with their frames,
+// if there is room for all of them, and records them: a pending entry per
+// QoS 1 message, due for retry at deadline, and the durable cursor's
+// progress. share is the part of each bound the caller may use: 1 for
+// live traffic, 2 for replay, which leaves half to live traffic on the
+// connection's other subscriptions. It reports false, having changed
+// nothing, when there is no room. It never waits.
+func (c *connection) deliver(s *subscription, msgs []*Message,
+	frames [][]byte, share int, deadline time.Time) bool {
+	// The frames are queued under c.mu, before their pending entries are
+	// made: an ack, which takes c.mu too, cannot look for an entry before
+	// it exists.
 	c.mu.Lock()
 	defer c.mu.Unlock()
 
-	// A subscription ended a moment ago gets no pending entries: nobody
-	// would ever clear them.
+	// A subscription ended a moment ago gets nothing more: nobody would
+	// ever clear its pending entries.
 	select {
 	case <-s.cancel:
-		return len(msgs)
+		return true
 	default:
 	}
+	if !c.windowHas(msgs, share) ||
+		!c.outbox.pushWithin(c.outbox.limit/share, frames...) {
+		return false
+	}
+	c.record(s, msgs, deadline)
+	return true
+}
+
+// windowHas reports whether share of the in-flight window has room for
+// the QoS 1 messages among msgs, by count and by bytes. An empty window
+// takes one message, however large. The caller holds c.mu.
+func (c *connection) windowHas(msgs []*Message, share int) bool {
+	count, size := 0, 0
+	for _, m := range msgs {
+		if m.QoS == 1 {
+			count, size = count+1, size+m.size()
+		}
+	}
+	o := c.broker.opts
+	fits := c.inflight+count <= max(o.MaxInflight/share, 1) &&
+		c.inflightBytes+size <= o.MaxInflightBytes/share
+	return count == 0 || fits || (c.inflight == 0 && count == 1)
+}
+
+// record notes deliveries just queued to s: a pending entry for each QoS
+// 1 message, retried at deadline, and the durable cursor's progress. The
+// caller holds c.mu.
+func (c *connection) record(s *subscription, msgs []*Message,
+	deadline time.Time) {
 	// The topic's table is looked up once for the run, and made on its
 	// first QoS 1 message.
 	q := c.pending[msgs[0].Topic]
-	for i, m := range msgs {
+	for _, m := range msgs {
 		var p *pending
 		if m.QoS == 1 {
-			if c.inflight >= limit {
-				return i
-			}
 			if q == nil {
 				q = &unacked{}
 				c.pending[m.Topic] = q
@@ -1745,6 +1960,7 @@ func (c *connection) track(s *subscription, msgs []*Message, limit int,
 				attempt: 1, deadline: deadline})
 			if added {
 				c.inflight++
+				c.inflightBytes += m.size()
 			}
 		}
 		c.broker.noteMessage("delivered", c, m, p)
@@ -1758,7 +1974,6 @@ func (c *connection) track(s *subscription, msgs []*Message, limit int,
 			c.saveCursor(d)
 		}
 	}
-	return len(msgs)
 }
 
 // ack answers an ack frame. Three forms clear this connection's pending
@@ -1825,6 +2040,9 @@ func (c *connection) settle(q *unacked, i, j int, kind string) {
 			}
 			c.saveCursor(d)
 		}
+	}
+	for _, p := range live[i:j] {
+		c.inflightBytes -= p.message.size()
 	}
 	c.inflight -= j - i
 	q.remove(i, j)
@@ -1893,12 +2111,11 @@ func (c *connection) redeliver(now time.Time) {
 	retries, dead := c.overdue(now)
 	c.mu.Unlock()
 
-	// A retry is live traffic: if the outbox is full, the subscriber is
-	// too slow, and it is cut off like any other.
+	// A retry never waits. One that finds the outbox full is not sent,
+	// and counts as an attempt all the same: a subscriber that has not
+	// drained its outbox for a whole ack timeout is not reading it.
 	for _, data := range retries {
-		if !c.offer(data) {
-			break
-		}
+		c.outbox.push(data)
 	}
 	for i := range dead {
 		c.broker.deadLetter(&dead[i], c.sub)
@@ -1966,7 +2183,8 @@ func (b *Broker) deadLetter(p *pending, subscriber string) {
 		Reason: "not acknowledged", Attempts: p.attempt,
 		Subscriber: subscriber,
 	})
-	b.publish(&Message{Topic: dead, ID: newID(), QoS: 1, Payload: payload})
+	b.publish(&Message{Topic: dead, ID: newID(), QoS: 1, Payload: payload},
+		b.stop)
 }
 
 // # Replay
@@ -1981,10 +2199,17 @@ func (b *Broker) deadLetter(p *pending, subscriber string) {
 // nothing comes twice. Replay waits for room rather than overflowing: it
 // uses at most half the outbox and half the in-flight window, so a
 // subscriber that reads and acks is never cut off by its own history.
+//
+// The same replay serves a live subscription that fell behind (the
+// back-pressure section). There a message the log no longer keeps is a
+// loss the subscriber must hear of, so it is cut off, to resume with
+// "after" and learn from "recovered":false what is gone. A new
+// subscription's replay just starts from the oldest message kept.
 
 // replay sends the log after seq start, then turns s live. It runs on its
-// own goroutine and ends early if s or its connection ends.
-func (s *subscription) replay(after uint64) {
+// own goroutine and ends early if s or its connection ends. behind says
+// that s was live, and may not skip a message.
+func (s *subscription) replay(after uint64, behind bool) {
 	// stuck remembers the committed mark seen after the last empty read.
 	b := s.conn.broker
 	var stuck uint64
@@ -1994,10 +2219,16 @@ func (s *subscription) replay(after uint64) {
 		// Replay stops at the mark read first: what lies beyond it comes
 		// live, and sending it from here as well would send it twice.
 		mark := s.topic.committedSeq()
-		msgs, err := b.store.Read(s.topic.name, after, replayChunk)
+		msgs, err := b.store.Read(s.topic.name, after, replayChunk,
+			b.opts.OutboxBytes/2)
 		if err != nil {
 			b.logger.Error("replay read", "topic", s.filter, "err", err)
 			s.conn.cutOff("log unreadable")
+			return
+		}
+		if behind && (s.topic.trimmedPast(after+1) ||
+			len(msgs) > 0 && msgs[0].Seq > after+1) {
+			s.conn.cutOff("fell behind the log")
 			return
 		}
 		sent := 0
@@ -2005,7 +2236,7 @@ func (s *subscription) replay(after uint64) {
 			if m.Seq > mark {
 				break
 			}
-			if !s.conn.deliverReplay(s, m) {
+			if !s.conn.deliverReplay(s, m, behind) {
 				return
 			}
 			after, sent = m.Seq, sent+1
@@ -2026,6 +2257,14 @@ func (s *subscription) replay(after uint64) {
 		}
 		stuck = newest
 	}
+}
+
+// trimmedPast reports whether the log has dropped seq, or will at its
+// next commit: the index leaves it first.
+func (t *topic) trimmedPast(seq uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return seq < t.firstSeq()
 }
 
 // committedSeq reads the topic's committed mark.
@@ -2055,17 +2294,25 @@ func (s *subscription) goLive(after uint64) (bool, uint64) {
 }
 
 // deliverReplay queues one replayed message once there is room, and
-// reports false if the subscription or the connection ended first.
-func (c *connection) deliverReplay(s *subscription, m *Message) bool {
-	// Room means: the outbox at most half full, and the in-flight window
-	// (counted over the whole connection) at most half used.
-	half := c.broker.opts.MaxInflight / 2
-	run := []*Message{m}
+// reports false if the subscription or the connection ended first, or,
+// for a subscription that fell behind, if the message after m left the
+// log meanwhile.
+func (c *connection) deliverReplay(s *subscription, m *Message,
+	behind bool) bool {
+	run, frames := []*Message{m}, [][]byte{appendDelivery(nil, m, 1)}
 	for {
-		if c.outbox.size() < c.outbox.limit/2+1 &&
-			c.track(s, run, max(half, 1),
-				time.Now().Add(c.broker.opts.AckTimeout)) == 1 {
-			return c.enqueue(appendDelivery(nil, m, 1))
+		select {
+		case <-s.cancel:
+			return false
+		default:
+		}
+		deadline := time.Now().Add(c.broker.opts.AckTimeout)
+		if c.deliver(s, run, frames, 2, deadline) {
+			return true
+		}
+		if behind && s.topic.trimmedPast(m.Seq+1) {
+			c.cutOff("fell behind the log")
+			return false
 		}
 
 		// No room: wait for the writer or an ack to make some. The poll
@@ -2099,8 +2346,9 @@ type Store interface {
 	// Commit applies a batch atomically and durably.
 	Commit(batch *Batch) error
 	// Read returns up to limit messages of topic with seq > after, in
-	// seq order.
-	Read(topic string, after uint64, limit int) ([]*Message, error)
+	// seq order, and stops early once their payloads pass maxBytes.
+	Read(topic string, after uint64, limit, maxBytes int) ([]*Message,
+		error)
 	// Topics returns every stored topic with its head seq, which must
 	// survive the topic's log being trimmed empty.
 	Topics() (map[string]uint64, error)
@@ -2158,12 +2406,19 @@ type committer struct {
 	next *flush
 	// stopped is set by stop: the loop commits what is queued and returns.
 	stopped bool
+	// reserved and reservedBytes count the messages admitted to the
+	// queue and not yet taken by the loop, and their sizes; queuedBytes
+	// the sizes of those already appended.
+	reserved, reservedBytes, queuedBytes int
+	// freed is closed, and replaced, whenever room is made in the queue;
+	// publishers waiting in admit wake on it.
+	freed chan struct{}
 }
 
 // newCommitter starts the commit loop for b.
 func newCommitter(b *Broker) *committer {
 	c := &committer{broker: b, wake: make(chan struct{}, 1),
-		ended: make(chan struct{})}
+		ended: make(chan struct{}), freed: make(chan struct{})}
 	c.reset()
 	go c.loop()
 	return c
@@ -2174,6 +2429,52 @@ func (c *committer) reset() {
 	c.queued = &Batch{Trims: map[string]uint64{},
 		Cursors: map[string]uint64{}}
 	c.next = &flush{done: make(chan struct{})}
+	c.queuedBytes = 0
+}
+
+// admit waits until the queue has room for one more message of size
+// bytes, and reserves it; it reports false if done is closed, or the
+// committer stopped, first. The queue holds at most maxQueueMessages and
+// maxQueueBytes (but always takes one message): a transaction stays
+// bounded, and a publisher faster than the disk waits here, in its own
+// reader. An unbounded queue was simpler, and under a flood grew to
+// gigabytes, each commit slower than the last and every topic's
+// confirms behind it.
+func (c *committer) admit(size int, done <-chan struct{}) bool {
+	c.mu.Lock()
+	for c.reserved > 0 && (c.reserved >= maxQueueMessages ||
+		c.reservedBytes+size > maxQueueBytes) && !c.stopped {
+		freed := c.freed
+		c.mu.Unlock()
+		select {
+		case <-freed:
+		case <-done:
+			return false
+		}
+		c.mu.Lock()
+	}
+	defer c.mu.Unlock()
+	if c.stopped {
+		return false
+	}
+	c.reserved, c.reservedBytes = c.reserved+1, c.reservedBytes+size
+	return true
+}
+
+// unreserve gives back the room admit reserved for a message that was
+// not appended after all: a repeated id.
+func (c *committer) unreserve(size int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reserved, c.reservedBytes = c.reserved-1, c.reservedBytes-size
+	c.wakePublishers()
+}
+
+// wakePublishers wakes every publisher waiting in admit. The caller holds
+// c.mu.
+func (c *committer) wakePublishers() {
+	close(c.freed)
+	c.freed = make(chan struct{})
 }
 
 // append queues m and returns the flush that will make it durable.
@@ -2183,6 +2484,7 @@ func (c *committer) append(m *Message) *flush {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.queued.Messages = append(c.queued.Messages, m)
+	c.queuedBytes += m.size()
 	notify(c.wake)
 	return c.next
 }
@@ -2242,9 +2544,14 @@ func (c *committer) loop() {
 	for range c.wake {
 		// Swap the queue for an empty one and release the lock at once:
 		// publishers keep queueing while this batch is written.
+		// Its room is given back now, not after the commit: the next
+		// batch fills while this one is written.
 		c.mu.Lock()
 		batch, fate, stopped := c.queued, c.next, c.stopped
 		c.committing = batch
+		c.reserved -= len(batch.Messages)
+		c.reservedBytes -= c.queuedBytes
+		c.wakePublishers()
 		c.reset()
 		c.mu.Unlock()
 
@@ -2276,6 +2583,7 @@ func (c *committer) stop() {
 	c.mu.Lock()
 	c.stopped = true
 	notify(c.wake)
+	c.wakePublishers()
 	c.mu.Unlock()
 	<-c.ended
 }

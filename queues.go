@@ -13,26 +13,40 @@ import (
 // how each keeps its order and its memory.
 
 // outbox is a connection's queue of frames for its writer, at most limit
-// long. A channel of that capacity would be simpler, but it allocates
-// every slot up front: a thousand of them for every idle connection. This
-// queue grows with a burst and gives the memory back once drained.
+// bytes. A channel would be simpler, but it bounds frames rather than
+// bytes, and allocates every slot up front, for every idle connection.
+// This queue grows with a burst and gives the memory back once drained.
 type outbox struct {
 	mu      sync.Mutex // guards the fields below
 	frames  [][]byte   // queued, oldest first
-	limit   int        // Options.Outbox
+	bytes   int        // the frames' lengths, added up
+	limit   int        // Options.OutboxBytes
 	writing bool       // a writer goroutine owns the socket's write side
 	write   func()     // the writer: connection.writeLoop
 }
 
-// push queues frames, all or none: none if they would overfill the
-// outbox. The first frames into an idle outbox start a writer goroutine.
+// push queues frames, all or none: none if they would take the outbox
+// past limit bytes, unless it is empty and they are one frame, which may
+// then be as large as a frame can be. The first frames into an idle
+// outbox start a writer goroutine.
 func (o *outbox) push(frames ...[]byte) bool {
+	return o.pushWithin(o.limit, frames...)
+}
+
+// pushWithin is push with a lower limit, for a sender that may use only
+// part of the outbox.
+func (o *outbox) pushWithin(limit int, frames ...[]byte) bool {
+	size := 0
+	for _, frame := range frames {
+		size += len(frame)
+	}
 	o.mu.Lock()
-	if len(o.frames)+len(frames) > o.limit {
+	if o.bytes+size > limit && (o.bytes > 0 || len(frames) > 1) {
 		o.mu.Unlock()
 		return false
 	}
 	o.frames = append(o.frames, frames...)
+	o.bytes += size
 	idle := !o.writing
 	o.writing = true
 	o.mu.Unlock()
@@ -51,18 +65,18 @@ func (o *outbox) take(batch [][]byte) [][]byte {
 	batch = append(batch, o.frames...)
 	o.writing = len(batch) > 0
 	clear(o.frames)
-	o.frames = o.frames[:0]
+	o.frames, o.bytes = o.frames[:0], 0
 	if cap(o.frames) > 64 {
 		o.frames = nil
 	}
 	return batch
 }
 
-// size is how many frames are queued.
+// size is how many bytes are queued.
 func (o *outbox) size() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return len(o.frames)
+	return o.bytes
 }
 
 // queue is a slice appended to at the back and taken from at the front:

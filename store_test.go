@@ -71,7 +71,7 @@ func storeContract(t *testing.T, store Store) {
 	}
 	read := func(after uint64, limit int) []uint64 {
 		t.Helper()
-		msgs, err := store.Read("t", after, limit)
+		msgs, err := store.Read("t", after, limit, 1<<30)
 		if err != nil {
 			t.Fatalf("Read: %v", err)
 		}
@@ -193,7 +193,7 @@ func fakeConnection(b *Broker, sub string) (c *connection,
 		subscriptions: map[string]*subscription{},
 		pending:       map[string]*unacked{}}
 	wake = make(chan struct{}, 1)
-	c.outbox = outbox{limit: 64, write: func() { notify(wake) }}
+	c.outbox = outbox{limit: 1 << 20, write: func() { notify(wake) }}
 	b.register(c)
 	return c, wake
 }
@@ -239,7 +239,7 @@ func TestBroker_RetryScheduleInFakeTime(t *testing.T) {
 		// retry loop's one-second tick.
 		start := time.Now()
 		b.publish(&Message{Topic: "jobs", ID: "j", QoS: 1,
-			Payload: json.RawMessage(`1`)})
+			Payload: json.RawMessage(`1`)}, nil)
 		for attempt := 1; attempt <= 6; attempt++ {
 			g := nextFrame(t, worker, wake)
 			due := time.Duration(attempt-1) * DefaultAckTimeout
@@ -274,7 +274,7 @@ func TestBroker_RetentionInFakeTime(t *testing.T) {
 		}
 		publish := func() {
 			b.publish(&Message{Topic: "t", ID: newID(),
-				Payload: json.RawMessage(`1`)})
+				Payload: json.RawMessage(`1`)}, nil)
 		}
 		publish()
 		publish()
@@ -285,7 +285,7 @@ func TestBroker_RetentionInFakeTime(t *testing.T) {
 		// itself, within a tick (a tenth of the TTL) of their deadline.
 		time.Sleep(27 * time.Second)
 		synctest.Wait()
-		msgs, _ := store.Read("t", 0, 10)
+		msgs, _ := store.Read("t", 0, 10, 1<<30)
 		if len(msgs) != 1 || msgs[0].Seq != 3 {
 			t.Fatalf("log holds %d messages, want only seq 3", len(msgs))
 		}

@@ -176,8 +176,7 @@ func startBenchServer(ctx context.Context) (*benchServer, error) {
 	}
 	cmd := exec.CommandContext(ctx, self, "serve", "--addr", "127.0.0.1:0",
 		"--db", filepath.Join(dir, "bench.db"), "--secret", benchSecret,
-		"--log-level", "error", "--outbox", "65536", "--max-inflight",
-		"100000", "--max-messages", "100000")
+		"--log-level", "error")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err

@@ -37,8 +37,10 @@ type fileConfig struct {
 		MaxMessages    int      `toml:"max_messages"`
 		TTL            duration `toml:"ttl"`
 		MaxFrame       int      `toml:"max_frame"`
-		Outbox         int      `toml:"outbox"`
+		OutboxBytes    int      `toml:"outbox_bytes"`
 		MaxInflight    int      `toml:"max_inflight"`
+		InflightBytes  int      `toml:"max_inflight_bytes"`
+		WriteTimeout   duration `toml:"write_timeout"`
 		AuthTimeout    duration `toml:"auth_timeout"`
 		PublishRate    float64  `toml:"publish_rate"`
 		PingInterval   duration `toml:"ping_interval"`
@@ -131,8 +133,10 @@ func (f fileConfig) defaults() serveDefaults {
 	d.maxRetries = orInt(b.MaxRetries, d.maxRetries)
 	d.maxMessages = orInt(b.MaxMessages, d.maxMessages)
 	d.maxFrame = orInt(b.MaxFrame, d.maxFrame)
-	d.outbox = orInt(b.Outbox, d.outbox)
+	d.outboxBytes = orInt(b.OutboxBytes, d.outboxBytes)
 	d.maxInflight = orInt(b.MaxInflight, d.maxInflight)
+	d.inflightBytes = orInt(b.InflightBytes, d.inflightBytes)
+	d.writeTimeout = orDuration(b.WriteTimeout, d.writeTimeout)
 	d.authTimeout = orDuration(b.AuthTimeout, d.authTimeout)
 	d.pingInterval = orDuration(b.PingInterval, d.pingInterval)
 	if b.PublishRate > 0 {

@@ -62,10 +62,10 @@ func TestConfig_FlagThenEnvironmentThenFileThenDefault(t *testing.T) {
 	path := writeConfig(t, `
 [broker]
 max_retries = 7
-outbox = 64
+outbox_bytes = 64
 ack_timeout = "2s"
 `)
-	t.Setenv("POPSUB_OUTBOX", "128")
+	t.Setenv("POPSUB_OUTBOX_BYTES", "128")
 	t.Setenv("POPSUB_ACK_TIMEOUT", "3s")
 	cfg, err := parseServe([]string{"--config", path, "--ack-timeout",
 		"4s"}, io.Discard)
@@ -73,11 +73,11 @@ ack_timeout = "2s"
 		t.Fatal(err)
 	}
 	o := cfg.options
-	if o.AckTimeout != 4*time.Second || o.Outbox != 128 ||
+	if o.AckTimeout != 4*time.Second || o.OutboxBytes != 128 ||
 		o.MaxRetries != 7 || o.MaxInflight != popsub.DefaultMaxInflight {
 		t.Fatalf("ack %v (want the flag's 4s), outbox %d (the "+
 			"environment's 128), retries %d (the file's 7), inflight %d "+
-			"(the default)", o.AckTimeout, o.Outbox, o.MaxRetries,
+			"(the default)", o.AckTimeout, o.OutboxBytes, o.MaxRetries,
 			o.MaxInflight)
 	}
 }

@@ -128,7 +128,7 @@ func TestServe_ClientRoundTrip(t *testing.T) {
 func TestServe_RefusesBadConfiguration(t *testing.T) {
 	cases := map[string][]string{
 		"a secret shorter than 32 bytes": {"--secret", "short"},
-		"a zero outbox":                  {"--outbox", "0"},
+		"a zero outbox":                  {"--outbox-bytes", "0"},
 		"an unknown flag":                {"--colour", "blue"},
 		"an auth timeout over 10s":       {"--auth-timeout", "11s"},
 	}

@@ -36,11 +36,11 @@ type serveConfig struct {
 // serveDefaults are serve's settings before the environment and flags:
 // the built-in defaults, overridden by the config file if there is one.
 type serveDefaults struct {
-	addr, db, secret, origins, logLevel, issuer, audience  string
-	ackTimeout, ttl, authTimeout, pingInterval             time.Duration
-	maxRetries, maxMessages, maxFrame, outbox, maxInflight int
-	maxConnections                                         int
-	publishRate                                            float64
+	addr, db, secret, origins, logLevel, issuer, audience    string
+	ackTimeout, ttl, authTimeout, pingInterval, writeTimeout time.Duration
+	maxRetries, maxMessages, maxFrame, maxInflight           int
+	outboxBytes, inflightBytes, maxConnections               int
+	publishRate                                              float64
 }
 
 // builtinDefaults are the package's defaults, for a run with no file.
@@ -48,13 +48,15 @@ func builtinDefaults() serveDefaults {
 	return serveDefaults{
 		addr: "127.0.0.1:8080", db: "popsub.db", logLevel: "info",
 		ackTimeout: popsub.DefaultAckTimeout, ttl: popsub.DefaultTTL,
-		authTimeout:  popsub.DefaultAuthTimeout,
-		pingInterval: popsub.DefaultPingInterval,
-		maxRetries:   popsub.DefaultMaxRetries,
-		maxMessages:  popsub.DefaultMaxMessages,
-		maxFrame:     popsub.DefaultMaxFrameBytes,
-		outbox:       popsub.DefaultOutbox,
-		maxInflight:  popsub.DefaultMaxInflight,
+		authTimeout:   popsub.DefaultAuthTimeout,
+		pingInterval:  popsub.DefaultPingInterval,
+		maxRetries:    popsub.DefaultMaxRetries,
+		maxMessages:   popsub.DefaultMaxMessages,
+		maxFrame:      popsub.DefaultMaxFrameBytes,
+		outboxBytes:   popsub.DefaultOutboxBytes,
+		maxInflight:   popsub.DefaultMaxInflight,
+		inflightBytes: popsub.DefaultMaxInflightBytes,
+		writeTimeout:  popsub.DefaultWriteTimeout,
 	}
 }
 
@@ -171,11 +173,17 @@ func serveFlags(cfg *serveConfig, d serveDefaults,
 		"how long messages are kept (POPSUB_TTL)")
 	frame := fs.Int("max-frame", integer("POPSUB_MAX_FRAME", d.maxFrame),
 		"largest incoming frame in bytes (POPSUB_MAX_FRAME)")
-	fs.IntVar(&o.Outbox, "outbox", integer("POPSUB_OUTBOX", d.outbox),
-		"frames queued per connection (POPSUB_OUTBOX)")
+	fs.IntVar(&o.OutboxBytes, "outbox-bytes", integer("POPSUB_OUTBOX_BYTES",
+		d.outboxBytes), "bytes queued per connection (POPSUB_OUTBOX_BYTES)")
 	fs.IntVar(&o.MaxInflight, "max-inflight", integer(
 		"POPSUB_MAX_INFLIGHT", d.maxInflight),
 		"unacked QoS 1 deliveries per connection (POPSUB_MAX_INFLIGHT)")
+	fs.IntVar(&o.MaxInflightBytes, "max-inflight-bytes", integer(
+		"POPSUB_MAX_INFLIGHT_BYTES", d.inflightBytes), "their bytes, "+
+		"per connection (POPSUB_MAX_INFLIGHT_BYTES)")
+	fs.DurationVar(&o.WriteTimeout, "write-timeout", duration(
+		"POPSUB_WRITE_TIMEOUT", d.writeTimeout), "wait for a peer that "+
+		"does not read, then cut it off (POPSUB_WRITE_TIMEOUT)")
 	fs.DurationVar(&o.AuthTimeout, "auth-timeout", duration(
 		"POPSUB_AUTH_TIMEOUT", d.authTimeout),
 		"time a new connection has to authenticate (POPSUB_AUTH_TIMEOUT)")
@@ -207,10 +215,12 @@ func checkServe(cfg serveConfig) error {
 	for name, v := range map[string]int64{
 		"ack-timeout": int64(o.AckTimeout), "max-retries": int64(o.MaxRetries),
 		"max-messages": int64(o.MaxMessages), "ttl": int64(o.TTL),
-		"max-frame": o.MaxFrameBytes, "outbox": int64(o.Outbox),
-		"max-inflight":  int64(o.MaxInflight),
-		"auth-timeout":  int64(o.AuthTimeout),
-		"ping-interval": int64(o.PingInterval),
+		"max-frame": o.MaxFrameBytes, "outbox-bytes": int64(o.OutboxBytes),
+		"max-inflight":       int64(o.MaxInflight),
+		"max-inflight-bytes": int64(o.MaxInflightBytes),
+		"write-timeout":      int64(o.WriteTimeout),
+		"auth-timeout":       int64(o.AuthTimeout),
+		"ping-interval":      int64(o.PingInterval),
 	} {
 		if v <= 0 {
 			return fmt.Errorf("--%s must be greater than zero", name)

@@ -1,0 +1,148 @@
+package popsub
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// This file tests flow control under bursts and floods, over real
+// WebSockets: publishers that outrun the disk wait, subscribers that
+// read are never cut off, and one that stops reading costs a bounded
+// amount of memory and is cut off.
+
+func TestBroker_BurstWithAStuckSubscriber(t *testing.T) {
+	const total, size, bound = 20_000, 1024, 256 << 10
+	runs := 10
+	if testing.Short() {
+		runs = 2
+	}
+	for run := range runs {
+		t.Run(fmt.Sprintf("run %d", run+1), func(t *testing.T) {
+			// The log keeps the whole burst, so a reader that falls
+			// behind its outbox can always catch up from it.
+			ts := startBrokerSmallBuffers(t, Options{OutboxBytes: bound,
+				MaxMessages: total, WriteTimeout: time.Second})
+			stuck, fast := ts.dialStuck("stuck"), ts.dial("fast")
+			publisher := ts.dial("publisher")
+			stuck.subscribe("burst", nil)
+			fast.subscribe("burst", nil)
+			peak := watchOutboxes(t, ts.broker)
+
+			// Open loop: the publisher never waits for a subscriber.
+			payload := `"` + strings.Repeat("x", size) + `"`
+			go func() {
+				for range total {
+					frame := `{"type":"publish","topic":"burst",` +
+						`"payload":` + payload + `}`
+					err := publisher.ws.Write(context.Background(),
+						websocket.MessageText, []byte(frame))
+					if err != nil {
+						return
+					}
+				}
+			}()
+			for i := range total {
+				if g := fast.expect("message"); g.Seq != uint64(i+1) {
+					t.Fatalf("fast got seq %d, want %d", g.Seq, i+1)
+				}
+			}
+			fast.quiet()
+			waitFor(t, func() bool { return ts.connected("stuck") == 0 },
+				"the stuck subscriber to be cut off")
+			if p := peak(); p > bound+size+256 {
+				t.Fatalf("an outbox held %d bytes, bound %d", p, bound)
+			}
+		})
+	}
+}
+
+func TestBroker_FloodsAreBounded(t *testing.T) {
+	// The bound covers the whole test process, clients included, in
+	// heap bytes: far under what an unbounded queue reached (gigabytes).
+	const heapBound = 256 << 20
+	cases := []struct {
+		name string
+		size int
+		qos  int
+	}{
+		{"QoS 0, 64-byte payloads", 64, 0},
+		{"QoS 0, 512 KiB payloads", 512 << 10, 0},
+		{"QoS 1, confirms never read", 64, 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startBrokerSmallBuffers(t, Options{WriteTimeout: time.Second})
+			stuck := ts.dialStuck("stuck")
+			stuck.subscribe("flood", nil)
+			flooder, bystander := ts.dial("flooder"), ts.dial("bystander")
+			heap := watchHeap(t)
+
+			// The flood runs for two seconds; the bystander publishes on
+			// another topic in the middle of it, and is confirmed.
+			ctx, cancel := context.WithTimeout(context.Background(),
+				2*time.Second)
+			defer cancel()
+			var sent atomic.Int64
+			go flood(ctx, flooder, tc.size, tc.qos, &sent)
+			time.Sleep(500 * time.Millisecond)
+			g := bystander.publish("calm", "still here", 1, "")
+			if g.Seq != 1 {
+				t.Fatalf("bystander confirmed at seq %d, want 1", g.Seq)
+			}
+			<-ctx.Done()
+			if sent.Load() == 0 {
+				t.Fatal("the flood sent nothing")
+			}
+			if p := heap(); p > heapBound {
+				t.Fatalf("heap reached %d MiB, bound %d MiB", p>>20,
+					heapBound>>20)
+			}
+			t.Logf("flood sent %d publishes; heap peaked at %d MiB",
+				sent.Load(), heap()>>20)
+		})
+	}
+}
+
+// flood publishes to "flood" as fast as the broker reads, until ctx ends.
+func flood(ctx context.Context, c *client, size, qos int,
+	sent *atomic.Int64) {
+	frame := []byte(fmt.Sprintf(`{"type":"publish","topic":"flood",`+
+		`"qos":%d,"payload":"%s"}`, qos, strings.Repeat("x", size)))
+	for ctx.Err() == nil {
+		if c.ws.Write(ctx, websocket.MessageText, frame) != nil {
+			return
+		}
+		sent.Add(1)
+	}
+}
+
+// watchHeap samples the process's heap in use until the test ends, and
+// returns a function that reports the most it saw.
+func watchHeap(t *testing.T) func() uint64 {
+	var peak atomic.Uint64
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		var stats runtime.MemStats
+		for {
+			runtime.ReadMemStats(&stats)
+			if stats.HeapInuse > peak.Load() {
+				peak.Store(stats.HeapInuse)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+	return func() uint64 { return peak.Load() }
+}
