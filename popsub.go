@@ -6,9 +6,10 @@
 // that one stopped: every subscriber owes its own acknowledgement, a retry
 // goes only to the subscriber that did not ack, every topic is a log with
 // dense sequence numbers that late subscribers replay as a contract, state
-// is split per topic and per connection instead of behind one lock, slow
-// subscribers are cut off instead of buffered forever, and durable
-// subscriptions keep a cursor on disk that survives a crash.
+// is split per topic and per connection instead of behind one lock, every
+// queue is bounded (a publisher faster than the disk waits, a subscriber
+// that falls behind reads on from the log), and durable subscriptions
+// keep a cursor on disk that survives a crash.
 //
 // # What it promises
 //
@@ -19,6 +20,9 @@
 //     first and live after, with no gap and no duplicate at the hand-over.
 //   - A message is delivered only once it is on disk, and a QoS 1 publish
 //     is confirmed only then: a confirmed message survives kill -9.
+//   - Memory is bounded under any burst. A subscriber is cut off (4008)
+//     only when it fails to drain: it stops reading, or falls behind what
+//     the log keeps.
 //
 // It does not replicate, cluster, order messages across topics, or
 // speak TLS; docs/ says where to go when one machine is not enough.
@@ -103,6 +107,10 @@ const (
 	// DefaultMaxMessages is how many messages a topic's log keeps: enough
 	// to cover a subscriber's reconnect, small enough to load at start.
 	DefaultMaxMessages = 1000
+	// DefaultMaxLogBytes bounds the same log in bytes: a thousand 512 KiB
+	// messages would keep half a gigabyte on disk and in the file's
+	// memory map, for one topic.
+	DefaultMaxLogBytes = 64 << 20
 	// DefaultTTL is how long a message stays in a topic's log.
 	DefaultTTL = time.Hour
 	// DefaultMaxFrameBytes caps one incoming frame after authentication.
@@ -143,7 +151,7 @@ const (
 	maxMessageIDBytes = 256             // the longest message_id, in bytes
 	replayChunk       = 256             // messages read from the log at a time
 	maxQueueMessages  = 4096            // messages waiting for the log
-	maxQueueBytes     = 4 << 20         // their bytes; see committer.admit
+	maxQueueBytes     = 1 << 20         // their bytes; see committer.admit
 	heldBytes         = 64 << 10        // most a writer holds per write
 	deadPrefix        = "$dead/"        // dead letters of T go to $dead/T
 )
@@ -180,6 +188,8 @@ type Options struct {
 	MaxRetries int
 	// MaxMessages is how many messages each topic's log keeps.
 	MaxMessages int
+	// MaxLogBytes bounds each topic's log in bytes (Message.size).
+	MaxLogBytes int
 	// TTL is how long a message stays in its topic's log.
 	TTL time.Duration
 	// MaxFrameBytes caps an incoming frame; larger ones close with 1009.
@@ -221,6 +231,7 @@ func (o Options) withDefaults() Options {
 	o.AckTimeout = orDefault(o.AckTimeout, DefaultAckTimeout)
 	o.MaxRetries = orDefault(o.MaxRetries, DefaultMaxRetries)
 	o.MaxMessages = orDefault(o.MaxMessages, DefaultMaxMessages)
+	o.MaxLogBytes = orDefault(o.MaxLogBytes, DefaultMaxLogBytes)
 	o.TTL = orDefault(o.TTL, DefaultTTL)
 	o.MaxFrameBytes = orDefault(o.MaxFrameBytes, DefaultMaxFrameBytes)
 	o.OutboxBytes = orDefault(o.OutboxBytes, DefaultOutboxBytes)
@@ -387,6 +398,8 @@ type topic struct {
 	// index lists the retained messages in seq order, without payloads:
 	// a queue (queues.go), taken from the front as messages expire.
 	index queue[entry]
+	// bytes adds up the index's sizes, against MaxLogBytes.
+	bytes int
 	// ids maps the message_id of each retained QoS 1 message to its seq.
 	ids map[string]uint64
 	// subscribers are the exact-topic subscriptions, replaying or live.
@@ -399,6 +412,7 @@ type entry struct {
 	seq       uint64 // the message's seq
 	timestamp int64  // Unix ms, for the time-to-live
 	id        string // a QoS 1 message_id, for idempotent publishes
+	size      int    // Message.size, for the byte cap
 }
 
 // New starts a broker over opts.Store, loading every topic's index from it.
@@ -516,12 +530,13 @@ func (b *Broker) topic(name string) *topic {
 func (t *topic) remember(m *Message) {
 	// Only QoS 1 ids are remembered for dedup: a QoS 0 publisher asked
 	// for at most once and gets no confirm to retry after.
-	e := entry{seq: m.Seq, timestamp: m.Timestamp}
+	e := entry{seq: m.Seq, timestamp: m.Timestamp, size: m.size()}
 	if m.QoS == 1 {
 		e.id = m.ID
 		t.ids[m.ID] = m.Seq
 	}
 	t.index.insert(len(t.index.live()), e)
+	t.bytes += e.size
 	t.lastTime = max(t.lastTime, m.Timestamp)
 }
 
@@ -535,6 +550,7 @@ func (t *topic) forget(n int) uint64 {
 		if e.id != "" && t.ids[e.id] == e.seq {
 			delete(t.ids, e.id)
 		}
+		t.bytes -= e.size
 	}
 	// The index is a queue: dropping the front of a thousand entries on
 	// every publish copies nothing. Deleting them from a slice moved all
@@ -543,6 +559,22 @@ func (t *topic) forget(n int) uint64 {
 	last := gone[n-1].seq
 	t.index.remove(0, n)
 	return last
+}
+
+// excess is how many of the oldest messages must leave the index for it
+// to keep at most maxMessages and maxBytes; the newest always stays. The
+// caller holds t.mu.
+func (t *topic) excess(maxMessages, maxBytes int) int {
+	live := t.index.live()
+	n := max(len(live)-maxMessages, 0)
+	bytes := t.bytes
+	for _, e := range live[:n] {
+		bytes -= e.size
+	}
+	for ; n < len(live)-1 && bytes > maxBytes; n++ {
+		bytes -= live[n].size
+	}
+	return n
 }
 
 // firstSeq is the oldest retained seq, or head+1 when the log is empty.
@@ -1755,7 +1787,7 @@ func (b *Broker) publish(m *Message, done <-chan struct{}) (uint64, bool,
 
 	// The count cap is applied here, as messages arrive: the oldest
 	// leave the index now and the log in the same batch as m.
-	if over := len(t.index.live()) - b.opts.MaxMessages; over > 0 {
+	if over := t.excess(b.opts.MaxMessages, b.opts.MaxLogBytes); over > 0 {
 		b.log.trim(t.name, t.forget(over))
 	}
 	return m.Seq, false, synced
@@ -1793,8 +1825,12 @@ func (b *Broker) forgetFailed(msgs []*Message) {
 			t.committed = max(t.committed, m.Seq)
 		}
 		t.index.keep(func(e entry) bool {
-			return slices.ContainsFunc(group,
+			failed := slices.ContainsFunc(group,
 				func(m *Message) bool { return m.Seq == e.seq })
+			if failed {
+				t.bytes -= e.size
+			}
+			return failed
 		})
 		t.mu.Unlock()
 	}

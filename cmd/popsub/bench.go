@@ -36,7 +36,9 @@ const benchSecret = "popsub-bench-secret-of-at-least-32-bytes"
 type benchConfig struct {
 	url, secret, token                   string
 	publishers, subscribers, topics      int
-	size, qos, window, idle              int
+	size, qos, window, idle, burst       int
+	stuck                                int
+	bystander                            bool
 	rate                                 float64
 	duration                             time.Duration
 	jsonOut, allowRemote, batch, noServe bool
@@ -64,6 +66,13 @@ type benchResult struct {
 	ServerCPUPerDeliv float64 `json:"server_cpu_us_per_delivery,omitempty"`
 	ServerKiBPerConn  float64 `json:"server_kib_per_connection,omitempty"`
 	IdleConnections   int     `json:"idle_connections,omitempty"`
+	Stuck             int     `json:"stuck,omitempty"`
+	StuckCutOff       int64   `json:"stuck_cut_off,omitempty"`
+	BystanderP50Milli float64 `json:"bystander_confirm_p50_ms,omitempty"`
+	BystanderP99Milli float64 `json:"bystander_confirm_p99_ms,omitempty"`
+	BystanderMaxMilli float64 `json:"bystander_confirm_max_ms,omitempty"`
+	Bystanders        int     `json:"bystander_confirms,omitempty"`
+	ServerPeakRSSMiB  float64 `json:"server_peak_rss_mib,omitempty"`
 }
 
 // benchCommand runs popsub bench.
@@ -114,7 +123,14 @@ func parseBench(args []string, stderr io.Writer) (benchConfig, error) {
 	fs.Float64Var(&c.rate, "rate", 0, "messages per second for all "+
 		"publishers; 0: as fast as the slowest subscriber allows")
 	fs.IntVar(&c.window, "window", 1000, "most messages a publisher may be "+
-		"ahead of the slowest subscriber")
+		"ahead of the slowest subscriber; 0: open loop, as fast as the "+
+		"server reads")
+	fs.IntVar(&c.burst, "burst", 0, "publish this many messages in all, "+
+		"then stop (with --window 0: an open-loop burst)")
+	fs.IntVar(&c.stuck, "stuck", 0, "subscribers that never read, beside "+
+		"the others")
+	fs.BoolVar(&c.bystander, "bystander", false, "a QoS 1 publisher on "+
+		"another topic, every 10ms: its confirm latency")
 	fs.DurationVar(&c.duration, "duration", 5*time.Second,
 		"how long to publish")
 	fs.IntVar(&c.idle, "idle", 0, "instead, open N idle connections with "+
@@ -132,8 +148,10 @@ func parseBench(args []string, stderr io.Writer) (benchConfig, error) {
 		return c, errors.New("need at least one publisher and one topic")
 	case c.qos != 0 && c.qos != 1:
 		return c, errors.New("--qos must be 0 or 1")
-	case c.duration <= 0 || c.duration > time.Hour || c.window < 1:
-		return c, errors.New("--duration must be in (0, 1h], --window ≥ 1")
+	case c.duration <= 0 || c.duration > time.Hour || c.window < 0:
+		return c, errors.New("--duration must be in (0, 1h], --window ≥ 0")
+	case c.burst < 0 || c.stuck < 0:
+		return c, errors.New("--burst and --stuck may not be negative")
 	case c.idle < 0 || c.idle > 100_000 || c.size < 16 || c.size > 1<<20:
 		return c, errors.New("--idle ≤ 100000, 16 ≤ --size ≤ 1 MiB")
 	}
@@ -225,12 +243,22 @@ func (s *benchServer) cpu() time.Duration {
 
 // memory is the server's resident set, in KiB.
 func (s *benchServer) memory() float64 {
+	return s.status("VmRSS:")
+}
+
+// peakMemory is the most the server's resident set has been, in KiB.
+func (s *benchServer) peakMemory() float64 {
+	return s.status("VmHWM:")
+}
+
+// status reads one KiB figure from the server's /proc status.
+func (s *benchServer) status(key string) float64 {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
 	if err != nil {
 		return 0
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if rest, ok := strings.CutPrefix(line, key); ok {
 			kib, _ := strconv.ParseFloat(strings.Fields(rest)[0], 64)
 			return kib
 		}
@@ -301,11 +329,23 @@ func printBench(w io.Writer, asJSON bool, r benchResult) error {
 		r.Published, r.PublishedPerSec, r.Delivered, r.DeliveredPerSec)
 	fmt.Fprintf(w, "lost %d, duplicated %d, cut off %d\n", r.Lost,
 		r.Duplicated, r.CutOff)
+	if r.Stuck > 0 {
+		fmt.Fprintf(w, "stuck subscribers %d, cut off %d\n", r.Stuck,
+			r.StuckCutOff)
+	}
+	if r.Bystanders > 0 {
+		fmt.Fprintf(w, "bystander confirms %d: p50 %.2fms, p99 %.2fms, "+
+			"max %.2fms\n", r.Bystanders, r.BystanderP50Milli,
+			r.BystanderP99Milli, r.BystanderMaxMilli)
+	}
 	fmt.Fprintf(w, "latency p50 %.0fµs, p90 %.0fµs, p99 %.0fµs, "+
 		"max %.0fµs\n", r.LatencyP50Micros, r.LatencyP90Micros, r.LatencyP99Micros,
 		r.LatencyMaxMicros)
 	if r.ServerCPUPerDeliv > 0 {
 		fmt.Fprintf(w, "server CPU per delivery %.2fµs\n", r.ServerCPUPerDeliv)
+	}
+	if r.ServerPeakRSSMiB > 0 {
+		fmt.Fprintf(w, "server peak RSS %.1f MiB\n", r.ServerPeakRSSMiB)
 	}
 	return nil
 }

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +27,8 @@ type load struct {
 	confirmed   atomic.Int64   // QoS 1 confirms received
 	progress    chan struct{}  // signalled as subscribers receive
 	cutOff      atomic.Int64
+	stuck       []*websocket.Conn // subscribers that never read
+	bystander   []time.Duration   // confirm latencies, the bystander's
 }
 
 // benchSubscriber is one subscribing connection.
@@ -52,6 +56,9 @@ func runLoad(ctx context.Context, cfg benchConfig, server *benchServer,
 	if err != nil {
 		return benchResult{}, err
 	}
+	if err := l.connectStuck(ctx); err != nil {
+		return benchResult{}, err
+	}
 
 	// Publish until the deadline, then wait (bounded) for the tail.
 	var cpuBefore time.Duration
@@ -66,12 +73,24 @@ func runLoad(ctx context.Context, cfg benchConfig, server *benchServer,
 	for i, ws := range publishers {
 		wg.Go(func() { l.publish(ctx, i, ws, start, deadline) })
 	}
+	bystanderDone := make(chan struct{})
+	if cfg.bystander {
+		go l.runBystander(ctx, done, bystanderDone)
+	} else {
+		close(bystanderDone)
+	}
 	wg.Wait()
 	l.drain()
 	elapsed := time.Since(start)
 	close(done)
+	<-bystanderDone
 
 	result := l.result(elapsed)
+	result.Stuck, result.StuckCutOff = len(l.stuck), l.stuckCutOff()
+	l.bystanderResult(&result)
+	if server != nil {
+		result.ServerPeakRSSMiB = server.peakMemory() / 1024
+	}
 	if server != nil && result.Delivered > 0 {
 		cpu := server.cpu() - cpuBefore
 		result.ServerCPUPerDeliv = float64(cpu.Microseconds()) /
@@ -132,8 +151,12 @@ func (l *load) connectPublishers(ctx context.Context) ([]*websocket.Conn,
 }
 
 // publishBatch is the most publishes a batching publisher puts in one
-// frame.
-const publishBatch = 64
+// frame, and publishBatchBytes the most bytes, well under the server's
+// default frame limit of 1 MiB.
+const (
+	publishBatch      = 64
+	publishBatchBytes = 256 << 10
+)
 
 // publish sends messages from publisher p until the deadline, paced by
 // the rate or held within the window of the slowest subscriber. With
@@ -155,7 +178,11 @@ func (l *load) publish(ctx context.Context, p int, ws *websocket.Conn,
 		return err == nil
 	}
 	defer send()
-	for n := int64(0); time.Now().Before(deadline); n++ {
+	limit := int64(math.MaxInt64)
+	if l.cfg.burst > 0 {
+		limit = int64((l.cfg.burst + l.cfg.publishers - 1) / l.cfg.publishers)
+	}
+	for n := int64(0); n < limit && time.Now().Before(deadline); n++ {
 		if perPublisher > 0 {
 			due := start.Add(time.Duration(float64(n) / perPublisher *
 				float64(time.Second)))
@@ -175,15 +202,19 @@ func (l *load) publish(ctx context.Context, p int, ws *websocket.Conn,
 			`"qos":%d,"payload":{"p":%d,"n":%d,"t":%d,"x":"%s"}}`, topic,
 			l.cfg.qos, p, n, time.Now().UnixNano(), padding)
 		queued++
-		if (!l.cfg.batch || queued == publishBatch) && !send() {
+		full := queued == publishBatch || len(frame) >= publishBatchBytes
+		if (!l.cfg.batch || full) && !send() {
 			return
 		}
 	}
 }
 
 // inWindow reports whether publisher p's message n is within the window
-// of every live subscriber.
+// of every live subscriber. A window of 0 is an open loop: always.
 func (l *load) inWindow(p int, n int64) bool {
+	if l.cfg.window == 0 {
+		return true
+	}
 	slowest := n
 	for _, s := range l.subscribers {
 		if !s.closed.Load() {
@@ -445,4 +476,86 @@ func between(line []byte, open, close string) ([]byte, []byte) {
 		return rest[:j], rest[j:]
 	}
 	return nil, line
+}
+
+// connectStuck connects the subscribers that never read.
+func (l *load) connectStuck(ctx context.Context) error {
+	for i := range l.cfg.stuck {
+		ws, err := benchDial(ctx, l.cfg, fmt.Sprintf("stuck-%d", i), false)
+		if err != nil {
+			return err
+		}
+		if err := subscribeAll(ctx, ws, l.cfg.topics); err != nil {
+			return err
+		}
+		l.stuck = append(l.stuck, ws)
+	}
+	return nil
+}
+
+// stuckCutOff counts the stuck subscribers the server has closed: each
+// reads its backlog now, for at most two seconds; one still open then
+// was not cut off.
+func (l *load) stuckCutOff() int64 {
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	for _, ws := range l.stuck {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(),
+				2*time.Second)
+			defer cancel()
+			for {
+				if _, _, err := ws.Read(ctx); err != nil {
+					if ctx.Err() == nil {
+						n.Add(1)
+					}
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return n.Load()
+}
+
+// runBystander publishes one QoS 1 message every 10ms to a topic of its
+// own until done, and records how long each confirm took.
+func (l *load) runBystander(ctx context.Context, done, finished chan struct{}) {
+	defer close(finished)
+	ws, err := benchDial(ctx, l.cfg, "bystander", false)
+	if err != nil {
+		return
+	}
+	defer ws.CloseNow()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	frame := []byte(`{"type":"publish","topic":"bystander","qos":1,` +
+		`"payload":"still here"}`)
+	for {
+		select {
+		case <-done:
+			return
+		case <-tick.C:
+		}
+		sent := time.Now()
+		if ws.Write(ctx, websocket.MessageText, frame) != nil {
+			return
+		}
+		if _, _, err := ws.Read(ctx); err != nil {
+			return
+		}
+		l.bystander = append(l.bystander, time.Since(sent))
+	}
+}
+
+// bystanderResult adds the bystander's confirm latencies to r.
+func (l *load) bystanderResult(r *benchResult) {
+	sorted := slices.Sorted(slices.Values(l.bystander))
+	if len(sorted) == 0 {
+		return
+	}
+	r.Bystanders = len(sorted)
+	r.BystanderP50Milli = percentile(sorted, 0.50) / 1000
+	r.BystanderP99Milli = percentile(sorted, 0.99) / 1000
+	r.BystanderMaxMilli = percentile(sorted, 1) / 1000
 }

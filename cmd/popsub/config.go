@@ -35,6 +35,7 @@ type fileConfig struct {
 		AckTimeout     duration `toml:"ack_timeout"`
 		MaxRetries     int      `toml:"max_retries"`
 		MaxMessages    int      `toml:"max_messages"`
+		MaxLogBytes    int      `toml:"max_log_bytes"`
 		TTL            duration `toml:"ttl"`
 		MaxFrame       int      `toml:"max_frame"`
 		OutboxBytes    int      `toml:"outbox_bytes"`
@@ -132,6 +133,7 @@ func (f fileConfig) defaults() serveDefaults {
 	d.ackTimeout = orDuration(b.AckTimeout, d.ackTimeout)
 	d.maxRetries = orInt(b.MaxRetries, d.maxRetries)
 	d.maxMessages = orInt(b.MaxMessages, d.maxMessages)
+	d.maxLogBytes = orInt(b.MaxLogBytes, d.maxLogBytes)
 	d.maxFrame = orInt(b.MaxFrame, d.maxFrame)
 	d.outboxBytes = orInt(b.OutboxBytes, d.outboxBytes)
 	d.maxInflight = orInt(b.MaxInflight, d.maxInflight)

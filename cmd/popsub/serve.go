@@ -39,7 +39,7 @@ type serveDefaults struct {
 	addr, db, secret, origins, logLevel, issuer, audience    string
 	ackTimeout, ttl, authTimeout, pingInterval, writeTimeout time.Duration
 	maxRetries, maxMessages, maxFrame, maxInflight           int
-	outboxBytes, inflightBytes, maxConnections               int
+	outboxBytes, inflightBytes, maxConnections, maxLogBytes  int
 	publishRate                                              float64
 }
 
@@ -52,6 +52,7 @@ func builtinDefaults() serveDefaults {
 		pingInterval:  popsub.DefaultPingInterval,
 		maxRetries:    popsub.DefaultMaxRetries,
 		maxMessages:   popsub.DefaultMaxMessages,
+		maxLogBytes:   popsub.DefaultMaxLogBytes,
 		maxFrame:      popsub.DefaultMaxFrameBytes,
 		outboxBytes:   popsub.DefaultOutboxBytes,
 		maxInflight:   popsub.DefaultMaxInflight,
@@ -169,6 +170,9 @@ func serveFlags(cfg *serveConfig, d serveDefaults,
 	fs.IntVar(&o.MaxMessages, "max-messages", integer(
 		"POPSUB_MAX_MESSAGES", d.maxMessages),
 		"messages kept per topic (POPSUB_MAX_MESSAGES)")
+	fs.IntVar(&o.MaxLogBytes, "max-log-bytes", integer(
+		"POPSUB_MAX_LOG_BYTES", d.maxLogBytes),
+		"bytes kept per topic (POPSUB_MAX_LOG_BYTES)")
 	fs.DurationVar(&o.TTL, "ttl", duration("POPSUB_TTL", d.ttl),
 		"how long messages are kept (POPSUB_TTL)")
 	frame := fs.Int("max-frame", integer("POPSUB_MAX_FRAME", d.maxFrame),
@@ -215,7 +219,8 @@ func checkServe(cfg serveConfig) error {
 	for name, v := range map[string]int64{
 		"ack-timeout": int64(o.AckTimeout), "max-retries": int64(o.MaxRetries),
 		"max-messages": int64(o.MaxMessages), "ttl": int64(o.TTL),
-		"max-frame": o.MaxFrameBytes, "outbox-bytes": int64(o.OutboxBytes),
+		"max-log-bytes": int64(o.MaxLogBytes),
+		"max-frame":     o.MaxFrameBytes, "outbox-bytes": int64(o.OutboxBytes),
 		"max-inflight":       int64(o.MaxInflight),
 		"max-inflight-bytes": int64(o.MaxInflightBytes),
 		"write-timeout":      int64(o.WriteTimeout),
