@@ -3,13 +3,14 @@ package popsub
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/popsub/popsub/xray"
 	"testing"
 	"time"
 )
 
 // watch subscribes c to the x-ray feed, live only, and returns the
 // snapshot that a new watcher gets first.
-func watch(t *testing.T, c *client) Event {
+func watch(t *testing.T, c *client) xray.Event {
 	t.Helper()
 	c.subscribe(EventsTopic, map[string]any{"last": 0})
 	e := nextEvent(t, c)
@@ -20,10 +21,10 @@ func watch(t *testing.T, c *client) Event {
 }
 
 // nextEvent reads the next x-ray event from c.
-func nextEvent(t *testing.T, c *client) Event {
+func nextEvent(t *testing.T, c *client) xray.Event {
 	t.Helper()
 	g := c.expect("message")
-	var e Event
+	var e xray.Event
 	if err := json.Unmarshal(g.Payload, &e); err != nil {
 		t.Fatalf("event %s: %v", g.Payload, err)
 	}
@@ -37,7 +38,7 @@ func eventKey(kind, topic, id, client string, attempt int) string {
 
 // countEvents reads events from c into counts until one matches stop.
 func countEvents(t *testing.T, c *client, counts map[string]int,
-	stop func(Event) bool) {
+	stop func(xray.Event) bool) {
 	t.Helper()
 	for {
 		e := nextEvent(t, c)
@@ -51,11 +52,11 @@ func countEvents(t *testing.T, c *client, counts map[string]int,
 func TestEvents_EachTransitionEmitsExactlyOneEvent(t *testing.T) {
 	ts := startBroker(t, Options{AckTimeout: 250 * time.Millisecond,
 		MaxRetries: 1, MaxInflight: 1, MaxMessages: 1})
-	xray := ts.dialWith("xray", Claims{Subscribe: []string{"$sys/#"}})
-	watch(t, xray)
+	watcher := ts.dialWith("xray", Claims{Subscribe: []string{"$sys/#"}})
+	watch(t, watcher)
 	counts := map[string]int{}
-	is := func(kind, id string) func(Event) bool {
-		return func(e Event) bool { return e.Kind == kind && e.MessageID == id }
+	is := func(kind, id string) func(xray.Event) bool {
+		return func(e xray.Event) bool { return e.Kind == kind && e.MessageID == id }
 	}
 
 	alice := dialRaw(t, ts.url, "alice")
@@ -68,12 +69,12 @@ func TestEvents_EachTransitionEmitsExactlyOneEvent(t *testing.T) {
 	// j1 is delivered and acked.
 	bob.publish("jobs", 1, 1, "j1")
 	alice.ack(alice.expect("message"))
-	countEvents(t, xray, counts, is("acked", "j1"))
+	countEvents(t, watcher, counts, is("acked", "j1"))
 
 	// j2 is never acked: one retry, then the dead-letter queue.
 	bob.publish("jobs", 2, 1, "j2")
 	alice.messages(2)
-	countEvents(t, xray, counts, is("dead_lettered", "j2"))
+	countEvents(t, watcher, counts, is("dead_lettered", "j2"))
 
 	// j3 fills alice's window of one; j4 finds it full and waits in the
 	// log, which keeps one message: j6 leaves her without j5, long before
@@ -84,7 +85,7 @@ func TestEvents_EachTransitionEmitsExactlyOneEvent(t *testing.T) {
 	bob.publish("jobs", 5, 1, "j5")
 	bob.publish("jobs", 6, 1, "j6")
 	alice.expectClose(CloseSlowConsumer)
-	countEvents(t, xray, counts, func(e Event) bool {
+	countEvents(t, watcher, counts, func(e xray.Event) bool {
 		return e.Kind == "disconnected" && e.Client == "alice"
 	})
 
@@ -138,8 +139,8 @@ func TestEvents_SnapshotShowsPendingDeliveries(t *testing.T) {
 	ts.dial("p").publish("jobs", 1, 1, "j1")
 	worker.expect("message")
 
-	xray := ts.dialWith("xray", Claims{Subscribe: []string{"$sys/#"}})
-	state := watch(t, xray).State
+	watcher := ts.dialWith("xray", Claims{Subscribe: []string{"$sys/#"}})
+	state := watch(t, watcher).State
 	if state.Topics["jobs"] != 1 || len(state.Pending) != 1 ||
 		state.Pending[0].MessageID != "j1" ||
 		state.Pending[0].Sub != "worker" {

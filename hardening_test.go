@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -208,34 +210,110 @@ func TestBroker_Login(t *testing.T) {
 		})
 }
 
-func TestLoginThrottle_SlowsButDoesNotLockOut(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		b := &Broker{opts: Options{Users: loginUsers(t),
-			Secret: testSecret}.withDefaults(), logger: quietLogger}
-		attempt := func(password, remote string) (string, time.Duration) {
+func TestBroker_LoginUnderAttack(t *testing.T) {
+	// Eight sockets guess alice's password from her own address; she
+	// still logs in, well within an auth timeout of two seconds.
+	ts := startBroker(t, Options{Users: loginUsers(t),
+		AuthTimeout: 2 * time.Second})
+	for i := range 8 {
+		attacker := dialRaw(t, ts.url, fmt.Sprintf("stranger-%d", i))
+		for range 5 {
+			attacker.send(map[string]any{"type": "login",
+				"username": "alice", "password": "guess"})
+		}
+	}
+	waitFor(t, func() bool {
+		b := ts.broker
+		b.logins.mu.Lock()
+		defer b.logins.mu.Unlock()
+		return b.logins.failures["user:alice"].count >= 8
+	}, "the guesses to be counted")
+	alice := dialRaw(t, ts.url, "alice")
+	alice.send(map[string]any{"type": "login", "username": "alice",
+		"password": "correct horse"})
+	g := alice.next()
+	if g.Type != "login_response" {
+		t.Fatalf("alice got %+v, want login_response", g)
+	}
+}
+
+func TestLoginThrottle_SlowsGuessesNeverTheUser(t *testing.T) {
+	// answered counts the wrong answers guessers get in a minute of
+	// fake time, each guessing on a connection of its own.
+	answered := func(t *testing.T, guessers int) (int, time.Duration) {
+		var n atomic.Int64
+		var slowest time.Duration
+		synctest.Test(t, func(t *testing.T) {
+			b := &Broker{opts: Options{Users: loginUsers(t),
+				Secret: testSecret}.withDefaults(), logger: quietLogger}
+			var wg sync.WaitGroup
+			for range guessers {
+				c := &connection{broker: b, remote: "203.0.113.9:4000",
+					done: make(chan struct{})}
+				wg.Go(func() {
+					for start := time.Now(); time.Since(start) < time.Minute; {
+						c.login(frame{Username: "alice", Password: "guess"})
+						n.Add(1)
+					}
+				})
+			}
+			// The real user, from the same address, mid-attack.
+			time.Sleep(30 * time.Second)
+			c := &connection{broker: b, remote: "203.0.113.9:5000",
+				done: make(chan struct{})}
 			start := time.Now()
-			r := b.login(frame{Username: "alice", Password: password},
-				remote)
-			return r.Type + r.Code, time.Since(start)
-		}
-		for range 20 {
-			attempt("guess", "203.0.113.9:4000")
-		}
-		if _, wait := attempt("guess", "203.0.113.9:4000"); wait !=
-			loginMaxDelay {
-			t.Fatalf("20th failure waited %v, want the cap %v", wait,
-				loginMaxDelay)
-		}
-		result, wait := attempt("correct horse", "198.51.100.7:5000")
-		if result != "login_response" || wait > loginMaxDelay {
-			t.Fatalf("the real user got %q after %v; want in within %v",
-				result, wait, loginMaxDelay)
-		}
-		time.Sleep(loginForget + time.Second)
-		if _, wait := attempt("guess", "203.0.113.9:4000"); wait != 0 {
-			t.Fatalf("after a quiet spell the wait is %v, want 0", wait)
-		}
-	})
+			r := c.login(frame{Username: "alice", Password: "correct horse"})
+			slowest = time.Since(start)
+			if r.Type != "login_response" {
+				t.Errorf("the real user got %+v, want a token", r)
+			}
+			wg.Wait()
+		})
+		return int(n.Load()), slowest
+	}
+
+	t.Run("one guesser is slowed to one answer per four seconds",
+		func(t *testing.T) {
+			n, _ := answered(t, 1)
+			if n > 25 {
+				t.Fatalf("%d answers in a minute, want at most 25", n)
+			}
+		})
+	t.Run("sixteen sockets get no more answers than one",
+		func(t *testing.T) {
+			one, _ := answered(t, 1)
+			many, wait := answered(t, 16)
+			t.Logf("one guesser: %d answers; sixteen: %d", one, many)
+			if many > one+16 {
+				t.Fatalf("16 guessers got %d answers, one got %d", many, one)
+			}
+			if wait != 0 {
+				t.Fatalf("the real user waited %v under attack, want 0", wait)
+			}
+		})
+}
+
+func TestLoginThrottle_MemoryIsBoundedAndKeepsTheAttacker(t *testing.T) {
+	var throttle loginThrottle
+	now := time.Now()
+	for i := range 30_000 {
+		now = now.Add(time.Millisecond)
+		throttle.fail(now, fmt.Sprintf("user:name-%d", i), "addr:attacker")
+	}
+	if n := len(throttle.failures); n > loginMaxKeys+1 {
+		t.Fatalf("%d keys remembered, want at most %d", n, loginMaxKeys+1)
+	}
+	if f := throttle.failures["addr:attacker"]; f.count != 30_000 {
+		t.Fatalf("the attacker's address has %d failures, want 30000",
+			f.count)
+	}
+
+	// Ten quiet minutes forget it all.
+	later := now.Add(loginForget + time.Second)
+	if at := throttle.fail(later, "addr:attacker"); !at.Equal(later) {
+		t.Fatalf("after a quiet spell the answer waits %v, want none",
+			at.Sub(later))
+	}
 }
 
 func TestBroker_Limits(t *testing.T) {

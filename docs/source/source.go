@@ -37,10 +37,8 @@ type File struct {
 	Src  []byte
 }
 
-// PackageFiles are the broker's files in reading order: popsub.go, then
-// the files its package doc names beside it.
-var PackageFiles = []string{"popsub.go", "wire.go", "queues.go",
-	"access.go", "events.go", "bolt.go"}
+// PackageFiles are the broker's files: the broker is one file.
+var PackageFiles = []string{"popsub.go"}
 
 // Load reads PackageFiles from dir.
 func Load(dir string) ([]File, error) {

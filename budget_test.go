@@ -1,0 +1,106 @@
+package popsub
+
+import (
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/popsub/popsub/docs/source"
+)
+
+// The budget of popsub.go, from STYLE.md: what keeps "an afternoon" true.
+const (
+	budgetFirstReading  = 1500 // code lines in first-reading sections
+	budgetCode          = 2600 // code lines in the whole file
+	budgetFileRatio     = 0.5  // comment lines per code line, whole file
+	budgetSectionRatio  = 0.35 // the same, in every section
+	budgetLongest       = 60   // lines in the longest function
+	budgetMedian        = 15   // lines in the median function
+	budgetDocumentedPct = 95   // declarations with a doc comment
+)
+
+func TestPopsubGo_KeepsItsBudget(t *testing.T) {
+	src, err := os.ReadFile("popsub.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := source.Measure(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range b.Sections {
+		t.Logf("%-40s detail=%-5v code %4d prose %4d ratio %.2f, %d min",
+			s.Title, s.Detail, s.Code, s.Prose,
+			float64(s.Prose)/float64(max(s.Code, 1)), s.Minutes())
+		if float64(s.Prose) < budgetSectionRatio*float64(s.Code) {
+			t.Errorf("section %q: %d comment lines for %d code lines, "+
+				"want at least %.2f per code line", s.Title, s.Prose, s.Code,
+				budgetSectionRatio)
+		}
+	}
+	t.Logf("code %d (first reading %d), comments %d, ratio %.2f, "+
+		"functions %d, longest %d, median %d, documented %d/%d",
+		b.Code, b.FirstReading, b.Comments,
+		float64(b.Comments)/float64(b.Code), len(b.Functions),
+		b.LongestFunction(), b.MedianFunction(), b.Documented,
+		b.Declarations)
+	checks := []struct {
+		what      string
+		got, want int
+		ok        bool
+	}{
+		{"code lines on the first reading", b.FirstReading,
+			budgetFirstReading, b.FirstReading <= budgetFirstReading},
+		{"code lines", b.Code, budgetCode, b.Code <= budgetCode},
+		{"comment lines (at least half the code lines)", b.Comments,
+			b.Code / 2,
+			float64(b.Comments) >= budgetFileRatio*float64(b.Code)},
+		{"lines in the longest function", b.LongestFunction(),
+			budgetLongest, b.LongestFunction() <= budgetLongest},
+		{"lines in the median function", b.MedianFunction(), budgetMedian,
+			b.MedianFunction() <= budgetMedian},
+		{"documented declarations, percent",
+			100 * b.Documented / b.Declarations, budgetDocumentedPct,
+			100*b.Documented >= budgetDocumentedPct*b.Declarations},
+		{"lines over 80 columns", len(b.LongLines), 0,
+			len(b.LongLines) == 0},
+	}
+	for _, c := range checks {
+		if !c.ok {
+			t.Errorf("popsub.go: %s: %d, budget %d", c.what, c.got, c.want)
+		}
+	}
+}
+
+func TestPopsubGo_ClaimsMatchItsMeasure(t *testing.T) {
+	// What the README, the package doc and tutorial 6 say of the file's
+	// size is what the measure gives: code rounded to the hundred, the
+	// first reading's time to the half hour.
+	src, err := os.ReadFile("popsub.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := source.Measure(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := b.Claim()
+	for _, path := range []string{"README.md", "popsub.go",
+		"docs/6-where-popsub-stops.md"} {
+		text, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(prose(string(text)), claim) {
+			t.Errorf("%s does not say %q", path, claim)
+		}
+	}
+}
+
+// prose joins text's lines, without comment markers or Markdown's line
+// breaks, so that a sentence can be found whatever its wrapping.
+func prose(text string) string {
+	text = regexp.MustCompile(`(?m)^\s*// ?`).ReplaceAllString(text, "")
+	return strings.Join(strings.Fields(text), " ")
+}

@@ -1,0 +1,207 @@
+package source
+
+import (
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/scanner"
+	"go/token"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Budget is a file measured as STYLE.md counts popsub.go: code lines are
+// lines holding a token other than a comment; comment lines hold only a
+// comment; blank lines are neither.
+type Budget struct {
+	// Sections are the file's banners ("// # Title") in order; the lines
+	// before the first belong to a section called Package.
+	Sections []SectionBudget
+	// Code and Comments count the whole file's code and comment lines.
+	Code, Comments int
+	// FirstReading counts the code lines of sections not marked detail.
+	FirstReading int
+	// Functions holds each function's length, from func to its closing
+	// brace, in lines.
+	Functions []int
+	// Documented counts the declarations with a doc comment, out of
+	// Declarations (functions, and each type, const and var group).
+	Documented, Declarations int
+	// LongLines lists the lines wider than 80 columns, a tab counting 4.
+	LongLines []int
+}
+
+// SectionBudget is one section's share of a Budget.
+type SectionBudget struct {
+	Title  string // the banner's title, without "(detail)"
+	Detail bool   // marked "(detail)": a first reading may skip it
+	Line   int    // the banner's line, from 1
+	Code   int    // code lines
+	Prose  int    // comment lines
+}
+
+// ReadingRate is how many lines, code and comments, a reader covers in a
+// minute: STYLE.md's 2,500 to 3,000 lines of commented Go an afternoon.
+const ReadingRate = 12
+
+// Minutes is how long a section takes to read, at ReadingRate.
+func (s SectionBudget) Minutes() int {
+	return max(1, (s.Code+s.Prose+ReadingRate/2)/ReadingRate)
+}
+
+// Measure measures a Go file.
+func Measure(src []byte) (Budget, error) {
+	var b Budget
+	kinds, err := lineKinds(src)
+	if err != nil {
+		return b, err
+	}
+	lines := strings.Split(string(src), "\n")
+	current := SectionBudget{Title: "Package", Line: 1}
+	inPackageDoc := true
+	for i, line := range lines {
+		// The package doc's own headings belong to it.
+		inPackageDoc = inPackageDoc && !strings.HasPrefix(line, "package ")
+		title, ok := strings.CutPrefix(line, "// # ")
+		if ok && !inPackageDoc {
+			b.Sections = append(b.Sections, current)
+			detail := strings.HasSuffix(title, " (detail)")
+			current = SectionBudget{Line: i + 1, Detail: detail,
+				Title: strings.TrimSuffix(title, " (detail)")}
+		}
+		switch kinds[i+1] {
+		case codeLine:
+			current.Code++
+		case commentLine:
+			current.Prose++
+		}
+		if len(strings.ReplaceAll(line, "\t", "    ")) > 80 {
+			b.LongLines = append(b.LongLines, i+1)
+		}
+	}
+	b.Sections = append(b.Sections, current)
+	for _, s := range b.Sections {
+		b.Code, b.Comments = b.Code+s.Code, b.Comments+s.Prose
+		if !s.Detail {
+			b.FirstReading += s.Code
+		}
+	}
+	return b, b.measureDeclarations(src)
+}
+
+// MedianFunction is the median of Functions.
+func (b Budget) MedianFunction() int {
+	sorted := slices.Sorted(slices.Values(b.Functions))
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[len(sorted)/2]
+}
+
+// LongestFunction is the largest of Functions.
+func (b Budget) LongestFunction() int {
+	if len(b.Functions) == 0 {
+		return 0
+	}
+	return slices.Max(b.Functions)
+}
+
+// measureDeclarations fills in Functions, Documented and Declarations.
+func (b *Budget) measureDeclarations(src []byte) error {
+	fset := token.NewFileSet()
+	file, err := parser.ParseFile(fset, "", src, parser.ParseComments)
+	if err != nil {
+		return fmt.Errorf("parse: %w", err)
+	}
+	line := func(pos token.Pos) int { return fset.Position(pos).Line }
+	for _, decl := range file.Decls {
+		var doc *ast.CommentGroup
+		switch d := decl.(type) {
+		case *ast.FuncDecl:
+			doc = d.Doc
+			b.Functions = append(b.Functions, line(d.End())-line(d.Pos())+1)
+		case *ast.GenDecl:
+			if d.Tok == token.IMPORT {
+				continue
+			}
+			doc = d.Doc
+		}
+		b.Declarations++
+		if doc != nil {
+			b.Documented++
+		}
+	}
+	return nil
+}
+
+// lineKind says what a line holds.
+type lineKind int
+
+// The kinds of line.
+const (
+	blankLine lineKind = iota
+	commentLine
+	codeLine
+)
+
+// lineKinds classifies each line of src, indexed from 1.
+func lineKinds(src []byte) (map[int]lineKind, error) {
+	fset := token.NewFileSet()
+	file := fset.AddFile("", fset.Base(), len(src))
+	var s scanner.Scanner
+	var failed error
+	s.Init(file, src, func(pos token.Position, msg string) {
+		failed = fmt.Errorf("%v: %s", pos, msg)
+	}, scanner.ScanComments)
+	kinds := map[int]lineKind{}
+	for {
+		pos, tok, lit := s.Scan()
+		if tok == token.EOF {
+			break
+		}
+		if tok == token.SEMICOLON && lit == "\n" {
+			continue
+		}
+		first := file.Line(pos)
+		last := file.Line(pos + token.Pos(len(lit)))
+		if lit == "" {
+			last = first
+		}
+		for l := first; l <= last; l++ {
+			if tok != token.COMMENT {
+				kinds[l] = codeLine
+			} else if kinds[l] == blankLine {
+				kinds[l] = commentLine
+			}
+		}
+	}
+	return kinds, failed
+}
+
+// Claim is the sentence that the README, the package doc, tutorial 6 and
+// the source page use for the file's size: code rounded to the hundred,
+// the first reading's time to the half hour.
+func (b Budget) Claim() string {
+	minutes := 0
+	for _, s := range b.Sections {
+		if !s.Detail {
+			minutes += s.Minutes()
+		}
+	}
+	hours := strconv.FormatFloat(math.Round(float64(minutes)/30)/2, 'f', -1,
+		64)
+	return fmt.Sprintf("about %s lines of code, %s of them on the first "+
+		"reading, which takes about %s hours", hundreds(b.Code),
+		hundreds(b.FirstReading), hours)
+}
+
+// hundreds is n rounded to the hundred, with a thousands comma: 2,600.
+func hundreds(n int) string {
+	n = (n + 50) / 100 * 100
+	if n < 1000 {
+		return strconv.Itoa(n)
+	}
+	return fmt.Sprintf("%d,%03d", n/1000, n%1000)
+}
