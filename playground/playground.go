@@ -67,15 +67,41 @@ func loadAssets() assets {
 	for _, entry := range entries {
 		body, _ := fs.ReadFile(static, "static/"+entry.Name())
 		name, gzipped := strings.CutSuffix(entry.Name(), ".gz")
-		sum := sha256.Sum256(body)
 		kind := mime.TypeByExtension(path.Ext(name))
 		if path.Ext(name) == ".wasm" {
 			kind = "application/wasm"
 		}
-		list[name] = &asset{body: body, gzipped: gzipped, kind: kind,
-			etag: `"` + hex.EncodeToString(sum[:8]) + `"`}
+		list[name] = newAsset(body, gzipped, kind)
 	}
 	return list
+}
+
+// newAsset makes an asset of body, kept gzipped: compressed here, once,
+// unless it came compressed, so that every client that takes gzip gets
+// it so. The ETag comes from the bytes as given.
+func newAsset(body []byte, gzipped bool, kind string) *asset {
+	sum := sha256.Sum256(body)
+	file := &asset{body: body, gzipped: true, kind: kind,
+		etag: `"` + hex.EncodeToString(sum[:8]) + `"`}
+	if !gzipped {
+		var zipped bytes.Buffer
+		zw, _ := gzip.NewWriterLevel(&zipped, gzip.BestCompression)
+		zw.Write(body)
+		zw.Close()
+		file.body, file.plain = zipped.Bytes(), body
+		file.once.Do(func() {})
+	}
+	return file
+}
+
+// Document serves body, a page made at build time (the source page), as
+// the assets are served: gzipped for clients that take it, with an ETag,
+// revalidated on each visit since its address names no version.
+func Document(kind string, body []byte) http.Handler {
+	file := newAsset(body, false, kind)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		file.serve(w, r, false)
+	})
 }
 
 // url is the versioned address of name: its content hash in the query
@@ -88,20 +114,27 @@ func (a assets) url(name string) string {
 	return "/static/" + name + "?v=" + etag
 }
 
-// serve sends one asset: compressed if the client takes gzip, 304 if it
-// has this version, cacheable for a year when the URL names the version.
+// serve sends the asset a URL names.
 func (a assets) serve(w http.ResponseWriter, r *http.Request) {
 	file := a[r.PathValue("name")]
 	if file == nil {
 		http.NotFound(w, r)
 		return
 	}
+	file.serve(w, r, r.URL.Query().Get("v") == strings.Trim(file.etag, `"`))
+}
+
+// serve sends one asset: compressed if the client takes gzip, 304 if it
+// has this version, cacheable for a year when versioned, that is when
+// the URL names this version.
+func (file *asset) serve(w http.ResponseWriter, r *http.Request,
+	versioned bool) {
 	h := w.Header()
 	h.Set("Content-Type", file.kind)
 	h.Set("ETag", file.etag)
 	h.Set("Vary", "Accept-Encoding")
 	h.Set("Cache-Control", "no-cache")
-	if r.URL.Query().Get("v") == strings.Trim(file.etag, `"`) {
+	if versioned {
 		h.Set("Cache-Control", "public, max-age=31536000, immutable")
 	}
 	if r.Header.Get("If-None-Match") == file.etag {

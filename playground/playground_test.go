@@ -79,3 +79,53 @@ func TestHandler_ServesTheClientCompressedAndCacheable(t *testing.T) {
 		}
 	})
 }
+
+func TestHandler_CompressesEveryAsset(t *testing.T) {
+	assets := loadAssets()
+	for name := range assets {
+		r := get(t, assets.url(name), map[string]string{
+			"Accept-Encoding": "gzip"})
+		if r.Header.Get("Content-Encoding") != "gzip" {
+			t.Errorf("%s is sent uncompressed", name)
+		}
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if _, err := io.ReadAll(zr); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+}
+
+func TestDocument_IsCompressedAndRevalidated(t *testing.T) {
+	body := strings.Repeat("<p>prose beside code</p>\n", 1000)
+	handler := Document("text/html; charset=utf-8", []byte(body))
+	fetch := func(header map[string]string) *http.Response {
+		request := httptest.NewRequest("GET", "/source", nil)
+		for k, v := range header {
+			request.Header.Set(k, v)
+		}
+		recorder := httptest.NewRecorder()
+		handler.ServeHTTP(recorder, request)
+		return recorder.Result()
+	}
+	zipped := fetch(map[string]string{"Accept-Encoding": "gzip"})
+	h := zipped.Header
+	if h.Get("Content-Encoding") != "gzip" || h.Get("ETag") == "" ||
+		h.Get("Cache-Control") != "no-cache" {
+		t.Fatalf("headers %v, want gzip, an ETag and no-cache", h)
+	}
+	compressed, _ := io.ReadAll(zipped.Body)
+	if len(compressed) >= len(body)/10 {
+		t.Fatalf("%d bytes compressed from %d", len(compressed), len(body))
+	}
+	plain, _ := io.ReadAll(fetch(nil).Body)
+	if string(plain) != body {
+		t.Fatal("a client without gzip does not get the page as it is")
+	}
+	again := fetch(map[string]string{"If-None-Match": h.Get("ETag")})
+	if again.StatusCode != http.StatusNotModified {
+		t.Fatalf("revalidation got %d, want 304", again.StatusCode)
+	}
+}

@@ -49,25 +49,7 @@ func TestPlayground_ShowsARetryAndItsAck(t *testing.T) {
 	}
 	page := "http://" + address + "/#token=" + token
 
-	// The timeout sits on the parent of the browser's context, as
-	// chromedp asks: a deadline on the context that starts the browser
-	// would kill it mid-test.
-	parent, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	options := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1440, 1200))
-	allocator, cancelAllocator := chromedp.NewExecAllocator(parent,
-		options...)
-	defer cancelAllocator()
-	ctx, cancelBrowser := chromedp.NewContext(allocator)
-	defer cancelBrowser()
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("start chromium: %v", err)
-	}
-	problems := watchConsole(ctx)
+	ctx, problems := startBrowser(t, chromium)
 
 	err = chromedp.Do(ctx,
 		chromedp.Navigate(page),
@@ -128,6 +110,32 @@ func TestPlayground_ShowsARetryAndItsAck(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the page did not reconnect: %v", err)
 	}
+}
+
+// startBrowser starts a headless Chromium for the test, at 1440×1200,
+// and returns its context and a func that lists its console's errors.
+// It ends with the test.
+func startBrowser(t *testing.T, chromium string) (context.Context,
+	func() []string) {
+	// The timeout sits on the parent of the browser's context, as
+	// chromedp asks: a deadline on the context that starts the browser
+	// would kill it mid-test.
+	parent, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	options := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1440, 1200))
+	allocator, cancelAllocator := chromedp.NewExecAllocator(parent,
+		options...)
+	t.Cleanup(cancelAllocator)
+	ctx, cancelBrowser := chromedp.NewContext(allocator)
+	t.Cleanup(cancelBrowser)
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	return ctx, watchConsole(ctx)
 }
 
 // css selects the first element matching a CSS selector.

@@ -320,11 +320,8 @@ func routes(broker *popsub.Broker) http.Handler {
 	page := playground.Handler([]string{"alice", "bob", "carol"})
 	mux := http.NewServeMux()
 	mux.Handle("/ws", broker)
-	mux.HandleFunc("GET /source", func(w http.ResponseWriter,
-		r *http.Request) {
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.Write(docs.SourcePage)
-	})
+	mux.Handle("GET /source", playground.Document("text/html; charset=utf-8",
+		docs.SourcePage))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 			broker.ServeHTTP(w, r)

@@ -1,11 +1,14 @@
 // Package source renders a Go file as a page with prose beside code, as
 // docco and Go by Example present source. Each run of comment lines that
 // stands on its own lines opens a section: the prose goes on the left,
-// the code that follows it on the right. A section that holds a
+// the code that follows it on the right. A banner ("# Title") opens a
+// part; parts marked "(detail)" are folded, and a table of contents
+// lists every part with its reading time. A section that holds a
 // declaration is anchored by its name (#Broker.Publish), so that links
-// survive edits. Only the standard library is used: go/parser for the
-// declarations, go/doc/comment for the prose, go/scanner for the
-// highlighting and html/template for the page.
+// survive edits, and identifiers in the code link to their declarations.
+// Only the standard library is used: go/parser for the declarations,
+// go/doc/comment for the prose, go/scanner for the highlighting and
+// html/template for the page. Budget (budget.go) measures the same file.
 package source
 
 import (
@@ -31,6 +34,15 @@ type section struct {
 	Title string        // a banner's heading, if the prose is one
 }
 
+// part is a banner and the sections under it, up to the next banner.
+type part struct {
+	Title    string    // the banner's title, without "(detail)"
+	ID       string    // its anchor
+	Detail   bool      // folded: a first reading may skip it
+	Minutes  int       // reading time, from Budget
+	Sections []section // the banner's own section first
+}
+
 // File is one Go file of the page.
 type File struct {
 	Name string // as shown, and as the anchor of its first section
@@ -53,29 +65,50 @@ func Load(dir string) ([]File, error) {
 	return files, nil
 }
 
-// Render returns the page for files, one after the other; each file
-// after the first opens with a heading of its name.
+// Render returns the page for the first of files, the broker.
 func Render(files []File) ([]byte, error) {
-	var sections []section
-	for i, f := range files {
-		fset := token.NewFileSet()
-		file, err := parser.ParseFile(fset, f.Name, f.Src, parser.ParseComments)
-		if err != nil {
-			return nil, fmt.Errorf("parse %s: %w", f.Name, err)
-		}
-		if i > 0 {
-			sections = append(sections, section{ID: f.Name, Title: f.Name})
-		}
-		names := declarationLines(fset, file)
-		sections = append(sections, split(strings.Split(string(f.Src), "\n"),
-			names, len(sections))...)
+	f := files[0]
+	fset := token.NewFileSet()
+	file, err := parser.ParseFile(fset, f.Name, f.Src, parser.ParseComments)
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", f.Name, err)
 	}
+	budget, err := Measure(f.Src)
+	if err != nil {
+		return nil, fmt.Errorf("measure %s: %w", f.Name, err)
+	}
+	r := renderer{names: declarationLines(fset, file),
+		links: links(fset, file)}
+	sections := r.split(strings.Split(string(f.Src), "\n"))
 	var out bytes.Buffer
-	err := page.Execute(&out, struct {
-		Name     string
-		Sections []section
-	}{files[0].Name, sections})
+	err = page.Execute(&out, struct {
+		Name, Claim string
+		Parts       []part
+	}{f.Name, budget.Claim(), group(sections, budget)})
 	return out.Bytes(), err
+}
+
+// group gathers sections into parts, one per banner, with the reading
+// times budget measured. The sections before the first banner make the
+// first part, the package's doc and imports.
+func group(sections []section, budget Budget) []part {
+	parts := []part{{Title: "The package", ID: "the-package"}}
+	for _, s := range sections {
+		if s.Title != "" {
+			title, detail := strings.CutSuffix(s.Title, " (detail)")
+			parts = append(parts, part{Title: title, ID: s.ID,
+				Detail: detail})
+			s.ID, s.Title = "", ""
+		}
+		last := &parts[len(parts)-1]
+		last.Sections = append(last.Sections, s)
+	}
+	for i := range parts {
+		if i < len(budget.Sections) {
+			parts[i].Minutes = budget.Sections[i].Minutes()
+		}
+	}
+	return parts
 }
 
 // declarationLines maps the first line of each top-level declaration, and
@@ -128,18 +161,24 @@ func specName(spec ast.Spec) string {
 	return ""
 }
 
+// renderer holds what rendering a file needs beyond its lines.
+type renderer struct {
+	names map[int]string  // declaration lines, from declarationLines
+	links map[link]string // identifiers to link, from links
+	count int             // sections made so far, for their anchors
+}
+
 // split cuts the file's lines into sections: a run of comment-only lines
 // starts a new one, and the code after it belongs to it.
-func split(lines []string, names map[int]string, before int) []section {
+func (r *renderer) split(lines []string) []section {
 	var sections []section
 	var prose, code []string
-	id := ""
+	id, first := "", 0
 	flush := func() {
 		if len(prose) == 0 && strings.TrimSpace(strings.Join(code, "")) == "" {
 			return
 		}
-		sections = append(sections, newSection(prose, code, id,
-			before+len(sections)))
+		sections = append(sections, r.newSection(prose, code, id, first))
 		prose, code, id = nil, nil, ""
 	}
 	for i, line := range lines {
@@ -153,8 +192,11 @@ func split(lines []string, names map[int]string, before int) []section {
 				strings.TrimPrefix(trimmed, "//"), " "))
 			continue
 		}
-		if name, ok := names[i+1]; ok && id == "" {
+		if name, ok := r.names[i+1]; ok && id == "" {
 			id = name
+		}
+		if len(code) == 0 {
+			first = i + 1
 		}
 		code = append(code, line)
 	}
@@ -162,23 +204,28 @@ func split(lines []string, names map[int]string, before int) []section {
 	return sections
 }
 
-// newSection renders one section. A prose run that is a banner
-// ("# Title") becomes a heading.
-func newSection(prose, code []string, id string, n int) section {
+// newSection renders one section, whose code starts at line first. A
+// prose run that is a banner ("# Title") becomes a heading.
+func (r *renderer) newSection(prose, code []string, id string,
+	first int) section {
+	r.count++
 	if id == "" {
-		id = fmt.Sprintf("s%d", n+1)
+		id = fmt.Sprintf("s%d", r.count)
 	}
-	s := section{ID: id, Code: highlight(strings.Trim(
-		strings.Join(code, "\n"), "\n"))}
+	for len(code) > 0 && strings.TrimSpace(code[0]) == "" {
+		code, first = code[1:], first+1
+	}
+	s := section{ID: id, Code: r.anchored(r.highlight(strings.TrimRight(
+		strings.Join(code, "\n"), "\n"), first), first, id)}
 	text := strings.Join(prose, "\n")
 	if title, rest, ok := strings.Cut(text, "\n"); ok &&
 		strings.HasPrefix(title, "# ") {
 		s.Title = strings.TrimPrefix(title, "# ")
-		s.ID = anchorOf(s.Title)
+		s.ID = anchorOf(strings.TrimSuffix(s.Title, " (detail)"))
 		text = rest
 	} else if strings.HasPrefix(text, "# ") {
 		s.Title, text = strings.TrimPrefix(text, "# "), ""
-		s.ID = anchorOf(s.Title)
+		s.ID = anchorOf(strings.TrimSuffix(s.Title, " (detail)"))
 	}
 	var parser comment.Parser
 	printer := comment.Printer{HeadingLevel: 3}
@@ -200,9 +247,100 @@ func anchorOf(title string) string {
 	return strings.Trim(b.String(), "-")
 }
 
-// highlight marks up Go code with go/scanner: keywords, strings,
-// numbers and comments get a class each; everything is escaped.
-func highlight(code string) template.HTML {
+// anchored gives each declaration in html, highlighted code that starts
+// at line first, an anchor of its own, unless it is the section's: an
+// identifier's link then lands on its line. The code holds no string or
+// comment that spans lines, so its lines are the file's.
+func (r *renderer) anchored(html template.HTML, first int,
+	id string) template.HTML {
+	lines := strings.Split(string(html), "\n")
+	for i := range lines {
+		if name, ok := r.names[first+i]; ok && name != id {
+			lines[i] = `<span id="` + name + `"></span>` + lines[i]
+		}
+	}
+	return template.HTML(strings.Join(lines, "\n"))
+}
+
+// link is where an identifier stands in the file: line and byte column,
+// from 1.
+type link struct{ line, column int }
+
+// links finds the identifiers that name the file's own declarations, and
+// the anchor of each: a reference to a top-level name, as the parser
+// resolved it, or a method called through a selector when its name is
+// unexported, one method's alone and no field's.
+func links(fset *token.FileSet, file *ast.File) map[link]string {
+	declared := map[*ast.Object]string{}
+	methods := map[string][]string{}
+	fields := map[string]bool{}
+	for _, decl := range file.Decls {
+		switch d := decl.(type) {
+		case *ast.FuncDecl:
+			if d.Recv == nil {
+				declared[d.Name.Obj] = d.Name.Name
+			} else {
+				methods[d.Name.Name] = append(methods[d.Name.Name],
+					funcName(d))
+			}
+		case *ast.GenDecl:
+			for _, spec := range d.Specs {
+				noteSpec(spec, declared, fields)
+			}
+		}
+	}
+	found := map[link]string{}
+	at := func(ident *ast.Ident, anchor string) {
+		p := fset.Position(ident.Pos())
+		found[link{p.Line, p.Column}] = anchor
+	}
+	ast.Inspect(file, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.Ident:
+			if anchor, ok := declared[n.Obj]; ok && n.Obj.Pos() != n.Pos() {
+				at(n, anchor)
+			}
+		case *ast.SelectorExpr:
+			// Only an unexported name is surely ours: Close may be
+			// bbolt's or the WebSocket library's.
+			name := n.Sel.Name
+			if list := methods[name]; len(list) == 1 && !fields[name] &&
+				!ast.IsExported(name) {
+				at(n.Sel, list[0])
+			}
+		}
+		return true
+	})
+	return found
+}
+
+// noteSpec records the names a spec declares at the top level, and the
+// fields of a struct type.
+func noteSpec(spec ast.Spec, declared map[*ast.Object]string,
+	fields map[string]bool) {
+	switch s := spec.(type) {
+	case *ast.TypeSpec:
+		declared[s.Name.Obj] = s.Name.Name
+		if st, ok := s.Type.(*ast.StructType); ok {
+			for _, field := range st.Fields.List {
+				for _, name := range field.Names {
+					fields[name.Name] = true
+				}
+			}
+		}
+	case *ast.ValueSpec:
+		for _, name := range s.Names {
+			declared[name.Obj] = name.Name
+		}
+	}
+}
+
+// highlight marks up Go code that starts at line first of the file with
+// go/scanner: keywords, strings, numbers and comments get a class each,
+// identifiers that name a declaration link to it, and a declaration
+// that is not its section's gets an anchor of its own; everything is
+// escaped.
+func (r *renderer) highlight(code string, first int) template.HTML {
 	var s scanner.Scanner
 	fset := token.NewFileSet()
 	file := fset.AddFile("", fset.Base(), len(code))
@@ -223,7 +361,14 @@ func highlight(code string) template.HTML {
 			continue
 		}
 		out.WriteString(template.HTMLEscapeString(code[last:start]))
-		out.WriteString(span(tok, code[start:end]))
+		p := file.Position(pos)
+		at := link{first + p.Line - 1, p.Column}
+		if anchor, ok := r.links[at]; ok {
+			out.WriteString(`<a href="#` + anchor + `">` +
+				template.HTMLEscapeString(code[start:end]) + `</a>`)
+		} else {
+			out.WriteString(span(tok, code[start:end]))
+		}
 		last = end
 	}
 	out.WriteString(template.HTMLEscapeString(code[last:]))
@@ -258,36 +403,84 @@ func span(tok token.Token, text string) string {
 	return `<span class="` + class + `">` + escaped + `</span>`
 }
 
-// page is the HTML around the sections.
+// page is the HTML around the parts: a table of contents that stays in
+// view, then each part, a detail folded in a details element. Colours
+// keep 4.5:1 against their background; a little script opens a folded
+// part when a link lands inside it.
 var page = template.Must(template.New("page").Parse(`<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{{.Name}} and its neighbours: PopSub, prose beside code</title>
+<title>{{.Name}}: PopSub, prose beside code</title>
 <link rel="icon" href="data:,">
 <style>
 body { margin: 0; font: 15px/1.55 Georgia, serif; color: #1d232b; }
-nav { padding: 8px 16px; font: 13px system-ui, sans-serif; border-bottom: 1px solid #ddd; }
+a { color: #1a56a8; }
+.skip { position: absolute; left: -999px; }
+.skip:focus { left: 8px; top: 8px; background: #fff; padding: 4px; z-index: 2; }
+.layout { display: grid; grid-template-columns: 270px minmax(0, 1fr); }
+.toc { position: sticky; top: 0; height: 100vh; overflow-y: auto; box-sizing: border-box; padding: 12px 14px; font: 13px/1.45 system-ui, sans-serif; border-right: 1px solid #ddd; background: #fbfbfa; }
+.toc ol { padding-left: 20px; margin: 8px 0; }
+.toc li { margin: 3px 0; }
+.toc li.detail a { font-style: italic; }
+.time, .anchor, .legend { color: #595f69; font: 12px system-ui, sans-serif; }
+.claim { margin: 6px 0; }
 .section { display: grid; grid-template-columns: minmax(0, 2fr) minmax(0, 3fr); border-bottom: 1px solid #f0f0f0; }
+.section.wide { grid-template-columns: minmax(0, 1fr); }
+.section.wide .prose { display: none; }
 .prose { padding: 8px 20px; background: #fff; }
-.prose h2 { font: 600 20px system-ui, sans-serif; margin: 18px 0 6px; }
 .prose h3 { font: 600 16px system-ui, sans-serif; }
 .prose pre { font-size: 12px; background: #f6f7f9; padding: 6px; overflow-x: auto; }
+.part > h2, summary h2 { display: inline; font: 600 20px system-ui, sans-serif; }
+.part > h2 { display: block; margin: 0; padding: 18px 20px 4px; }
+summary { padding: 14px 20px; cursor: pointer; background: #f3f4f6; border-bottom: 1px solid #ddd; }
+details[open] > summary { background: #fff; }
 .code { background: #f8f8f5; border-left: 1px solid #e6e6e0; }
 .code pre { margin: 0; padding: 8px 14px; tab-size: 4; font: 12.5px/1.5 ui-monospace, monospace; overflow-x: auto; }
-a.anchor { color: #bbb; text-decoration: none; font: 12px system-ui, sans-serif; float: right; }
-.k { color: #7a3e9d; } .s { color: #2a7a2a; } .n { color: #9a5b00; } .c { color: #6b7380; font-style: italic; }
-@media (max-width: 900px) { .section { grid-template-columns: 1fr; } }
+.code a { color: inherit; text-decoration: underline dotted #595f69; }
+a.anchor { text-decoration: none; float: right; }
+.k { color: #7a3e9d; } .s { color: #2a7a2a; } .n { color: #9a5b00; } .c { color: #5b6270; font-style: italic; }
+@media (max-width: 900px) {
+  .layout { grid-template-columns: 1fr; }
+  .toc { position: static; height: auto; border-right: 0; border-bottom: 1px solid #ddd; }
+  .section { grid-template-columns: 1fr; }
+}
 </style>
 </head>
 <body>
-<nav><a href="/">playground</a> · {{.Name}}, then <a href="#wire.go">wire.go</a>, <a href="#queues.go">queues.go</a>, <a href="#access.go">access.go</a>, <a href="#events.go">events.go</a> and <a href="#bolt.go">bolt.go</a>: prose on the left, code on the right</nav>
-{{range .Sections}}<div class="section" id="{{.ID}}">
-<div class="prose"><a class="anchor" href="#{{.ID}}">#{{.ID}}</a>{{if .Title}}<h2>{{.Title}}</h2>{{end}}{{.Prose}}</div>
+<a class="skip" href="#main">Skip to the code</a>
+<div class="layout">
+<nav class="toc" aria-label="Contents">
+<a href="/">playground</a> · <strong>{{.Name}}</strong>
+<p class="claim">The whole broker: {{.Claim}}.</p>
+<ol>
+{{range .Parts}}<li{{if .Detail}} class="detail"{{end}}><a href="#{{.ID}}">{{.Title}}</a> <span class="time">{{.Minutes}} min{{if .Detail}} · detail{{end}}</span></li>
+{{end}}</ol>
+<p class="legend">Details (in italics) are folded: a first reading may skip them. Open one with a click.</p>
+</nav>
+<main id="main">
+{{range .Parts}}{{if .Detail}}<details class="part" id="{{.ID}}">
+<summary><h2>{{.Title}}</h2> <span class="time">detail · {{.Minutes}} min</span></summary>
+{{else}}<div class="part" id="{{.ID}}">
+<h2>{{.Title}}</h2>
+{{end}}{{range .Sections}}<div class="section{{if not .Prose}} wide{{end}}"{{if .ID}} id="{{.ID}}"{{end}}>
+<div class="prose">{{if .ID}}<a class="anchor" href="#{{.ID}}">#{{.ID}}</a>{{end}}{{.Prose}}</div>
 <div class="code"><pre>{{.Code}}</pre></div>
 </div>
-{{end}}</body>
+{{end}}{{if .Detail}}</details>{{else}}</div>{{end}}
+{{end}}</main>
+</div>
+<script>
+function reveal() {
+  var target = document.getElementById(decodeURIComponent(location.hash.slice(1)));
+  var folded = target && target.parentElement.closest("details");
+  if (folded && !folded.open) { folded.open = true; target.scrollIntoView(); }
+}
+addEventListener("hashchange", reveal);
+reveal();
+</script>
+</body>
 </html>
 `))
 

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/chromedp/chromedp"
+)
+
+func TestSourcePage_FindsItsWayAround(t *testing.T) {
+	chromium := browser(t)
+	wsURL, _, _ := startServe(t)
+	page := "http://" + strings.TrimPrefix(wsURL, "ws://")
+	page = strings.TrimSuffix(page, "/ws") + "/source"
+	ctx, problems := startBrowser(t, chromium)
+
+	// The table of contents leads to a detail, folded on a first
+	// reading; one click on its summary opens it.
+	frames := `details#reading-frames-by-hand`
+	err := chromedp.Do(ctx,
+		chromedp.Navigate(page),
+		chromedp.WaitVisible(css(`nav.toc a[href="#reading-frames-by-hand"]`)),
+		chromedp.Click(css(`nav.toc a[href="#reading-frames-by-hand"]`)),
+		chromedp.WaitVisible(css(frames+` > summary`)),
+	)
+	if err != nil {
+		t.Fatalf("contents: %v", err)
+	}
+	open := func(selector string) bool {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[bool](
+			`document.querySelector("`+selector+`").open`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if open(frames) {
+		t.Fatal("the detail is open before anyone asked")
+	}
+	err = chromedp.Do(ctx, chromedp.Click(css(frames+` > summary`)))
+	if err != nil || !open(frames) {
+		t.Fatalf("one click did not open the detail: %v", err)
+	}
+
+	// An identifier links to its definition, and a definition inside
+	// another folded detail opens it.
+	encoder := `details#writing-deliveries-by-hand`
+	err = chromedp.Do(ctx,
+		chromedp.Click(css(frames+` .code a[href="#frame"]`)),
+		chromedp.WaitVisible(css(`#frame`)),
+	)
+	if err != nil {
+		t.Fatalf("following links: %v", err)
+	}
+	if open(encoder) {
+		t.Fatal("the encoder's detail is open before its link is followed")
+	}
+	_, err = chromedp.Run(ctx, chromedp.Evaluate[bool](`[...document.
+		querySelectorAll('a[href="#appendDelivery"]')].
+		find(a => !a.closest("details")).click() ?? true`))
+	if err == nil {
+		err = chromedp.Do(ctx, chromedp.WaitVisible(css(`#appendDelivery`)))
+	}
+	if err != nil || !open(encoder) {
+		t.Fatalf("the link into a folded detail did not open it: %v", err)
+	}
+	if list := problems(); len(list) > 0 {
+		t.Fatalf("the console reported problems:\n%s",
+			strings.Join(list, "\n"))
+	}
+}
