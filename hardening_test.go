@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/golang-jwt/jwt/v5"
 )
 
 // These tests cover what a broker on an open socket must do when clients
@@ -115,6 +117,30 @@ func TestBroker_TokenExpiry(t *testing.T) {
 			time.Sleep(30 * time.Minute)
 			c.quiet()
 		})
+	})
+	t.Run("an exp centuries away is a session that lasts", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			ps := startPipeBroker(t, Options{PingInterval: 2 * time.Hour})
+			defer ps.stop()
+			c := ps.dial("alice")
+			far := time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+			c.authenticate(tokenUntil(t, "alice", far))
+			time.Sleep(time.Hour)
+			c.quiet()
+		})
+	})
+	t.Run("an exp written as a string is refused", func(t *testing.T) {
+		ts := startBroker(t, Options{})
+		exp := strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)
+		token, err := jwt.NewWithClaims(jwt.SigningMethodHS256,
+			jwt.MapClaims{"sub": "alice", "exp": exp}).SignedString(testSecret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := dialRaw(t, ts.url, "alice")
+		c.send(map[string]any{"type": "auth", "token": token})
+		c.expectError("auth_failed")
+		c.expectClose(CloseAuthFailed)
 	})
 	t.Run("a fresh auth for another subject is refused", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {

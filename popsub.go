@@ -282,7 +282,19 @@ type Message struct {
 	// it is sequenced: every subscriber is sent these bytes, and the log
 	// stores them.
 	frame []byte
+	// publisher is the token subject that published it, "" from inside
+	// the process: a repeated message_id is a duplicate only from the
+	// same publisher, as Kafka scopes idempotence to its producer.
+	publisher string
 }
+
+// key is what makes m a duplicate: its publisher and its message_id.
+func (m *Message) key() messageKey {
+	return messageKey{m.publisher, m.ID}
+}
+
+// messageKey is a QoS 1 message's identity for idempotent publishes.
+type messageKey struct{ publisher, id string }
 
 // size is roughly what m costs in memory: its payload twice (as itself
 // and in its frame), its names and the fields around them. The log's
@@ -419,8 +431,8 @@ type topic struct {
 	index queue[entry]
 	// bytes adds up the index's sizes, against MaxLogBytes.
 	bytes int
-	// ids maps the message_id of each retained QoS 1 message to its seq.
-	ids map[string]uint64
+	// ids maps the key of each retained QoS 1 message to its seq.
+	ids map[messageKey]uint64
 	// subscribers are the exact-topic subscriptions, replaying or live.
 	subscribers map[*subscription]struct{}
 }
@@ -428,10 +440,10 @@ type topic struct {
 // entry is what the broker remembers of a retained message without its
 // payload: enough to apply retention and to recognise a repeated id.
 type entry struct {
-	seq       uint64 // the message's seq
-	timestamp int64  // Unix ms, for the time-to-live
-	id        string // a QoS 1 message_id, for idempotent publishes
-	size      int    // Message.size, for the byte cap
+	seq       uint64     // the message's seq
+	timestamp int64      // Unix ms, for the time-to-live
+	key       messageKey // a QoS 1 message's, for idempotent publishes
+	size      int        // Message.size, for the byte cap
 }
 
 // New starts a broker over opts.Store, loading every topic's index from it.
@@ -464,10 +476,11 @@ func New(opts Options) (*Broker, error) {
 	// the original's one second); a message outlives its TTL by at most
 	// a tenth.
 	b.loops.Add(4)
-	go b.every(clamp(opts.AckTimeout/5, time.Millisecond, time.Second),
+	go b.every(min(max(opts.AckTimeout/5, time.Millisecond), time.Second),
 		b.retry)
 	go b.every(opts.PingInterval, b.ping)
-	go b.every(clamp(opts.TTL/10, time.Millisecond, time.Minute), b.expire)
+	go b.every(min(max(opts.TTL/10, time.Millisecond), time.Minute),
+		b.expire)
 	go b.eventsLoop()
 	return b, nil
 }
@@ -522,7 +535,7 @@ func (b *Broker) loadTopics() error {
 
 // newTopic returns an empty topic called name.
 func newTopic(name string) *topic {
-	return &topic{name: name, ids: map[string]uint64{},
+	return &topic{name: name, ids: map[messageKey]uint64{},
 		subscribers: map[*subscription]struct{}{}}
 }
 
@@ -551,8 +564,8 @@ func (t *topic) remember(m *Message) {
 	// for at most once and gets no confirm to retry after.
 	e := entry{seq: m.Seq, timestamp: m.Timestamp, size: m.size()}
 	if m.QoS == 1 {
-		e.id = m.ID
-		t.ids[m.ID] = m.Seq
+		e.key = m.key()
+		t.ids[e.key] = m.Seq
 	}
 	t.index.insert(len(t.index.live()), e)
 	t.bytes += e.size
@@ -566,8 +579,8 @@ func (t *topic) forget(n int) uint64 {
 	// message may have reused it after the first was trimmed.
 	gone := t.index.live()[:n]
 	for _, e := range gone {
-		if e.id != "" && t.ids[e.id] == e.seq {
-			delete(t.ids, e.id)
+		if e.key.id != "" && t.ids[e.key] == e.seq {
+			delete(t.ids, e.key)
 		}
 		t.bytes -= e.size
 	}
@@ -1038,6 +1051,21 @@ type Claims struct {
 	Subscribe []string `json:"subscribe,omitempty"`
 }
 
+// UnmarshalJSON decodes claims, refusing an exp that is a string: RFC
+// 7519 makes it a number, and the JWT library would take "1796085975",
+// and with it a client's mistake, as a date.
+func (c *Claims) UnmarshalJSON(data []byte) error {
+	var probe struct{ Exp json.RawMessage }
+	if err := json.Unmarshal(data, &probe); err != nil {
+		return err
+	}
+	if bytes.HasPrefix(probe.Exp, []byte(`"`)) {
+		return errors.New("exp must be a number (RFC 7519)")
+	}
+	type plain Claims // without this method, so no recursion
+	return json.Unmarshal(data, (*plain)(c))
+}
+
 // verify checks a token: HS256 only (so neither alg none nor an RSA key
 // passed off as an HMAC secret gets through), exp and sub required, and
 // iss and aud when the broker is configured with them.
@@ -1070,7 +1098,10 @@ func (b *Broker) verify(token string) (*Claims, error) {
 
 // untilExpiry is how long a verified token has left, leeway included.
 func untilExpiry(claims *Claims) time.Duration {
-	return time.Until(claims.ExpiresAt.Time) + tokenLeeway
+	// The leeway is added to the date, not to the duration: time.Until
+	// saturates for an exp centuries away, and a sum would overflow and
+	// close the session at once.
+	return time.Until(claims.ExpiresAt.Add(tokenLeeway))
 }
 
 // Sign signs the claims with secret, HS256.
@@ -1365,42 +1396,26 @@ func scanFrame(data []byte) (frame, bool) {
 	return f, s.pos == len(data)
 }
 
-// field reads the value of key into f. A key outside the fast path's
-// shape, message_ids for one, reports false.
+// field reads the value of key into f. Only the keys of publish and ack
+// frames, the ones that come once per message, are read here; any other
+// (auth's token, subscribe's after) reports false, and its rare frame
+// goes to encoding/json.
 func (s *scanner) field(f *frame, key string) bool {
 	// The keys are matched exactly, as they are sent: encoding/json also
 	// takes "Type" for "type", and so such a frame goes to it.
 	switch key {
 	case "type":
 		return s.textInto(&f.Type)
-	case "token":
-		return s.textInto(&f.Token)
-	case "client":
-		return s.textInto(&f.Client)
-	case "username":
-		return s.textInto(&f.Username)
-	case "password":
-		return s.textInto(&f.Password)
 	case "topic":
 		return s.textInto(&f.Topic)
 	case "message_id":
 		return s.textInto(&f.MessageID)
-	case "durable":
-		return s.textInto(&f.Durable)
 	case "seq":
 		return s.numberInto(&f.Seq)
-	case "after":
-		return s.numberInto(&f.After)
-	case "last":
-		return s.numberInto(&f.Last)
 	case "qos":
 		n, ok := s.number()
 		f.QoS = int(n)
 		return ok && n <= math.MaxInt32
-	case "batch":
-		var ok bool
-		f.Batch, ok = s.boolean()
-		return ok
 	case "payload":
 		// A copy, as encoding/json makes: data is the reader's buffer.
 		value, ok := s.value()
@@ -1487,18 +1502,9 @@ func (s *scanner) number() (uint64, bool) {
 	return n, err == nil
 }
 
-// boolean reads true or false.
-func (s *scanner) boolean() (bool, bool) {
-	s.space()
-	if s.word("true") {
-		return true, true
-	}
-	return false, s.word("false")
-}
-
-// end reports whether a number or a word ended where a value may end:
-// at the end of the data, at whitespace, or at the punctuation after a
-// value. Without it, "truex" would read as true, and "12a" as 12.
+// end reports whether a number ended where a value may end: at the end
+// of the data, at whitespace, or at the punctuation after a value.
+// Without it, "12a" would read as 12.
 func (s *scanner) end() bool {
 	if s.pos == len(s.data) {
 		return true
@@ -1552,15 +1558,6 @@ func (s *scanner) checked(start int) ([]byte, bool) {
 	s.pos = min(s.pos, len(s.data))
 	value := bytes.TrimRight(s.data[start:s.pos], " \t\r\n")
 	return value, len(value) > 0 && value[0] != 'n' && json.Valid(value)
-}
-
-// word moves past a literal such as true.
-func (s *scanner) word(literal string) bool {
-	if !bytes.HasPrefix(s.data[s.pos:], []byte(literal)) {
-		return false
-	}
-	s.pos += len(literal)
-	return s.end()
 }
 
 // # The outbox and back-pressure
@@ -1789,13 +1786,11 @@ func (h *heldConn) Write(p []byte) (int, error) {
 	return h.send(p)
 }
 
-// hold starts gathering writes.
+// hold starts gathering writes. Only the writer holds, once a batch.
 func (h *heldConn) hold() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !h.holding {
-		h.holding, h.held = true, heldPool.Get().(*[]byte)
-	}
+	h.holding, h.held = true, heldPool.Get().(*[]byte)
 }
 
 // release sends what was gathered and stops gathering.
@@ -2483,6 +2478,7 @@ func (c *connection) publish(f frame) {
 	}
 	// The reader waits here while the log's queue is full: it reads no
 	// further frames, and TCP pushes back on this publisher alone.
+	m.publisher = c.sub
 	seq, duplicate, synced := c.broker.publish(m, c.done)
 	if m.QoS == 0 || synced == nil {
 		return
@@ -2596,7 +2592,7 @@ func (b *Broker) publish(m *Message, done <-chan struct{}) (uint64, bool,
 	// A publisher that lost its confirm may send again: same id, same
 	// seq, nothing stored or delivered twice. Its confirm waits for the
 	// first copy's sync, which may not have happened yet.
-	if seq, ok := t.ids[m.ID]; ok && m.QoS == 1 {
+	if seq, ok := t.ids[m.key()]; ok && m.QoS == 1 {
 		b.log.unreserve(m.size())
 		return seq, true, b.log.barrier()
 	}
@@ -2644,8 +2640,8 @@ func (b *Broker) forgetFailed(msgs []*Message) {
 		// skips, and the publishers hear store_failed.
 		t.mu.Lock()
 		for _, m := range group {
-			if t.ids[m.ID] == m.Seq {
-				delete(t.ids, m.ID)
+			if t.ids[m.key()] == m.Seq {
+				delete(t.ids, m.key())
 			}
 			t.committed = max(t.committed, m.Seq)
 		}
@@ -3575,11 +3571,6 @@ func orDefault[T comparable](v, fallback T) T {
 	return v
 }
 
-// clamp returns d limited to [low, high].
-func clamp(d, low, high time.Duration) time.Duration {
-	return min(max(d, low), high)
-}
-
 // # The log and its storage seam
 //
 // Every message, of any QoS, is appended to its topic's log, and the log
@@ -3883,7 +3874,10 @@ func (c *committer) stop() {
 // own meta pages, and a flipped bit in a payload must not be delivered as
 // if it were good. A log in bbolt costs a B+tree where an append-only
 // file would do; the tree buys transactions, cursors by seq and trims
-// without a compactor, in a library a reader can trust.
+// without a compactor, in a library a reader can trust. bbolt panics on
+// a damaged page and faults on a file cut short; here either costs the
+// caller an error that names the file, never the process, and the
+// command's db check and db salvage read what is left.
 
 // Bucket and key names in the bbolt file.
 var (
@@ -3898,15 +3892,27 @@ var (
 // replays read while the committer writes, and need no lock of ours.
 type BoltStore struct {
 	db     *bolt.DB     // the open file
+	path   string       // its name, for errors
 	logger *slog.Logger // where corrupt records are reported
 }
 
 // OpenBolt opens (or creates) the bbolt file at path. It fails within a
 // second if another process has the file open.
-func OpenBolt(path string, logger *slog.Logger) (*BoltStore, error) {
+func OpenBolt(path string, logger *slog.Logger) (_ *BoltStore,
+	err error) {
+	// A damaged file is closed again, so that its lock goes with it.
+	var db *bolt.DB
+	defer func() {
+		if err != nil && db != nil {
+			db.Close()
+		}
+	}()
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer damaged(path, &err)
+
 	// bbolt locks the file; without a timeout, a second broker on the
 	// same file would wait for the lock for ever, saying nothing.
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 	if errors.Is(err, bolt.ErrTimeout) {
 		return nil, fmt.Errorf("open %s: database is in use by another "+
 			"process", path)
@@ -3926,13 +3932,25 @@ func OpenBolt(path string, logger *slog.Logger) (*BoltStore, error) {
 		return nil
 	})
 	if err != nil {
-		db.Close()
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &BoltStore{db: db, logger: logger}, nil
+	return &BoltStore{db: db, path: path, logger: logger}, nil
+}
+
+// damaged turns a panic, or a fault on the file's memory map, into an
+// error that names the file and the way out: bbolt panics on a damaged
+// page and faults on a file cut short, and one bad page must cost the
+// caller an error, not the process. Deferred directly, after
+// debug.SetPanicOnFault(true) on the same goroutine.
+func damaged(path string, err *error) {
+	if v := recover(); v != nil {
+		*err = fmt.Errorf("%s is damaged (%v): 'popsub db check --db %[1]s' "+
+			"shows what is readable, 'popsub db salvage' copies it out",
+			path, v)
+	}
 }
 
 // Commit writes a batch in one transaction: one sync for all of it.
@@ -3941,7 +3959,9 @@ func OpenBolt(path string, logger *slog.Logger) (*BoltStore, error) {
 // in one transaction cost n² here: bbolt splits the pages a transaction
 // filled only when it commits, so each delete from the front of a freshly
 // filled page moved everything behind it.
-func (s *BoltStore) Commit(batch *Batch) error {
+func (s *BoltStore) Commit(batch *Batch) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer damaged(s.path, &err)
 	return s.db.Update(func(tx *bolt.Tx) error {
 		for topic, seq := range batch.Trims {
 			if err := trimLog(tx, topic, seq); err != nil {
@@ -4055,9 +4075,10 @@ func logOf(tx *bolt.Tx, topic string) *bolt.Bucket {
 // their payloads pass maxBytes, skipping (and logging) any whose checksum
 // does not match.
 func (s *BoltStore) Read(topic string, after uint64,
-	limit, maxBytes int) ([]*Message, error) {
-	var msgs []*Message
-	err := s.db.View(func(tx *bolt.Tx) error {
+	limit, maxBytes int) (msgs []*Message, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer damaged(s.path, &err)
+	err = s.db.View(func(tx *bolt.Tx) error {
 		records := logOf(tx, topic)
 		if records == nil {
 			return nil
@@ -4085,9 +4106,11 @@ func (s *BoltStore) Read(topic string, after uint64,
 // Topics returns every topic bucket's name and head. A topic whose log
 // was trimmed empty still has its bucket and its head, so it is listed:
 // its next seq must not start again from 1.
-func (s *BoltStore) Topics() (map[string]uint64, error) {
-	heads := map[string]uint64{}
-	err := s.db.View(func(tx *bolt.Tx) error {
+func (s *BoltStore) Topics() (heads map[string]uint64, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer damaged(s.path, &err)
+	heads = map[string]uint64{}
+	err = s.db.View(func(tx *bolt.Tx) error {
 		topics := tx.Bucket(topicsBucket)
 		return topics.ForEachBucket(func(name []byte) error {
 			head := topics.Bucket(name).Get(headKey)
@@ -4102,10 +4125,11 @@ func (s *BoltStore) Topics() (map[string]uint64, error) {
 
 // Cursor returns the stored position of a durable cursor. The committer
 // asks only when the cursor is not in a batch it still holds.
-func (s *BoltStore) Cursor(key string) (uint64, bool, error) {
-	var position uint64
-	var found bool
-	err := s.db.View(func(tx *bolt.Tx) error {
+func (s *BoltStore) Cursor(key string) (position uint64, found bool,
+	err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer damaged(s.path, &err)
+	err = s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(cursorsBucket).Get([]byte(key))
 		if len(v) == 8 {
 			position, found = binary.BigEndian.Uint64(v), true
@@ -4121,11 +4145,12 @@ func (s *BoltStore) Close() error {
 }
 
 // encodeRecord appends m's record to buffer: its delivery frame, which
-// holds every field of a Message, behind a 4-byte CRC-32 (Castagnoli) of
-// the frame. One encoding serves the log and every subscriber;
-// decodeRecord reads it back with encoding/json, which ignores the
-// frame's type and attempt. A record written before frames were stored
-// holds the Message's fields alone, and reads the same.
+// holds every field of a Message, then a newline and its publisher as a
+// JSON string if it has one, behind a 4-byte CRC-32 (Castagnoli) of the
+// rest. One encoding serves the log and every subscriber; decodeRecord
+// reads it back with encoding/json, which ignores the frame's type and
+// attempt. A record written before frames were stored holds the
+// Message's fields alone, and reads the same.
 func encodeRecord(buffer []byte, m *Message) []byte {
 	// A message the broker did not sequence has no frame yet.
 	frame := m.frame
@@ -4134,6 +4159,9 @@ func encodeRecord(buffer []byte, m *Message) []byte {
 	}
 	start := len(buffer)
 	buffer = append(append(buffer, 0, 0, 0, 0), frame...)
+	if m.publisher != "" {
+		buffer = appendString(append(buffer, '\n'), m.publisher)
+	}
 	sum := crc32.Checksum(buffer[start+4:], castagnoli)
 	binary.BigEndian.PutUint32(buffer[start:], sum)
 	return buffer
@@ -4156,8 +4184,16 @@ func decodeRecord(record []byte) (*Message, error) {
 	}
 
 	// The Message gets its own copies of the bytes: bbolt's are valid
-	// only until the reading transaction ends.
+	// only until the reading transaction ends. A frame has no newline of
+	// its own, so one ends it.
 	m := &Message{}
+	if i := bytes.IndexByte(body, '\n'); i >= 0 {
+		err := json.Unmarshal(body[i+1:], &m.publisher)
+		if err != nil {
+			return nil, fmt.Errorf("decode record: %w", err)
+		}
+		body = body[:i]
+	}
 	if err := json.Unmarshal(body, m); err != nil {
 		return nil, fmt.Errorf("decode record: %w", err)
 	}

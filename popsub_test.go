@@ -350,16 +350,36 @@ func TestBroker_IdempotentPublish(t *testing.T) {
 	reader.ack(reader.expect("message"))
 	reader.quiet()
 
-	t.Run("the dedup memory survives a restart", func(t *testing.T) {
-		path := t.TempDir() + "/popsub.db"
-		one := startBroker(t, Options{Store: openBolt(t, path)})
-		one.dial("p").publish("pay", 1, 1, "pay-1")
-		one.stop()
-		two := startBroker(t, Options{Store: openBolt(t, path)})
-		if g := two.dial("p").publish("pay", 1, 1, "pay-1"); !g.Duplicate {
-			t.Fatalf("after restart got %+v, want duplicate", g)
-		}
-	})
+	t.Run("another publisher's id never suppresses a publish",
+		func(t *testing.T) {
+			mallory, alice := ts.dial("mallory"), ts.dial("alice")
+			squat := mallory.publish("payments", "mallory's", 1, "pay-1")
+			mine := alice.publish("payments", "alice's", 1, "pay-1")
+			if mine.Duplicate || mine.Seq == squat.Seq {
+				t.Fatalf("alice's pay-1 got %+v after mallory's %+v; want "+
+					"a message of its own", mine, squat)
+			}
+			if again := alice.publish("payments", "alice's", 1, "pay-1"); !again.
+				Duplicate || again.Seq != mine.Seq {
+				t.Fatalf("alice's repeat got %+v, want a duplicate of seq %d",
+					again, mine.Seq)
+			}
+		})
+	t.Run("the dedup memory survives a restart, publisher and all",
+		func(t *testing.T) {
+			path := t.TempDir() + "/popsub.db"
+			one := startBroker(t, Options{Store: openBolt(t, path)})
+			one.dial("p").publish("pay", 1, 1, "pay-1")
+			one.stop()
+			two := startBroker(t, Options{Store: openBolt(t, path)})
+			if g := two.dial("p").publish("pay", 1, 1, "pay-1"); !g.Duplicate {
+				t.Fatalf("after restart got %+v, want duplicate", g)
+			}
+			if g := two.dial("q").publish("pay", 1, 1, "pay-1"); g.Duplicate {
+				t.Fatalf("another publisher after restart got %+v, want a "+
+					"message of its own", g)
+			}
+		})
 }
 
 func TestBroker_ConfirmedMessagesSurviveRestart(t *testing.T) {
