@@ -255,9 +255,7 @@ func (o Options) withDefaults() Options {
 	o.AuthTimeout = orDefault(o.AuthTimeout, DefaultAuthTimeout)
 	o.PingInterval = orDefault(o.PingInterval, DefaultPingInterval)
 	o.LoginTokenTTL = orDefault(o.LoginTokenTTL, DefaultLoginTokenTTL)
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
+	o.Logger = orDefault(o.Logger, slog.Default())
 	return o
 }
 
@@ -2513,10 +2511,7 @@ func newMessage(f frame) (*Message, reply) {
 		json.Compact(&compact, payload)
 		payload = compact.Bytes()
 	}
-	id := f.MessageID
-	if id == "" {
-		id = newID()
-	}
+	id := orDefault(f.MessageID, newID())
 	return &Message{Topic: f.Topic, ID: id, QoS: f.QoS,
 		Payload: payload}, reply{}
 }
@@ -3900,7 +3895,9 @@ type BoltStore struct {
 // second if another process has the file open.
 func OpenBolt(path string, logger *slog.Logger) (_ *BoltStore,
 	err error) {
-	// A damaged file is closed again, so that its lock goes with it.
+	// A damaged file is closed again, so that its lock goes with it. A
+	// panic inside bolt.Open leaves no DB to close: the lock then lasts
+	// as long as the process, which serve ends at once.
 	var db *bolt.DB
 	defer func() {
 		if err != nil && db != nil {
@@ -3934,9 +3931,7 @@ func OpenBolt(path string, logger *slog.Logger) (_ *BoltStore,
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	if logger == nil {
-		logger = slog.Default()
-	}
+	logger = orDefault(logger, slog.Default())
 	return &BoltStore{db: db, path: path, logger: logger}, nil
 }
 

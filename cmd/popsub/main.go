@@ -11,6 +11,8 @@
 //	                                  confirm
 //	popsub bench                      load a server: throughput, losses,
 //	                                  latency, server CPU and memory
+//	popsub db check|salvage           report damage in a database, and
+//	                                  copy what is readable to a new one
 //
 // Every flag can also be set from the environment (POPSUB_ADDR, …);
 // a flag wins over the environment, which wins over the default.
@@ -42,6 +44,9 @@ commands:
   client sub TOPIC           print deliveries as JSON lines, acking QoS 1
   client pub TOPIC PAYLOAD   publish a message (--qos 1 waits for confirm)
   bench                      load a server and report speed and losses
+  db check --db FILE         report what a database holds, and damage
+  db salvage --db FILE --to NEW
+                             copy every readable record to a new file
 
 Run 'popsub <command> -h' for its flags.
 `
@@ -93,6 +98,8 @@ func run(ctx context.Context, args []string, stdout,
 		return clientCommand(ctx, args[1:], stdout, stderr)
 	case "bench":
 		return benchCommand(ctx, args[1:], stdout, stderr)
+	case "db":
+		return dbCommand(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -1,0 +1,400 @@
+package main
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"maps"
+	"os"
+	"runtime/debug"
+	"slices"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// This file is popsub db: check a database, and salvage what a damaged
+// one still holds into a new file. bbolt panics on a damaged page and
+// faults on a file cut short, so every read here is guarded (a panic or
+// a fault becomes an error of that read alone): one bad page costs the
+// records on it, and nothing else. The layout is the one popsub.go's
+// BoltStore writes: a "topics" bucket with a bucket per topic, holding
+// its records under "log" (8-byte big-endian seq → a CRC-32C, then the
+// record) and its "head"; and a "cursors" bucket (key → 8-byte seq).
+
+// Bucket and key names, as BoltStore writes them.
+var (
+	topicsName  = []byte("topics")
+	cursorsName = []byte("cursors")
+	logName     = []byte("log")
+	headName    = []byte("head")
+)
+
+// dbUsage is printed for popsub db without a subcommand.
+const dbUsage = `usage: popsub db check --db FILE
+       popsub db salvage --db FILE --to NEW
+`
+
+// dbCommand runs popsub db check or popsub db salvage.
+func dbCommand(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || (args[0] != "check" && args[0] != "salvage") {
+		fmt.Fprint(stderr, dbUsage)
+		return errors.New("popsub db needs check or salvage")
+	}
+	fs := newFlagSet("popsub db "+args[0], stderr)
+	path := fs.String("db", env("POPSUB_DB", "popsub.db"),
+		"the database to read (POPSUB_DB)")
+	to := fs.String("to", "", "salvage: the new file to write")
+	if _, err := parseInterleaved(fs, args[1:]); err != nil {
+		return err
+	}
+	if args[0] == "salvage" && *to == "" {
+		return errors.New("salvage needs --to NEW, a file that does not " +
+			"exist yet")
+	}
+	report, err := salvage(*path, *to)
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(stdout, report)
+	if args[0] == "check" && report.damaged() {
+		return fmt.Errorf("%s is damaged: 'popsub db salvage --db %[1]s "+
+			"--to NEW' copies every readable record to NEW", *path)
+	}
+	return nil
+}
+
+// salvageReport is what a check or a salvage found.
+type salvageReport struct {
+	path      string
+	topics    int      // topics whose bucket could be read
+	records   int      // records read whole, checksum and all
+	bad       int      // records read but damaged (checksum)
+	lost      int      // damaged stretches of a log skipped unread
+	cursors   int      // durable cursors read
+	problems  []string // what bbolt's own check and the walk reported
+	copiedTo  string   // the new file, for a salvage
+	unopened  error    // why the file could not be opened at all
+	truncated bool     // whether the walk of the topics was cut short
+}
+
+// damaged reports whether the check found anything wrong.
+func (r salvageReport) damaged() bool {
+	return r.unopened != nil || r.bad > 0 || r.lost > 0 ||
+		len(r.problems) > 0 || r.truncated
+}
+
+// String prints the report.
+func (r salvageReport) String() string {
+	if r.unopened != nil {
+		return fmt.Sprintf("%s: cannot be opened: %v\n", r.path, r.unopened)
+	}
+	text := fmt.Sprintf("%s: %d topics, %d records readable, %d damaged "+
+		"records, %d damaged stretches skipped, %d cursors\n", r.path,
+		r.topics, r.records, r.bad, r.lost, r.cursors)
+	for _, p := range r.problems {
+		text += "  " + p + "\n"
+	}
+	if r.copiedTo != "" {
+		text += fmt.Sprintf("copied every readable record to %s\n",
+			r.copiedTo)
+	}
+	return text
+}
+
+// salvage walks the database at path and, when to is not empty, writes
+// what it can read into a new database there.
+func salvage(path, to string) (salvageReport, error) {
+	report := salvageReport{path: path}
+	if _, err := os.Stat(path); err != nil {
+		return report, err
+	}
+	db, err := openGuarded(path)
+	if err != nil {
+		report.unopened = err
+		return report, nil
+	}
+	defer db.Close()
+	report.problems = checkGuarded(db)
+	var out *bolt.DB
+	if to != "" {
+		if _, err := os.Stat(to); err == nil {
+			return report, fmt.Errorf("%s exists: salvage writes a new file",
+				to)
+		}
+		if out, err = bolt.Open(to, 0o600, &bolt.Options{Timeout: time.Second}); err != nil {
+			return report, fmt.Errorf("create %s: %w", to, err)
+		}
+		defer out.Close()
+		report.copiedTo = to
+	}
+	return report, copyAll(db, out, &report)
+}
+
+// guarded runs read, turning a panic or a memory fault into an error.
+func guarded(read func() error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("damaged: %v", v)
+		}
+	}()
+	return read()
+}
+
+// openGuarded opens path read-only, which neither writes to a damaged
+// file nor loads its free list.
+func openGuarded(path string) (*bolt.DB, error) {
+	var db *bolt.DB
+	err := guarded(func() error {
+		var err error
+		db, err = bolt.Open(path, 0o400, &bolt.Options{ReadOnly: true,
+			Timeout: time.Second})
+		return err
+	})
+	return db, err
+}
+
+// checkGuarded runs bbolt's own consistency check and lists what it
+// found, at most twenty items.
+func checkGuarded(db *bolt.DB) []string {
+	var problems []string
+	err := guarded(func() error {
+		return db.View(func(tx *bolt.Tx) error {
+			for err := range tx.Check() {
+				if len(problems) < 20 {
+					problems = append(problems, err.Error())
+				}
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		problems = append(problems, "the check itself stopped: "+err.Error())
+	}
+	return problems
+}
+
+// copyAll walks every topic and the cursors, counting what it reads, and
+// writes it to out unless out is nil.
+func copyAll(db, out *bolt.DB, report *salvageReport) error {
+	var names [][]byte
+	err := guarded(func() error {
+		return db.View(func(tx *bolt.Tx) error {
+			topics := tx.Bucket(topicsName)
+			if topics == nil {
+				return errors.New("no topics bucket")
+			}
+			return topics.ForEachBucket(func(name []byte) error {
+				names = append(names, append([]byte(nil), name...))
+				return nil
+			})
+		})
+	})
+	if err != nil {
+		report.truncated = true
+		report.problems = append(report.problems, "topics: "+err.Error())
+	}
+	for _, name := range names {
+		if err := copyTopic(db, out, name, report); err != nil {
+			return err
+		}
+	}
+	return copyCursors(db, out, report)
+}
+
+// copyTopic reads one topic's head and every record it can, stepping
+// over damaged stretches of its log, and writes them to out.
+func copyTopic(db, out *bolt.DB, name []byte, report *salvageReport) error {
+	report.topics++
+	head, records := readHead(db, name), map[uint64][]byte{}
+	keep := func(seq uint64, value []byte) {
+		if len(value) < 4 || crc32.Checksum(value[4:], castagnoli) !=
+			binary.BigEndian.Uint32(value) {
+			report.bad++
+			return
+		}
+		records[seq] = append([]byte(nil), value...)
+		head = max(head, seq)
+	}
+	for next := uint64(0); ; {
+		last, done, err := walkRun(db, name, next, keep)
+		if err == nil && done {
+			break
+		}
+		report.lost++
+		if next = skipDamage(db, name, max(next, last+1)); next == 0 {
+			break
+		}
+	}
+	report.records += len(records)
+	if out == nil {
+		return nil
+	}
+	return writeTopic(out, name, head, records)
+}
+
+// castagnoli is the CRC-32 table of the records' checksums.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// walkRun reads topic's records from seq from on, handing each to keep,
+// until the log ends (done) or a read fails; last is the last seq read.
+// Keys that do not climb count as damage too: a damaged page could
+// otherwise send the walk round in a loop.
+func walkRun(db *bolt.DB, topic []byte, from uint64,
+	keep func(uint64, []byte)) (last uint64, done bool, err error) {
+	err = guarded(func() error {
+		return db.View(func(tx *bolt.Tx) error {
+			log := logOf(tx, topic)
+			if log == nil {
+				done = true
+				return nil
+			}
+			c := log.Cursor()
+			for k, v := c.Seek(seqBytes(from)); ; k, v = c.Next() {
+				if k == nil {
+					done = true
+					return nil
+				}
+				seq := uint64(0)
+				if len(k) == 8 {
+					seq = binary.BigEndian.Uint64(k)
+				}
+				if seq < from || seq <= last && last != 0 {
+					return errors.New("keys out of order")
+				}
+				keep(seq, v)
+				last = seq
+			}
+		})
+	})
+	return last, done, err
+}
+
+// skipDamage finds the first seq after from at which the log can be read
+// again, or 0 if none: doubling steps find a readable seq, then a binary
+// search the first one. A seek lands on the page that would hold its
+// seq, so the first readable seq past a damaged page is the first key
+// of the page after it.
+func skipDamage(db *bolt.DB, topic []byte, from uint64) uint64 {
+	readable := func(seq uint64) bool {
+		return guarded(func() error {
+			return db.View(func(tx *bolt.Tx) error {
+				if log := logOf(tx, topic); log != nil {
+					log.Cursor().Seek(seqBytes(seq))
+				}
+				return nil
+			})
+		}) == nil
+	}
+	low, high := from, uint64(0)
+	for step := uint64(1); step < 1<<62; step *= 2 {
+		if readable(from + step) {
+			high = from + step
+			break
+		}
+		low = from + step
+	}
+	if high == 0 {
+		return 0
+	}
+	for high-low > 1 {
+		if middle := low + (high-low)/2; readable(middle) {
+			high = middle
+		} else {
+			low = middle
+		}
+	}
+	return high
+}
+
+// readHead reads a topic's head, or 0 if it cannot be read.
+func readHead(db *bolt.DB, topic []byte) uint64 {
+	var head uint64
+	guarded(func() error {
+		return db.View(func(tx *bolt.Tx) error {
+			if b := tx.Bucket(topicsName).Bucket(topic); b != nil {
+				if v := b.Get(headName); len(v) == 8 {
+					head = binary.BigEndian.Uint64(v)
+				}
+			}
+			return nil
+		})
+	})
+	return head
+}
+
+// logOf is a topic's log bucket, or nil.
+func logOf(tx *bolt.Tx, topic []byte) *bolt.Bucket {
+	if b := tx.Bucket(topicsName).Bucket(topic); b != nil {
+		return b.Bucket(logName)
+	}
+	return nil
+}
+
+// seqBytes is seq as a key.
+func seqBytes(seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(nil, seq)
+}
+
+// writeTopic writes a topic's head and records into out.
+func writeTopic(out *bolt.DB, topic []byte, head uint64,
+	records map[uint64][]byte) error {
+	return out.Update(func(tx *bolt.Tx) error {
+		topics, err := tx.CreateBucketIfNotExists(topicsName)
+		if err != nil {
+			return err
+		}
+		bucket, err := topics.CreateBucketIfNotExists(topic)
+		if err != nil {
+			return err
+		}
+		log, err := bucket.CreateBucketIfNotExists(logName)
+		if err != nil {
+			return err
+		}
+		log.FillPercent = 1.0 // keys go in in order, as BoltStore's do
+		for _, seq := range slices.Sorted(maps.Keys(records)) {
+			if err := log.Put(seqBytes(seq), records[seq]); err != nil {
+				return err
+			}
+		}
+		return bucket.Put(headName, seqBytes(head))
+	})
+}
+
+// copyCursors reads the durable cursors and writes them into out.
+func copyCursors(db, out *bolt.DB, report *salvageReport) error {
+	cursors := map[string][]byte{}
+	err := guarded(func() error {
+		return db.View(func(tx *bolt.Tx) error {
+			if b := tx.Bucket(cursorsName); b != nil {
+				return b.ForEach(func(k, v []byte) error {
+					if len(v) == 8 {
+						cursors[string(k)] = append([]byte(nil), v...)
+					}
+					return nil
+				})
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		report.problems = append(report.problems, "cursors: "+err.Error())
+	}
+	report.cursors = len(cursors)
+	if out == nil {
+		return nil
+	}
+	return out.Update(func(tx *bolt.Tx) error {
+		bucket, err := tx.CreateBucketIfNotExists(cursorsName)
+		for key, value := range cursors {
+			if err == nil {
+				err = bucket.Put([]byte(key), value)
+			}
+		}
+		return err
+	})
+}
