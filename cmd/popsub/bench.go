@@ -111,10 +111,10 @@ func parseBench(args []string, stderr io.Writer) (benchConfig, error) {
 	fs := newFlagSet("popsub bench", stderr)
 	fs.StringVar(&c.url, "url", "", "server to load (default: start one on "+
 		"127.0.0.1 and measure its CPU and memory)")
-	fs.StringVar(&c.secret, "secret", env("POPSUB_SECRET", ""),
-		"the server's secret, to sign tokens (POPSUB_SECRET)")
-	fs.StringVar(&c.token, "token", env("POPSUB_TOKEN", ""),
-		"a token to use when the secret is unknown (POPSUB_TOKEN)")
+	secret := secretFlag(fs, "secret", "POPSUB_SECRET",
+		"the server's secret, to sign tokens")
+	token := secretFlag(fs, "token", "POPSUB_TOKEN",
+		"a token to use when the secret is unknown")
 	fs.IntVar(&c.publishers, "publishers", 1, "publishing connections")
 	fs.IntVar(&c.subscribers, "subscribers", 10, "subscribing connections")
 	fs.IntVar(&c.topics, "topics", 1, "topics; each subscriber takes them all")
@@ -143,6 +143,7 @@ func parseBench(args []string, stderr io.Writer) (benchConfig, error) {
 	if _, err := parseInterleaved(fs, args); err != nil {
 		return c, err
 	}
+	c.secret, c.token = secret(""), token("")
 	switch {
 	case c.publishers < 1 || c.subscribers < 0 || c.topics < 1:
 		return c, errors.New("need at least one publisher and one topic")

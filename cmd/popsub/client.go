@@ -7,6 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/coder/websocket"
@@ -15,41 +17,67 @@ import (
 
 // clientFlags are the flags every client command shares.
 type clientFlags struct {
-	url, token, secret string
+	url           string
+	token, secret func(string) string // read after parsing; see secretFlag
 }
 
 // add registers the shared flags on fs.
 func (f *clientFlags) add(fs *flag.FlagSet) {
 	fs.StringVar(&f.url, "url", env("POPSUB_URL", "ws://127.0.0.1:8080"),
 		"the broker's WebSocket URL (POPSUB_URL)")
-	fs.StringVar(&f.token, "token", env("POPSUB_TOKEN", ""),
-		"token to authenticate with (POPSUB_TOKEN)")
-	fs.StringVar(&f.secret, "secret", env("POPSUB_SECRET", ""),
-		"without --token, sign one for user \"cli\" (POPSUB_SECRET)")
+	f.token = secretFlag(fs, "token", "POPSUB_TOKEN",
+		"token to authenticate with")
+	f.secret = secretFlag(fs, "secret", "POPSUB_SECRET",
+		"without --token, sign one for user \"cli\"")
 }
 
 // credentials returns the token to send, signing one if need be.
 func (f *clientFlags) credentials() (string, error) {
-	if f.token != "" {
-		return f.token, nil
+	if token := f.token(""); token != "" {
+		return token, nil
 	}
-	if f.secret != "" {
-		return popsub.NewToken([]byte(f.secret), "cli", time.Hour)
+	if secret := f.secret(""); secret != "" {
+		return popsub.NewToken([]byte(secret), "cli", time.Hour)
 	}
 	return "", errors.New("no token: pass --token (popsub serve prints " +
 		"one) or set POPSUB_TOKEN")
 }
 
-// clientCommand runs the demo, sub or pub.
+// clientCommand runs sub, pub, or with no command the original's demo.
+// The command may come after the shared flags (client --url U pub …).
 func clientCommand(ctx context.Context, args []string, stdout,
 	stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "sub" {
-		return subCommand(ctx, args[1:], stdout, stderr)
+	command, rest := splitCommand(args, "url", "token", "secret", "qos",
+		"id", "after", "last", "durable", "count")
+	switch command {
+	case "sub":
+		return subCommand(ctx, rest, stdout, stderr)
+	case "pub":
+		return pubCommand(ctx, rest, stdout, stderr)
+	case "":
+		return demoCommand(ctx, rest, stdout, stderr)
 	}
-	if len(args) > 0 && args[0] == "pub" {
-		return pubCommand(ctx, args[1:], stdout, stderr)
+	return fmt.Errorf("unknown client command %q: use pub TOPIC PAYLOAD, "+
+		"sub TOPIC, or no command for the original's demo", command)
+}
+
+// splitCommand finds the first argument that is not a flag nor the value
+// of one of valued, and returns it with the other arguments.
+func splitCommand(args []string, valued ...string) (string, []string) {
+	for i := 0; i < len(args); i++ {
+		name, hasValue := strings.CutPrefix(args[i], "-")
+		name = strings.TrimPrefix(name, "-")
+		switch {
+		case args[i] == "--":
+			return "", args
+		case !hasValue:
+			rest := append(slices.Clone(args[:i]), args[i+1:]...)
+			return args[i], rest
+		case slices.Contains(valued, name):
+			i++ // its value
+		}
 	}
-	return demoCommand(ctx, args, stdout, stderr)
+	return "", args
 }
 
 // frame is what the client reads of any server frame.
@@ -149,13 +177,21 @@ func (s *session) ack(ctx context.Context, f frame) error {
 		"message_id": f.MessageID, "topic": f.Topic})
 }
 
-// payloadJSON uses text as JSON if it is valid JSON, else as a string.
-func payloadJSON(text string) json.RawMessage {
+// payloadJSON uses text as JSON if it is valid JSON, and other text as a
+// string, saying so on stderr. Text that starts like JSON and is not
+// (`{"a":`) is a typo, refused with a way to send it anyway.
+func payloadJSON(text string, stderr io.Writer) (json.RawMessage, error) {
 	if json.Valid([]byte(text)) {
-		return json.RawMessage(text)
+		return json.RawMessage(text), nil
 	}
 	quoted, _ := json.Marshal(text)
-	return quoted
+	if strings.ContainsAny(text[:min(1, len(text))], `{["`) {
+		var problem error = json.Unmarshal([]byte(text), new(any))
+		return nil, fmt.Errorf("the payload is not valid JSON (%v); to "+
+			"send it as a string, quote it: '%s'", problem, quoted)
+	}
+	fmt.Fprintf(stderr, "sending %s as the JSON string %s\n", text, quoted)
+	return quoted, nil
 }
 
 // demoCommand is the original's example client: authenticate, subscribe

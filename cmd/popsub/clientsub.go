@@ -91,7 +91,8 @@ func pubCommand(ctx context.Context, args []string, stdout,
 		return err
 	}
 	if len(positional) != 2 {
-		return errors.New("usage: popsub client pub TOPIC PAYLOAD [flags]")
+		return errors.New("usage: popsub client pub TOPIC PAYLOAD [flags]; " +
+			"a payload that starts with - goes after --")
 	}
 	s, err := connect(ctx, cf)
 	if err != nil {
@@ -99,8 +100,12 @@ func pubCommand(ctx context.Context, args []string, stdout,
 	}
 	defer s.close()
 
+	payload, err := payloadJSON(positional[1], stderr)
+	if err != nil {
+		return err
+	}
 	request := map[string]any{"type": "publish", "topic": positional[0],
-		"payload": payloadJSON(positional[1]), "qos": *qos}
+		"payload": payload, "qos": *qos}
 	if *id != "" {
 		request["message_id"] = *id
 	}

@@ -84,7 +84,7 @@ ack_timeout = "2s"
 
 func TestConfig_UsersLogIn(t *testing.T) {
 	var hash bytes.Buffer
-	if err := hashPasswordCommand(strings.NewReader("s3cret pass\n"),
+	if err := hashPasswordCommand(nil, strings.NewReader("s3cret pass\n"),
 		&hash, io.Discard); err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -93,7 +94,7 @@ func run(ctx context.Context, args []string, stdout,
 	case "token":
 		return tokenCommand(args[1:], stdout, stderr)
 	case "hash-password":
-		return hashPasswordCommand(os.Stdin, stdout, stderr)
+		return hashPasswordCommand(args[1:], os.Stdin, stdout, stderr)
 	case "client":
 		return clientCommand(ctx, args[1:], stdout, stderr)
 	case "bench":
@@ -153,19 +154,55 @@ func envParse[T any](name string, fallback T, parse func(string) (T, error),
 
 // parseInterleaved parses flags that may come before, between or after
 // positional arguments (popsub client pub TOPIC PAYLOAD --qos 1), and
-// returns the positional ones.
+// returns the positional ones. "--" ends the flags, and a negative
+// number is a value, not a flag: pub chat -5 publishes -5.
 func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
+	for len(args) > 0 {
+		switch {
+		case args[0] == "--":
+			return append(positional, args[1:]...), nil
+		case negativeNumber.MatchString(args[0]):
+			positional, args = append(positional, args[0]), args[1:]
+			continue
+		}
+		if err := fs.Parse(flagsUpTo(args)); err != nil {
 			return nil, err
 		}
-		if fs.NArg() == 0 {
-			return positional, nil
+		args = args[len(flagsUpTo(args))-fs.NArg():]
+		if fs.NArg() > 0 {
+			positional, args = append(positional, args[0]), args[1:]
 		}
-		positional = append(positional, fs.Arg(0))
-		args = fs.Args()[1:]
 	}
+	return positional, nil
+}
+
+// secretFlag declares a flag for a secret or a token. Its default, from
+// the environment variable or a fallback the caller gives (a config
+// file's), is looked up only when the flag is read, after parsing: a
+// default in the flag itself would be printed by -h for anyone to see.
+func secretFlag(fs *flag.FlagSet, name, variable, usage string) func(
+	fallback string) string {
+	value := fs.String(name, "", usage+" ("+variable+")")
+	return func(fallback string) string {
+		if *value != "" {
+			return *value
+		}
+		return env(variable, fallback)
+	}
+}
+
+// negativeNumber matches an argument such as -5 or -0.5.
+var negativeNumber = regexp.MustCompile(`^-[0-9.]`)
+
+// flagsUpTo is args up to the first "--" or negative number.
+func flagsUpTo(args []string) []string {
+	for i, arg := range args {
+		if arg == "--" || negativeNumber.MatchString(arg) {
+			return args[:i]
+		}
+	}
+	return args
 }
 
 // newFlagSet returns a flag set that reports errors to stderr.

@@ -11,7 +11,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -30,6 +32,7 @@ const localTokenTTL = 24 * time.Hour
 // serveConfig is everything serve reads from flags and the environment.
 type serveConfig struct {
 	addr, db, secret, origins, logLevel string
+	secretFrom                          string // where secret came from
 	options                             popsub.Options
 }
 
@@ -83,30 +86,65 @@ func serve(ctx context.Context, args []string, stdout,
 			return fmt.Errorf("make local token: %w", err)
 		}
 	} else if len(cfg.secret) < minSecretBytes {
-		return fmt.Errorf("the secret is %d bytes; use at least %d "+
-			"(for example: openssl rand -hex 32)", len(cfg.secret),
-			minSecretBytes)
+		return shortSecret(cfg.secretFrom, len(cfg.secret))
 	} else {
 		cfg.options.Secret = []byte(cfg.secret)
 	}
 
+	// The address first: a busy port must not leave a database behind.
+	listener, err := listen(cfg.addr)
+	if err != nil {
+		return err
+	}
 	store, err := popsub.OpenBolt(cfg.db, logger)
 	if err != nil {
+		listener.Close()
 		return err
 	}
 	cfg.options.Store = store
 	broker, err := popsub.New(cfg.options)
 	if err != nil {
+		listener.Close()
 		store.Close()
 		return err
 	}
-	listener, err := net.Listen("tcp", cfg.addr)
-	if err != nil {
-		broker.Shutdown(context.Background())
-		return fmt.Errorf("listen on %s: %w", cfg.addr, err)
-	}
 	printBanner(stdout, listener.Addr().String(), cfg.db, localToken)
 	return serveUntilDone(ctx, listener, broker, logger)
+}
+
+// listen opens addr, or says what to do when it cannot.
+func listen(addr string) (net.Listener, error) {
+	listener, err := net.Listen("tcp", addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, fmt.Errorf("listen on %s: the address is in use, "+
+			"perhaps by another popsub serve: stop it, or pick another "+
+			"address with --addr 127.0.0.1:8081", addr)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	return listener, nil
+}
+
+// secretSource names where serve's secret came from, for its errors.
+func secretSource(fs *flag.FlagSet, path string) string {
+	from := "jwt_secret in " + path
+	if os.Getenv("POPSUB_SECRET") != "" {
+		from = "POPSUB_SECRET"
+	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "secret" {
+			from = "--secret"
+		}
+	})
+	return from
+}
+
+// shortSecret is the error for a secret under minSecretBytes, naming
+// where it came from.
+func shortSecret(from string, length int) error {
+	return fmt.Errorf("%s is %d bytes; use at least %d (for example: "+
+		"openssl rand -hex 32)", from, length, minSecretBytes)
 }
 
 // parseServe reads serve's settings. Precedence: a flag, then its
@@ -126,13 +164,21 @@ func parseServe(args []string, stderr io.Writer) (serveConfig, error) {
 		d = file.defaults()
 	}
 	fs, frame, errs := serveFlags(&cfg, d, stderr)
+	secret := secretFlag(fs, "secret", "POPSUB_SECRET", "token secret, at "+
+		"least 32 bytes; empty makes a random one")
 	fs.String("config", path, "TOML configuration file (POPSUB_CONFIG)")
 	if err := errors.Join(errs...); err != nil {
 		return cfg, err
 	}
-	if _, err := parseInterleaved(fs, args); err != nil {
+	positional, err := parseInterleaved(fs, args)
+	if err != nil {
 		return cfg, err
 	}
+	if len(positional) > 0 {
+		return cfg, fmt.Errorf("serve takes no arguments, only flags "+
+			"(got %q); see popsub serve -h", positional)
+	}
+	cfg.secret, cfg.secretFrom = secret(d.secret), secretSource(fs, path)
 	cfg.options.MaxFrameBytes = int64(*frame)
 	cfg.options.OriginPatterns = splitList(cfg.origins)
 	return cfg, checkServe(cfg)
@@ -159,9 +205,6 @@ func serveFlags(cfg *serveConfig, d serveDefaults,
 		"address to listen on (POPSUB_ADDR)")
 	fs.StringVar(&cfg.db, "db", env("POPSUB_DB", d.db),
 		"bbolt database file (POPSUB_DB)")
-	fs.StringVar(&cfg.secret, "secret", env("POPSUB_SECRET", d.secret),
-		"token secret, at least 32 bytes; empty makes a random one "+
-			"(POPSUB_SECRET)")
 	fs.DurationVar(&o.AckTimeout, "ack-timeout", duration(
 		"POPSUB_ACK_TIMEOUT", d.ackTimeout),
 		"wait for an ack before a retry (POPSUB_ACK_TIMEOUT)")

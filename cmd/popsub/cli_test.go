@@ -1,0 +1,140 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// runCapture runs a command and returns its stdout, its stderr and its
+// error.
+func runCapture(args ...string) (string, string, error) {
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), args, &stdout, &stderr)
+	return stdout.String(), stderr.String(), err
+}
+
+func TestClient_ForgivesTheOrderOfItsArguments(t *testing.T) {
+	url, token, _ := startServe(t)
+
+	t.Run("shared flags before the command, its flags after its arguments",
+		func(t *testing.T) {
+			out, _, err := runCapture("client", "--url", url, "--token", token,
+				"pub", "chat", `"hi"`, "--qos", "1")
+			if err != nil || !strings.Contains(out, `"type":"published"`) {
+				t.Fatalf("got %q, %v; want the confirm", out, err)
+			}
+		})
+	t.Run("a negative number is a payload, with or without --",
+		func(t *testing.T) {
+			for _, args := range [][]string{{"pub", "n", "-5"},
+				{"pub", "n", "--", "-5"}} {
+				all := append([]string{"client", "--url", url, "--token",
+					token, "--qos", "1"}, args...)
+				out, _, err := runCapture(all...)
+				if err != nil || !strings.Contains(out, `"published"`) {
+					t.Fatalf("%v: got %q, %v", args, out, err)
+				}
+			}
+			out, _, err := runCapture("client", "sub", "n", "--url", url,
+				"--token", token, "--after", "0", "--count", "2")
+			if err != nil || strings.Count(out, `"payload":-5`) != 2 {
+				t.Fatalf("sub printed %q, %v; want -5 twice", out, err)
+			}
+		})
+	t.Run("an unknown command is an error, not the demo", func(t *testing.T) {
+		_, _, err := runCapture("client", "--url", url, "publish", "x", "1")
+		if err == nil || !strings.Contains(err.Error(), "pub TOPIC PAYLOAD") {
+			t.Fatalf("got %v, want an error that says what to use", err)
+		}
+	})
+	t.Run("a payload that starts like JSON and is not is refused",
+		func(t *testing.T) {
+			_, _, err := runCapture("client", "--url", url, "--token", token,
+				"pub", "chat", `{"a":`)
+			if err == nil || !strings.Contains(err.Error(), "not valid JSON") {
+				t.Fatalf("got %v, want a refusal", err)
+			}
+			_, stderr, err := runCapture("client", "--url", url, "--token",
+				token, "pub", "chat", "hello")
+			if err != nil || !strings.Contains(stderr, `JSON string "hello"`) {
+				t.Fatalf("plain text: %q, %v; want a note on stderr",
+					stderr, err)
+			}
+		})
+}
+
+func TestCommands_NeverPrintASecret(t *testing.T) {
+	secret := strings.Repeat("do-not-print-", 4)
+	t.Setenv("POPSUB_SECRET", secret)
+	t.Setenv("POPSUB_TOKEN", secret)
+	for _, command := range [][]string{{"serve", "-h"}, {"client", "-h"},
+		{"client", "pub", "-h"}, {"token", "-h"}, {"bench", "-h"}} {
+		out, stderr, err := runCapture(command...)
+		if !errors.Is(err, flag.ErrHelp) {
+			t.Fatalf("%v: %v, want help", command, err)
+		}
+		if strings.Contains(out+stderr, secret) {
+			t.Fatalf("%v printed the secret:\n%s", command, out+stderr)
+		}
+	}
+}
+
+func TestCommands_SayWhatToDoNext(t *testing.T) {
+	dir := t.TempDir()
+	t.Run("hash-password -h explains, and reads nothing", func(t *testing.T) {
+		_, stderr, err := runCapture("hash-password", "-h")
+		if !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr,
+			"standard input") {
+			t.Fatalf("got %v:\n%s", err, stderr)
+		}
+	})
+	t.Run("token refuses a secret serve would refuse", func(t *testing.T) {
+		_, _, err := runCapture("token", "--sub", "a", "--secret", "short")
+		if err == nil || !strings.Contains(err.Error(), "at least 32") {
+			t.Fatalf("got %v", err)
+		}
+	})
+	t.Run("serve refuses arguments it does not take", func(t *testing.T) {
+		_, _, err := runCapture("serve", "--db", filepath.Join(dir, "a.db"),
+			"extra")
+		if err == nil || !strings.Contains(err.Error(), "no arguments") {
+			t.Fatalf("got %v", err)
+		}
+	})
+	t.Run("a busy port gives a hint and leaves no database",
+		func(t *testing.T) {
+			busy, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer busy.Close()
+			db := filepath.Join(dir, "busy.db")
+			_, _, err = runCapture("serve", "--addr", busy.Addr().String(),
+				"--db", db)
+			if err == nil || !strings.Contains(err.Error(), "--addr") {
+				t.Fatalf("got %v, want a hint", err)
+			}
+			if _, err := os.Stat(db); err == nil {
+				t.Fatal("the busy port left a database file behind")
+			}
+		})
+	t.Run("a short secret in the config names its key", func(t *testing.T) {
+		config := filepath.Join(dir, "default.toml")
+		os.WriteFile(config, []byte("[server]\njwt_secret = \"short\"\n"),
+			0o600)
+		_, _, err := runCapture("serve", "--config", config, "--db",
+			filepath.Join(dir, "c.db"))
+		if err == nil || !strings.Contains(err.Error(),
+			"jwt_secret in "+config) {
+			t.Fatalf("got %v, want the key and the file named", err)
+		}
+	})
+}
