@@ -919,11 +919,10 @@ func (c *connection) refuse(code, text string) {
 // write encodes r and writes it straight to the socket. Only used before
 // the writer goroutine starts, so it races with nothing.
 func (c *connection) write(r reply) {
-	// The timeout bounds a stranger who never reads our reply.
+	// A stranger who never reads the reply is bounded by the socket's
+	// write timeout (heldConn), like every other write.
 	data, _ := json.Marshal(r)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	c.ws.Write(ctx, websocket.MessageText, data)
+	c.ws.Write(context.Background(), websocket.MessageText, data)
 }
 
 // read returns the next text frame. Binary frames and invalid UTF-8 close
@@ -2369,7 +2368,7 @@ func validTopic(name string) string {
 func validFilter(filter string) string {
 	switch {
 	case filter == "":
-		return "topic is empty"
+		return "topic is missing or empty"
 	case len(filter) > maxTopicBytes:
 		return "topic is longer than 256 bytes"
 	case strings.ContainsRune(filter, 0):
@@ -3520,14 +3519,24 @@ func topicError(code, text, topic string) reply {
 	return r
 }
 
-// jsonError shortens a decoding error for an error frame.
+// jsonError says what is wrong with a frame that did not decode, in the
+// protocol's words rather than Go's.
 func jsonError(err error) string {
 	var typeErr *json.UnmarshalTypeError
-	if errors.As(err, &typeErr) {
-		return "field " + typeErr.Field + " has the wrong type"
+	switch {
+	case !errors.As(err, &typeErr):
+		return err.Error()
+	case typeErr.Field == "":
+		return "a frame must be a JSON object"
 	}
-	return err.Error()
+	return fmt.Sprintf("field %s must be %s, not %s", typeErr.Field,
+		kinds[typeErr.Type.String()], typeErr.Value)
 }
+
+// kinds names the frame's field types for jsonError.
+var kinds = map[string]string{"uint64": "a whole number, 0 or more",
+	"int": "a whole number", "string": "a string", "bool": "true or false",
+	"[]string": "a list of strings"}
 
 // newID returns a random 128-bit message id in hex: unique without
 // coordination, even across restarts. An id is not a secret, so it comes
