@@ -77,27 +77,62 @@ type docServer struct {
 	token   string       // the token serve printed, if it made one
 	stop    func() error // stops the running server
 	clients map[string]*docClient
+	// tutorial is set for the tutorials, which run in one folder one
+	// after the other, and name each client's token in their setup.
+	tutorial bool
 }
 
 func TestDocs_EveryCommandAndFrameRuns(t *testing.T) {
-	paths, _ := filepath.Glob("../../docs/*.md")
+	docs, _ := filepath.Abs("../../docs")
+	paths, _ := filepath.Glob(filepath.Join(docs, "*.md"))
 	if len(paths) == 0 {
 		t.Fatal("no docs found")
 	}
+	t.Setenv("POPSUB_TOKEN", "")
+	t.Setenv("POPSUB_SECRET", "")
+
+	// The tutorials run as a reader follows them: in order, in one
+	// folder, one terminal's variables carried from one to the next.
+	t.Run("the tutorials in order", func(t *testing.T) {
+		s := &docServer{t: t, dir: t.TempDir(), tutorial: true}
+		t.Chdir(s.dir)
+		for _, path := range paths {
+			if name := filepath.Base(path); name[0] >= '1' && name[0] <= '9' {
+				t.Run(name, func(t *testing.T) { s.file(t, path) })
+			}
+		}
+	})
 	for _, path := range paths {
-		t.Run(filepath.Base(path), func(t *testing.T) {
-			text, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			s := &docServer{t: t, dir: t.TempDir()}
-			t.Chdir(s.dir)
-			t.Setenv("POPSUB_TOKEN", "")
-			t.Setenv("POPSUB_SECRET", "")
-			for _, f := range fences(string(text)) {
-				s.run(f)
-			}
-		})
+		if name := filepath.Base(path); name[0] < '1' || name[0] > '9' {
+			t.Run(name, func(t *testing.T) {
+				s := &docServer{t: t, dir: t.TempDir()}
+				t.Chdir(s.dir)
+				s.file(t, path)
+			})
+		}
+	}
+}
+
+// file runs every block of the Markdown file at path. A tutorial after
+// the first starts with a setup block, as a reader starts a new one.
+func (s *docServer) file(t *testing.T, path string) {
+	s.t = t
+	text, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runnable := false
+	for _, f := range fences(string(text)) {
+		first := filepath.Base(path)[0] == '1'
+		if !runnable && s.tutorial && !first && strings.HasPrefix(f.info,
+			"sh ") && f.info != "sh setup" || f.info == "json frames" &&
+			!runnable && s.tutorial && !first {
+			t.Errorf("a tutorial opens with a setup block (sh setup), "+
+				"not %q", f.info)
+		}
+		runnable = runnable || f.info == "json frames" ||
+			strings.HasPrefix(f.info, "sh ")
+		s.run(f)
 	}
 }
 
@@ -114,6 +149,8 @@ func (s *docServer) run(f fence) {
 		return
 	}
 	switch f.info {
+	case "sh setup":
+		s.setup(f.lines, where)
 	case "sh serve":
 		s.serve(f.lines, where)
 	case "sh run":
@@ -126,6 +163,44 @@ func (s *docServer) run(f fence) {
 		if len(f.lines) > 0 {
 			s.t.Errorf("%s: a %q block must be marked runnable (sh run, "+
 				"sh serve or json frames)", where, f.info)
+		}
+	}
+}
+
+// setup does what a tutorial's setup block says: the broker of the last
+// one is stopped (its comment tells the reader to press Ctrl-C), files
+// are removed, and variables set or unset.
+func (s *docServer) setup(lines []string, where string) {
+	for name, c := range s.clients {
+		c.ws.CloseNow()
+		delete(s.clients, name)
+	}
+	if s.stop != nil {
+		if err := s.stop(); err != nil {
+			s.t.Fatalf("%s: stopping the last broker: %v", where, err)
+		}
+		s.stop = nil
+	}
+	for _, line := range lines {
+		command, ok := strings.CutPrefix(line, "$ ")
+		switch {
+		case strings.HasPrefix(line, "#") || strings.TrimSpace(line) == "":
+		case !ok:
+			s.t.Fatalf("%s: a setup block holds $ commands and # notes, "+
+				"not %q", where, line)
+		case strings.HasPrefix(command, "export "):
+			s.export(strings.TrimPrefix(command, "export "))
+		case strings.HasPrefix(command, "unset "):
+			os.Unsetenv(strings.TrimPrefix(command, "unset "))
+		case strings.HasPrefix(command, "rm -f "):
+			name := strings.TrimPrefix(command, "rm -f ")
+			if strings.ContainsAny(name, "/*") {
+				s.t.Fatalf("%s: rm -f takes a file of this folder", where)
+			}
+			os.Remove(filepath.Join(s.dir, name))
+		default:
+			s.t.Fatalf("%s: a setup block may export, unset and rm -f, "+
+				"not %q", where, command)
 		}
 	}
 }
@@ -245,6 +320,11 @@ func (s *docServer) export(assignment string) {
 		value = strings.TrimSpace(out)
 	}
 	s.t.Setenv(name, strings.Trim(value, `'"`))
+	if s.tutorial {
+		// One terminal for every tutorial: what one exports, the next
+		// one still has, unless its setup says otherwise.
+		os.Setenv(name, strings.Trim(value, `'"`))
+	}
 }
 
 // shell runs each $ popsub command and compares what it printed.
@@ -291,11 +371,12 @@ func (s *docServer) output(line string) (string, error) {
 	if len(args) == 0 || args[0] != "popsub" {
 		s.t.Fatalf("only popsub commands run here, not %q", line)
 	}
+	// The reader's terminal shows both streams, one after the other.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	var stdout bytes.Buffer
-	err := run(ctx, args[1:], &stdout, io.Discard)
-	return stdout.String(), err
+	var terminal bytes.Buffer
+	err := run(ctx, args[1:], &terminal, &terminal)
+	return terminal.String(), err
 }
 
 // match compares printed lines with the expected ones, "…" matching
@@ -309,6 +390,20 @@ func (s *docServer) match(what string, expected, got []string) {
 	}
 	for i, want := range expected {
 		want = strings.ReplaceAll(want, "127.0.0.1:8080", s.address)
+		// A line of JSON, or a frame the demo prints after an arrow, is
+		// compared as JSON.
+		var wantJSON, gotJSON any
+		arrow, wantBody, _ := strings.Cut(want, "{")
+		gotArrow, gotBody, _ := strings.Cut(got[i], "{")
+		if arrow == gotArrow && json.Unmarshal([]byte("{"+wantBody),
+			&wantJSON) == nil && json.Unmarshal([]byte("{"+gotBody),
+			&gotJSON) == nil {
+			if !s.sameJSON("", wantJSON, gotJSON) {
+				s.t.Errorf("%s printed\n  %s\nwhere the doc shows\n  %s",
+					what, got[i], want)
+			}
+			continue
+		}
 		if !wildcard(want).MatchString(got[i]) {
 			s.t.Errorf("%s printed\n  %s\nwhere the doc shows\n  %s", what,
 				got[i], want)
@@ -425,7 +520,9 @@ func (s *docServer) send(name, body, where string) {
 	json.Unmarshal([]byte(body), &probe)
 	c := s.client(name, probe.Type != "auth" && probe.Type != "login" &&
 		!strings.HasPrefix(name, "stranger"), where)
-	body = strings.ReplaceAll(body, `"TOKEN"`, `"`+s.tokenFor(name)+`"`)
+	if strings.Contains(body, `"TOKEN"`) {
+		body = strings.ReplaceAll(body, `"TOKEN"`, `"`+s.tokenFor(name)+`"`)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := c.ws.Write(ctx, websocket.MessageText, []byte(body)); err != nil {
@@ -456,12 +553,21 @@ func (s *docServer) client(name string, authenticate bool,
 	return c
 }
 
-// tokenFor is a token for the named client: signed for that name when
-// the secret is known, else the one serve printed.
+// tokenFor is a token for the named client. In a tutorial it is the
+// one its setup exported under the client's name in capitals (ALICE), or
+// the one serve printed when there is no secret. Elsewhere a token is
+// signed for the name when the secret is known.
 func (s *docServer) tokenFor(name string) string {
+	if token := os.Getenv(strings.ToUpper(name)); token != "" {
+		return token
+	}
 	secret := os.Getenv("POPSUB_SECRET")
 	if secret == "" {
 		return s.token
+	}
+	if s.tutorial {
+		s.t.Fatalf("the setup block gives %s no token: export %s=$(go run "+
+			"./cmd/popsub token --sub %s)", name, strings.ToUpper(name), name)
 	}
 	claims := popsub.Claims{Subscribe: []string{"#", "$sys/#", "$dead/#"}}
 	claims.Subject = name
@@ -488,25 +594,32 @@ func (s *docServer) expectFrame(name, body, where string) {
 		s.t.Fatalf("%s: the doc's frame %s is not JSON: %v", where, body, err)
 	}
 	json.Unmarshal(data, &got)
-	if !sameJSON(want, got) {
+	if !s.sameJSON("", want, got) {
 		s.t.Errorf("%s: %s received\n  %s\nwhere the doc shows\n  %s",
 			where, name, data, body)
 	}
 }
 
-// sameJSON compares decoded JSON, "…" in want matching any value.
-func sameJSON(want, got any) bool {
+// sameJSON compares decoded JSON, the value of key. In a tutorial only
+// what differs from run to run may differ from the doc: a timestamp (or
+// an event's time) is any number, and "…" stands for an id or a token,
+// nothing else. Elsewhere "…" stands for any value.
+func (s *docServer) sameJSON(key string, want, got any) bool {
 	if w, ok := want.(string); ok && w == "…" {
-		return true
+		return !s.tutorial || key == "message_id" || key == "token" ||
+			key == "sub"
 	}
 	switch w := want.(type) {
+	case float64:
+		_, number := got.(float64)
+		return number && (key == "timestamp" || key == "time" || w == got)
 	case map[string]any:
 		g, ok := got.(map[string]any)
 		if !ok || len(g) != len(w) {
 			return false
 		}
 		for key, value := range w {
-			if other, ok := g[key]; !ok || !sameJSON(value, other) {
+			if other, ok := g[key]; !ok || !s.sameJSON(key, value, other) {
 				return false
 			}
 		}
@@ -517,7 +630,7 @@ func sameJSON(want, got any) bool {
 			return false
 		}
 		for i := range w {
-			if !sameJSON(w[i], g[i]) {
+			if !s.sameJSON(key, w[i], g[i]) {
 				return false
 			}
 		}

@@ -43,8 +43,8 @@ func startServe(t *testing.T, extra ...string) (string, string,
 			"http://"); ok {
 			url = "ws://" + strings.Fields(rest)[0]
 		}
-		if rest, ok := strings.CutPrefix(line, "try: popsub client"); ok {
-			_, token, _ = strings.Cut(rest, " --token ")
+		if strings.HasPrefix(line, "try: ") {
+			_, token, _ = strings.Cut(line, " --token ")
 		}
 	}
 	go io.Copy(io.Discard, out)

@@ -325,8 +325,17 @@ func printBanner(w io.Writer, addr, db, localToken string) {
 	fmt.Fprintf(w, "no secret configured: made a random one for this run.\n"+
 		"open the playground: http://%s/#token=%s\n"+
 		"token for user \"local\" (valid 24h):\n  %s\n"+
-		"try: popsub client --url ws://%s --token %s\n",
-		host, localToken, localToken, host, localToken)
+		"try: %s client --url ws://%s --token %s\n",
+		host, localToken, localToken, commandName(), host, localToken)
+}
+
+// commandName is how the user ran this command, for a line they may copy:
+// go run builds the binary in a go-build folder.
+func commandName() string {
+	if strings.Contains(os.Args[0], "go-build") {
+		return "go run ./cmd/popsub"
+	}
+	return "popsub"
 }
 
 // serveUntilDone serves HTTP until ctx ends, then closes clients with
