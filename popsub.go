@@ -658,13 +658,14 @@ type connection struct {
 	// reader goroutine's alone.
 	tokens   float64
 	refilled time.Time
-	// outbox queues frames for the writer, at most Options.Outbox. A nil
+	// outbox queues frames for the writer, at most OutboxBytes. A nil
 	// frame tells the writer to close with closeCode and closeWhy.
 	outbox    outbox
 	closeCode websocket.StatusCode
 	closeWhy  string
-	// room is signalled when the writer drains a frame or an ack frees
-	// a slot in the in-flight window; a waiting replayer takes it.
+	// room is signalled when the writer takes the outbox's frames or an
+	// ack frees part of the in-flight window; a waiting replayer, or a
+	// reply, takes it.
 	room chan struct{}
 	// done is closed, by end, when the reader returns or the writer
 	// fails: every goroutine working for the connection ends with it,
