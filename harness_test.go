@@ -413,7 +413,10 @@ func watchOutboxes(t *testing.T, b *Broker) func() int {
 		defer close(done)
 		for {
 			for _, c := range b.connectionList() {
-				if n := int64(c.outbox.size()); n > peak.Load() {
+				c.outbox.mu.Lock()
+				n := int64(c.outbox.bytes)
+				c.outbox.mu.Unlock()
+				if n > peak.Load() {
 					peak.Store(n)
 				}
 			}

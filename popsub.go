@@ -1932,13 +1932,6 @@ func (o *outbox) take(batch [][]byte) [][]byte {
 	return batch
 }
 
-// size is how many bytes are queued.
-func (o *outbox) size() int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.bytes
-}
-
 // queue is a slice appended to at the back and taken from at the front:
 // items[head:] are live. Taking from the front moves head and copies
 // nothing. An append that finds the array full first moves the live
@@ -3694,6 +3687,9 @@ type committer struct {
 	// freed is closed, and replaced, whenever room is made in the queue;
 	// publishers waiting in admit wake on it.
 	freed chan struct{}
+	// admitting is held by the one publisher that admit lets wait for
+	// room; the others queue on it. Not under mu: it is taken first.
+	admitting sync.Mutex
 }
 
 // newCommitter starts the commit loop for b.
@@ -3722,6 +3718,11 @@ func (c *committer) reset() {
 // gigabytes, each commit slower than the last and every topic's
 // confirms behind it.
 func (c *committer) admit(size int, done <-chan struct{}) bool {
+	// Publishers wait their turn: Go's mutex hands itself to the longest
+	// waiter, so a flood cannot take every slot a commit frees while a
+	// bystander on another topic waits for one.
+	c.admitting.Lock()
+	defer c.admitting.Unlock()
 	c.mu.Lock()
 	for c.reserved > 0 && (c.reserved >= maxQueueMessages ||
 		c.reservedBytes+size > maxQueueBytes) && !c.stopped {
