@@ -3824,10 +3824,9 @@ func (c *committer) cursor(key string) (uint64, bool, error) {
 func (c *committer) loop() {
 	defer close(c.ended)
 	for range c.wake {
-		// Swap the queue for an empty one and release the lock at once:
-		// publishers keep queueing while this batch is written.
-		// Its room is given back now, not after the commit: the next
-		// batch fills while this one is written.
+		// Swap the queue for an empty one and release the lock at once,
+		// giving its room back now rather than after the commit: the
+		// next batch fills while this one is written.
 		c.mu.Lock()
 		batch, fate, stopped := c.queued, c.next, c.stopped
 		c.committing = batch
