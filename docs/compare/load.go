@@ -1,0 +1,294 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	centrifugeclient "github.com/centrifugal/centrifuge-go"
+	"github.com/coder/websocket"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// target is one server as the client sees it: subscribers that count
+// what they receive, and a publisher.
+type target interface {
+	// subscribe connects a subscriber that calls got for each message.
+	subscribe(got func()) error
+	// publish sends n messages of payload.
+	publish(n int, payload []byte) error
+	// close drops every connection.
+	close()
+}
+
+// popsubTarget speaks PopSub's protocol over raw WebSockets: one object
+// per frame, or, with batch, many lines a frame both ways.
+type popsubTarget struct {
+	url, token string
+	batch      bool
+	mu         sync.Mutex
+	conns      []*websocket.Conn
+	publisher  *websocket.Conn
+}
+
+// dial connects and authenticates.
+func (p *popsubTarget) dial() (*websocket.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, p.url, nil)
+	if err != nil {
+		return nil, err
+	}
+	ws.SetReadLimit(-1)
+	auth := fmt.Sprintf(`{"type":"auth","token":%q,"batch":%v}`, p.token,
+		p.batch)
+	if err := ws.Write(ctx, websocket.MessageText, []byte(auth)); err != nil {
+		return nil, err
+	}
+	if _, data, err := ws.Read(ctx); err != nil ||
+		!bytes.Contains(data, []byte("authenticated")) {
+		return nil, fmt.Errorf("auth: %s %v", data, err)
+	}
+	p.mu.Lock()
+	p.conns = append(p.conns, ws)
+	p.mu.Unlock()
+	return ws, nil
+}
+
+// subscribe subscribes live to bench and counts each delivery line.
+func (p *popsubTarget) subscribe(got func()) error {
+	ws, err := p.dial()
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	err = ws.Write(ctx, websocket.MessageText,
+		[]byte(`{"type":"subscribe","topic":"bench","last":0}`))
+	if err != nil {
+		return err
+	}
+	if _, _, err := ws.Read(ctx); err != nil {
+		return err
+	}
+	go func() {
+		for {
+			_, data, err := ws.Read(ctx)
+			if err != nil {
+				return
+			}
+			for range bytes.Count(data, []byte(`"type":"message"`)) {
+				got()
+			}
+		}
+	}()
+	return nil
+}
+
+// publish sends n publishes: n frames, or one frame of n lines.
+func (p *popsubTarget) publish(n int, payload []byte) error {
+	if p.publisher == nil {
+		ws, err := p.dial()
+		if err != nil {
+			return err
+		}
+		p.publisher = ws
+		go func() {
+			for {
+				if _, _, err := ws.Read(context.Background()); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	line := []byte(`{"type":"publish","topic":"bench","payload":` +
+		string(payload) + `}`)
+	if p.batch {
+		frame := bytes.Repeat(append(line, '\n'), n)
+		return p.publisher.Write(context.Background(), websocket.MessageText,
+			frame[:len(frame)-1])
+	}
+	for range n {
+		err := p.publisher.Write(context.Background(), websocket.MessageText,
+			line)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// close drops every connection.
+func (p *popsubTarget) close() {
+	for _, ws := range p.conns {
+		ws.CloseNow()
+	}
+}
+
+// natsTarget publishes into a JetStream stream on file storage and
+// gives each subscriber an ordered consumer of new messages, its own
+// cursor on the stream as a PopSub subscriber has, or, when plain, a
+// core NATS subscription to the stream's subject.
+type natsTarget struct {
+	url   string
+	plain bool
+	conns []*nats.Conn
+	js    jetstream.JetStream
+}
+
+// connect connects and makes the stream on first use.
+func (t *natsTarget) connect() (jetstream.JetStream, error) {
+	nc, err := nats.Connect(t.url)
+	if err != nil {
+		return nil, err
+	}
+	t.conns = append(t.conns, nc)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	_, err = js.CreateOrUpdateStream(context.Background(),
+		jetstream.StreamConfig{Name: "BENCH", Subjects: []string{"bench"},
+			Storage: jetstream.FileStorage, MaxMsgs: 100_000})
+	return js, err
+}
+
+// subscribe starts an ordered consumer of new messages.
+func (t *natsTarget) subscribe(got func()) error {
+	js, err := t.connect()
+	if err != nil {
+		return err
+	}
+	if t.plain {
+		nc := t.conns[len(t.conns)-1]
+		if _, err := nc.Subscribe("bench", func(*nats.Msg) { got() }); err != nil {
+			return err
+		}
+		return nc.Flush()
+	}
+	consumer, err := js.OrderedConsumer(context.Background(), "BENCH",
+		jetstream.OrderedConsumerConfig{
+			DeliverPolicy: jetstream.DeliverNewPolicy})
+	if err != nil {
+		return err
+	}
+	_, err = consumer.Consume(func(jetstream.Msg) { got() })
+	return err
+}
+
+// publish publishes n messages asynchronously, acked by the stream.
+func (t *natsTarget) publish(n int, payload []byte) error {
+	if t.js == nil {
+		js, err := t.connect()
+		if err != nil {
+			return err
+		}
+		t.js = js
+	}
+	for range n {
+		if _, err := t.js.PublishAsync("bench", payload); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// close drops every connection.
+func (t *natsTarget) close() {
+	for _, nc := range t.conns {
+		nc.Close()
+	}
+}
+
+// centrifugeTarget speaks centrifuge's JSON protocol through its Go
+// client; publishes go through the client too, several at a time, since
+// each is a request awaiting its reply.
+type centrifugeTarget struct {
+	url       string
+	clients   []*centrifugeclient.Client
+	publisher *centrifugeclient.Client
+}
+
+// connect makes a connected client.
+func (t *centrifugeTarget) connect() (*centrifugeclient.Client, error) {
+	c := centrifugeclient.NewJsonClient(t.url, centrifugeclient.Config{})
+	connected := make(chan struct{})
+	c.OnConnected(func(centrifugeclient.ConnectedEvent) { close(connected) })
+	if err := c.Connect(); err != nil {
+		return nil, err
+	}
+	select {
+	case <-connected:
+	case <-time.After(5 * time.Second):
+		return nil, errors.New("centrifuge: no connect")
+	}
+	t.clients = append(t.clients, c)
+	return c, nil
+}
+
+// subscribe subscribes a new client to bench.
+func (t *centrifugeTarget) subscribe(got func()) error {
+	c, err := t.connect()
+	if err != nil {
+		return err
+	}
+	sub, err := c.NewSubscription("bench")
+	if err != nil {
+		return err
+	}
+	subscribed := make(chan struct{})
+	sub.OnSubscribed(func(centrifugeclient.SubscribedEvent) {
+		close(subscribed)
+	})
+	sub.OnPublication(func(centrifugeclient.PublicationEvent) { got() })
+	if err := sub.Subscribe(); err != nil {
+		return err
+	}
+	<-subscribed
+	return nil
+}
+
+// publish sends n publishes, 16 in flight at a time.
+func (t *centrifugeTarget) publish(n int, payload []byte) error {
+	if t.publisher == nil {
+		c, err := t.connect()
+		if err != nil {
+			return err
+		}
+		t.publisher = c
+	}
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	work := make(chan struct{}, n)
+	for range n {
+		work <- struct{}{}
+	}
+	close(work)
+	for range min(16, n) {
+		wg.Go(func() {
+			for range work {
+				_, err := t.publisher.Publish(context.Background(), "bench",
+					payload)
+				if err != nil {
+					failed.Store(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err, ok := failed.Load().(error); ok {
+		return err
+	}
+	return nil
+}
+
+// close drops every client.
+func (t *centrifugeTarget) close() {
+	for _, c := range t.clients {
+		c.Close()
+	}
+}

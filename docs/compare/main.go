@@ -1,0 +1,110 @@
+// Command compare measures PopSub beside NATS with JetStream and
+// centrifuge with one client of its own, independent of PopSub's code:
+// the same payload, window and subscribers against each server, and the
+// server's CPU time per delivery read from /proc. It is a module of its
+// own, so that the broker's module does not depend on either server.
+//
+//	go run . run --popsub $(go env GOPATH)/bin/popsub
+//
+// It starts each server as a child process on 127.0.0.1, and never
+// loads any other host.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	centrifugeserver "github.com/centrifugal/centrifuge"
+	natsserver "github.com/nats-io/nats-server/v2/server"
+)
+
+// main dispatches: run measures, the others serve as its children.
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: compare run --popsub BIN")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "nats-server":
+		err = serveNATS(os.Args[2], os.Args[3])
+	case "centrifuge-server":
+		err = serveCentrifuge(os.Args[2])
+	case "run":
+		err = runAll(os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown command %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "compare:", err)
+		os.Exit(1)
+	}
+}
+
+// serveNATS runs a NATS server with JetStream on file storage until
+// SIGINT.
+func serveNATS(addr, dir string) error {
+	host, port, _ := net.SplitHostPort(addr)
+	p, _ := strconv.Atoi(port)
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: host, Port: p,
+		JetStream: true, StoreDir: dir, NoSigs: true})
+	if err != nil {
+		return err
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		return errors.New("nats-server did not start")
+	}
+	waitForSignal()
+	ns.Shutdown()
+	return nil
+}
+
+// serveCentrifuge runs a centrifuge node that lets anyone connect,
+// subscribe and publish, until SIGINT.
+func serveCentrifuge(addr string) error {
+	node, err := centrifugeserver.New(centrifugeserver.Config{
+		LogLevel: centrifugeserver.LogLevelError})
+	if err != nil {
+		return err
+	}
+	node.OnConnecting(func(context.Context, centrifugeserver.ConnectEvent) (
+		centrifugeserver.ConnectReply, error) {
+		return centrifugeserver.ConnectReply{
+			Credentials: &centrifugeserver.Credentials{UserID: "bench"}}, nil
+	})
+	node.OnConnect(func(client *centrifugeserver.Client) {
+		client.OnSubscribe(func(_ centrifugeserver.SubscribeEvent,
+			cb centrifugeserver.SubscribeCallback) {
+			cb(centrifugeserver.SubscribeReply{}, nil)
+		})
+		client.OnPublish(func(_ centrifugeserver.PublishEvent,
+			cb centrifugeserver.PublishCallback) {
+			cb(centrifugeserver.PublishReply{}, nil)
+		})
+	})
+	if err := node.Run(); err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/connection/websocket", centrifugeserver.NewWebsocketHandler(
+		node, centrifugeserver.WebsocketConfig{}))
+	go http.ListenAndServe(addr, mux)
+	waitForSignal()
+	return nil
+}
+
+// waitForSignal blocks until SIGINT or SIGTERM.
+func waitForSignal() {
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	<-signals
+}

@@ -1,0 +1,199 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// setup is one server to measure and how the client talks to it.
+type setup struct {
+	name  string
+	start func(addr, dir string) (*exec.Cmd, target, error)
+}
+
+// runAll measures every setup at every subscriber count and prints a
+// table of deliveries per second and server CPU per delivery.
+func runAll(args []string) error {
+	fs := flag.NewFlagSet("compare run", flag.ContinueOnError)
+	popsub := fs.String("popsub", "popsub", "the popsub binary")
+	counts := fs.String("subscribers", "1,10,100", "subscriber counts")
+	window := fs.Int64("window", 2000, "most messages the publisher may "+
+		"be ahead of the slowest subscriber")
+	duration := fs.Duration("duration", 5*time.Second, "publishing time")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	fmt.Println("| server | subscribers | deliveries/s | server CPU per delivery |")
+	fmt.Println("|---|---|---|---|")
+	for _, s := range setups(*popsub, self) {
+		for _, field := range strings.Split(*counts, ",") {
+			n, _ := strconv.Atoi(field)
+			rate, cpu, err := measure(s, n, *window, *duration)
+			if err != nil {
+				return fmt.Errorf("%s, %d subscribers: %w", s.name, n, err)
+			}
+			fmt.Printf("| %s | %d | %.0f | %.2f µs |\n", s.name, n, rate, cpu)
+		}
+	}
+	return nil
+}
+
+// setups are the servers compared: PopSub one object per frame and with
+// batches, NATS with JetStream on file storage, and centrifuge.
+func setups(popsub, self string) []setup {
+	const secret = "compare-secret-of-at-least-32-bytes-long"
+	popsubSetup := func(batch bool) func(string, string) (*exec.Cmd,
+		target, error) {
+		return func(addr, dir string) (*exec.Cmd, target, error) {
+			token, err := exec.Command(popsub, "token", "--sub", "bench",
+				"--secret", secret).Output()
+			if err != nil {
+				return nil, nil, fmt.Errorf("popsub token: %w", err)
+			}
+			cmd := exec.Command(popsub, "serve", "--addr", addr, "--db",
+				filepath.Join(dir, "popsub.db"), "--secret", secret,
+				"--log-level", "error")
+			return cmd, &popsubTarget{url: "ws://" + addr + "/ws",
+				token: strings.TrimSpace(string(token)), batch: batch}, nil
+		}
+	}
+	return []setup{
+		{"PopSub, one object per frame", popsubSetup(false)},
+		{"PopSub, batch:true", popsubSetup(true)},
+		{"NATS, JetStream file storage, ordered consumers", func(addr,
+			dir string) (*exec.Cmd,
+			target, error) {
+			return exec.Command(self, "nats-server", addr, dir),
+				&natsTarget{url: "nats://" + addr}, nil
+		}},
+		{"NATS, JetStream file storage, plain subscribers", func(addr,
+			dir string) (*exec.Cmd, target, error) {
+			return exec.Command(self, "nats-server", addr, dir),
+				&natsTarget{url: "nats://" + addr, plain: true}, nil
+		}},
+		{"centrifuge", func(addr, dir string) (*exec.Cmd, target, error) {
+			return exec.Command(self, "centrifuge-server", addr),
+				&centrifugeTarget{url: "ws://" + addr +
+					"/connection/websocket"}, nil
+		}},
+	}
+}
+
+// measure starts s's server, connects n subscribers and one publisher,
+// publishes 64-byte messages within the window for duration, and
+// returns deliveries per second and server CPU µs per delivery.
+func measure(s setup, n int, window int64, duration time.Duration) (float64,
+	float64, error) {
+	dir, err := os.MkdirTemp("", "compare")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer os.RemoveAll(dir)
+	addr, err := freeAddress()
+	if err != nil {
+		return 0, 0, err
+	}
+	cmd, t, err := s.start(addr, dir)
+	if err != nil {
+		return 0, 0, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return 0, 0, err
+	}
+	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
+	if err := waitForPort(addr); err != nil {
+		return 0, 0, err
+	}
+	defer t.close()
+
+	received := make([]atomic.Int64, n)
+	for i := range n {
+		if err := t.subscribe(func() { received[i].Add(1) }); err != nil {
+			return 0, 0, err
+		}
+	}
+	slowest := func() int64 {
+		low := int64(1 << 62)
+		for i := range received {
+			low = min(low, received[i].Load())
+		}
+		return low
+	}
+	payload := []byte(`{"x":"` + strings.Repeat("x", 64-8) + `"}`)
+	before, start := cpuTime(cmd.Process.Pid), time.Now()
+	var sent int64
+	for time.Since(start) < duration {
+		room := window - (sent - slowest())
+		if room <= 0 {
+			time.Sleep(50 * time.Microsecond)
+			continue
+		}
+		k := int(min(room, 64))
+		if err := t.publish(k, payload); err != nil {
+			return 0, 0, err
+		}
+		sent += int64(k)
+	}
+	for drain := time.Now(); slowest() < sent &&
+		time.Since(drain) < 10*time.Second; {
+		time.Sleep(time.Millisecond)
+	}
+	elapsed, cpu := time.Since(start), cpuTime(cmd.Process.Pid)-before
+	var delivered int64
+	for i := range received {
+		delivered += received[i].Load()
+	}
+	if delivered == 0 {
+		return 0, 0, fmt.Errorf("nothing delivered")
+	}
+	return float64(delivered) / elapsed.Seconds(),
+		float64(cpu.Microseconds()) / float64(delivered), nil
+}
+
+// freeAddress finds a free port on 127.0.0.1.
+func freeAddress() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// waitForPort waits up to ten seconds for addr to accept connections.
+func waitForPort(addr string) error {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().
+		Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return nil
+		}
+	}
+	return fmt.Errorf("%s did not open", addr)
+}
+
+// cpuTime is a process's user and system CPU time, from /proc.
+func cpuTime(pid int) time.Duration {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+2:]))
+	user, _ := strconv.ParseInt(fields[11], 10, 64)
+	system, _ := strconv.ParseInt(fields[12], 10, 64)
+	return time.Duration(user+system) * time.Second / 100
+}
