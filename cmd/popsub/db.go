@@ -19,7 +19,9 @@ import (
 // one still holds into a new file. bbolt panics on a damaged page and
 // faults on a file cut short, so every read here is guarded (a panic or
 // a fault becomes an error of that read alone): one bad page costs the
-// records on it, and nothing else. The layout is the one popsub.go's
+// records on it, and nothing else. bbolt's own Tx.Check is not used: it
+// walks the file on a goroutine of its own, where a fault cannot be
+// caught, and a file cut short then takes the process down. The layout is the one popsub.go's
 // BoltStore writes: a "topics" bucket with a bucket per topic, holding
 // its records under "log" (8-byte big-endian seq → a CRC-32C, then the
 // record) and its "head"; and a "cursors" bucket (key → 8-byte seq).
@@ -74,7 +76,7 @@ type salvageReport struct {
 	bad       int      // records read but damaged (checksum)
 	lost      int      // damaged stretches of a log skipped unread
 	cursors   int      // durable cursors read
-	problems  []string // what bbolt's own check and the walk reported
+	problems  []string // what the walk could not read
 	copiedTo  string   // the new file, for a salvage
 	unopened  error    // why the file could not be opened at all
 	truncated bool     // whether the walk of the topics was cut short
@@ -117,7 +119,6 @@ func salvage(path, to string) (salvageReport, error) {
 		return report, nil
 	}
 	defer db.Close()
-	report.problems = checkGuarded(db)
 	var out *bolt.DB
 	if to != "" {
 		if _, err := os.Stat(to); err == nil {
@@ -155,26 +156,6 @@ func openGuarded(path string) (*bolt.DB, error) {
 		return err
 	})
 	return db, err
-}
-
-// checkGuarded runs bbolt's own consistency check and lists what it
-// found, at most twenty items.
-func checkGuarded(db *bolt.DB) []string {
-	var problems []string
-	err := guarded(func() error {
-		return db.View(func(tx *bolt.Tx) error {
-			for err := range tx.Check() {
-				if len(problems) < 20 {
-					problems = append(problems, err.Error())
-				}
-			}
-			return nil
-		})
-	})
-	if err != nil {
-		problems = append(problems, "the check itself stopped: "+err.Error())
-	}
-	return problems
 }
 
 // copyAll walks every topic and the cursors, counting what it reads, and
