@@ -2434,15 +2434,16 @@ func allowed(grants []string, filter string) bool {
 // # Publishing and fan-out
 //
 // The original stamped, stored and then sent each message under its one
-// lock. Here a publish takes only its topic's lock, and only for work
-// that touches no socket and no disk: give the message the next seq and
-// hand it to the log committer. The committer writes it in a batch with
-// other publishes and only then fans it out, offering one shared encoding
-// to every live subscriber's outbox. Delivering before the disk write
-// would be faster by one sync, but a crash could then reuse a seq that a
-// subscriber already saw, and its "after" would skip the new message.
-// Only a QoS 1 publisher waits for the sync, on its connection's
-// confirmer, before it hears "published".
+// lock. Here a publish first waits for room in the log's queue, then
+// takes only its topic's lock, and only for work that touches no socket
+// and no disk: give the message the next seq, encode its delivery frame
+// once, and hand it to the log committer. The committer writes it in a
+// batch with other publishes and only then fans it out, offering that
+// one frame to every live subscriber's outbox. Delivering before the
+// disk write would be faster by one sync, but a crash could then reuse a
+// seq that a subscriber already saw, and its "after" would skip the new
+// message. Only a QoS 1 publisher waits for the sync, on its
+// connection's confirmer, before it hears "published".
 
 // confirm is a QoS 1 publish waiting for its batch to reach the disk.
 type confirm struct {

@@ -185,8 +185,8 @@ func payloadJSON(text string, stderr io.Writer) (json.RawMessage, error) {
 		return json.RawMessage(text), nil
 	}
 	quoted, _ := json.Marshal(text)
-	if strings.ContainsAny(text[:min(1, len(text))], `{["`) {
-		var problem error = json.Unmarshal([]byte(text), new(any))
+	if text != "" && strings.ContainsRune(`{["`, rune(text[0])) {
+		problem := json.Unmarshal([]byte(text), new(any))
 		return nil, fmt.Errorf("the payload is not valid JSON (%v); to "+
 			"send it as a string, quote it: '%s'", problem, quoted)
 	}
