@@ -328,6 +328,7 @@ type frame struct {
 type reply struct {
 	Type      string  `json:"type"`
 	Sub       string  `json:"sub,omitempty"`
+	Conn      uint64  `json:"conn,omitempty"` // its number in $sys/events
 	Token     string  `json:"token,omitempty"`
 	Code      string  `json:"code,omitempty"`
 	Message   string  `json:"message,omitempty"`
@@ -899,7 +900,7 @@ func (c *connection) accept(f frame) bool {
 	c.expiry = time.AfterFunc(untilExpiry(claims), c.expire)
 	c.broker.logger.Info("connected", "sub", c.sub, "remote", c.remote)
 	c.broker.noteConnection("connected", c, "")
-	c.write(reply{Type: "authenticated", Sub: c.sub})
+	c.write(reply{Type: "authenticated", Sub: c.sub, Conn: c.id})
 	return true
 }
 
@@ -1034,7 +1035,7 @@ func (c *connection) reauthenticate(f frame) {
 	}
 	c.claims = claims
 	c.expiry.Reset(untilExpiry(claims))
-	c.reply(reply{Type: "authenticated", Sub: c.sub})
+	c.reply(reply{Type: "authenticated", Sub: c.sub, Conn: c.id})
 }
 
 // Claims are what a token says about its holder: who (sub), until when
@@ -2676,6 +2677,7 @@ func (b *Broker) fanOut(t *topic, msgs []*Message) {
 	frames := make([][]byte, len(msgs))
 	for i, m := range msgs {
 		frames[i] = m.frame
+		b.noteMessage("committed", nil, m, nil)
 	}
 	deadline := time.Now().Add(b.opts.AckTimeout)
 	for s := range t.subscribers {
@@ -3086,7 +3088,7 @@ func (c *connection) redeliver(now time.Time) {
 		c.outbox.push(data)
 	}
 	for i := range dead {
-		c.broker.deadLetter(&dead[i], c.sub)
+		c.broker.deadLetter(&dead[i], c)
 	}
 }
 
@@ -3132,16 +3134,17 @@ type deadLetter struct {
 	Reason     string          `json:"reason"`     // why it is here
 	Attempts   int             `json:"attempts"`   // deliveries tried
 	Subscriber string          `json:"subscriber"` // who did not ack
+	Client     string          `json:"client"`     // its client name
 }
 
 // deadLetter publishes an exhausted delivery to $dead/<topic>, with QoS 1
 // so that whoever watches dead letters gets them at least once. A dead
 // letter that is itself never acked is logged and dropped, not nested.
-func (b *Broker) deadLetter(p *pending, subscriber string) {
+func (b *Broker) deadLetter(p *pending, c *connection) {
 	// The log line says what happened even when nobody watches $dead.
 	m := p.message
 	b.logger.Warn("dead letter", "topic", m.Topic, "message_id", m.ID,
-		"seq", m.Seq, "subscriber", subscriber, "attempts", p.attempt)
+		"seq", m.Seq, "subscriber", c.sub, "attempts", p.attempt)
 	dead := deadPrefix + m.Topic
 	if strings.HasPrefix(m.Topic, deadPrefix) || len(dead) > maxTopicBytes {
 		return
@@ -3149,7 +3152,7 @@ func (b *Broker) deadLetter(p *pending, subscriber string) {
 	payload, _ := json.Marshal(deadLetter{
 		Topic: m.Topic, MessageID: m.ID, Seq: m.Seq, Payload: m.Payload,
 		Reason: "not acknowledged", Attempts: p.attempt,
-		Subscriber: subscriber,
+		Subscriber: c.sub, Client: c.client,
 	})
 	b.publish(&Message{Topic: dead, ID: newID(), QoS: 1, Payload: payload},
 		b.stop)

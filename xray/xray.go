@@ -7,9 +7,10 @@ package xray
 // Event is one transition of the broker's state, as published on
 // $sys/events. Fields that do not apply to an event are left out.
 type Event struct {
-	// Kind is what happened: published, delivered, redelivered, acked,
-	// dead_lettered, connected, disconnected, disconnected_slow,
-	// subscribed, unsubscribed, or snapshot.
+	// Kind is what happened: published (the message got its seq),
+	// committed (it is in the log, and fan-out begins), delivered,
+	// redelivered, acked, dead_lettered, connected, disconnected,
+	// disconnected_slow, subscribed, unsubscribed, or snapshot.
 	Kind string `json:"event"`
 	// Time is when it happened, in Unix milliseconds.
 	Time int64 `json:"time"`

@@ -548,7 +548,7 @@ func (s *docServer) client(name string, authenticate bool,
 	if authenticate {
 		s.send(name, `{"type":"auth","token":"TOKEN","client":"`+name+`"}`,
 			where)
-		s.expectFrame(name, `{"type":"authenticated","sub":"…"}`, where)
+		s.expectFrame(name, `{"type":"authenticated","sub":"…","conn":0}`, where)
 	}
 	return c
 }
@@ -601,9 +601,9 @@ func (s *docServer) expectFrame(name, body, where string) {
 }
 
 // sameJSON compares decoded JSON, the value of key. In a tutorial only
-// what differs from run to run may differ from the doc: a timestamp (or
-// an event's time) is any number, and "…" stands for an id or a token,
-// nothing else. Elsewhere "…" stands for any value.
+// what differs from run to run may differ from the doc: a timestamp, an
+// event's time and a connection's number are any number, and "…" stands
+// for an id or a token, nothing else. Elsewhere "…" stands for any value.
 func (s *docServer) sameJSON(key string, want, got any) bool {
 	if w, ok := want.(string); ok && w == "…" {
 		return !s.tutorial || key == "message_id" || key == "token" ||
@@ -612,7 +612,8 @@ func (s *docServer) sameJSON(key string, want, got any) bool {
 	switch w := want.(type) {
 	case float64:
 		_, number := got.(float64)
-		return number && (key == "timestamp" || key == "time" || w == got)
+		return number && (key == "timestamp" || key == "time" ||
+			key == "conn" || w == got)
 	case map[string]any:
 		g, ok := got.(map[string]any)
 		if !ok || len(g) != len(w) {
