@@ -5,9 +5,28 @@ package docs
 
 //go:generate go run ./source/gen
 
-import _ "embed"
+import (
+	"embed"
+	"io/fs"
+)
 
 // SourcePage is popsub.go as a side-by-side page; see package source.
 //
 //go:embed source.html
 var SourcePage []byte
+
+// markdown holds the tutorials and references.
+//
+//go:embed *.md
+var markdown embed.FS
+
+// Tutorials returns every Markdown page by file name, for the playground
+// to link to.
+func Tutorials() map[string][]byte {
+	pages := map[string][]byte{}
+	names, _ := fs.Glob(markdown, "*.md")
+	for _, name := range names {
+		pages[name], _ = fs.ReadFile(markdown, name)
+	}
+	return pages
+}

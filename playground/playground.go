@@ -20,6 +20,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"time"
 )
 
 // static holds the assets: the stylesheet, the boot script, Go's
@@ -39,10 +40,17 @@ type asset struct {
 	once     sync.Once
 }
 
+// Settings are what the page shows of the broker that serves it.
+type Settings struct {
+	Clients    []string      // the page's clients, a panel each
+	AckTimeout time.Duration // before a retry
+	MaxRetries int           // before a dead letter
+}
+
 // Handler serves the page at / and its assets under /static/.
-func Handler(clients []string) http.Handler {
+func Handler(settings Settings) http.Handler {
 	assets := loadAssets()
-	data := PageData{Clients: clients,
+	data := PageData{Settings: settings,
 		CSS:      assets.url("playground.css"),
 		Boot:     assets.url("boot.js"),
 		WasmExec: assets.url("wasm_exec.js"),

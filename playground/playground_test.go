@@ -17,7 +17,7 @@ func get(t *testing.T, path string, header map[string]string) *http.Response {
 		request.Header.Set(k, v)
 	}
 	recorder := httptest.NewRecorder()
-	Handler([]string{"alice"}).ServeHTTP(recorder, request)
+	Handler(Settings{Clients: []string{"alice"}}).ServeHTTP(recorder, request)
 	return recorder.Result()
 }
 

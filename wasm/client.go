@@ -3,29 +3,50 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
-
-	"github.com/coder/websocket"
+	"time"
 )
 
-// maxItems is how many received messages a panel keeps on screen.
+// maxItems is how many deliveries a panel keeps on screen.
 const maxItems = 100
 
-// client is one panel of the page: one WebSocket connection.
+// client is one panel of the page: one WebSocket connection, which it
+// keeps open by itself, resubscribing where it left off when it comes
+// back, until the user disconnects it.
 type client struct {
-	page *page
-	name string // also the prefix of the panel's element ids
+	page  *page
+	name  string // also the prefix of the panel's element ids
+	tag   string // makes this page's message ids its own
+	first []string
 
-	mu     sync.Mutex      // guards the fields below
-	conn   *websocket.Conn // nil while disconnected
-	resume chan struct{}   // non-nil while reading is stopped
+	mu      sync.Mutex        // guards the fields below
+	sock    *socket           // nil while disconnected
+	conn    uint64            // its number in the broker's events
+	wanted  bool              // the user wants it connected
+	wake    chan struct{}     // wanted became true
+	subs    map[string]string // filter → durable name, "" for none
+	lastSeq map[string]uint64 // topic → newest seq received
+	asked   map[string]string // filter → what its subscribe asked
+	resume  chan struct{}     // non-nil while reading is stopped
+	rows    map[rowKey]*row
+	order   []rowKey // rows, oldest first
+	sent    int      // messages published, for their ids
+	resumed bool     // connected before: the next connection resumes
 }
 
-// delivery is what a panel reads of a message frame.
+// row is one delivery in a panel's list.
+type row struct {
+	item, state, attempt, button jsValue
+	delivery                     delivery
+	shown                        string // what state says now
+}
+
+// delivery is what a panel reads of a frame from the broker.
 type delivery struct {
 	Type      string          `json:"type"`
 	Topic     string          `json:"topic"`
@@ -38,18 +59,34 @@ type delivery struct {
 	Message   string          `json:"message"`
 	Duplicate bool            `json:"duplicate"`
 	Reason    string          `json:"reason"`
+	Recovered *bool           `json:"recovered"`
 }
 
-// newClient wires the panel called name.
-func newClient(p *page, name string) *client {
-	c := &client{page: p, name: name}
-	on(c.id("connect"), "click", func() { go c.connect() })
-	on(c.id("disconnect"), "click", func() { go c.disconnect() })
-	on(c.id("subscribe"), "click", func() { go c.subscribe() })
-	on(c.id("publish"), "click", func() { go c.publish(1) })
+// newClient wires the panel called name, which subscribes to subs as
+// soon as it connects.
+func newClient(p *page, name string, subs ...string) *client {
+	c := &client{page: p, name: name, first: subs, wanted: true,
+		wake: make(chan struct{}, 1),
+		tag:  strconv.FormatUint(rand.Uint64()%0xffffff, 36)}
+	c.forget()
+	on(c.id("connect"), "click", c.toggle)
+	onSubmit(c.id("sub-form"), func() { go c.subscribe() })
+	onSubmit(c.id("pub-form"), func() { go c.publish(1) })
 	on(c.id("burst"), "click", func() { go c.publish(100) })
 	on(c.id("stop"), "change", c.stopReading)
+	on(c.id("acks"), "change", c.explainAcks)
 	return c
+}
+
+// forget sets the subscriptions back to the first ones and empties the
+// list of deliveries. The caller holds c.mu, or c is new.
+func (c *client) forget() {
+	c.subs, c.lastSeq, c.asked = map[string]string{}, map[string]uint64{},
+		map[string]string{}
+	for _, topic := range c.first {
+		c.subs[topic] = ""
+	}
+	c.rows, c.order, c.resumed = map[rowKey]*row{}, nil, false
 }
 
 // id is the element id of the panel's part.
@@ -57,46 +94,138 @@ func (c *client) id(part string) string {
 	return c.name + "-" + part
 }
 
-// connect opens the panel's connection and starts reading.
-func (c *client) connect() {
-	c.mu.Lock()
-	if c.conn != nil {
-		c.mu.Unlock()
-		return
-	}
-	c.mu.Unlock()
-	c.status("connecting…", "status")
-	conn, err := dial(context.Background(), c.page.url, c.page.token, c.name)
-	if err != nil {
-		c.status(err.Error(), "status bad")
-		return
-	}
-	c.mu.Lock()
-	c.conn = conn
-	c.mu.Unlock()
-	c.status("connected", "status good")
-	go c.readLoop(conn)
-}
-
-// disconnect closes the connection normally.
-func (c *client) disconnect() {
-	c.mu.Lock()
-	conn := c.conn
-	c.mu.Unlock()
-	if conn != nil {
-		conn.Close(websocket.StatusNormalClosure, "bye")
-	}
-}
-
-// readLoop handles frames until the connection ends.
-func (c *client) readLoop(conn *websocket.Conn) {
+// run keeps the connection open while the user wants it: it waits for
+// the page to reach the broker, connects, resubscribes, reads until the
+// connection ends, and says why it ended.
+func (c *client) run() {
 	for {
-		c.waitWhileStopped()
-		_, data, err := conn.Read(context.Background())
-		if err != nil {
-			c.closed(err)
-			return
+		c.waitWanted()
+		<-c.page.whenUp()
+		if !c.isWanted() {
+			continue
 		}
+		c.status("connecting", "connecting…")
+		s, conn, err := authenticate(c.page.url, c.page.currentToken(),
+			c.name)
+		if err != nil {
+			c.status("refused", "not connected: "+err.Error())
+			time.Sleep(2 * time.Second)
+			continue
+		}
+		c.attach(s, conn)
+		info := c.readLoop(s)
+		c.page.disown(conn)
+		time.Sleep(c.closed(info))
+	}
+}
+
+// waitWanted blocks until the user wants the connection.
+func (c *client) waitWanted() {
+	for !c.isWanted() {
+		<-c.wake
+	}
+}
+
+// isWanted reports whether the user wants the connection.
+func (c *client) isWanted() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.wanted
+}
+
+// toggle connects or disconnects, as the user asks.
+func (c *client) toggle() {
+	c.mu.Lock()
+	c.wanted = !c.wanted
+	wanted := c.wanted
+	c.mu.Unlock()
+	if wanted {
+		c.wake <- struct{}{}
+		return
+	}
+	go c.drop(1000, "bye")
+}
+
+// drop closes the connection, if there is one; run reconnects unless
+// the user asked for the close.
+func (c *client) drop(code int, reason string) {
+	c.mu.Lock()
+	s := c.sock
+	c.mu.Unlock()
+	if s != nil {
+		s.close(code, reason)
+	}
+}
+
+// reset starts the client over as the page loaded it: connected, acking
+// automatically, reading, subscribed to its first topics from now on.
+func (c *client) reset() {
+	setValue(c.id("acks"), "auto")
+	byID(c.id("stop")).Set("checked", false)
+	c.stopReading()
+	replace(byID(c.id("messages")))
+	c.note("")
+	c.mu.Lock()
+	c.forget()
+	wasWanted := c.wanted
+	c.wanted = true
+	c.mu.Unlock()
+	if !wasWanted {
+		c.wake <- struct{}{}
+	}
+	c.drop(4000, "starting over")
+}
+
+// attach takes a new connection: the story learns its number, and the
+// client subscribes again to what it had, each topic after the newest
+// seq it received, so a reconnection neither misses nor repeats.
+func (c *client) attach(s *socket, conn uint64) {
+	c.page.own(conn, c.name)
+	c.mu.Lock()
+	c.sock, c.conn = s, conn
+	var frames []map[string]any
+	var resumed []string
+	for filter, durable := range c.subs {
+		frame := map[string]any{"type": "subscribe", "topic": filter}
+		seq := c.lastSeq[filter]
+		switch {
+		case durable != "":
+			frame["durable"] = durable
+			c.asked[filter] = "resuming durable " + durable
+		case seq > 0:
+			frame["after"] = seq
+			c.asked[filter] = fmt.Sprintf("resuming after #%d", seq)
+		case !strings.ContainsAny(filter, "+#"):
+			frame["last"] = 0
+			c.asked[filter] = "new messages only"
+		}
+		resumed = append(resumed, filter)
+		frames = append(frames, frame)
+	}
+	again := c.resumed
+	c.resumed = true
+	c.mu.Unlock()
+	c.status("connected", fmt.Sprintf("connected (#%d)", conn))
+	setText(c.id("connect"), "disconnect")
+	if again && len(resumed) > 0 {
+		c.note("reconnected by itself; subscribed again to " +
+			strings.Join(resumed, ", "))
+	}
+	for _, frame := range frames {
+		s.send(frame)
+	}
+}
+
+// readLoop handles frames until the connection ends, and says how it
+// ended. While reading is stopped, a frame that arrived waits, unread
+// and unacked, with those behind it.
+func (c *client) readLoop(s *socket) closeInfo {
+	for {
+		data, ended := s.read()
+		if ended != nil {
+			return *ended
+		}
+		c.waitWhileStopped()
 		var d delivery
 		if json.Unmarshal(data, &d) == nil {
 			c.handle(d)
@@ -104,25 +233,41 @@ func (c *client) readLoop(conn *websocket.Conn) {
 	}
 }
 
-// closed shows why the connection ended: 4008 and 1001 deserve words.
-func (c *client) closed(err error) {
+// closed shows why the connection ended, and returns how long to wait
+// before connecting again.
+func (c *client) closed(info closeInfo) time.Duration {
 	c.mu.Lock()
-	c.conn = nil
+	c.sock, c.conn = nil, 0
+	wanted := c.wanted
 	c.mu.Unlock()
 	replace(byID(c.id("subs")))
-	code := websocket.CloseStatus(err)
-	switch {
-	case code == 4008:
-		c.status("cut off: slow consumer (4008)", "status bad")
-	case code == 1001:
-		c.status("server shutting down (1001)", "status bad")
-	case code == websocket.StatusNormalClosure:
-		c.status("disconnected", "status")
-	case code > 0:
-		c.status(fmt.Sprintf("closed (%d)", code), "status bad")
-	default:
-		c.status("connection lost", "status bad")
+	byID(c.name).Call("setAttribute", "data-last-close",
+		strconv.Itoa(info.Code))
+	if !wanted {
+		setText(c.id("connect"), "connect")
+		c.status("disconnected", "disconnected")
+		return 0
 	}
+	switch info.Code {
+	case 4008:
+		c.status("cut-off", "cut off (4008)")
+		c.note("Cut off as a slow consumer (4008: " + info.Reason + "). " +
+			"Reconnecting, and resuming after the last message it read.")
+		return time.Second
+	case 1001:
+		c.status("going-away", "server going away (1001)")
+		c.note("The server is shutting down; this client reconnects " +
+			"and resumes when it is back.")
+	case 4000:
+		c.status("connecting", "reconnecting…")
+	case 4001, 4003:
+		c.status("refused", fmt.Sprintf("token refused (%d)", info.Code))
+		return 2 * time.Second
+	default:
+		c.status("lost", fmt.Sprintf("connection lost (%d)", info.Code))
+		return time.Second
+	}
+	return 0
 }
 
 // handle shows one frame from the broker.
@@ -131,83 +276,148 @@ func (c *client) handle(d delivery) {
 	case "message":
 		c.showMessage(d)
 	case "subscribed":
-		c.showSubscription(d.Topic)
+		c.showSubscription(d)
 	case "unsubscribed":
 		c.hideSubscription(d.Topic)
 		if d.Reason != "" {
 			c.note(d.Topic + ": " + d.Reason)
 		}
 	case "published":
-		c.note(fmt.Sprintf("published %s #%d%s", d.Topic, d.Seq,
-			map[bool]string{true: " (duplicate)"}[d.Duplicate]))
+		c.note(fmt.Sprintf("published %s #%d: it is on disk%s", d.Topic,
+			d.Seq, map[bool]string{true: " (a duplicate: already " +
+				"there)"}[d.Duplicate]))
 	case "error":
 		c.note("error " + d.Code + ": " + d.Message)
 	}
 }
 
-// showMessage adds a received message to the panel, and acks it at once
-// if auto-ack is on and acks are not withheld.
+// showMessage adds a delivery to the panel, or updates its row when it
+// is a retry, and acks it at once when acks are automatic.
 func (c *client) showMessage(d delivery) {
-	text := fmt.Sprintf("%s #%d · attempt %d · qos %d · %s", d.Topic,
-		d.Seq, d.Attempt, d.QoS, clip(string(d.Payload), 60))
-	item := element("li", text, "message")
-	item.Call("setAttribute", "data-topic", d.Topic)
-	item.Call("setAttribute", "data-seq", strconv.FormatUint(d.Seq, 10))
-	item.Call("setAttribute", "data-attempt", strconv.Itoa(d.Attempt))
-	item.Call("setAttribute", "data-message-id", d.MessageID)
+	c.mu.Lock()
+	c.lastSeq[d.Topic] = max(c.lastSeq[d.Topic], d.Seq)
+	key := rowKey{c.name, d.Topic, d.MessageID}
+	r := c.rows[key]
+	if r == nil {
+		r = c.newRow(key, d)
+	}
+	r.delivery = d
+	c.mu.Unlock()
+	r.attempt.Set("textContent", fmt.Sprintf("attempt %d", d.Attempt))
+	r.item.Call("setAttribute", "data-attempt", strconv.Itoa(d.Attempt))
+	if d.QoS == 1 && value(c.id("acks")) == "auto" {
+		c.ack(d)
+	}
+}
+
+// newRow makes the row of a delivery, newest first, and drops the oldest
+// beyond maxItems. The caller holds c.mu.
+func (c *client) newRow(key rowKey, d delivery) *row {
+	r := &row{item: element("li", "", "message"),
+		state:   element("span", "", "state"),
+		attempt: element("span", "", "attempt")}
+	r.item.Call("setAttribute", "data-topic", d.Topic)
+	r.item.Call("setAttribute", "data-seq", strconv.FormatUint(d.Seq, 10))
+	r.item.Call("setAttribute", "data-message-id", d.MessageID)
+	r.item.Call("append", element("span", fmt.Sprintf("%s #%d %s",
+		d.Topic, d.Seq, clip(string(d.Payload), 40)), "what"))
+	r.item.Call("append", r.attempt, r.state)
 	if d.QoS == 1 {
-		c.addAckButton(item, d)
+		r.button = element("button", "ack", "ack")
+		r.button.Set("type", "button")
+		onElement(r.button, "click", func() { go c.ack(r.delivery) })
+		r.item.Call("append", r.button)
 	}
-	list := byID(c.id("messages"))
-	list.Call("prepend", item)
-	for list.Get("children").Get("length").Int() > maxItems {
-		list.Get("lastElementChild").Call("remove")
+	byID(c.id("messages")).Call("prepend", r.item)
+	c.rows[key] = r
+	c.order = append(c.order, key)
+	if len(c.order) > maxItems {
+		old := c.rows[c.order[0]]
+		old.item.Call("remove")
+		delete(c.rows, c.order[0])
+		c.order = c.order[1:]
 	}
+	return r
 }
 
-// addAckButton gives a QoS 1 message its ack button, or acks it now.
-func (c *client) addAckButton(item jsValue, d delivery) {
-	if checked(c.id("autoack")) && !checked(c.id("withhold")) {
-		go c.ack(d)
-		item.Set("className", "message acked")
-		return
-	}
-	button := element("button", "ack", "ack")
-	onElement(button, "click", func() {
-		if checked(c.id("withhold")) {
-			c.note("acks are withheld: untick “withhold acks” first")
-			return
-		}
-		button.Set("disabled", true)
-		item.Set("className", "message acked")
-		go c.ack(d)
-	})
-	item.Call("append", button)
-}
-
-// ack sends an ack for d.
+// ack sends an ack for d, and tells the story it was sent.
 func (c *client) ack(d delivery) {
-	c.send(map[string]any{"type": "ack", "topic": d.Topic,
-		"message_id": d.MessageID})
+	if c.send(map[string]any{"type": "ack", "topic": d.Topic,
+		"message_id": d.MessageID}) {
+		c.page.ackSent(c.name, d.Topic, d.MessageID)
+	}
 }
 
-// subscribe sends a subscribe frame from the panel's form.
-func (c *client) subscribe() {
-	frame := map[string]any{"type": "subscribe",
-		"topic": value(c.id("sub-topic"))}
-	for _, option := range []string{"after", "last"} {
-		if n, err := strconv.ParseUint(value(c.id("sub-"+option)), 10,
-			64); err == nil {
-			frame[option] = n
+// renderRows shows each row's state as the broker's events tell it. The
+// caller holds the page's lock, and passes its story.
+func (c *client) renderRows(s *story) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	withheld := value(c.id("acks")) == "withhold"
+	for key, r := range c.rows {
+		st, known := s.state(key)
+		if !known || r.delivery.QoS == 0 {
+			st = rowState{State: statePending}
+			if r.delivery.QoS == 0 {
+				st.State = stateReceived
+			}
+		}
+		owed := st.State == statePending || st.State == stateRetried
+		if r.button.Truthy() {
+			r.button.Set("disabled", !owed || withheld || st.AckSent)
+			r.button.Set("title", map[bool]string{true: "acks are " +
+				"withheld: choose “by hand” to ack"}[withheld])
+		}
+		if text := st.State; text != r.shown {
+			r.shown = text
+			r.state.Set("textContent", text)
+			r.item.Call("setAttribute", "data-state",
+				strings.ReplaceAll(text, " ", "-"))
 		}
 	}
-	if durable := value(c.id("sub-durable")); durable != "" {
-		frame["durable"] = durable
+	if sock := c.sock; sock != nil && c.resume != nil {
+		c.note(fmt.Sprintf("reading stopped: %d frames wait in the "+
+			"browser, unread and unacked", sock.waiting()+1))
 	}
+}
+
+// subscribe sends a subscribe frame from the panel's form, and remembers
+// it for the next connection.
+func (c *client) subscribe() {
+	topic := value(c.id("sub-topic"))
+	frame := map[string]any{"type": "subscribe", "topic": topic}
+	n, err := strconv.ParseUint(value(c.id("sub-n")), 10, 64)
+	from := value(c.id("sub-from"))
+	asked := "new messages only"
+	switch {
+	case from == "new" && strings.ContainsAny(topic, "+#"):
+		asked = "live only: a wildcard does not replay"
+	case from == "new":
+		frame["last"] = 0
+	case from == "all":
+		asked = "replaying everything retained"
+	case err != nil:
+		c.note("give n, a number, for " + from)
+		return
+	case from == "last":
+		frame["last"], asked = n, fmt.Sprintf("replaying the last %d", n)
+	default:
+		frame["after"], asked = n, fmt.Sprintf("replaying after #%d", n)
+	}
+	durable := value(c.id("sub-durable"))
+	if durable != "" {
+		frame["durable"] = durable
+		asked += ", or resuming durable " + durable
+	}
+	c.mu.Lock()
+	c.subs[topic], c.asked[topic] = durable, asked
+	c.mu.Unlock()
 	c.send(frame)
 }
 
-// publish sends count publish frames from the panel's form.
+// publish sends count publish frames from the panel's form. Each message
+// gets an id of this page's, so that the diagram can draw it from this
+// panel's lane and the broker's dedup never mistakes one for another's.
 func (c *client) publish(count int) {
 	qos, _ := strconv.Atoi(value(c.id("pub-qos")))
 	payload := json.RawMessage(value(c.id("pub-payload")))
@@ -215,12 +425,14 @@ func (c *client) publish(count int) {
 		payload, _ = json.Marshal(string(payload))
 	}
 	for i := range count {
-		frame := map[string]any{"type": "publish",
+		c.mu.Lock()
+		c.sent++
+		id := fmt.Sprintf("%s-%s-%d", c.name, c.tag, c.sent)
+		c.mu.Unlock()
+		c.page.wrote(id, c.name)
+		frame := map[string]any{"type": "publish", "message_id": id,
 			"topic": value(c.id("pub-topic")), "payload": payload,
 			"qos": qos}
-		if id := value(c.id("pub-id")); id != "" && count == 1 {
-			frame["message_id"] = id
-		}
 		if count > 1 {
 			frame["payload"] = map[string]any{"burst": i + 1}
 		}
@@ -233,17 +445,30 @@ func (c *client) publish(count int) {
 // send writes one frame, or says why it could not.
 func (c *client) send(frame map[string]any) bool {
 	c.mu.Lock()
-	conn := c.conn
+	s := c.sock
 	c.mu.Unlock()
-	if conn == nil {
-		c.note("not connected: press connect first")
+	if s == nil {
+		c.note("not connected yet")
 		return false
 	}
-	if err := writeJSON(context.Background(), conn, frame); err != nil {
+	if err := s.send(frame); err != nil {
 		c.note("send failed: " + err.Error())
 		return false
 	}
 	return true
+}
+
+// explainAcks says what the chosen way of acking does.
+func (c *client) explainAcks() {
+	switch value(c.id("acks")) {
+	case "withhold":
+		c.note("Acks withheld: each QoS 1 delivery stays pending, and " +
+			"the broker retries it after the ack timeout.")
+	case "hand":
+		c.note("Ack each delivery with its button.")
+	default:
+		c.note("")
+	}
 }
 
 // stopReading pauses or resumes the read loop. In a browser this does
@@ -257,6 +482,7 @@ func (c *client) stopReading() {
 	} else if !checked(c.id("stop")) && c.resume != nil {
 		close(c.resume)
 		c.resume = nil
+		setText(c.id("note"), "")
 	}
 }
 
@@ -270,14 +496,29 @@ func (c *client) waitWhileStopped() {
 	}
 }
 
-// showSubscription lists topic with an unsubscribe button.
-func (c *client) showSubscription(topic string) {
-	c.hideSubscription(topic)
-	item := element("li", topic+" ", "subscription")
-	item.Call("setAttribute", "data-topic", topic)
+// showSubscription lists a subscription with an unsubscribe button, and
+// announces what it replays.
+func (c *client) showSubscription(d delivery) {
+	c.hideSubscription(d.Topic)
+	c.mu.Lock()
+	asked := c.asked[d.Topic]
+	c.mu.Unlock()
+	text := fmt.Sprintf("%s (head #%d; %s", d.Topic, d.Seq, asked)
+	if strings.ContainsAny(d.Topic, "+#") {
+		text = d.Topic + " (live only"
+	}
+	if d.Recovered != nil && !*d.Recovered {
+		text += "; some of it is no longer retained"
+	}
+	item := element("li", text+") ", "subscription")
+	item.Call("setAttribute", "data-topic", d.Topic)
 	button := element("button", "unsubscribe", "")
+	button.Set("type", "button")
 	onElement(button, "click", func() {
-		go c.send(map[string]any{"type": "unsubscribe", "topic": topic})
+		c.mu.Lock()
+		delete(c.subs, d.Topic)
+		c.mu.Unlock()
+		go c.send(map[string]any{"type": "unsubscribe", "topic": d.Topic})
 	})
 	item.Call("append", button)
 	byID(c.id("subs")).Call("append", item)
@@ -294,10 +535,13 @@ func (c *client) hideSubscription(topic string) {
 	}
 }
 
-// status sets the panel's connection status.
-func (c *client) status(text, class string) {
-	setText(c.id("status"), text)
-	setClass(c.id("status"), class)
+// status sets the panel's connection status: state names it for tests
+// and styles, text says it.
+func (c *client) status(state, text string) {
+	el := byID(c.id("status"))
+	el.Set("textContent", text)
+	el.Set("className", "status "+state)
+	el.Call("setAttribute", "data-state", state)
 }
 
 // note shows the panel's latest notice.

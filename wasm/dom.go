@@ -28,8 +28,8 @@ func element(tag, text, class string) js.Value {
 	return el
 }
 
-// row makes a table row of cells.
-func row(cells ...string) js.Value {
+// tableRow makes a table row of cells.
+func tableRow(cells ...string) js.Value {
 	tr := document.Call("createElement", "tr")
 	for _, cell := range cells {
 		tr.Call("append", element("td", cell, ""))
@@ -87,3 +87,33 @@ func setClass(id, class string) {
 
 // jsValue names js.Value where a file needs no other syscall/js name.
 type jsValue = js.Value
+
+// svgElement makes an SVG element with a class and attributes given as
+// name, value pairs.
+func svgElement(tag, class string, attributes ...string) js.Value {
+	el := document.Call("createElementNS", "http://www.w3.org/2000/svg",
+		tag)
+	if class != "" {
+		el.Call("setAttribute", "class", class)
+	}
+	for i := 0; i+1 < len(attributes); i += 2 {
+		el.Call("setAttribute", attributes[i], attributes[i+1])
+	}
+	return el
+}
+
+// onSubmit runs fn when the form with id is submitted (a button or Enter
+// in one of its fields), instead of the browser's own submission.
+func onSubmit(id string, fn func()) {
+	byID(id).Call("addEventListener", "submit", js.FuncOf(
+		func(_ js.Value, args []js.Value) any {
+			args[0].Call("preventDefault")
+			fn()
+			return nil
+		}))
+}
+
+// setValue sets the value of the input or select with id.
+func setValue(id, v string) {
+	byID(id).Set("value", v)
+}

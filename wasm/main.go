@@ -3,18 +3,18 @@
 // Command wasm is the PopSub playground's client: Go compiled to
 // WebAssembly. Every panel on the page is its own WebSocket connection to
 // the broker, speaking the same protocol as any other client (auth frame
-// first, then subscribe, publish and ack); the x-ray panel is one more
-// connection, subscribed to $sys/events.
+// first, then subscribe, publish and ack); the x-ray is one more
+// connection, subscribed to $sys/events and to the dead-letter topics.
 package main
 
 import (
 	"net/url"
 	"strings"
 	"syscall/js"
-	"time"
 )
 
-// clientNames are the page's clients, in the order of their panels.
+// clientNames are the page's clients, in the order of their panels; the
+// first two subscribe to jobs when the page opens, the third publishes.
 var clientNames = []string{"alice", "bob", "carol"}
 
 // main wires the page and then waits for ever: the page's callbacks and
@@ -25,20 +25,62 @@ func main() {
 	if location.Get("protocol").String() == "https:" {
 		scheme = "wss://"
 	}
-	page := &page{
+	p := &page{
 		url:   scheme + location.Get("host").String() + "/ws",
 		token: tokenFromFragment(location.Get("hash").String()),
-		xray:  newXray(),
+		xray:  newXray(), story: newStory(),
+		up: make(chan struct{}), retry: make(chan struct{}, 1),
 	}
-	byID("token").Set("value", page.token)
-	on("token", "change", func() { page.token = value("token") })
-	for _, name := range clientNames {
-		page.clients = append(page.clients, newClient(page, name))
+	for i, name := range clientNames {
+		var subs []string
+		if i < 2 {
+			subs = []string{"jobs"}
+		}
+		p.clients = append(p.clients, newClient(p, name, subs...))
 	}
-	go page.watch()
-	go page.renderLoop()
+	wire(p)
+	go p.watch()
+	for _, c := range p.clients {
+		go c.run()
+	}
+	go p.renderLoop()
 	document.Get("body").Call("setAttribute", "data-ready", "true")
 	select {}
+}
+
+// wire connects the page's own controls: the token, the guide and the
+// diagram's replay.
+func wire(p *page) {
+	setValue("token", p.token)
+	onSubmit("token-form", func() { p.setToken(value("token")) })
+	// Opening the newest link serve printed, in the same tab, changes
+	// only the fragment: the page takes the new token without a reload.
+	js.Global().Call("addEventListener", "hashchange", js.FuncOf(
+		func(js.Value, []js.Value) any {
+			hash := js.Global().Get("location").Get("hash").String()
+			if token := tokenFromFragment(hash); token != "" {
+				setValue("token", token)
+				p.setToken(token)
+			}
+			return nil
+		}))
+	alice, carol := p.clients[0], p.clients[2]
+	on("step-1-do", "click", func() { go carol.publishJob() })
+	on("step-2-do", "click", func() {
+		setValue(alice.id("acks"), "withhold")
+		alice.explainAcks()
+		go carol.publishJob()
+	})
+	on("guide-reset", "click", func() { go p.startOver() })
+	on("picture-replay", "click", p.replay)
+}
+
+// publishJob publishes one QoS 1 job from the panel, as the guide's
+// buttons ask.
+func (c *client) publishJob() {
+	setValue(c.id("pub-topic"), "jobs")
+	setValue(c.id("pub-qos"), "1")
+	c.publish(1)
 }
 
 // tokenFromFragment reads #token=… from the URL fragment, where popsub
@@ -50,13 +92,4 @@ func tokenFromFragment(hash string) string {
 		return ""
 	}
 	return values.Get("token")
-}
-
-// renderLoop redraws the x-ray a few times a second: often enough for
-// retry deadlines to count down, rarely enough that a burst of events
-// costs one redraw.
-func (p *page) renderLoop() {
-	for range time.Tick(250 * time.Millisecond) {
-		p.render()
-	}
 }

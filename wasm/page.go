@@ -3,214 +3,332 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"time"
-
-	"github.com/coder/websocket"
 )
 
-// page is the whole playground: its clients and the x-ray.
+// page is the whole playground: its clients, the x-ray connection that
+// watches the broker, and the models both feed.
 type page struct {
-	url   string // the broker's WebSocket URL
-	token string // used by every connection the page opens
-
+	url     string // the broker's WebSocket URL
 	clients []*client
 
-	mu    sync.Mutex // guards xray and dirty
-	xray  *xray
-	dirty bool // the x-ray changed since the last render
+	mu        sync.Mutex // guards the fields below
+	token     string     // used by every connection the page opens
+	xray      *xray
+	story     *story
+	dirty     bool          // the models changed since the last render
+	watcher   uint64        // the x-ray connection's number, 0 while down
+	up        chan struct{} // closed while the x-ray connection is open
+	isUp      bool
+	retry     chan struct{} // the token changed: try again now
+	goneAway  bool          // the server said 1001 and is not back yet
+	replaying time.Time     // when a replay of the diagram began
 }
 
-// watch keeps the x-ray connection open: it subscribes to $sys/events,
-// folds each event into the model, and when the server goes away it says
-// so and tries again every second.
-func (p *page) watch() {
-	for {
-		err := p.watchOnce()
-		setText("banner", "The server is gone ("+err.Error()+
-			"). Reconnecting…")
-		setClass("banner", "banner down")
-		time.Sleep(time.Second)
+// errNoToken is a page opened without #token=… and with no token pasted.
+var errNoToken = errors.New("no token")
+
+// currentToken is the token connections use.
+func (p *page) currentToken() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.token
+}
+
+// setToken takes a new token: the x-ray tries again at once, and every
+// client reconnects with it.
+func (p *page) setToken(token string) {
+	p.mu.Lock()
+	changed := token != p.token
+	p.token = token
+	p.mu.Unlock()
+	if !changed {
+		return
+	}
+	select {
+	case p.retry <- struct{}{}:
+	default:
+	}
+	for _, c := range p.clients {
+		c.drop(4000, "token changed")
 	}
 }
 
-// watchOnce runs one x-ray connection until it fails.
+// whenUp returns a channel that is closed while the broker is reachable
+// and the token works. Clients wait on it before they dial, so that only
+// the x-ray knocks on a server that is down.
+func (p *page) whenUp() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.up
+}
+
+// watch keeps the x-ray connection open, and says in the banner, each
+// time it ends, why and what happens next.
+func (p *page) watch() {
+	delay := time.Second
+	for {
+		started := time.Now()
+		err := p.watchOnce()
+		p.setDown()
+		if time.Since(started) > 10*time.Second {
+			delay = time.Second
+		}
+		if !p.explain(err, delay) {
+			<-p.retry // a token the broker refused stays refused
+			continue
+		}
+		select {
+		case <-time.After(delay):
+		case <-p.retry:
+		}
+		delay = min(2*delay, 16*time.Second)
+	}
+}
+
+// watchOnce runs one x-ray connection until it ends.
 func (p *page) watchOnce() error {
-	ctx := context.Background()
-	conn, err := dial(ctx, p.url, p.token, "x-ray")
+	token := p.currentToken()
+	if token == "" {
+		return errNoToken
+	}
+	s, conn, err := authenticate(p.url, token, "x-ray")
 	if err != nil {
 		return err
 	}
-	defer conn.CloseNow()
-	err = writeJSON(ctx, conn, map[string]any{"type": "subscribe",
+	defer s.close(1000, "")
+	err = s.send(map[string]any{"type": "subscribe",
 		"topic": "$sys/events", "last": 0})
 	if err != nil {
 		return err
 	}
-	setText("banner", "Connected to "+p.url)
-	setClass("banner", "banner up")
+	p.setUp(conn)
 	for {
-		_, data, err := conn.Read(ctx)
-		if err != nil {
-			return err
+		data, ended := s.read()
+		if ended != nil {
+			return &closedError{*ended}
 		}
-		p.handleEvent(data)
+		for _, frame := range p.handleFrame(data) {
+			s.send(frame)
+		}
 	}
 }
 
-// handleEvent folds one frame of the x-ray connection into the model.
-func (p *page) handleEvent(data []byte) {
+// setUp marks the broker reachable and lets the clients dial.
+func (p *page) setUp(conn uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.watcher, p.isUp, p.goneAway = conn, true, false
+	close(p.up)
+	banner("up", "Connected to "+p.url+". The clients connect and "+
+		"reconnect by themselves.")
+}
+
+// setDown marks the broker unreachable: clients wait until it is back.
+func (p *page) setDown() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.isUp {
+		p.up, p.isUp = make(chan struct{}), false
+	}
+	p.watcher = 0
+	p.xray.forgetDeadTopics()
+}
+
+// explain says in the banner why the x-ray connection ended, and reports
+// whether trying again later can help.
+func (p *page) explain(err error, delay time.Duration) bool {
+	var refused *refusedError
+	var closed *closedError
+	switch {
+	case errors.Is(err, errNoToken):
+		p.explainNoToken()
+		return false
+	case errors.As(err, &refused) || (errors.As(err, &closed) &&
+		closed.info.Code == 4001):
+		banner("refused", "The server refused this page's token ("+
+			err.Error()+"). A server started without --secret makes a "+
+			"new secret each time: open the newest link popsub serve "+
+			"printed (it ends in #token=…), or paste a fresh token.")
+		return false
+	case errors.As(err, &closed) && closed.info.Code == 1001:
+		p.mu.Lock()
+		p.goneAway = true
+		p.mu.Unlock()
+		banner("going-away", "The server is shutting down (close 1001, "+
+			"going away). The page reconnects when it is back.")
+	case p.wentAway():
+		banner("going-away", fmt.Sprintf("The server shut down (1001) "+
+			"and is not back at %s yet. Trying again in %s.", p.url, delay))
+	case errors.Is(err, errUnreachable):
+		banner("unreachable", fmt.Sprintf("Cannot reach the server at %s. "+
+			"Is popsub serve running? Trying again in %s.", p.url, delay))
+	default:
+		banner("lost", fmt.Sprintf("The connection to the server was "+
+			"lost (%v). Reconnecting in %s.", err, delay))
+	}
+	return true
+}
+
+// wentAway reports whether the server said 1001 and has not been back.
+func (p *page) wentAway() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.goneAway
+}
+
+// explainNoToken tells a page without a token what to do, after checking
+// whether the server is there at all.
+func (p *page) explainNoToken() {
+	s, err := open(p.url)
+	if err != nil {
+		banner("no-token", "This page has no token, and there is no "+
+			"server at "+p.url+": start one with go run ./cmd/popsub "+
+			"serve, and open the link it prints.")
+		return
+	}
+	go s.release()
+	s.close(1000, "")
+	banner("no-token", "The server is up, but this page has no token: "+
+		"open the link popsub serve printed (it ends in #token=…), or "+
+		"paste a token under “token” above.")
+}
+
+// banner sets the page's connection banner; state names it for tests.
+func banner(state, text string) {
+	el := byID("banner")
+	el.Set("textContent", text)
+	el.Set("className", "banner "+state)
+	el.Call("setAttribute", "data-state", state)
+}
+
+// handleFrame folds one frame of the x-ray connection into the models,
+// and returns the frames the x-ray sends back: acks of dead letters, and
+// subscriptions to dead-letter topics it has just learned of.
+func (p *page) handleFrame(data []byte) []any {
 	var frame struct {
-		Type    string          `json:"type"`
-		Message string          `json:"message"`
-		Payload json.RawMessage `json:"payload"`
+		Type, Topic, Code, Message string
+		MessageID                  string `json:"message_id"`
+		Seq                        uint64
+		Payload                    json.RawMessage
 	}
-	if json.Unmarshal(data, &frame) != nil {
-		return
-	}
-	if frame.Type == "error" {
-		setText("banner", "x-ray: "+frame.Message)
-		setClass("banner", "banner down")
-		return
-	}
-	var e event
-	if frame.Type != "message" || json.Unmarshal(frame.Payload, &e) != nil {
-		return
+	if json.Unmarshal(data, &frame) != nil || frame.Type != "message" {
+		return nil
 	}
 	p.mu.Lock()
-	p.xray.apply(e)
+	defer p.mu.Unlock()
 	p.dirty = true
-	p.mu.Unlock()
+	if frame.Topic != "$sys/events" {
+		p.xray.addDead(frame.Topic, frame.Seq, frame.Payload)
+		return []any{map[string]any{"type": "ack", "topic": frame.Topic,
+			"message_id": frame.MessageID}}
+	}
+	var e event
+	if json.Unmarshal(frame.Payload, &e) != nil {
+		return nil
+	}
+	p.xray.apply(e)
+	p.story.apply(e)
+	var out []any
+	for _, topic := range p.xray.unreadDeadTopics() {
+		out = append(out, map[string]any{"type": "subscribe",
+			"topic": topic, "last": maxDead})
+	}
+	return out
 }
 
-// render redraws the x-ray tables and the timeline.
+// own, disown, wrote and ackSent pass what a client knows on to the
+// story, under the page's lock.
+func (p *page) own(conn uint64, panel string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.story.own(conn, panel)
+}
+
+// disown forgets a closed connection's panel.
+func (p *page) disown(conn uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.story.disown(conn)
+}
+
+// wrote records a panel's publish.
+func (p *page) wrote(id, panel string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.story.wrote(id, panel)
+}
+
+// ackSent records a panel's ack.
+func (p *page) ackSent(panel, topic, id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.story.ackSent(panel, topic, id)
+	p.dirty = true
+}
+
+// rowState is what the broker said of a panel's delivery.
+func (p *page) rowState(key rowKey) (rowState, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.story.state(key)
+}
+
+// startOver runs the guided run again from its first step: the story
+// is forgotten, and each client reconnects as it was when the page
+// loaded (which drops what the broker still holds for it).
+func (p *page) startOver() {
+	p.mu.Lock()
+	p.story.restart()
+	p.dirty = true
+	p.mu.Unlock()
+	for _, c := range p.clients {
+		c.reset()
+	}
+}
+
+// replay draws the diagram again, one step at a time.
+func (p *page) replay() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.replaying = time.Now()
+	p.dirty = true
+}
+
+// renderLoop redraws a few times a second: often enough for retry
+// deadlines to count down, rarely enough that a burst of events costs
+// one redraw.
+func (p *page) renderLoop() {
+	for range time.Tick(250 * time.Millisecond) {
+		p.render()
+	}
+}
+
+// render redraws what changed: the tables, the diagram, the guide and
+// the clients' rows.
 func (p *page) render() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.dirty && len(p.xray.pending) == 0 {
+	replaying := !p.replaying.IsZero()
+	if !p.dirty && len(p.xray.pending) == 0 && !replaying {
 		return
 	}
 	p.dirty = false
-	x := p.xray
-	renderTopics(x)
-	renderConnections(x)
-	renderPending(x)
-	renderDead(x)
-	renderTimeline(x)
-}
-
-// renderTopics lists topics and their heads.
-func renderTopics(x *xray) {
-	names := make([]string, 0, len(x.topics))
-	for name := range x.topics {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	var rows []jsValue
-	for _, name := range names {
-		rows = append(rows, row(name, fmt.Sprint(x.topics[name])))
-	}
-	replace(byID("xray-topics"), rows...)
-}
-
-// renderConnections lists connections and their subscriptions.
-func renderConnections(x *xray) {
-	ids := make([]uint64, 0, len(x.connections))
-	for id := range x.connections {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	var rows []jsValue
-	for _, id := range ids {
-		c := x.connections[id]
-		subs := fmt.Sprint(c.subscriptions)
-		rows = append(rows, row(c.name(), c.sub, subs))
-	}
-	replace(byID("xray-connections"), rows...)
-}
-
-// renderPending lists who owes an ack for what, and when the retry is.
-func renderPending(x *xray) {
-	now := time.Now().UnixMilli()
-	var rows []jsValue
-	for _, e := range x.sortedPending() {
-		due := fmt.Sprintf("in %.1fs", float64(e.Deadline-now)/1000)
-		if e.Deadline <= now {
-			due = "now"
+	renderTables(p.xray, p.watcher)
+	shown := len(p.story.steps)
+	if replaying {
+		shown = int(time.Since(p.replaying) / replayStep)
+		if shown >= len(p.story.steps) {
+			p.replaying, shown = time.Time{}, len(p.story.steps)
 		}
-		tr := row(x.connectionName(e.Conn), e.Topic, fmt.Sprint(e.Seq),
-			e.MessageID, fmt.Sprint(e.Attempt), due)
-		tr.Call("setAttribute", "data-message-id", e.MessageID)
-		tr.Call("setAttribute", "data-attempt", fmt.Sprint(e.Attempt))
-		rows = append(rows, tr)
 	}
-	replace(byID("xray-pending"), rows...)
-	setText("xray-pending-count", fmt.Sprint(len(rows)))
-}
-
-// renderDead lists the newest dead letters first.
-func renderDead(x *xray) {
-	var rows []jsValue
-	for i := len(x.dead) - 1; i >= 0; i-- {
-		e := x.dead[i]
-		rows = append(rows, row(e.Topic, fmt.Sprint(e.Seq), e.MessageID,
-			x.connectionName(e.Conn), fmt.Sprint(e.Attempt)))
+	renderDiagram(p.story.steps[:shown], replaying)
+	renderGuide(p.story.progress, p.xray, p.story)
+	for _, c := range p.clients {
+		c.renderRows(p.story)
 	}
-	replace(byID("xray-dead"), rows...)
-}
-
-// renderTimeline lists the newest events first.
-func renderTimeline(x *xray) {
-	var items []jsValue
-	for i := len(x.timeline) - 1; i >= 0; i-- {
-		e := x.timeline[i]
-		stamp := time.UnixMilli(e.Time).Format("15:04:05.000")
-		items = append(items, element("li", stamp+"  "+describe(e),
-			"event "+e.Kind))
-	}
-	replace(byID("timeline"), items...)
-}
-
-// dial connects to url and authenticates with token as client name.
-func dial(ctx context.Context, url, token, name string) (*websocket.Conn,
-	error) {
-	if token == "" {
-		return nil, fmt.Errorf("no token: paste one above")
-	}
-	dialCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	conn, _, err := websocket.Dial(dialCtx, url, nil)
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach %s", url)
-	}
-	conn.SetReadLimit(-1)
-	err = writeJSON(ctx, conn, map[string]any{"type": "auth",
-		"token": token, "client": name})
-	if err != nil {
-		return nil, err
-	}
-	_, data, err := conn.Read(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("authentication: %w", err)
-	}
-	var reply struct{ Type, Message string }
-	json.Unmarshal(data, &reply)
-	if reply.Type != "authenticated" {
-		conn.Close(websocket.StatusNormalClosure, "")
-		return nil, fmt.Errorf("authentication refused: %s", reply.Message)
-	}
-	return conn, nil
-}
-
-// writeJSON sends v as one frame.
-func writeJSON(ctx context.Context, conn *websocket.Conn, v any) error {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	return conn.Write(ctx, websocket.MessageText, data)
 }

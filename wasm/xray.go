@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,14 +10,13 @@ import (
 )
 
 // This file is the x-ray's model: the broker's tables as the page knows
-// them, rebuilt from the events the broker publishes on $sys/events. It
-// has no DOM in it, so it is tested natively (xray_test.go).
+// them, rebuilt from the events the broker publishes on $sys/events and
+// the dead letters it keeps on $dead/<topic>. It has no DOM in it, so it
+// is tested natively (xray_test.go).
 
-// maxTimeline and maxDead bound what the page keeps.
-const (
-	maxTimeline = 200
-	maxDead     = 50
-)
+// maxDead bounds the dead letters the page keeps, and asks the broker to
+// replay when it subscribes to a dead-letter topic.
+const maxDead = 50
 
 // event is one event from $sys/events, as the broker defines it.
 type event = sysevents.Event
@@ -28,12 +28,36 @@ type connection struct {
 	subscriptions []string
 }
 
-// name is how the x-ray labels a connection.
+// name is how the x-ray labels a connection: its client name, or its
+// token's subject, then its number.
 func (c *connection) name() string {
-	if c.client != "" {
-		return fmt.Sprintf("#%d %s", c.id, c.client)
+	who := c.client
+	if who == "" {
+		who = c.sub
 	}
-	return fmt.Sprintf("#%d %s", c.id, c.sub)
+	return fmt.Sprintf("%s #%d", who, c.id)
+}
+
+// deadRow is one dead letter, read from the message the broker published
+// on $dead/<topic>: it says who did not ack by name, which stays true
+// after a restart, when connection numbers start over.
+type deadRow struct {
+	DeadTopic string `json:"-"` // $dead/<topic>
+	DeadSeq   uint64 `json:"-"` // its seq there
+	Topic     string `json:"topic"`
+	Seq       uint64 `json:"seq"`
+	MessageID string `json:"message_id"`
+	Attempts  int    `json:"attempts"`
+	Sub       string `json:"subscriber"`
+	Client    string `json:"client"`
+}
+
+// who names whoever did not ack: the client's name if it gave one.
+func (d deadRow) who() string {
+	if d.Client != "" {
+		return d.Client
+	}
+	return d.Sub
 }
 
 // xray is the broker's state as the page knows it.
@@ -41,14 +65,15 @@ type xray struct {
 	topics      map[string]uint64
 	connections map[uint64]*connection
 	pending     map[string]event // by pendingKey
-	dead        []event          // newest last
-	timeline    []event          // newest last
+	dead        []deadRow        // newest last
+	deadTopics  map[string]bool  // $dead topics the page reads
 }
 
 // newXray returns an empty model.
 func newXray() *xray {
 	return &xray{topics: map[string]uint64{},
-		connections: map[uint64]*connection{}, pending: map[string]event{}}
+		connections: map[uint64]*connection{}, pending: map[string]event{},
+		deadTopics: map[string]bool{}}
 }
 
 // pendingKey names a pending delivery: connection, topic, message id.
@@ -58,29 +83,17 @@ func pendingKey(e event) string {
 
 // apply folds one event into the model.
 func (x *xray) apply(e event) {
-	if e.Kind == "snapshot" {
-		x.reset(e)
-		return
-	}
-	x.timeline = append(x.timeline, e)
-	if len(x.timeline) > maxTimeline {
-		x.timeline = x.timeline[len(x.timeline)-maxTimeline:]
-	}
 	switch e.Kind {
+	case "snapshot":
+		x.reset(e)
 	case "published":
 		x.topics[e.Topic] = max(x.topics[e.Topic], e.Seq)
 	case "delivered", "redelivered":
 		if e.QoS == 1 {
 			x.pending[pendingKey(e)] = e
 		}
-	case "acked":
+	case "acked", "dead_lettered":
 		delete(x.pending, pendingKey(e))
-	case "dead_lettered":
-		delete(x.pending, pendingKey(e))
-		x.dead = append(x.dead, e)
-		if len(x.dead) > maxDead {
-			x.dead = x.dead[1:]
-		}
 	default:
 		x.applyConnection(e)
 	}
@@ -92,7 +105,7 @@ func (x *xray) applyConnection(e event) {
 	case "connected":
 		x.connections[e.Conn] = &connection{id: e.Conn, client: e.Client,
 			sub: e.Sub}
-	case "disconnected":
+	case "disconnected", "disconnected_slow":
 		delete(x.connections, e.Conn)
 		for key, p := range x.pending {
 			if p.Conn == e.Conn {
@@ -112,8 +125,8 @@ func (x *xray) applyConnection(e event) {
 	}
 }
 
-// reset replaces the model with a snapshot's state, keeping the
-// timeline and the dead letters seen so far.
+// reset replaces the tables with a snapshot's, keeping the dead letters:
+// they come from their own topics, not from events.
 func (x *xray) reset(e event) {
 	if e.State == nil {
 		return
@@ -133,11 +146,60 @@ func (x *xray) reset(e event) {
 	}
 }
 
-// sortedPending lists pending deliveries by connection, topic and seq.
-func (x *xray) sortedPending() []event {
+// unreadDeadTopics lists the dead-letter topics the model knows of and the
+// page has not subscribed to yet, and marks them read: the page then
+// subscribes to each, with its retained history, so that a reload still
+// shows what died before it.
+func (x *xray) unreadDeadTopics() []string {
+	var list []string
+	for name := range x.topics {
+		if strings.HasPrefix(name, "$dead/") && !x.deadTopics[name] {
+			x.deadTopics[name] = true
+			list = append(list, name)
+		}
+	}
+	slices.Sort(list)
+	return list
+}
+
+// forgetDeadTopics is called when the x-ray's connection ends: its
+// subscriptions end with it, and the next one subscribes again.
+func (x *xray) forgetDeadTopics() {
+	x.deadTopics = map[string]bool{}
+}
+
+// addDead records the dead letter the broker published as seq on
+// deadTopic, once: a resubscription replays what the page has seen.
+func (x *xray) addDead(deadTopic string, seq uint64,
+	payload json.RawMessage) {
+	row := deadRow{DeadTopic: deadTopic, DeadSeq: seq}
+	if json.Unmarshal(payload, &row) != nil {
+		return
+	}
+	same := func(d deadRow) bool {
+		return d.DeadTopic == deadTopic && d.DeadSeq == seq
+	}
+	if slices.ContainsFunc(x.dead, same) {
+		return
+	}
+	x.dead = append(x.dead, row)
+	slices.SortStableFunc(x.dead, func(a, b deadRow) int {
+		return int(a.DeadSeq) - int(b.DeadSeq)
+	})
+	if len(x.dead) > maxDead {
+		x.dead = x.dead[len(x.dead)-maxDead:]
+	}
+}
+
+// sortedPending lists pending deliveries by connection, topic and seq,
+// leaving out the connection watching (the page's own x-ray, whose acks
+// of dead letters are not part of the story).
+func (x *xray) sortedPending(watcher uint64) []event {
 	list := make([]event, 0, len(x.pending))
 	for _, p := range x.pending {
-		list = append(list, p)
+		if p.Conn != watcher {
+			list = append(list, p)
+		}
 	}
 	slices.SortFunc(list, func(a, b event) int {
 		if a.Conn != b.Conn {
@@ -157,25 +219,4 @@ func (x *xray) connectionName(id uint64) string {
 		return c.name()
 	}
 	return fmt.Sprintf("#%d", id)
-}
-
-// describe is one line of the timeline for e.
-func describe(e event) string {
-	who := e.Client
-	if who == "" {
-		who = e.Sub
-	}
-	switch e.Kind {
-	case "published":
-		return fmt.Sprintf("published %s #%d (qos %d)", e.Topic, e.Seq, e.QoS)
-	case "delivered", "redelivered", "acked", "dead_lettered":
-		return fmt.Sprintf("%s %s #%d to %s, attempt %d", e.Kind, e.Topic,
-			e.Seq, who, e.Attempt)
-	case "subscribed", "unsubscribed":
-		return fmt.Sprintf("%s %s %s", who, e.Kind, e.Topic)
-	case "disconnected_slow":
-		return fmt.Sprintf("%s cut off as a slow consumer (%s)", who,
-			e.Reason)
-	}
-	return fmt.Sprintf("%s %s", who, e.Kind)
 }

@@ -1,6 +1,11 @@
 package main
 
-import "testing"
+import (
+	"encoding/json"
+	sysevents "github.com/popsub/popsub/xray"
+	"strings"
+	"testing"
+)
 
 func TestXray_FollowsAQoS1Delivery(t *testing.T) {
 	x := newXray()
@@ -17,18 +22,20 @@ func TestXray_FollowsAQoS1Delivery(t *testing.T) {
 	}
 	delivered.Kind, delivered.Attempt = "redelivered", 2
 	x.apply(delivered)
-	if p := x.sortedPending(); len(p) != 1 || p[0].Attempt != 2 {
+	if p := x.sortedPending(0); len(p) != 1 || p[0].Attempt != 2 {
 		t.Fatalf("after retry: pending %v, want attempt 2", p)
+	}
+	if p := x.sortedPending(1); len(p) != 0 {
+		t.Fatalf("the watcher's own deliveries are listed: %v", p)
 	}
 	delivered.Kind = "dead_lettered"
 	x.apply(delivered)
-	if len(x.pending) != 0 || len(x.dead) != 1 {
-		t.Fatalf("after dead letter: pending %v, dead %v", x.pending, x.dead)
+	if len(x.pending) != 0 {
+		t.Fatalf("after dead letter: pending %v", x.pending)
 	}
 	x.apply(event{Kind: "disconnected", Conn: 1})
-	if len(x.connections) != 0 || len(x.timeline) != 7 {
-		t.Fatalf("connections %v, timeline %d", x.connections,
-			len(x.timeline))
+	if len(x.connections) != 0 {
+		t.Fatalf("connections %v", x.connections)
 	}
 }
 
@@ -36,7 +43,6 @@ func TestXray_SnapshotReplacesState(t *testing.T) {
 	x := newXray()
 	x.apply(event{Kind: "connected", Conn: 9})
 	var snap event
-	snap.Kind = "snapshot"
 	if err := jsonUnmarshal(`{"event":"snapshot","state":{"topics":{"a":3},
 		"connections":[{"conn":2,"sub":"bob","subscriptions":["a"]}],
 		"pending":[{"conn":2,"topic":"a","seq":3,"message_id":"x","qos":1,
@@ -47,5 +53,116 @@ func TestXray_SnapshotReplacesState(t *testing.T) {
 	if x.topics["a"] != 3 || x.connections[9] != nil ||
 		x.connections[2].subscriptions[0] != "a" || len(x.pending) != 1 {
 		t.Fatalf("after snapshot: %+v", x)
+	}
+}
+
+// A reloaded page learns of $dead/jobs from the snapshot, reads it once,
+// and lists each dead letter once by the client's name, however often
+// the broker replays it.
+func TestXray_DeadLettersComeFromTheirTopic(t *testing.T) {
+	x := newXray()
+	x.apply(event{Kind: "snapshot", State: &sysevents.State{Topics: map[string]uint64{
+		"jobs": 4, "$dead/jobs": 2}}})
+	if got := x.unreadDeadTopics(); len(got) != 1 || got[0] != "$dead/jobs" {
+		t.Fatalf("dead topics to read: %v", got)
+	}
+	if got := x.unreadDeadTopics(); len(got) != 0 {
+		t.Fatalf("read twice: %v", got)
+	}
+	payload := json.RawMessage(`{"topic":"jobs","message_id":"m","seq":3,
+		"attempts":3,"subscriber":"local","client":"alice"}`)
+	x.addDead("$dead/jobs", 2, payload)
+	x.addDead("$dead/jobs", 2, payload)
+	x.addDead("$dead/jobs", 1, json.RawMessage(`{"topic":"jobs","seq":1,
+		"subscriber":"local"}`))
+	if len(x.dead) != 2 || x.dead[1].who() != "alice" ||
+		x.dead[0].who() != "local" || x.dead[1].Seq != 3 {
+		t.Fatalf("dead letters: %+v", x.dead)
+	}
+	x.forgetDeadTopics()
+	x.apply(event{Kind: "published", Topic: "$dead/other", Seq: 1})
+	if got := x.unreadDeadTopics(); len(got) != 2 {
+		t.Fatalf("after a new connection, read again: %v", got)
+	}
+}
+
+// scenario feeds the events of the guided run for alice (connection 1,
+// withholding) and bob (connection 2), and returns the story after each
+// of its four steps.
+func TestStory_FollowsTheGuidedRun(t *testing.T) {
+	s := newStory()
+	s.own(1, "alice")
+	s.own(2, "bob")
+	s.wrote("c-1", "carol")
+	m := event{Topic: "jobs", Seq: 1, QoS: 1, MessageID: "c-1"}
+	at := func(kind string, conn uint64, attempt int) event {
+		e := m
+		e.Kind, e.Conn, e.Attempt = kind, conn, attempt
+		return e
+	}
+	s.apply(at("published", 0, 0))
+	s.apply(at("committed", 0, 0))
+	s.apply(at("delivered", 1, 1))
+	s.apply(at("delivered", 2, 1))
+	if s.progress != 0 || s.rows[rowKey{"alice", "jobs", "c-1"}].State !=
+		statePending {
+		t.Fatalf("before any ack: progress %d, rows %v", s.progress, s.rows)
+	}
+	s.apply(at("acked", 2, 1))
+	if s.progress != 2 {
+		t.Fatalf("bob acked what alice owes: progress %d, want 2",
+			s.progress)
+	}
+	s.apply(at("redelivered", 1, 2))
+	if s.progress != 3 || s.rows[rowKey{"alice", "jobs", "c-1"}].State !=
+		stateRetried {
+		t.Fatalf("attempt 2: progress %d, row %+v", s.progress,
+			s.rows[rowKey{"alice", "jobs", "c-1"}])
+	}
+	s.ackSent("alice", "jobs", "c-1")
+	s.apply(at("dead_lettered", 1, 2))
+	if s.progress != 4 {
+		t.Fatalf("dead letter: progress %d, want 4", s.progress)
+	}
+	if r := s.rows[rowKey{"alice", "jobs", "c-1"}]; r.State != stateTooLate {
+		t.Fatalf("an ack sent before the dead letter: %+v, want %q", r,
+			stateTooLate)
+	}
+	if r := s.rows[rowKey{"bob", "jobs", "c-1"}]; r.State != stateAcked {
+		t.Fatalf("bob's row: %+v", r)
+	}
+	var kinds []string
+	for _, st := range s.steps {
+		kinds = append(kinds, st.Kind+":"+st.From+">"+st.To)
+	}
+	want := "publish:carol>broker commit:broker>broker " +
+		"deliver:broker>alice deliver:broker>bob ack:bob>broker " +
+		"retry:broker>alice dead:broker>alice"
+	if got := strings.Join(kinds, " "); got != want {
+		t.Fatalf("diagram:\n got %s\nwant %s", got, want)
+	}
+}
+
+func TestStory_OthersAndOwnTopics(t *testing.T) {
+	s := newStory()
+	s.apply(event{Kind: "published", Topic: "jobs", Seq: 1, MessageID: "x"})
+	s.apply(event{Kind: "delivered", Conn: 7, Topic: "jobs", Seq: 1,
+		QoS: 1, MessageID: "x", Attempt: 1})
+	s.apply(event{Kind: "acked", Conn: 7, Topic: "jobs", Seq: 1,
+		MessageID: "x", Attempt: 1})
+	s.apply(event{Kind: "delivered", Conn: 7, Topic: "$dead/jobs", Seq: 1})
+	if len(s.steps) != 3 || s.steps[0].From != otherLane ||
+		s.steps[1].To != otherLane || s.progress != 0 {
+		t.Fatalf("another program's messages: %+v, progress %d", s.steps,
+			s.progress)
+	}
+	s.own(3, "bob")
+	s.disown(3)
+	if s.lane(3) != otherLane {
+		t.Fatal("a closed connection's number still names its panel")
+	}
+	s.restart()
+	if len(s.steps) != 0 || len(s.rows) != 0 || s.progress != 0 {
+		t.Fatalf("after restart: %+v", s)
 	}
 }

@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +14,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/popsub/popsub/playground"
 )
 
 // browser finds Chromium. Without one the test is skipped on a developer
@@ -29,86 +34,258 @@ func browser(t *testing.T) string {
 	return ""
 }
 
-// screenshotPath is where the test saves its picture: over the README's
-// docs/playground.png when POPSUB_UPDATE_SCREENSHOT=1, else a temp file.
-func screenshotPath(t *testing.T) string {
+// screenshotPath is where the test saves a picture: over the README's
+// docs/name when POPSUB_UPDATE_SCREENSHOT=1, else a temp file.
+func screenshotPath(t *testing.T, name string) string {
 	if os.Getenv("POPSUB_UPDATE_SCREENSHOT") == "1" {
-		return filepath.Join("..", "..", "docs", "playground.png")
+		return filepath.Join("..", "..", "docs", name)
 	}
-	return filepath.Join(t.TempDir(), "playground.png")
+	return filepath.Join(t.TempDir(), name)
 }
 
-func TestPlayground_ShowsARetryAndItsAck(t *testing.T) {
-	chromium := browser(t)
-	secret := strings.Repeat("playground-secret-", 2)
-	wsURL, _, stop := startServe(t, "--ack-timeout", "1s", "--secret", secret)
+// playgroundURL starts serve with a known secret and extra flags, and
+// returns the page's address with a token in its fragment, the address
+// alone, and serve's stop.
+func playgroundURL(t *testing.T, secret string, extra ...string) (string,
+	string, func() error) {
+	t.Helper()
+	wsURL, _, stop := startServe(t, append([]string{"--secret", secret},
+		extra...)...)
 	address := strings.TrimPrefix(wsURL, "ws://")
 	token, err := localClaims().Sign([]byte(secret))
 	if err != nil {
 		t.Fatal(err)
 	}
-	page := "http://" + address + "/#token=" + token
+	return "http://" + address + "/#token=" + token, address, stop
+}
 
+// do runs browser actions, failing the test with what was being done.
+func do(t *testing.T, ctx context.Context, what string,
+	actions ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// until waits for a JavaScript condition to hold.
+func until(t *testing.T, ctx context.Context, what, condition string) {
+	t.Helper()
+	_, err := chromedp.Run(ctx, chromedp.Poll[bool](condition,
+		chromedp.WithPollingInterval(50*time.Millisecond)))
+	if err != nil {
+		t.Fatalf("%s (%s): %v", what, condition, err)
+	}
+}
+
+// exists is a condition: an element matches selector.
+func exists(selector string) string {
+	return fmt.Sprintf("document.querySelector(%q) !== null", selector)
+}
+
+// contains is a condition: the element's text has text in it.
+func contains(selector, text string) string {
+	return fmt.Sprintf("(document.querySelector(%q)?.textContent ?? '')"+
+		".includes(%q)", selector, text)
+}
+
+// The guided run, followed by its own buttons, end to end: each step is
+// marked done from the broker's events, the diagram shows Alice's
+// attempt 2 and her dead letter, the rows say what the broker said, the
+// layout holds at a laptop's and a phone's size, and a reload keeps the
+// dead letter.
+func TestPlayground_GuidedRun(t *testing.T) {
+	chromium := browser(t)
+	page, _, _ := playgroundURL(t, strings.Repeat("playground-secret-", 2),
+		"--ack-timeout", "400ms", "--max-retries", "1")
 	ctx, problems := startBrowser(t, chromium)
 
-	err = chromedp.Do(ctx,
-		chromedp.Navigate(page),
-		chromedp.WaitVisible(css(`body[data-ready="true"]`)),
-		chromedp.Click(css("#alice-connect")),
-		chromedp.Click(css("#bob-connect")),
-		chromedp.WaitVisible(css("#alice-status.good")),
-		chromedp.WaitVisible(css("#bob-status.good")),
-		chromedp.Click(css("#alice-autoack")),
-		chromedp.Click(css("#alice-subscribe")),
-		chromedp.WaitVisible(css(`#alice-subs li[data-topic="jobs"]`)),
-
-		// Bob publishes with QoS 1; alice holds her ack, so the broker
-		// retries her (attempt 2) and the x-ray shows what she owes.
-		chromedp.Click(css("#bob-publish")),
-		chromedp.WaitVisible(css(`#alice-messages li[data-attempt="1"]`)),
-		chromedp.WaitVisible(css(`#xray-pending tr`)),
-		chromedp.WaitVisible(css(`#alice-messages li[data-attempt="2"]`)),
-		chromedp.WaitVisible(css(`#xray-pending tr[data-attempt="2"]`)),
-	)
-	if err != nil {
-		t.Fatalf("playground: %v", err)
+	do(t, ctx, "open the page", chromedp.EmulateViewport(1366, 900),
+		chromedp.Navigate(page))
+	until(t, ctx, "the broker is reached", exists(`#banner[data-state="up"]`))
+	for _, name := range []string{"alice", "bob"} {
+		until(t, ctx, name+" connects and subscribes by herself",
+			exists(`#`+name+`-subs li[data-topic="jobs"]`))
 	}
-	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	until(t, ctx, "carol connects", exists(`#carol-status[data-state="connected"]`))
+
+	do(t, ctx, "step 1", chromedp.Click(css("#step-1-do")))
+	until(t, ctx, "step 1 is done", exists(`#step-1[data-state="done"]`))
+	until(t, ctx, "both acked", `document.querySelectorAll(`+
+		`'#alice-messages li[data-state="acked"], `+
+		`#bob-messages li[data-state="acked"]').length === 2`)
+
+	do(t, ctx, "step 2", chromedp.Click(css("#step-2-do")))
+	until(t, ctx, "step 2 is done", exists(`#step-2[data-state="done"]`))
+	until(t, ctx, "step 3: attempt 2 for alice in the diagram",
+		exists(`#diagram g.retry[data-lane="alice"][data-attempt="2"]`))
+	until(t, ctx, "step 3 is done", exists(`#step-3[data-state="done"]`))
+
+	until(t, ctx, "step 4: alice's dead letter in the diagram",
+		exists(`#diagram g.dead[data-lane="alice"]`))
+	until(t, ctx, "step 4 is done", exists(`#step-4[data-state="done"]`))
+	until(t, ctx, "the dead-letter table names alice",
+		exists(`#xray-dead tr[data-who="alice"]`))
+	until(t, ctx, "alice's row says dead-lettered, with no ack to press",
+		exists(`#alice-messages li[data-state="dead-lettered"] button.ack:disabled`))
+	until(t, ctx, "bob's row of the same message says acked",
+		`[...document.querySelectorAll('#bob-messages li')].filter(li =>`+
+			` li.dataset.state === 'acked').length === 2`)
+	if exists, _ := chromedp.Run(ctx, chromedp.Evaluate[bool](
+		`document.querySelector('#diagram g.retry[data-lane="bob"]') !== null`)); exists {
+		t.Fatal("the diagram shows a retry to bob, who acked")
+	}
+	inView(t, ctx)
+	shoot(t, ctx, "playground.png")
+	if list := problems(); len(list) > 0 {
+		t.Fatalf("the console reported problems:\n%s", strings.Join(list, "\n"))
+	}
+
+	// A phone: one column, nothing wider than the screen.
+	do(t, ctx, "a phone's width", chromedp.EmulateViewport(390, 844))
+	until(t, ctx, "no horizontal scroll at 390 px",
+		`document.documentElement.scrollWidth <= window.innerWidth`)
+	shoot(t, ctx, "playground-phone.png")
+
+	// A reload keeps the dead letter, read back from $dead/jobs.
+	do(t, ctx, "reload", chromedp.EmulateViewport(1366, 900),
+		chromedp.Reload())
+	until(t, ctx, "the dead letter is still listed",
+		exists(`#xray-dead tr[data-who="alice"]`))
+
+	// Starting over puts the guide back at its first step.
+	do(t, ctx, "step 1 again", chromedp.Click(css("#step-1-do")))
+	until(t, ctx, "step 1 is done again", exists(`#step-1[data-state="done"]`))
+	do(t, ctx, "start over", chromedp.Click(css("#guide-reset")))
+	until(t, ctx, "the guide starts over", exists(`#step-1[data-state="current"]`))
+	until(t, ctx, "the clients come back", exists(`#bob-subs li[data-topic="jobs"]`))
+
+	// Enter in a field submits its form.
+	do(t, ctx, "enter in carol's payload",
+		chromedp.SendKeys(css("#carol-pub-payload"), "\r"))
+	until(t, ctx, "carol published with enter", contains("#carol-note", "published jobs"))
+	if list := problems(); len(list) > 0 {
+		t.Fatalf("the console reported problems:\n%s", strings.Join(list, "\n"))
+	}
+}
+
+// inView checks that at 1366×900 the clients, the diagram and the pending
+// acks are on screen together, without scrolling.
+func inView(t *testing.T, ctx context.Context) {
+	t.Helper()
+	ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => {
+		const box = id => document.getElementById(id).getBoundingClientRect();
+		const h = window.innerHeight;
+		return box("carol").bottom <= h && box("diagram-box").top < h - 200 &&
+			box("xray-pending").top < h - 150 && window.scrollY === 0;
+	})()`))
+	if err != nil || !ok {
+		t.Fatalf("at 1366×900 the clients, the diagram and the pending "+
+			"acks are not all in view (%v)", err)
+	}
+}
+
+// shoot saves a screenshot of the viewport.
+func shoot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	until(t, ctx, "the animations end", "document.getAnimations()"+
+		".every(a => a.playState !== 'running')")
+	shot, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
 	if err != nil {
 		t.Fatalf("screenshot: %v", err)
 	}
-	if err := os.WriteFile(screenshotPath(t), shot, 0o644); err != nil {
+	if err := os.WriteFile(screenshotPath(t, name), shot, 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
 
-	// Her ack clears the pending entry, and the x-ray says so.
-	err = chromedp.Do(ctx,
-		chromedp.Click(css(`#alice-messages li[data-attempt="2"] button.ack`)))
-	if err == nil {
-		_, err = chromedp.Run(ctx, chromedp.Poll[bool](
-			`document.querySelectorAll("#xray-pending tr").length === 0`))
-	}
+// Each connection state says what it is and what to do: no token, a
+// refused token, a server going away (1001) and back, a client cut off
+// (4008), and a server that is not there at all.
+func TestPlayground_SaysWhyItIsNotConnected(t *testing.T) {
+	chromium := browser(t)
+	secret := strings.Repeat("playground-secret-", 2)
+	page, address, stop := playgroundURL(t, secret, "--max-inflight", "1")
+	bare, _, _ := strings.Cut(page, "#")
+	ctx, _ := startBrowser(t, chromium)
+
+	do(t, ctx, "open without a token", chromedp.Navigate(bare))
+	until(t, ctx, "no token, server up",
+		contains(`#banner[data-state="no-token"]`, "server is up"))
+
+	other, err := localClaims().Sign([]byte(strings.Repeat("another-", 5)))
 	if err != nil {
-		t.Fatalf("ack: %v", err)
+		t.Fatal(err)
 	}
-	if list := problems(); len(list) > 0 {
-		t.Fatalf("the console reported problems:\n%s",
-			strings.Join(list, "\n"))
-	}
+	do(t, ctx, "a token of another secret",
+		chromedp.Navigate(bare+"#token="+other))
+	until(t, ctx, "the token is refused, and the page points at serve's link",
+		contains(`#banner[data-state="refused"]`, "newest link"))
 
-	// The server goes away: the page says so, and when a server is back
-	// on the same address it reconnects by itself.
+	// Opening serve's link in the same tab changes only the fragment.
+	_, fragment, _ := strings.Cut(page, "#")
+	_, err = chromedp.Run(ctx, chromedp.Evaluate[string](
+		"location.hash = "+fmt.Sprintf("%q", fragment)))
+	if err != nil {
+		t.Fatalf("the right link: %v", err)
+	}
+	until(t, ctx, "connected", exists(`#banner[data-state="up"]`))
+	until(t, ctx, "bob connects", exists(`#bob-status[data-state="connected"]`))
+
+	// Bob withholds his acks on a wildcard; with one delivery in flight
+	// allowed, Carol's second message finds no room, and a wildcard has
+	// no log to fall back on: 4008. He reconnects by himself.
+	do(t, ctx, "bob on a wildcard, withholding",
+		chromedp.SetValue(css("#bob-acks"), "withhold"),
+		chromedp.SetValue(css("#bob-sub-topic"), "work/#"),
+		chromedp.Click(css("#bob-subscribe")))
+	until(t, ctx, "bob subscribed", exists(`#bob-subs li[data-topic="work/#"]`))
+	do(t, ctx, "carol publishes twice",
+		chromedp.SetValue(css("#carol-pub-topic"), "work/a"),
+		chromedp.Click(css("#carol-publish")),
+		chromedp.Click(css("#carol-publish")))
+	until(t, ctx, "bob was cut off with 4008", exists(`#bob[data-last-close="4008"]`))
+	until(t, ctx, "bob says so", contains("#bob-note", "4008"))
+	until(t, ctx, "bob is back", exists(`#bob-status[data-state="connected"]`))
+
+	// The server stops: 1001, said as such until it is back.
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	err = chromedp.Do(ctx, chromedp.WaitVisible(css("#banner.down")))
-	if err != nil {
-		t.Fatalf("the page did not notice the server was gone: %v", err)
-	}
+	until(t, ctx, "the page says the server went away",
+		exists(`#banner[data-state="going-away"]`))
+	until(t, ctx, "so does alice", exists(`#alice[data-last-close="1001"]`))
 	startServe(t, "--addr", address, "--secret", secret)
-	err = chromedp.Do(ctx, chromedp.WaitVisible(css("#banner.up")))
+	until(t, ctx, "the page is back", exists(`#banner[data-state="up"]`))
+	until(t, ctx, "alice resubscribed by herself",
+		exists(`#alice-subs li[data-topic="jobs"]`))
+	until(t, ctx, "and says so", contains("#alice-note", "reconnected by itself"))
+
+	// A page whose server is not there.
+	lone := httptest.NewServer(playground.Handler(playground.Settings{
+		Clients: []string{"alice", "bob", "carol"}}))
+	t.Cleanup(lone.Close)
+	do(t, ctx, "a page with no broker behind it",
+		chromedp.Navigate(lone.URL+"/#"+fragment))
+	until(t, ctx, "the server is unreachable",
+		contains(`#banner[data-state="unreachable"]`, "Cannot reach"))
+}
+
+// The tutorials the guide links to are served, compressed.
+func TestPlayground_ServesTheTutorials(t *testing.T) {
+	wsURL, _, _ := startServe(t)
+	base := "http://" + strings.TrimPrefix(wsURL, "ws://")
+	request, _ := http.NewRequest("GET", base+"/docs/2-at-least-once.md", nil)
+	request.Header.Set("Accept-Encoding", "gzip")
+	response, err := http.DefaultTransport.RoundTrip(request)
 	if err != nil {
-		t.Fatalf("the page did not reconnect: %v", err)
+		t.Fatal(err)
+	}
+	response.Body.Close()
+	if response.StatusCode != 200 ||
+		response.Header.Get("Content-Encoding") != "gzip" ||
+		!strings.HasPrefix(response.Header.Get("Content-Type"), "text/plain") {
+		t.Fatalf("tutorial: %s %v", response.Status, response.Header)
 	}
 }
 

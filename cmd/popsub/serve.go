@@ -109,7 +109,11 @@ func serve(ctx context.Context, args []string, stdout,
 		return err
 	}
 	printBanner(stdout, listener.Addr().String(), cfg.db, localToken)
-	return serveUntilDone(ctx, listener, broker, logger)
+	page := playground.Settings{Clients: []string{"alice", "bob", "carol"},
+		AckTimeout: cfg.options.AckTimeout,
+		MaxRetries: cfg.options.MaxRetries}
+	return serveUntilDone(ctx, listener, routes(broker, page), broker,
+		logger)
 }
 
 // listen opens addr, or says what to do when it cannot.
@@ -341,8 +345,8 @@ func commandName() string {
 // serveUntilDone serves HTTP until ctx ends, then closes clients with
 // 1001, flushes the log and closes the database.
 func serveUntilDone(ctx context.Context, listener net.Listener,
-	broker *popsub.Broker, logger *slog.Logger) error {
-	server := &http.Server{Handler: routes(broker),
+	handler http.Handler, broker *popsub.Broker, logger *slog.Logger) error {
+	server := &http.Server{Handler: handler,
 		ReadHeaderTimeout: 10 * time.Second}
 	failed := make(chan error, 1)
 	go func() { failed <- server.Serve(listener) }()
@@ -366,14 +370,20 @@ func serveUntilDone(ctx context.Context, listener net.Listener,
 }
 
 // routes serves the WebSocket at /ws, and at / for upgrade requests as
-// the original's clients expect; popsub.go as a page at /source; other
+// the original's clients expect; popsub.go as a page at /source; the
+// tutorials, as text, under /docs/ for the playground's links; other
 // requests get the playground.
-func routes(broker *popsub.Broker) http.Handler {
-	page := playground.Handler([]string{"alice", "bob", "carol"})
+func routes(broker *popsub.Broker,
+	settings playground.Settings) http.Handler {
+	page := playground.Handler(settings)
 	mux := http.NewServeMux()
 	mux.Handle("/ws", broker)
 	mux.Handle("GET /source", playground.Document("text/html; charset=utf-8",
 		docs.SourcePage))
+	for name, text := range docs.Tutorials() {
+		mux.Handle("GET /docs/"+name, playground.Document(
+			"text/plain; charset=utf-8", text))
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 			broker.ServeHTTP(w, r)

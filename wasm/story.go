@@ -1,0 +1,257 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+// This file is the story the page tells about each message: the steps of
+// the sequence diagram, the state of each row a panel shows, and how far
+// the guided run has come. All three are folded from the broker's own
+// events, never from what the page guessed: a row says "acked" because
+// the broker said it cleared the delivery, not because a button was
+// pressed. Like the x-ray's model, it has no DOM in it.
+
+// Lanes of the diagram besides the panels' own.
+const (
+	brokerLane = "broker"
+	otherLane  = "others" // connections of other pages and programs
+)
+
+// maxSteps bounds the steps the diagram keeps.
+const maxSteps = 80
+
+// step is one line of the sequence diagram: an arrow between two lanes,
+// or a note on one lane when From equals To.
+type step struct {
+	Serial    int    // counts steps from 1, so the renderer knows the new
+	Kind      string // publish, commit, deliver, retry, ack, dead
+	From, To  string // lanes
+	Label     string // the short text on the arrow
+	Detail    string // one sentence, for the tooltip and the reader
+	Topic     string
+	Seq       uint64
+	MessageID string
+	Attempt   int
+	Time      int64 // Unix ms, the broker's
+}
+
+// Row states: what a panel's row of a delivery says, in words.
+const (
+	statePending  = "pending ack"
+	stateRetried  = "retried"
+	stateAcked    = "acked"
+	stateDead     = "dead-lettered"
+	stateTooLate  = "ack too late"
+	stateReceived = "received"
+)
+
+// rowKey names a delivery as a panel shows it: the panel, the topic and
+// the message. A reconnected panel's delivery of the same message is the
+// same row.
+type rowKey struct{ panel, topic, id string }
+
+// rowState is what the broker said about one row's delivery.
+type rowState struct {
+	State   string
+	Attempt int
+	AckSent bool // the panel sent an ack; a dead letter after it was late
+}
+
+// story folds events into the diagram, the rows' states and the guide.
+type story struct {
+	steps    []step
+	serial   int
+	lanes    map[uint64]string // connection → the panel that opened it
+	authors  map[string]string // message_id → the panel that published it
+	rows     map[rowKey]*rowState
+	acked    map[string]map[string]bool // message → panels that acked
+	progress int                        // guide steps done, 0 to 4
+}
+
+// newStory returns an empty story.
+func newStory() *story {
+	return &story{lanes: map[uint64]string{}, authors: map[string]string{},
+		rows: map[rowKey]*rowState{}, acked: map[string]map[string]bool{}}
+}
+
+// restart forgets the diagram, the rows and the guide's progress, for a
+// run from the start; which connection is whose stays known.
+func (s *story) restart() {
+	s.steps, s.progress = nil, 0
+	s.rows = map[rowKey]*rowState{}
+	s.acked = map[string]map[string]bool{}
+}
+
+// own says connection conn is panel's, from its authenticated reply.
+func (s *story) own(conn uint64, panel string) {
+	s.lanes[conn] = panel
+}
+
+// disown forgets conn when it closes: after a restart the broker numbers
+// connections from 1 again, and the number may then be someone else's.
+func (s *story) disown(conn uint64) {
+	delete(s.lanes, conn)
+}
+
+// wrote records that panel published id, so its publish is drawn from
+// its lane.
+func (s *story) wrote(id, panel string) {
+	s.authors[id] = panel
+}
+
+// ackSent records that panel sent an ack for topic and id.
+func (s *story) ackSent(panel, topic, id string) {
+	s.row(rowKey{panel, topic, id}).AckSent = true
+}
+
+// row returns the state of key, made on first use.
+func (s *story) row(key rowKey) *rowState {
+	r := s.rows[key]
+	if r == nil {
+		r = &rowState{State: stateReceived}
+		s.rows[key] = r
+	}
+	return r
+}
+
+// state returns what the broker said of key's delivery, if anything.
+func (s *story) state(key rowKey) (rowState, bool) {
+	r := s.rows[key]
+	if r == nil {
+		return rowState{}, false
+	}
+	return *r, true
+}
+
+// lane is the lane of connection conn.
+func (s *story) lane(conn uint64) string {
+	if panel, ok := s.lanes[conn]; ok {
+		return panel
+	}
+	return otherLane
+}
+
+// apply folds one event into the story. Events about the broker's own
+// topics ($sys, $dead) are not part of it: the dead-letter table shows
+// those.
+func (s *story) apply(e event) {
+	if strings.HasPrefix(e.Topic, "$") {
+		return
+	}
+	switch e.Kind {
+	case "published":
+		author := s.authors[e.MessageID]
+		if author == "" {
+			author = otherLane
+		}
+		s.add(e, "publish", author, brokerLane, fmt.Sprintf(
+			"publish #%d", e.Seq), fmt.Sprintf("%s published %s #%d "+
+			"with QoS %d; the broker gave it seq %d", author, e.Topic,
+			e.Seq, e.QoS, e.Seq))
+	case "committed":
+		s.add(e, "commit", brokerLane, brokerLane, fmt.Sprintf(
+			"#%d in the log", e.Seq), fmt.Sprintf("%s #%d is in the log: "+
+			"it survives a crash, and fan-out begins", e.Topic, e.Seq))
+	case "delivered", "redelivered", "acked", "dead_lettered":
+		s.applyDelivery(e)
+	}
+}
+
+// applyDelivery folds what happened to one subscriber's delivery.
+func (s *story) applyDelivery(e event) {
+	lane := s.lane(e.Conn)
+	r := s.row(rowKey{lane, e.Topic, e.MessageID})
+	r.Attempt = max(r.Attempt, e.Attempt)
+	switch e.Kind {
+	case "delivered":
+		r.State, r.Attempt, r.AckSent = stateReceived, e.Attempt, false
+		if e.QoS == 1 {
+			r.State = statePending
+		}
+		s.add(e, "deliver", brokerLane, lane, fmt.Sprintf("deliver #%d",
+			e.Seq), fmt.Sprintf("%s #%d to %s, attempt %d", e.Topic, e.Seq,
+			lane, e.Attempt))
+	case "redelivered":
+		r.State = stateRetried
+		s.add(e, "retry", brokerLane, lane, fmt.Sprintf("retry #%d · "+
+			"attempt %d", e.Seq, e.Attempt), fmt.Sprintf("no ack from %s "+
+			"in time: the broker sends #%d again, to %s only", lane, e.Seq,
+			lane))
+	case "acked":
+		r.State = stateAcked
+		s.noteAck(e, lane)
+		s.add(e, "ack", lane, brokerLane, fmt.Sprintf("ack #%d", e.Seq),
+			fmt.Sprintf("%s acked #%d: the broker forgets its delivery "+
+				"to %s", lane, e.Seq, lane))
+	case "dead_lettered":
+		r.State = stateDead
+		if r.AckSent {
+			r.State = stateTooLate
+		}
+		s.add(e, "dead", brokerLane, lane, fmt.Sprintf("✕ #%d → $dead",
+			e.Seq), fmt.Sprintf("%s never acked #%d in %d attempts: it "+
+			"goes to $dead/%s", lane, e.Seq, e.Attempt, e.Topic))
+	}
+	s.advance(e, lane)
+}
+
+// noteAck remembers who acked a message, for the guide.
+func (s *story) noteAck(e event, lane string) {
+	key := e.Topic + "\x00" + e.MessageID
+	if s.acked[key] == nil {
+		s.acked[key] = map[string]bool{}
+	}
+	s.acked[key][lane] = true
+}
+
+// advance moves the guide on when e completes one of its steps: (1) a
+// panel acked a QoS 1 message; (2) one panel acked a message another
+// still owes; (3) a panel got attempt 2; (4) a panel's delivery went to
+// $dead. A later step done implies the earlier ones.
+func (s *story) advance(e event, lane string) {
+	if lane == otherLane {
+		return
+	}
+	done := 0
+	switch {
+	case e.Kind == "dead_lettered":
+		done = 4
+	case e.Kind == "redelivered" && e.Attempt >= 2:
+		done = 3
+	case e.Kind == "acked":
+		done = 1
+	}
+	if done < 2 && s.ackedByAnother(e) {
+		done = 2
+	}
+	s.progress = max(s.progress, done)
+}
+
+// ackedByAnother reports whether one panel acked e's message while
+// another still owes it: each subscriber acks for itself.
+func (s *story) ackedByAnother(e event) bool {
+	acked := s.acked[e.Topic+"\x00"+e.MessageID]
+	if len(acked) == 0 {
+		return false
+	}
+	for key, r := range s.rows {
+		owes := r.State == statePending || r.State == stateRetried
+		if key.topic == e.Topic && key.id == e.MessageID && owes &&
+			key.panel != otherLane && !acked[key.panel] {
+			return true
+		}
+	}
+	return false
+}
+
+// add appends a step, keeping the newest maxSteps.
+func (s *story) add(e event, kind, from, to, label, detail string) {
+	s.serial++
+	s.steps = append(s.steps, step{Serial: s.serial, Kind: kind, From: from,
+		To: to, Label: label, Detail: detail, Topic: e.Topic, Seq: e.Seq,
+		MessageID: e.MessageID, Attempt: e.Attempt, Time: e.Time})
+	if len(s.steps) > maxSteps {
+		s.steps = s.steps[len(s.steps)-maxSteps:]
+	}
+}
