@@ -18,8 +18,10 @@
 //     across reconnects and restarts). Subscribers must tolerate duplicates.
 //   - Within a topic, every subscriber sees messages in seq order, replay
 //     first and live after, with no gap and no duplicate at the hand-over.
-//   - A message is delivered only once it is on disk, and a QoS 1 publish
-//     is confirmed only then: a confirmed message survives kill -9.
+//   - A message is delivered as soon as it has its seq, before the disk
+//     has it; a QoS 1 publish is confirmed once it is on disk, so a
+//     confirmed message survives kill -9 and power loss. After a crash,
+//     seqs go on past any a subscriber may have seen: none is reused.
 //   - Memory is bounded under any burst. A subscriber is cut off (4008)
 //     only when it fails to drain: it stops reading, or falls behind what
 //     the log keeps.
@@ -167,6 +169,7 @@ const (
 	maxQueueBytes     = 1 << 20         // their bytes; see committer.admit
 	heldBytes         = 64 << 10        // most a writer holds per write
 	deadPrefix        = "$dead/"        // dead letters of T go to $dead/T
+	cleanKey          = "\x00clean"     // cursor: 1 once the log closed cleanly
 )
 
 // Close codes the broker uses, beside the WebSocket standard ones (1001
@@ -417,11 +420,12 @@ type topic struct {
 	// mu guards the fields below, and orders everything that happens to
 	// the topic: sequencing, fan-out, and the hand-over from replay.
 	mu sync.Mutex
-	// head is the newest seq given out; 0 before the first message.
-	head uint64
-	// committed is the newest seq that is on disk and fanned out. It
-	// trails head by the batch the committer is writing.
-	committed uint64
+	// head is the newest seq given out, and fanned out; 0 before the
+	// first message. unsynced holds the messages not on disk yet, the
+	// batches the committer has not synced, in seq order, for replay to
+	// read on from.
+	head     uint64
+	unsynced []*Message
 	// lastTime is the newest timestamp given, in Unix milliseconds.
 	lastTime int64
 	// index lists the retained messages in seq order, without payloads:
@@ -467,6 +471,10 @@ func New(opts Options) (*Broker, error) {
 	if err := b.loadTopics(); err != nil {
 		return nil, err
 	}
+	err := opts.Store.Commit(&Batch{Cursors: map[string]uint64{cleanKey: 0}})
+	if err != nil {
+		return nil, fmt.Errorf("mark the log in use: %w", err)
+	}
 	b.log = newCommitter(b)
 
 	// Retries, keepalives, retention and x-ray events run on loops of
@@ -507,9 +515,16 @@ func (b *Broker) loadTopics() error {
 	if err != nil {
 		return fmt.Errorf("load topics: %w", err)
 	}
+	// After a crash, seqs go on past those that may have reached
+	// subscribers and not the disk (see the log's section).
+	clean, known, err := b.store.Cursor(cleanKey)
+	gap := uint64(0)
+	if err == nil && known && clean == 0 {
+		gap = 2 * maxQueueMessages
+	}
 	for name, head := range heads {
 		t := newTopic(name)
-		t.head, t.committed = head, head
+		t.head = head + gap
 
 		// Read the log in chunks: retention keeps it short, but a broker
 		// restarted with a smaller cap still has the old, longer one.
@@ -2438,13 +2453,12 @@ func allowed(grants []string, filter string) bool {
 // lock. Here a publish first waits for room in the log's queue, then
 // takes only its topic's lock, and only for work that touches no socket
 // and no disk: give the message the next seq, encode its delivery frame
-// once, and hand it to the log committer. The committer writes it in a
-// batch with other publishes and only then fans it out, offering that
-// one frame to every live subscriber's outbox. Delivering before the
-// disk write would be faster by one sync, but a crash could then reuse a
-// seq that a subscriber already saw, and its "after" would skip the new
-// message. Only a QoS 1 publisher waits for the sync, on its
-// connection's confirmer, before it hears "published".
+// once, hand it to the log committer, and offer that one frame to every
+// live subscriber's outbox. Only a QoS 1 publisher waits for the sync,
+// on its connection's confirmer, before it hears "published". Fanning
+// out after the sync, as this broker once did, put one or two syncs
+// (a millisecond or more here) between every publish and every delivery;
+// the log's section says why delivering first is safe.
 
 // confirm is a QoS 1 publish waiting for its batch to reach the disk.
 type confirm struct {
@@ -2563,15 +2577,15 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 	}
 }
 
-// publish waits for room in the log's queue, then sequences m and queues
-// it for the log, which fans it out once it is on disk. It returns m's
+// publish waits for room in the log's queue, then sequences m, queues it
+// for the log and fans it out to live subscribers. It returns m's
 // seq, whether m repeated a QoS 1 message_id the topic still remembers,
 // and the flush that makes it durable; a nil flush if done was closed,
 // or the broker stopped, before there was room: then nothing happened.
 func (b *Broker) publish(m *Message, done <-chan struct{}) (uint64, bool,
 	*flush) {
 	// The wait comes before the topic's lock: the committer takes that
-	// lock to fan out, and it is the committer that makes room.
+	// lock to hand messages over, and it is the committer that makes room.
 	if !b.log.admit(m.size(), done) {
 		return 0, false, nil
 	}
@@ -2595,6 +2609,8 @@ func (b *Broker) publish(m *Message, done <-chan struct{}) (uint64, bool,
 	m.frame = appendDelivery(nil, m, 1)
 	b.noteMessage("published", nil, m, nil)
 	synced := b.log.append(m)
+	t.unsynced = append(t.unsynced, m)
+	b.fanOut(t, []*Message{m})
 
 	// The count cap is applied here, as messages arrive: the oldest
 	// leave the index now and the log in the same batch as m.
@@ -2604,64 +2620,43 @@ func (b *Broker) publish(m *Message, done <-chan struct{}) (uint64, bool,
 	return m.Seq, false, synced
 }
 
-// deliverCommitted fans out a committed batch, topic by topic, in seq
-// order. It runs on the committer's goroutine, right after the sync.
-func (b *Broker) deliverCommitted(msgs []*Message) {
-	// The committed mark moves past a topic's run under the same lock as
-	// the run's fan-out: a replayer that reads the mark has either seen
-	// the messages in the store or will get them live.
-	for _, group := range byTopic(msgs) {
-		t := b.topic(group[0].Topic)
+// markCommitted drops a synced batch's messages from their topics'
+// unsynced lists: replay reads them from the store now. Batches commit
+// in seq order, so each message is the oldest its topic holds there.
+// (The array behind a list lets go of what it dropped when an append
+// next outgrows it.)
+func (b *Broker) markCommitted(msgs []*Message) {
+	for _, m := range msgs {
+		b.noteMessage("committed", nil, m, nil)
+		t := b.topic(m.Topic)
 		t.mu.Lock()
-		t.committed = group[len(group)-1].Seq
-		b.fanOut(t, group)
+		t.unsynced = t.unsynced[1:]
 		t.mu.Unlock()
 	}
 }
 
 // forgetFailed undoes the index entries of a batch the store refused, so
-// that a publisher's retry is not mistaken for a duplicate, and moves the
-// committed mark past them so that replay does not wait for them.
+// that a publisher's retry is not mistaken for a duplicate, and drops
+// them from the unsynced lists, so that replay does not wait for them.
 func (b *Broker) forgetFailed(msgs []*Message) {
-	for _, group := range byTopic(msgs) {
-		t := b.topic(group[0].Topic)
+	for _, m := range msgs {
 		// The seqs themselves are not given back: later publishes may
 		// already hold the next ones. The log has a gap, which replay
 		// skips, and the publishers hear store_failed.
+		t := b.topic(m.Topic)
 		t.mu.Lock()
-		for _, m := range group {
-			if t.ids[m.key()] == m.Seq {
-				delete(t.ids, m.key())
-			}
-			t.committed = max(t.committed, m.Seq)
+		t.unsynced = t.unsynced[1:]
+		if t.ids[m.key()] == m.Seq {
+			delete(t.ids, m.key())
 		}
 		t.index.keep(func(e entry) bool {
-			failed := slices.ContainsFunc(group,
-				func(m *Message) bool { return m.Seq == e.seq })
-			if failed {
+			if e.seq == m.Seq {
 				t.bytes -= e.size
 			}
-			return failed
+			return e.seq == m.Seq
 		})
 		t.mu.Unlock()
 	}
-}
-
-// byTopic splits msgs into runs per topic, keeping each topic's order,
-// so that each topic's lock is taken once per batch, not once a message.
-func byTopic(msgs []*Message) [][]*Message {
-	groups := map[string]int{}
-	var out [][]*Message
-	for _, m := range msgs {
-		i, ok := groups[m.Topic]
-		if !ok {
-			i = len(out)
-			groups[m.Topic] = i
-			out = append(out, nil)
-		}
-		out[i] = append(out[i], m)
-	}
-	return out
 }
 
 // fanOut offers a topic's newly committed messages, in seq order, to
@@ -2677,7 +2672,6 @@ func (b *Broker) fanOut(t *topic, msgs []*Message) {
 	frames := make([][]byte, len(msgs))
 	for i, m := range msgs {
 		frames[i] = m.frame
-		b.noteMessage("committed", nil, m, nil)
 	}
 	deadline := time.Now().Add(b.opts.AckTimeout)
 	for s := range t.subscribers {
@@ -3163,11 +3157,13 @@ func (b *Broker) deadLetter(p *pending, c *connection) {
 // The original replayed stored messages with fresh ids and no guarantee.
 // Here replay is a contract: a message replays with its original
 // message_id, seq, timestamp and qos, and a QoS 1 replay is tracked and
-// retried like a live delivery. The hand-over to live rests on one mark,
-// the topic's committed seq: the committer moves it and fans out under
-// the topic's lock, and the replayer turns live under that same lock once
-// it has read up to the mark, so nothing falls between the two and
-// nothing comes twice. Replay waits for room rather than overflowing: it
+// retried like a live delivery. It reads the store, then, past the
+// store's end, the messages not synced yet, which the topic keeps in
+// memory until they are. The hand-over to live rests on the topic's head:
+// fan-out happens under the topic's lock as each seq is given, and the
+// replayer turns live under that same lock once it has sent up to the
+// head, so nothing falls between the two and nothing comes twice.
+// Replay waits for room rather than overflowing: it
 // uses at most half the outbox and half the in-flight window, so a
 // subscriber that reads and acks is never cut off by its own history.
 //
@@ -3181,21 +3177,20 @@ func (b *Broker) deadLetter(p *pending, c *connection) {
 // own goroutine and ends early if s or its connection ends. behind says
 // that s was live, and may not skip a message.
 func (s *subscription) replay(after uint64, behind bool) {
-	// stuck remembers the committed mark seen after the last empty read.
+	// stuck remembers the synced seq seen after the last empty read.
 	b := s.conn.broker
 	var stuck uint64
 	for {
-		// Everything committed is in the store, but the store may also
-		// hold a batch the committer has synced and not yet fanned out.
-		// Replay stops at the mark read first: what lies beyond it comes
-		// live, and sending it from here as well would send it twice.
-		mark := s.topic.committedSeq()
+		// The store first; past its end, the messages not on disk yet.
 		msgs, err := b.store.Read(s.topic.name, after, replayChunk,
 			b.opts.OutboxBytes/2)
 		if err != nil {
 			b.logger.Error("replay read", "topic", s.filter, "err", err)
 			s.conn.cutOff("log unreadable")
 			return
+		}
+		if len(msgs) == 0 {
+			msgs = s.topic.unsyncedAfter(after)
 		}
 		if behind && (s.topic.trimmedPast(after+1) ||
 			len(msgs) > 0 && msgs[0].Seq > after+1) {
@@ -3204,9 +3199,6 @@ func (s *subscription) replay(after uint64, behind bool) {
 		}
 		sent := 0
 		for _, m := range msgs {
-			if m.Seq > mark {
-				break
-			}
 			if !s.conn.deliverReplay(s, m, behind) {
 				return
 			}
@@ -3216,7 +3208,7 @@ func (s *subscription) replay(after uint64, behind bool) {
 			continue
 		}
 
-		// Nothing read, yet newer messages may be committed: either a
+		// Nothing read, yet newer messages may be given out: either a
 		// moment ago (read again) or unreadably (a corrupt record).
 		// Seeing the same mark twice means the second: skip past it.
 		live, newest := s.goLive(after)
@@ -3238,22 +3230,38 @@ func (t *topic) trimmedPast(seq uint64) bool {
 	return seq < t.firstSeq()
 }
 
-// committedSeq reads the topic's committed mark.
-func (t *topic) committedSeq() uint64 {
+// unsyncedAfter returns up to a chunk of the messages after seq that are
+// not on disk yet, or none if the disk holds some after seq: those come
+// first, from the store.
+func (t *topic) unsyncedAfter(seq uint64) []*Message {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.committed
+	if t.synced() > seq {
+		return nil
+	}
+	// Their seqs follow each other: a failed batch leaves from the front.
+	i := min(int(seq-t.synced()), len(t.unsynced))
+	return slices.Clone(t.unsynced[i:min(len(t.unsynced), i+replayChunk)])
 }
 
-// goLive turns s live if nothing after seq is committed; otherwise it
-// returns the committed mark. Under t.mu no fan-out can run, so nothing
+// synced is the newest seq on disk: the one before the oldest message
+// that is not. The caller holds t.mu.
+func (t *topic) synced() uint64 {
+	if len(t.unsynced) > 0 {
+		return t.unsynced[0].Seq - 1
+	}
+	return t.head
+}
+
+// goLive turns s live if nothing after seq was given out; otherwise it
+// returns the newest seq on disk. Under t.mu no fan-out can run, so nothing
 // falls between replay and live.
 func (s *subscription) goLive(after uint64) (bool, uint64) {
 	t := s.topic
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.committed > after {
-		return false, t.committed
+	if t.head > after {
+		return false, t.synced()
 	}
 
 	// A subscription ended during replay is no longer in the topic, and
@@ -3458,10 +3466,11 @@ var connectionIDs atomic.Uint64
 //
 // A graceful stop closes every client with 1001 so it knows to come back
 // later, stops the loops, commits whatever the log still holds and
-// closes the store. Durable cursors are written as they move, so nothing
-// a client acked is forgotten; unacked deliveries replay on resume. A
-// crash skips all of this, and loses nothing confirmed: the log and the
-// cursors are only ever ahead on disk of what clients were told. The
+// closes the store, marked closed cleanly. Durable cursors are written as
+// they move, so nothing a client acked is forgotten; unacked deliveries
+// replay on resume. A crash skips all of this, and loses nothing
+// confirmed: confirms and cursors never run ahead of the disk, and the
+// seqs deliveries ran ahead with are skipped on the next start. The
 // alternative, draining every outbox before closing, would let one stuck
 // client hold the whole broker open; the context bounds the wait instead.
 
@@ -3496,7 +3505,9 @@ func (b *Broker) shutdownOnce(ctx context.Context) error {
 	}
 
 	// The committer goes last: connections still leaving may queue acks.
+	// Its last batch marks the log as closed cleanly.
 	b.loops.Wait()
+	b.log.saveCursor(cleanKey, 1)
 	b.log.stop()
 	if err := b.store.Close(); err != nil {
 		return fmt.Errorf("close store: %w", err)
@@ -3580,10 +3591,27 @@ func orDefault[T comparable](v, fallback T) T {
 // message to disk on the publisher's path; one sync per message caps a
 // broker near two thousand publishes a second. Here a committer goroutine
 // gathers everything queued since its last sync (appends, trims, cursor
-// moves) into one transaction and one sync: group commit. Then it fans
-// the batch out; only QoS 1 publishers wait for it. The disk sits behind
-// Store, five methods, so that another engine (BoltStore is bbolt; a
-// distributed one can follow) replaces it without touching the broker.
+// moves) into one transaction and one sync: group commit. The disk sits
+// behind Store, five methods, so that another engine (BoltStore is
+// bbolt; a distributed one can follow) replaces it without touching the
+// broker.
+//
+// Two moments matter: a message gets its seq, and its batch is synced.
+// Deliveries leave at the first, confirms at the second. A crash, of the
+// process or of the machine, can then cost a subscriber only messages
+// nobody confirmed: it may have seen one the log lost, whose publisher
+// sends it again (a duplicate, with a new seq) or, at QoS 0, never will.
+// What it must never see is one seq given to two messages, or its
+// "after" would skip the second. So a broker marks the log in use when it
+// starts and closed when it stops; starting on a log that was not closed,
+// it skips 8,192 seqs per topic, twice the queue (admit): no more than
+// that many can have left without reaching the disk. The alternatives
+// cost more. Waiting for the sync put a millisecond or two on every
+// delivery; a log of its own, written before bbolt to mark a batch
+// "written" apart from "synced", buys kill -9 what a machine's power loss
+// would still cost, for a second file and its recovery; and bbolt's
+// NoSync with a later sync is not safe at all, as its pages may reach the
+// disk in any order.
 
 // Store keeps topic logs and durable cursors. Implementations must make a
 // Commit durable before returning and must be safe for concurrent use.
@@ -3656,12 +3684,13 @@ func (b *Broker) expire(now time.Time) {
 // The committer is one goroutine and one queue. Callers queue appends,
 // trims and cursor moves under its mutex, which nothing else is held
 // under; the goroutine swaps the queue for an empty one, writes it in one
-// transaction, fans it out, and marks the batch's flush done, which wakes
-// every confirm waiting on it. While one batch is written the next one
-// fills, so the busier the broker, the more each sync carries. The queue
-// is bounded (admit), and the room a batch took is given back as soon as
-// the loop takes it, not after the sync: the next batch fills while this
-// one is written, and memory holds at most two batches.
+// transaction, hands its messages over to the store for replay, and
+// marks the batch's flush done, which wakes every confirm waiting on it.
+// While one batch is written the next one fills, so the busier the
+// broker, the more each sync carries. The queue is bounded (admit), and
+// the room a batch took is given back as soon as the loop takes it, not
+// after the sync: the next batch fills while this one is written, and
+// memory holds at most two batches.
 
 // committer owns the group commit: callers queue work under its mutex and
 // one goroutine commits the queue. Its mutex is a leaf: nothing else is
@@ -3848,7 +3877,7 @@ func (c *committer) loop() {
 				"messages", len(batch.Messages))
 			c.broker.forgetFailed(batch.Messages)
 		} else {
-			c.broker.deliverCommitted(batch.Messages)
+			c.broker.markCommitted(batch.Messages)
 		}
 		close(fate.done)
 

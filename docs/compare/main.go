@@ -5,6 +5,7 @@
 // own, so that the broker's module does not depend on either server.
 //
 //	go run . run --popsub $(go env GOPATH)/bin/popsub
+//	go run . latency --popsub $(go env GOPATH)/bin/popsub
 //
 // It starts each server as a child process on 127.0.0.1, and never
 // loads any other host.
@@ -40,6 +41,8 @@ func main() {
 		err = serveCentrifuge(os.Args[2])
 	case "run":
 		err = runAll(os.Args[2:])
+	case "latency":
+		err = runLatency(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}

@@ -122,7 +122,7 @@ func measure(s setup, n int, window int64, duration time.Duration) (float64,
 
 	received := make([]atomic.Int64, n)
 	for i := range n {
-		if err := t.subscribe(func() { received[i].Add(1) }); err != nil {
+		if err := t.subscribe(func([]byte) { received[i].Add(1) }); err != nil {
 			return 0, 0, err
 		}
 	}

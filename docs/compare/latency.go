@@ -1,0 +1,183 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// runLatency publishes at fixed rates and prints, for each server, the
+// time from publish to delivery at each subscriber, and the server's CPU
+// per delivery. Every message is published on its own, when it is due:
+// an open loop, as a sensor or a chat would publish, not a burst.
+func runLatency(args []string) error {
+	fs := flag.NewFlagSet("compare latency", flag.ContinueOnError)
+	popsub := fs.String("popsub", "popsub", "the popsub binary")
+	rates := fs.String("rates", "1000,10000", "messages per second")
+	n := fs.Int("subscribers", 10, "subscribers")
+	duration := fs.Duration("duration", 5*time.Second, "publishing time")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	fmt.Println("| server | msg/s | p50 | p90 | p99 | max | server CPU per delivery |")
+	fmt.Println("|---|---|---|---|---|---|---|")
+	for _, s := range setups(*popsub, self) {
+		if strings.Contains(s.name, "batch") {
+			continue // one message a frame: batches add nothing here
+		}
+		for _, field := range strings.Split(*rates, ",") {
+			rate, _ := strconv.ParseFloat(field, 64)
+			l, err := measureLatency(s, *n, rate, *duration)
+			if err != nil {
+				return fmt.Errorf("%s at %v/s: %w", s.name, rate, err)
+			}
+			fmt.Printf("| %s | %.0f | %s | %s | %s | %s | %.2f µs |\n",
+				s.name, rate, ms(l.at(0.5)), ms(l.at(0.9)), ms(l.at(0.99)),
+				ms(l.at(1)), l.cpu)
+		}
+	}
+	return nil
+}
+
+// latencies are the publish-to-delivery times of one run, sorted, and
+// the server's CPU µs per delivery.
+type latencies struct {
+	sorted []time.Duration
+	cpu    float64
+}
+
+// at is the q-quantile.
+func (l latencies) at(q float64) time.Duration {
+	if len(l.sorted) == 0 {
+		return 0
+	}
+	return l.sorted[min(len(l.sorted)-1, int(q*float64(len(l.sorted))))]
+}
+
+// ms writes d in milliseconds.
+func ms(d time.Duration) string {
+	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+}
+
+// measureLatency starts s's server, connects n subscribers, publishes
+// 64-byte messages carrying their send time at rate for duration, and
+// collects every delivery's latency, but for the first second's, while
+// connections warm up.
+func measureLatency(s setup, n int, rate float64,
+	duration time.Duration) (latencies, error) {
+	var l latencies
+	dir, err := os.MkdirTemp("", "compare")
+	if err != nil {
+		return l, err
+	}
+	defer os.RemoveAll(dir)
+	addr, err := freeAddress()
+	if err != nil {
+		return l, err
+	}
+	cmd, t, err := s.start(addr, dir)
+	if err != nil {
+		return l, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return l, err
+	}
+	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
+	if err := waitForPort(addr); err != nil {
+		return l, err
+	}
+	defer t.close()
+
+	var mu sync.Mutex
+	var samples []time.Duration
+	start := time.Now()
+	warm := start.Add(time.Second).UnixNano()
+	for range n {
+		err := t.subscribe(func(payload []byte) {
+			sent := sentAt(payload)
+			if sent < warm {
+				return
+			}
+			mu.Lock()
+			samples = append(samples, time.Duration(time.Now().UnixNano()-sent))
+			mu.Unlock()
+		})
+		if err != nil {
+			return l, err
+		}
+	}
+	before := cpuTime(cmd.Process.Pid)
+	published, err := publishAtRate(t, rate, duration+time.Second)
+	if err != nil {
+		return l, err
+	}
+	want := int(float64(published)*float64(n)*duration.Seconds()/
+		(duration+time.Second).Seconds()) * 99 / 100
+	for drain := time.Now(); time.Since(drain) < 5*time.Second; {
+		mu.Lock()
+		got := len(samples)
+		mu.Unlock()
+		if got >= want {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cpu := cpuTime(cmd.Process.Pid) - before
+	mu.Lock()
+	defer mu.Unlock()
+	l.sorted = slices.Clone(samples)
+	slices.Sort(l.sorted)
+	l.cpu = float64(cpu.Microseconds()) / float64(published*n)
+	return l, nil
+}
+
+// publishAtRate publishes one message whenever the next is due, and
+// returns how many it published.
+func publishAtRate(t target, rate float64, duration time.Duration) (int,
+	error) {
+	interval := time.Duration(float64(time.Second) / rate)
+	start := time.Now()
+	pad := strings.Repeat("x", 64-len(`{"t":1796000000000000000,"x":""}`))
+	i := 0
+	for ; ; i++ {
+		due := start.Add(time.Duration(i) * interval)
+		if due.Sub(start) >= duration {
+			return i, nil
+		}
+		if wait := time.Until(due); wait > 0 {
+			time.Sleep(wait)
+		}
+		payload := fmt.Appendf(nil, `{"t":%d,"x":"%s"}`,
+			time.Now().UnixNano(), pad)
+		if err := t.publish(1, payload); err != nil {
+			return i, err
+		}
+	}
+}
+
+// sentAt reads the send time out of a payload, or of the frame that
+// carries it.
+func sentAt(data []byte) int64 {
+	i := bytes.Index(data, []byte(`"t":`))
+	if i < 0 {
+		return 0
+	}
+	rest := data[i+4:]
+	end := bytes.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' })
+	if end < 0 {
+		end = len(rest)
+	}
+	v, _ := strconv.ParseInt(string(rest[:end]), 10, 64)
+	return v
+}
