@@ -137,6 +137,18 @@ func TestPlayground_GuidedRun(t *testing.T) {
 	}
 	inView(t, ctx)
 	shoot(t, ctx, "playground.png")
+
+	// Replay draws the diagram again from its first step.
+	steps, err := chromedp.Run(ctx, chromedp.Evaluate[int](
+		`document.querySelectorAll("#diagram g.step").length`))
+	if err != nil || steps < 8 {
+		t.Fatalf("the diagram has %d steps (%v)", steps, err)
+	}
+	do(t, ctx, "replay", chromedp.Click(css("#picture-replay")))
+	until(t, ctx, "the replay starts over", fmt.Sprintf(
+		`document.querySelectorAll("#diagram g.step").length < %d`, steps/2))
+	until(t, ctx, "and ends with every step", fmt.Sprintf(
+		`document.querySelectorAll("#diagram g.step").length === %d`, steps))
 	if list := problems(); len(list) > 0 {
 		t.Fatalf("the console reported problems:\n%s", strings.Join(list, "\n"))
 	}
