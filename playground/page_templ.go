@@ -587,7 +587,7 @@ func picture() templ.Component {
 		}
 		ctx = templ.InitializeContext(ctx)
 		ctx = templ.ClearChildren(ctx)
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 40, "<section id=\"picture\" class=\"picture\" aria-label=\"sequence diagram\"><h2>Each message's life <button id=\"picture-replay\" type=\"button\">replay</button></h2><div id=\"lanes\" class=\"lanes\"></div><div id=\"diagram-box\" class=\"diagram-box\"><svg id=\"diagram\" role=\"img\" aria-label=\"deliveries, acks, retries and dead letters, newest at the bottom\" width=\"100%\" height=\"0\"></svg></div></section>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 40, "<section id=\"picture\" class=\"picture\" aria-label=\"sequence diagram\"><h2>Each message's life <button id=\"picture-replay\" type=\"button\">replay</button></h2><p class=\"legend\"><span class=\"publish\">publish</span> · <span class=\"commit\">in the log</span> (on disk; deliveries do not wait for it) · <span class=\"deliver\">deliver</span> · <span class=\"ack\">ack</span> · <span class=\"retry\">retry</span> when no ack came within the ack timeout · <span class=\"dead\">✕ dead letter</span> after the last retry. Newest at the bottom; hover a line for the details.</p><div id=\"lanes\" class=\"lanes\"></div><div id=\"diagram-box\" class=\"diagram-box\"><svg id=\"diagram\" role=\"img\" aria-label=\"deliveries, acks, retries and dead letters, newest at the bottom\" width=\"100%\" height=\"0\"></svg></div></section>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

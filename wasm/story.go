@@ -55,7 +55,8 @@ type rowKey struct{ panel, topic, id string }
 type rowState struct {
 	State   string
 	Attempt int
-	AckSent bool // the panel sent an ack; a dead letter after it was late
+	AckSent bool  // the panel sent an ack; a dead letter after it was late
+	Sent    int64 // when the latest attempt went out, Unix ms
 }
 
 // story folds events into the diagram, the rows' states and the guide.
@@ -166,6 +167,7 @@ func (s *story) applyDelivery(e event) {
 	switch e.Kind {
 	case "delivered":
 		r.State, r.Attempt, r.AckSent = stateReceived, e.Attempt, false
+		r.Sent = e.Time
 		if e.QoS == 1 {
 			r.State = statePending
 		}
@@ -175,9 +177,10 @@ func (s *story) applyDelivery(e event) {
 	case "redelivered":
 		r.State = stateRetried
 		s.add(e, "retry", brokerLane, lane, fmt.Sprintf("retry #%d · "+
-			"attempt %d", e.Seq, e.Attempt), fmt.Sprintf("no ack from %s "+
-			"in time: the broker sends #%d again, to %s only", lane, e.Seq,
-			lane))
+			"attempt %d%s", e.Seq, e.Attempt, waited(r.Sent, e.Time)),
+			fmt.Sprintf("no ack from %s in time: the broker sends #%d "+
+				"again, to %s only", lane, e.Seq, lane))
+		r.Sent = e.Time
 	case "acked":
 		r.State = stateAcked
 		s.noteAck(e, lane)
@@ -189,8 +192,8 @@ func (s *story) applyDelivery(e event) {
 		if r.AckSent {
 			r.State = stateTooLate
 		}
-		s.add(e, "dead", brokerLane, lane, fmt.Sprintf("✕ #%d → $dead",
-			e.Seq), fmt.Sprintf("%s never acked #%d in %d attempts: it "+
+		s.add(e, "dead", brokerLane, lane, fmt.Sprintf("✕ #%d → $dead%s",
+			e.Seq, waited(r.Sent, e.Time)), fmt.Sprintf("%s never acked #%d in %d attempts: it "+
 			"goes to $dead/%s", lane, e.Seq, e.Attempt, e.Topic))
 	}
 	s.advance(e, lane)
@@ -254,4 +257,13 @@ func (s *story) add(e event, kind, from, to, label, detail string) {
 	if len(s.steps) > maxSteps {
 		s.steps = s.steps[len(s.steps)-maxSteps:]
 	}
+}
+
+// waited says how long after the attempt sent at sent an event at now
+// came: the ack timeout a learner sees pass.
+func waited(sent, now int64) string {
+	if sent == 0 || now < sent {
+		return ""
+	}
+	return fmt.Sprintf(" · %.1f s later", float64(now-sent)/1000)
 }

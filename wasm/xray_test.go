@@ -102,7 +102,9 @@ func TestStory_FollowsTheGuidedRun(t *testing.T) {
 	}
 	s.apply(at("published", 0, 0))
 	s.apply(at("committed", 0, 0))
-	s.apply(at("delivered", 1, 1))
+	first := at("delivered", 1, 1)
+	first.Time = 1
+	s.apply(first)
 	s.apply(at("delivered", 2, 1))
 	if s.progress != 0 || s.rows[rowKey{"alice", "jobs", "c-1"}].State !=
 		statePending {
@@ -113,7 +115,13 @@ func TestStory_FollowsTheGuidedRun(t *testing.T) {
 		t.Fatalf("bob acked what alice owes: progress %d, want 2",
 			s.progress)
 	}
-	s.apply(at("redelivered", 1, 2))
+	retry := at("redelivered", 1, 2)
+	retry.Time = 400
+	s.apply(retry)
+	if label := s.steps[len(s.steps)-1].Label; label !=
+		"retry #1 · attempt 2 · 0.4 s later" {
+		t.Fatalf("the retry says %q", label)
+	}
 	if s.progress != 3 || s.rows[rowKey{"alice", "jobs", "c-1"}].State !=
 		stateRetried {
 		t.Fatalf("attempt 2: progress %d, row %+v", s.progress,
