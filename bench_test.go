@@ -58,7 +58,7 @@ func BenchmarkFanOut(b *testing.B) {
 			var drained [][]byte
 			for b.Loop() {
 				t.mu.Lock()
-				broker.fanOut(t, []*Message{m})
+				broker.fanOut(t, m)
 				t.mu.Unlock()
 				for _, c := range connections {
 					drained = c.outbox.take(drained[:0])

@@ -2610,7 +2610,7 @@ func (b *Broker) publish(m *Message, done <-chan struct{}) (uint64, bool,
 	b.noteMessage("published", nil, m, nil)
 	synced := b.log.append(m)
 	t.unsynced = append(t.unsynced, m)
-	b.fanOut(t, []*Message{m})
+	b.fanOut(t, m)
 
 	// The count cap is applied here, as messages arrive: the oldest
 	// leave the index now and the log in the same batch as m.
@@ -2659,24 +2659,20 @@ func (b *Broker) forgetFailed(msgs []*Message) {
 	}
 }
 
-// fanOut offers a topic's newly committed messages, in seq order, to
-// every live subscriber of t and every matching wildcard subscription.
-// The caller holds t.mu, which keeps seq order.
-func (b *Broker) fanOut(t *topic, msgs []*Message) {
+// fanOut offers a new message to every live subscriber of t and every
+// matching wildcard subscription. The caller holds t.mu, which keeps seq
+// order.
+func (b *Broker) fanOut(t *topic, m *Message) {
 	// Replaying subscriptions are skipped: their replayer will read the
-	// messages from the store, which already holds them.
+	// message from the store, or from the topic's unsynced list.
 	//
 	// One encoding serves every subscriber: the bytes are never mutated,
 	// so a hundred outboxes can hold the same slice. One clock read
 	// serves them too, not one per subscriber: here it costs 60 ns.
-	frames := make([][]byte, len(msgs))
-	for i, m := range msgs {
-		frames[i] = m.frame
-	}
 	deadline := time.Now().Add(b.opts.AckTimeout)
 	for s := range t.subscribers {
-		if s.live && !s.conn.deliver(s, msgs, frames, 1, deadline) {
-			s.fallBehind(msgs[0].Seq - 1)
+		if s.live && !s.conn.deliver(s, m, m.frame, 1, deadline) {
+			s.fallBehind(m.Seq - 1)
 		}
 	}
 
@@ -2687,7 +2683,7 @@ func (b *Broker) fanOut(t *topic, msgs []*Message) {
 	defer b.mu.RUnlock()
 	for s := range b.wildcards {
 		if covers(s.filter, t.name) &&
-			!s.conn.deliver(s, msgs, frames, 1, deadline) {
+			!s.conn.deliver(s, m, m.frame, 1, deadline) {
 			s.conn.cutOff("outbox full")
 		}
 	}
@@ -2874,18 +2870,17 @@ type pending struct {
 	deadline time.Time
 }
 
-// deliver queues a run of one topic's messages to s, with their frames,
-// if there is room for all of them, and records them: a pending entry per
-// QoS 1 message, due for retry at deadline, and the durable cursor's
-// progress. share is the part of each bound the caller may use: 1 for
-// live traffic, 2 for replay, which leaves half to live traffic on the
-// connection's other subscriptions. It reports false, having changed
+// deliver queues m's frame to s if there is room, and records it: a
+// pending entry if m is QoS 1, due for retry at deadline, and the durable
+// cursor's progress. share is the part of each bound the caller may use:
+// 1 for live traffic, 2 for replay, which leaves half to live traffic on
+// the connection's other subscriptions. It reports false, having changed
 // nothing, when there is no room. It never waits.
-func (c *connection) deliver(s *subscription, msgs []*Message,
-	frames [][]byte, share int, deadline time.Time) bool {
-	// The frames are queued under c.mu, before their pending entries are
-	// made: an ack, which takes c.mu too, cannot look for an entry before
-	// it exists.
+func (c *connection) deliver(s *subscription, m *Message, frame []byte,
+	share int, deadline time.Time) bool {
+	// The frame is queued under c.mu, before its pending entry is made:
+	// an ack, which takes c.mu too, cannot look for an entry before it
+	// exists.
 	c.mu.Lock()
 	defer c.mu.Unlock()
 
@@ -2896,63 +2891,53 @@ func (c *connection) deliver(s *subscription, msgs []*Message,
 		return true
 	default:
 	}
-	if !c.windowHas(msgs, share) ||
-		!c.outbox.pushWithin(c.outbox.limit/share, frames...) {
+	if !c.windowHas(m, share) ||
+		!c.outbox.pushWithin(c.outbox.limit/share, frame) {
 		return false
 	}
-	c.record(s, msgs, deadline)
+	c.record(s, m, deadline)
 	return true
 }
 
 // windowHas reports whether share of the in-flight window has room for
-// the QoS 1 messages among msgs, by count and by bytes. An empty window
-// takes one message, however large. The caller holds c.mu.
-func (c *connection) windowHas(msgs []*Message, share int) bool {
-	count, size := 0, 0
-	for _, m := range msgs {
-		if m.QoS == 1 {
-			count, size = count+1, size+m.size()
-		}
-	}
+// m, by count and by bytes, if it is QoS 1. An empty window takes one
+// message, however large. The caller holds c.mu.
+func (c *connection) windowHas(m *Message, share int) bool {
 	o := c.broker.opts
-	fits := c.inflight+count <= max(o.MaxInflight/share, 1) &&
-		c.inflightBytes+size <= o.MaxInflightBytes/share
-	return count == 0 || fits || (c.inflight == 0 && count == 1)
+	return m.QoS == 0 || c.inflight == 0 ||
+		c.inflight < max(o.MaxInflight/share, 1) &&
+			c.inflightBytes+m.size() <= o.MaxInflightBytes/share
 }
 
-// record notes deliveries just queued to s: a pending entry for each QoS
-// 1 message, retried at deadline, and the durable cursor's progress. The
-// caller holds c.mu.
-func (c *connection) record(s *subscription, msgs []*Message,
+// record notes a delivery just queued to s: a pending entry if m is QoS
+// 1, retried at deadline, and the durable cursor's progress. The caller
+// holds c.mu.
+func (c *connection) record(s *subscription, m *Message,
 	deadline time.Time) {
-	// The topic's table is looked up once for the run, and made on its
-	// first QoS 1 message.
-	q := c.pending[msgs[0].Topic]
-	for _, m := range msgs {
-		var p *pending
+	var p *pending
+	if m.QoS == 1 {
+		q := c.pending[m.Topic]
+		if q == nil {
+			q = &unacked{}
+			c.pending[m.Topic] = q
+		}
+		var added bool
+		p, added = q.add(pending{subscription: s, message: m, attempt: 1,
+			deadline: deadline})
+		if added {
+			c.inflight++
+			c.inflightBytes += m.size()
+		}
+	}
+	c.broker.noteMessage("delivered", c, m, p)
+	// A durable subscription's deliveries come in seq order (replay,
+	// then live), so appending keeps unacked sorted.
+	if d := s.durable; d != nil {
+		d.sent = m.Seq
 		if m.QoS == 1 {
-			if q == nil {
-				q = &unacked{}
-				c.pending[m.Topic] = q
-			}
-			var added bool
-			p, added = q.add(pending{subscription: s, message: m,
-				attempt: 1, deadline: deadline})
-			if added {
-				c.inflight++
-				c.inflightBytes += m.size()
-			}
+			d.unacked = append(d.unacked, m.Seq)
 		}
-		c.broker.noteMessage("delivered", c, m, p)
-		// A durable subscription's deliveries come in seq order (replay,
-		// then live), so appending keeps unacked sorted.
-		if d := s.durable; d != nil {
-			d.sent = m.Seq
-			if m.QoS == 1 {
-				d.unacked = append(d.unacked, m.Seq)
-			}
-			c.saveCursor(d)
-		}
+		c.saveCursor(d)
 	}
 }
 
@@ -3278,7 +3263,7 @@ func (s *subscription) goLive(after uint64) (bool, uint64) {
 // log meanwhile.
 func (c *connection) deliverReplay(s *subscription, m *Message,
 	behind bool) bool {
-	run, frames := []*Message{m}, [][]byte{appendDelivery(nil, m, 1)}
+	frame := appendDelivery(nil, m, 1)
 	for {
 		select {
 		case <-s.cancel:
@@ -3286,7 +3271,7 @@ func (c *connection) deliverReplay(s *subscription, m *Message,
 		default:
 		}
 		deadline := time.Now().Add(c.broker.opts.AckTimeout)
-		if c.deliver(s, run, frames, 2, deadline) {
+		if c.deliver(s, m, frame, 2, deadline) {
 			return true
 		}
 		if behind && s.topic.trimmedPast(m.Seq+1) {
