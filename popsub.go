@@ -2691,10 +2691,10 @@ func (b *Broker) fanOut(t *topic, m *Message) {
 
 // fallBehind turns a live subscription back into a replaying one, which
 // reads on from the log after seq: its outbox or its in-flight window
-// had no room for the newest run. The caller holds s.topic.mu, as
+// had no room for the newest message. The caller holds s.topic.mu, as
 // fan-out does.
 func (s *subscription) fallBehind(after uint64) {
-	// The run is all or none, so the subscriber has everything up to
+	// Fan-out goes in seq order, so the subscriber has everything up to
 	// after and nothing past it.
 	s.live = false
 	go s.replay(after, true)
