@@ -239,6 +239,11 @@ type Options struct {
 	LoginTokenTTL time.Duration
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
+	// OnEvent, if set, sees every x-ray event, watched or not, and a
+	// "commit" event for each batch the log syncs; the command counts
+	// them for /metrics. It runs on the broker's goroutines, under its
+	// locks, and must only count.
+	OnEvent func(xray.Event)
 }
 
 // withDefaults returns a copy of o with every zero field set to its default.
@@ -471,10 +476,6 @@ func New(opts Options) (*Broker, error) {
 	if err := b.loadTopics(); err != nil {
 		return nil, err
 	}
-	err := opts.Store.Commit(&Batch{Cursors: map[string]uint64{cleanKey: 0}})
-	if err != nil {
-		return nil, fmt.Errorf("mark the log in use: %w", err)
-	}
 	b.log = newCommitter(b)
 
 	// Retries, keepalives, retention and x-ray events run on loops of
@@ -509,7 +510,8 @@ func (b *Broker) every(interval time.Duration, work func(now time.Time)) {
 	}
 }
 
-// loadTopics rebuilds each stored topic's head and index at start.
+// loadTopics rebuilds each stored topic's head and index at start, and
+// then marks the log in use: from here, deliveries may run ahead of it.
 func (b *Broker) loadTopics() error {
 	heads, err := b.store.Topics()
 	if err != nil {
@@ -544,7 +546,7 @@ func (b *Broker) loadTopics() error {
 		}
 		b.topics[name] = t
 	}
-	return nil
+	return b.store.Commit(&Batch{Cursors: map[string]uint64{cleanKey: 0}})
 }
 
 // newTopic returns an empty topic called name.
@@ -2996,6 +2998,7 @@ func (c *connection) settle(q *unacked, i, j int, kind string) {
 	live := q.live()
 	for k := i; k < j; k++ {
 		p := &live[k]
+		c.inflightBytes -= p.message.size()
 		c.broker.noteMessage(kind, c, p.message, p)
 		// Acks mostly come in order, so the seq is usually first in
 		// unacked and the search stops at once.
@@ -3005,9 +3008,6 @@ func (c *connection) settle(q *unacked, i, j int, kind string) {
 			}
 			c.saveCursor(d)
 		}
-	}
-	for _, p := range live[i:j] {
-		c.inflightBytes -= p.message.size()
 	}
 	c.inflight -= j - i
 	q.remove(i, j)
@@ -3182,14 +3182,13 @@ func (s *subscription) replay(after uint64, behind bool) {
 			s.conn.cutOff("fell behind the log")
 			return
 		}
-		sent := 0
 		for _, m := range msgs {
 			if !s.conn.deliverReplay(s, m, behind) {
 				return
 			}
-			after, sent = m.Seq, sent+1
+			after = m.Seq
 		}
-		if sent > 0 {
+		if len(msgs) > 0 {
 			continue
 		}
 
@@ -3335,6 +3334,9 @@ func (b *Broker) eventsLoop() {
 
 // emit queues e if anyone watches. It never blocks and takes no lock.
 func (b *Broker) emit(e xray.Event) {
+	if b.opts.OnEvent != nil {
+		b.opts.OnEvent(e)
+	}
 	// An event about $sys/events would make another event when it is
 	// published, and so on for ever.
 	if b.watchers.Load() == 0 || strings.HasPrefix(e.Topic, "$sys/") {
@@ -3354,7 +3356,7 @@ func (b *Broker) emit(e xray.Event) {
 // for published) and its pending entry p (nil for QoS 0).
 func (b *Broker) noteMessage(kind string, c *connection, m *Message,
 	p *pending) {
-	if b.watchers.Load() == 0 {
+	if b.watchers.Load() == 0 && b.opts.OnEvent == nil {
 		return
 	}
 	e := xray.Event{Kind: kind, Topic: m.Topic, Seq: m.Seq, MessageID: m.ID,
@@ -3442,6 +3444,18 @@ func (c *connection) state(state *xray.State) (xray.ConnectionState, bool) {
 		}
 	}
 	return cs, true
+}
+
+// OutboxBytes is how many bytes wait in every connection's outbox now,
+// for monitoring.
+func (b *Broker) OutboxBytes() int {
+	total := 0
+	for _, c := range b.connectionList() {
+		c.outbox.mu.Lock()
+		total += c.outbox.bytes
+		c.outbox.mu.Unlock()
+	}
+	return total
 }
 
 // connectionIDs numbers connections for events, from 1.
@@ -3854,8 +3868,10 @@ func (c *committer) loop() {
 		c.reset()
 		c.mu.Unlock()
 
-		// Fan-out happens before the flush is marked done, so that a
-		// publisher's confirm never overtakes its own delivery.
+		// The batch is marked committed before its flush is done: a
+		// replay that starts after a confirm reads the message from the
+		// store.
+		start := time.Now()
 		fate.err = c.broker.store.Commit(batch)
 		if fate.err != nil {
 			c.broker.logger.Error("log commit", "err", fate.err,
@@ -3863,6 +3879,10 @@ func (c *committer) loop() {
 			c.broker.forgetFailed(batch.Messages)
 		} else {
 			c.broker.markCommitted(batch.Messages)
+		}
+		if hook := c.broker.opts.OnEvent; hook != nil {
+			hook(xray.Event{Kind: "commit", Messages: len(batch.Messages),
+				Micros: time.Since(start).Microseconds()})
 		}
 		close(fate.done)
 

@@ -32,6 +32,12 @@ type Event struct {
 	Deadline int64 `json:"deadline,omitempty"`
 	// Reason explains a disconnection or a dead letter.
 	Reason string `json:"reason,omitempty"`
+	// Messages and Micros describe a "commit" event: how many messages
+	// one batch of the log held, and how long its commit took. Such
+	// events go only to Options.OnEvent, never to $sys/events, where
+	// each would be a message to commit.
+	Messages int   `json:"messages,omitempty"`
+	Micros   int64 `json:"micros,omitempty"`
 	// State is the whole picture, sent as a snapshot whenever someone
 	// subscribes to $sys/events, so a new watcher need not replay history.
 	State *State `json:"state,omitempty"`

@@ -102,6 +102,8 @@ func serve(ctx context.Context, args []string, stdout,
 		return err
 	}
 	cfg.options.Store = store
+	ops := newOperations(store)
+	cfg.options.OnEvent = ops.observe
 	broker, err := popsub.New(cfg.options)
 	if err != nil {
 		listener.Close()
@@ -109,11 +111,12 @@ func serve(ctx context.Context, args []string, stdout,
 		return err
 	}
 	printBanner(stdout, listener.Addr().String(), cfg.db, localToken)
+	ops.watch(broker)
 	page := playground.Settings{Clients: []string{"alice", "bob", "carol"},
 		AckTimeout: cfg.options.AckTimeout,
 		MaxRetries: cfg.options.MaxRetries}
-	return serveUntilDone(ctx, listener, routes(broker, page), broker,
-		logger)
+	return serveUntilDone(ctx, listener, routes(broker, page, ops), broker,
+		ops, logger)
 }
 
 // listen opens addr, or says what to do when it cannot.
@@ -345,7 +348,8 @@ func commandName() string {
 // serveUntilDone serves HTTP until ctx ends, then closes clients with
 // 1001, flushes the log and closes the database.
 func serveUntilDone(ctx context.Context, listener net.Listener,
-	handler http.Handler, broker *popsub.Broker, logger *slog.Logger) error {
+	handler http.Handler, broker *popsub.Broker, ops *operations,
+	logger *slog.Logger) error {
 	server := &http.Server{Handler: handler,
 		ReadHeaderTimeout: 10 * time.Second}
 	failed := make(chan error, 1)
@@ -358,6 +362,7 @@ func serveUntilDone(ctx context.Context, listener net.Listener,
 	case <-ctx.Done():
 	}
 	logger.Info("shutting down")
+	ops.stopping.Store(true)
 	stop, cancel := context.WithTimeout(context.Background(),
 		10*time.Second)
 	defer cancel()
@@ -371,12 +376,14 @@ func serveUntilDone(ctx context.Context, listener net.Listener,
 
 // routes serves the WebSocket at /ws, and at / for upgrade requests as
 // the original's clients expect; popsub.go as a page at /source; the
-// tutorials, as text, under /docs/ for the playground's links; other
-// requests get the playground.
-func routes(broker *popsub.Broker,
-	settings playground.Settings) http.Handler {
+// tutorials, as text, under /docs/ for the playground's links; /metrics,
+// /healthz and /readyz for an operator's tools; other requests get the
+// playground.
+func routes(broker *popsub.Broker, settings playground.Settings,
+	ops *operations) http.Handler {
 	page := playground.Handler(settings)
 	mux := http.NewServeMux()
+	ops.register(mux)
 	mux.Handle("/ws", broker)
 	mux.Handle("GET /source", playground.Document("text/html; charset=utf-8",
 		docs.SourcePage))
