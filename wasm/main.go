@@ -13,10 +13,6 @@ import (
 	"syscall/js"
 )
 
-// clientNames are the page's clients, in the order of their panels; the
-// first two subscribe to jobs when the page opens, the third publishes.
-var clientNames = []string{"alice", "bob", "carol"}
-
 // main wires the page and then waits for ever: the page's callbacks and
 // goroutines do the work.
 func main() {

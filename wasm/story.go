@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -11,6 +12,10 @@ import (
 // events, never from what the page guessed: a row says "acked" because
 // the broker said it cleared the delivery, not because a button was
 // pressed. Like the x-ray's model, it has no DOM in it.
+
+// clientNames are the page's clients, in the order of their panels; the
+// first two subscribe to jobs when the page opens, the third publishes.
+var clientNames = []string{"alice", "bob", "carol"}
 
 // Lanes of the diagram besides the panels' own.
 const (
@@ -63,25 +68,53 @@ type rowState struct {
 type story struct {
 	steps    []step
 	serial   int
-	lanes    map[uint64]string // connection → the panel that opened it
-	authors  map[string]string // message_id → the panel that published it
-	rows     map[rowKey]*rowState
-	acked    map[string]map[string]bool // message → panels that acked
-	progress int                        // guide steps done, 0 to 4
+	lanes    map[uint64]string        // connection → the panel that opened it
+	authors  *fifo[string, string]    // message_id → the panel that published it
+	rows     *fifo[rowKey, *rowState] // what the broker said of each row
+	acked    *fifo[string, []string]  // message → the panels that acked it
+	progress int                      // guide steps done, 0 to 4
+}
+
+// maxRemembered bounds what the story remembers of messages: a page left
+// open through a long session must not grow without end.
+const maxRemembered = 4096
+
+// fifo is a map that forgets its oldest keys past maxRemembered.
+type fifo[K comparable, V any] struct {
+	m     map[K]V
+	order []K // keys, oldest first
+}
+
+// newFIFO returns an empty fifo.
+func newFIFO[K comparable, V any]() *fifo[K, V] {
+	return &fifo[K, V]{m: map[K]V{}}
+}
+
+// put sets k to v, forgetting the oldest key if there are too many.
+func (f *fifo[K, V]) put(k K, v V) {
+	if _, ok := f.m[k]; !ok {
+		f.order = append(f.order, k)
+		if len(f.order) > maxRemembered {
+			delete(f.m, f.order[0])
+			f.order = f.order[1:]
+		}
+	}
+	f.m[k] = v
 }
 
 // newStory returns an empty story.
 func newStory() *story {
-	return &story{lanes: map[uint64]string{}, authors: map[string]string{},
-		rows: map[rowKey]*rowState{}, acked: map[string]map[string]bool{}}
+	return &story{lanes: map[uint64]string{},
+		authors: newFIFO[string, string](), rows: newFIFO[rowKey, *rowState](),
+		acked: newFIFO[string, []string]()}
 }
 
 // restart forgets the diagram, the rows and the guide's progress, for a
 // run from the start; which connection is whose stays known.
 func (s *story) restart() {
 	s.steps, s.progress = nil, 0
-	s.rows = map[rowKey]*rowState{}
-	s.acked = map[string]map[string]bool{}
+	s.rows = newFIFO[rowKey, *rowState]()
+	s.acked = newFIFO[string, []string]()
 }
 
 // own says connection conn is panel's, from its authenticated reply.
@@ -98,7 +131,7 @@ func (s *story) disown(conn uint64) {
 // wrote records that panel published id, so its publish is drawn from
 // its lane.
 func (s *story) wrote(id, panel string) {
-	s.authors[id] = panel
+	s.authors.put(id, panel)
 }
 
 // ackSent records that panel sent an ack for topic and id.
@@ -108,17 +141,17 @@ func (s *story) ackSent(panel, topic, id string) {
 
 // row returns the state of key, made on first use.
 func (s *story) row(key rowKey) *rowState {
-	r := s.rows[key]
+	r := s.rows.m[key]
 	if r == nil {
 		r = &rowState{State: stateReceived}
-		s.rows[key] = r
+		s.rows.put(key, r)
 	}
 	return r
 }
 
 // state returns what the broker said of key's delivery, if anything.
 func (s *story) state(key rowKey) (rowState, bool) {
-	r := s.rows[key]
+	r := s.rows.m[key]
 	if r == nil {
 		return rowState{}, false
 	}
@@ -142,7 +175,7 @@ func (s *story) apply(e event) {
 	}
 	switch e.Kind {
 	case "published":
-		author := s.authors[e.MessageID]
+		author := s.authors.m[e.MessageID]
 		if author == "" {
 			author = otherLane
 		}
@@ -202,10 +235,7 @@ func (s *story) applyDelivery(e event) {
 // noteAck remembers who acked a message, for the guide.
 func (s *story) noteAck(e event, lane string) {
 	key := e.Topic + "\x00" + e.MessageID
-	if s.acked[key] == nil {
-		s.acked[key] = map[string]bool{}
-	}
-	s.acked[key][lane] = true
+	s.acked.put(key, append(s.acked.m[key], lane))
 }
 
 // advance moves the guide on when e completes one of its steps: (1) a
@@ -234,14 +264,15 @@ func (s *story) advance(e event, lane string) {
 // ackedByAnother reports whether one panel acked e's message while
 // another still owes it: each subscriber acks for itself.
 func (s *story) ackedByAnother(e event) bool {
-	acked := s.acked[e.Topic+"\x00"+e.MessageID]
+	acked := s.acked.m[e.Topic+"\x00"+e.MessageID]
 	if len(acked) == 0 {
 		return false
 	}
-	for key, r := range s.rows {
-		owes := r.State == statePending || r.State == stateRetried
-		if key.topic == e.Topic && key.id == e.MessageID && owes &&
-			key.panel != otherLane && !acked[key.panel] {
+	for _, panel := range clientNames {
+		r := s.rows.m[rowKey{panel, e.Topic, e.MessageID}]
+		owes := r != nil && (r.State == statePending ||
+			r.State == stateRetried)
+		if owes && !slices.Contains(acked, panel) {
 			return true
 		}
 	}

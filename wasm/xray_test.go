@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	sysevents "github.com/popsub/popsub/xray"
 	"strings"
 	"testing"
@@ -106,9 +107,9 @@ func TestStory_FollowsTheGuidedRun(t *testing.T) {
 	first.Time = 1
 	s.apply(first)
 	s.apply(at("delivered", 2, 1))
-	if s.progress != 0 || s.rows[rowKey{"alice", "jobs", "c-1"}].State !=
+	if s.progress != 0 || s.rows.m[rowKey{"alice", "jobs", "c-1"}].State !=
 		statePending {
-		t.Fatalf("before any ack: progress %d, rows %v", s.progress, s.rows)
+		t.Fatalf("before any ack: progress %d, rows %v", s.progress, s.rows.m)
 	}
 	s.apply(at("acked", 2, 1))
 	if s.progress != 2 {
@@ -122,21 +123,21 @@ func TestStory_FollowsTheGuidedRun(t *testing.T) {
 		"retry #1 · attempt 2 · 0.4 s later" {
 		t.Fatalf("the retry says %q", label)
 	}
-	if s.progress != 3 || s.rows[rowKey{"alice", "jobs", "c-1"}].State !=
+	if s.progress != 3 || s.rows.m[rowKey{"alice", "jobs", "c-1"}].State !=
 		stateRetried {
 		t.Fatalf("attempt 2: progress %d, row %+v", s.progress,
-			s.rows[rowKey{"alice", "jobs", "c-1"}])
+			s.rows.m[rowKey{"alice", "jobs", "c-1"}])
 	}
 	s.ackSent("alice", "jobs", "c-1")
 	s.apply(at("dead_lettered", 1, 2))
 	if s.progress != 4 {
 		t.Fatalf("dead letter: progress %d, want 4", s.progress)
 	}
-	if r := s.rows[rowKey{"alice", "jobs", "c-1"}]; r.State != stateTooLate {
+	if r := s.rows.m[rowKey{"alice", "jobs", "c-1"}]; r.State != stateTooLate {
 		t.Fatalf("an ack sent before the dead letter: %+v, want %q", r,
 			stateTooLate)
 	}
-	if r := s.rows[rowKey{"bob", "jobs", "c-1"}]; r.State != stateAcked {
+	if r := s.rows.m[rowKey{"bob", "jobs", "c-1"}]; r.State != stateAcked {
 		t.Fatalf("bob's row: %+v", r)
 	}
 	var kinds []string
@@ -170,7 +171,21 @@ func TestStory_OthersAndOwnTopics(t *testing.T) {
 		t.Fatal("a closed connection's number still names its panel")
 	}
 	s.restart()
-	if len(s.steps) != 0 || len(s.rows) != 0 || s.progress != 0 {
+	if len(s.steps) != 0 || len(s.rows.m) != 0 || s.progress != 0 {
 		t.Fatalf("after restart: %+v", s)
+	}
+}
+
+// A page open for a long session remembers a bounded number of rows.
+func TestStory_ForgetsTheOldest(t *testing.T) {
+	s := newStory()
+	s.own(1, "alice")
+	for i := range maxRemembered + 10 {
+		s.apply(event{Kind: "delivered", Conn: 1, Topic: "t",
+			Seq: uint64(i + 1), QoS: 1, MessageID: fmt.Sprint(i)})
+	}
+	if len(s.rows.m) != maxRemembered || s.rows.m[rowKey{"alice", "t",
+		"0"}] != nil || s.rows.m[rowKey{"alice", "t", "10"}] == nil {
+		t.Fatalf("%d rows remembered", len(s.rows.m))
 	}
 }
