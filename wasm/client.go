@@ -75,6 +75,10 @@ func newClient(p *page, name string, subs ...string) *client {
 	on(c.id("burst"), "click", func() { go c.publish(100) })
 	on(c.id("stop"), "change", c.stopReading)
 	on(c.id("acks"), "change", c.explainAcks)
+	on(c.id("sub-from"), "change", func() {
+		from := value(c.id("sub-from"))
+		byID(c.id("sub-n")).Set("hidden", from == "new" || from == "all")
+	})
 	return c
 }
 

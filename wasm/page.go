@@ -204,6 +204,10 @@ func banner(state, text string) {
 	el.Set("textContent", text)
 	el.Set("className", "banner "+state)
 	el.Call("setAttribute", "data-state", state)
+	// A page that needs a token shows where to paste it.
+	if state == "no-token" || state == "refused" {
+		byID("token-form").Get("parentElement").Set("open", true)
+	}
 }
 
 // handleFrame folds one frame of the x-ray connection into the models,

@@ -138,6 +138,22 @@ func TestPlayground_GuidedRun(t *testing.T) {
 	inView(t, ctx)
 	shoot(t, ctx, "playground.png")
 
+	// The keyboard: a skip link leads to Carol, whose publish is a few
+	// tab stops further.
+	stops, err := chromedp.Run(ctx, chromedp.Evaluate[[]int](`(() => {
+		const all = [...document.querySelectorAll('a[href], button:not([disabled]),' +
+			' input, select, textarea, summary')].filter(e => e.offsetParent !== null);
+		const carol = all.indexOf(document.querySelector('a[href="#carol"]'));
+		const from = all.findIndex(e => document.getElementById("carol").contains(e));
+		const publish = all.indexOf(document.getElementById("carol-publish"));
+		return [carol, publish - from, publish];
+	})()`))
+	if err != nil || stops[0] < 0 || stops[1] > 10 {
+		t.Fatalf("tab stops: skip link at %v (%v)", stops, err)
+	}
+	t.Logf("tab stops to Carol's publish: %d from the top, %d after the "+
+		"skip link", stops[2]+1, stops[1]+1)
+
 	// Replay draws the diagram again from its first step.
 	steps, err := chromedp.Run(ctx, chromedp.Evaluate[int](
 		`document.querySelectorAll("#diagram g.step").length`))
