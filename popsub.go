@@ -1588,7 +1588,7 @@ func (s *scanner) checked(start int) ([]byte, bool) {
 //     client's own request waits for room; a live delivery never waits,
 //     because a publisher must not stall for one slow subscriber. A
 //     subscription whose outbox or in-flight window has no room for a
-//     run drops back to reading the log, as a late subscriber does, and
+//     message drops back to reading the log, as a late subscriber does, and
 //     turns live again once it has caught up (subscription.fallBehind);
 //   - the socket: one write waits at most WriteTimeout for its peer.
 //
