@@ -22,6 +22,7 @@ type page struct {
 	story     *story
 	dirty     bool          // the models changed since the last render
 	watcher   uint64        // the x-ray connection's number, 0 while down
+	monitor   *socket       // the x-ray connection, nil while down
 	up        chan struct{} // closed while the x-ray connection is open
 	isUp      bool
 	retry     chan struct{} // the token changed: try again now
@@ -45,9 +46,13 @@ func (p *page) setToken(token string) {
 	p.mu.Lock()
 	changed := token != p.token
 	p.token = token
+	monitor := p.monitor
 	p.mu.Unlock()
 	if !changed {
 		return
+	}
+	if monitor != nil {
+		monitor.close(4000, "token changed")
 	}
 	select {
 	case p.retry <- struct{}{}:
@@ -106,7 +111,7 @@ func (p *page) watchOnce() error {
 	if err != nil {
 		return err
 	}
-	p.setUp(conn)
+	p.setUp(s, conn)
 	for {
 		data, ended := s.read()
 		if ended != nil {
@@ -119,10 +124,10 @@ func (p *page) watchOnce() error {
 }
 
 // setUp marks the broker reachable and lets the clients dial.
-func (p *page) setUp(conn uint64) {
+func (p *page) setUp(s *socket, conn uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.watcher, p.isUp, p.goneAway = conn, true, false
+	p.monitor, p.watcher, p.isUp, p.goneAway = s, conn, true, false
 	close(p.up)
 	banner("up", "Connected to "+p.url+". The clients connect and "+
 		"reconnect by themselves.")
@@ -135,7 +140,7 @@ func (p *page) setDown() {
 	if p.isUp {
 		p.up, p.isUp = make(chan struct{}), false
 	}
-	p.watcher = 0
+	p.monitor, p.watcher = nil, 0
 	p.xray.forgetDeadTopics()
 }
 
@@ -155,6 +160,8 @@ func (p *page) explain(err error, delay time.Duration) bool {
 			"new secret each time: open the newest link popsub serve "+
 			"printed (it ends in #token=…), or paste a fresh token.")
 		return false
+	case errors.As(err, &closed) && closed.info.Code == 4000:
+		banner("loading", "Reconnecting with the new token…")
 	case errors.As(err, &closed) && closed.info.Code == 1001:
 		p.mu.Lock()
 		p.goneAway = true

@@ -260,6 +260,31 @@ func TestPlayground_SaysWhyItIsNotConnected(t *testing.T) {
 	until(t, ctx, "connected", exists(`#banner[data-state="up"]`))
 	until(t, ctx, "bob connects", exists(`#bob-status[data-state="connected"]`))
 
+	// A token pasted into the page replaces the one in use, for the
+	// x-ray and every client: a wrong one is refused, the right one
+	// brings them back.
+	paste := func(token string) {
+		t.Helper()
+		_, err := chromedp.Run(ctx, chromedp.Evaluate[bool](fmt.Sprintf(
+			`document.getElementById("token").value = %q;`+
+				`document.getElementById("token-form").requestSubmit(); true`,
+			token)))
+		if err != nil {
+			t.Fatalf("paste a token: %v", err)
+		}
+	}
+	paste(other)
+	until(t, ctx, "the pasted token is refused",
+		exists(`#banner[data-state="refused"]`))
+	token := strings.TrimPrefix(fragment, "token=")
+	paste(token)
+	until(t, ctx, "the right token connects again",
+		exists(`#banner[data-state="up"]`))
+	for _, name := range []string{"alice", "bob", "carol"} {
+		until(t, ctx, name+" is back with it",
+			exists(`#`+name+`-status[data-state="connected"]`))
+	}
+
 	// Bob withholds his acks on a wildcard; with one delivery in flight
 	// allowed, Carol's second message finds no room, and a wildcard has
 	// no log to fall back on: 4008. He reconnects by himself.
