@@ -187,6 +187,7 @@ func TestPlayground_GuidedRun(t *testing.T) {
 	do(t, ctx, "start over", chromedp.Click(css("#guide-reset")))
 	until(t, ctx, "the guide starts over", exists(`#step-1[data-state="current"]`))
 	until(t, ctx, "the clients come back", exists(`#bob-subs li[data-topic="jobs"]`))
+	until(t, ctx, "carol comes back", exists(`#carol-status[data-state="connected"]`))
 
 	// Enter in a field submits its form.
 	do(t, ctx, "enter in carol's payload",
