@@ -168,7 +168,9 @@ func (c *client) reset() {
 	byID(c.id("stop")).Set("checked", false)
 	c.stopReading()
 	replace(byID(c.id("messages")))
+	replace(byID(c.id("subs")))
 	c.note("")
+	c.status("connecting", "starting over…")
 	c.mu.Lock()
 	c.forget()
 	wasWanted := c.wanted
