@@ -59,6 +59,7 @@ func (p *page) setToken(token string) {
 	default:
 	}
 	for _, c := range p.clients {
+		c.status("connecting", "reconnecting with the new token…")
 		c.drop(4000, "token changed")
 	}
 }
