@@ -59,7 +59,9 @@ func (p *page) setToken(token string) {
 	default:
 	}
 	for _, c := range p.clients {
-		c.status("connecting", "reconnecting with the new token…")
+		if c.isWanted() {
+			c.status("connecting", "reconnecting with the new token…")
+		}
 		c.drop(4000, "token changed")
 	}
 }
