@@ -568,3 +568,37 @@ func TestBroker_PowerLossReusesNoSeqAndLosesNoConfirm(t *testing.T) {
 		t.Fatalf("after the power loss the log holds %v, want %v", ids, want)
 	}
 }
+
+// release lets held commits through, as a disk that caught up.
+func (s *powerStore) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held != nil {
+		close(s.held)
+		s.held = nil
+	}
+}
+
+// A subscriber that joins while the disk is behind replays the store and
+// then the messages not on it yet, from memory, with no gap, and turns
+// live at the head.
+func TestBroker_ReplayReadsWhatTheDiskHasNotYet(t *testing.T) {
+	store := &powerStore{memoryStore: newMemoryStore()}
+	ts := startBroker(t, Options{Store: store})
+	pub := ts.dial("pub")
+	for i := range 100 {
+		pub.publish("t", i, 1, "")
+	}
+	store.hold()
+	for i := range 200 {
+		pub.publish("t", i, 0, "")
+	}
+	pub.quiet()
+
+	sub := ts.dial("sub")
+	sub.subscribe("t", nil)
+	wantSeqs(t, sub.messages(300), span(1, 300))
+	store.release()
+	pub.publish("t", "after", 1, "")
+	wantSeqs(t, sub.messages(1), []uint64{301})
+}
