@@ -3192,9 +3192,10 @@ func (s *subscription) replay(after uint64, behind bool) {
 			continue
 		}
 
-		// Nothing read, yet newer messages may be given out: either a
-		// moment ago (read again) or unreadably (a corrupt record).
-		// Seeing the same mark twice means the second: skip past it.
+		// Nothing read, yet newer seqs may be given out: either a
+		// moment ago (read again) or with nothing to read (a corrupt
+		// record, or seqs skipped after a crash or a failed commit).
+		// Seeing the same synced seq twice means the second: skip past.
 		live, newest := s.goLive(after)
 		if live {
 			return

@@ -80,11 +80,6 @@ func setText(id, text string) {
 	byID(id).Set("textContent", text)
 }
 
-// setClass sets the class of the element with id.
-func setClass(id, class string) {
-	byID(id).Set("className", class)
-}
-
 // jsValue names js.Value where a file needs no other syscall/js name.
 type jsValue = js.Value
 

@@ -285,13 +285,6 @@ func (p *page) ackSent(panel, topic, id string) {
 	p.dirty = true
 }
 
-// rowState is what the broker said of a panel's delivery.
-func (p *page) rowState(key rowKey) (rowState, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.story.state(key)
-}
-
 // startOver runs the guided run again from its first step: the story
 // is forgotten, and each client reconnects as it was when the page
 // loaded (which drops what the broker still holds for it).

@@ -76,28 +76,11 @@ func ms(d time.Duration) string {
 func measureLatency(s setup, n int, rate float64,
 	duration time.Duration) (latencies, error) {
 	var l latencies
-	dir, err := os.MkdirTemp("", "compare")
+	t, pid, stop, err := launch(s)
 	if err != nil {
 		return l, err
 	}
-	defer os.RemoveAll(dir)
-	addr, err := freeAddress()
-	if err != nil {
-		return l, err
-	}
-	cmd, t, err := s.start(addr, dir)
-	if err != nil {
-		return l, err
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		return l, err
-	}
-	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
-	if err := waitForPort(addr); err != nil {
-		return l, err
-	}
-	defer t.close()
+	defer stop()
 
 	var mu sync.Mutex
 	var samples []time.Duration
@@ -117,7 +100,7 @@ func measureLatency(s setup, n int, rate float64,
 			return l, err
 		}
 	}
-	before := cpuTime(cmd.Process.Pid)
+	before := cpuTime(pid)
 	published, err := publishAtRate(t, rate, duration+time.Second)
 	if err != nil {
 		return l, err
@@ -133,7 +116,7 @@ func measureLatency(s setup, n int, rate float64,
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	cpu := cpuTime(cmd.Process.Pid) - before
+	cpu := cpuTime(pid) - before
 	mu.Lock()
 	defer mu.Unlock()
 	l.sorted = slices.Clone(samples)

@@ -97,28 +97,11 @@ func setups(popsub, self string) []setup {
 // returns deliveries per second and server CPU µs per delivery.
 func measure(s setup, n int, window int64, duration time.Duration) (float64,
 	float64, error) {
-	dir, err := os.MkdirTemp("", "compare")
+	t, pid, stop, err := launch(s)
 	if err != nil {
 		return 0, 0, err
 	}
-	defer os.RemoveAll(dir)
-	addr, err := freeAddress()
-	if err != nil {
-		return 0, 0, err
-	}
-	cmd, t, err := s.start(addr, dir)
-	if err != nil {
-		return 0, 0, err
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		return 0, 0, err
-	}
-	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
-	if err := waitForPort(addr); err != nil {
-		return 0, 0, err
-	}
-	defer t.close()
+	defer stop()
 
 	received := make([]atomic.Int64, n)
 	for i := range n {
@@ -134,7 +117,7 @@ func measure(s setup, n int, window int64, duration time.Duration) (float64,
 		return low
 	}
 	payload := []byte(`{"x":"` + strings.Repeat("x", 64-8) + `"}`)
-	before, start := cpuTime(cmd.Process.Pid), time.Now()
+	before, start := cpuTime(pid), time.Now()
 	var sent int64
 	for time.Since(start) < duration {
 		room := window - (sent - slowest())
@@ -152,7 +135,7 @@ func measure(s setup, n int, window int64, duration time.Duration) (float64,
 		time.Since(drain) < 10*time.Second; {
 		time.Sleep(time.Millisecond)
 	}
-	elapsed, cpu := time.Since(start), cpuTime(cmd.Process.Pid)-before
+	elapsed, cpu := time.Since(start), cpuTime(pid)-before
 	var delivered int64
 	for i := range received {
 		delivered += received[i].Load()
@@ -162,6 +145,41 @@ func measure(s setup, n int, window int64, duration time.Duration) (float64,
 	}
 	return float64(delivered) / elapsed.Seconds(),
 		float64(cpu.Microseconds()) / float64(delivered), nil
+}
+
+// launch starts s's server in a temporary folder on a free port, waits
+// for it to listen, and returns the client's target, the server's pid,
+// and a func that stops both and removes the folder.
+func launch(s setup) (target, int, func(), error) {
+	dir, err := os.MkdirTemp("", "compare")
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	var cmd *exec.Cmd
+	var t target
+	addr, err := freeAddress()
+	if err == nil {
+		cmd, t, err = s.start(addr, dir)
+	}
+	if err == nil {
+		cmd.Stderr = os.Stderr
+		err = cmd.Start()
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, 0, nil, err
+	}
+	stop := func() {
+		t.close()
+		cmd.Process.Signal(os.Interrupt)
+		cmd.Wait()
+		os.RemoveAll(dir)
+	}
+	if err := waitForPort(addr); err != nil {
+		stop()
+		return nil, 0, nil, err
+	}
+	return t, cmd.Process.Pid, stop, nil
 }
 
 // freeAddress finds a free port on 127.0.0.1.
