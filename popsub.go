@@ -299,6 +299,10 @@ func (m *Message) key() messageKey {
 	return messageKey{m.publisher, m.ID}
 }
 
+// Publisher is the token subject that published m: a SharedLog scopes
+// its dedup of message_ids to it.
+func (m *Message) Publisher() string { return m.publisher }
+
 // messageKey is a QoS 1 message's identity for idempotent publishes.
 type messageKey struct{ publisher, id string }
 
@@ -371,8 +375,10 @@ type Broker struct {
 	opts Options
 	// logger is opts.Logger, at hand.
 	logger *slog.Logger
-	// store is the durable log and the cursors, behind the Store seam.
-	store Store
+	// store is the durable log and the cursors, behind the Store seam;
+	// shared is the same store when other brokers share it, else nil.
+	store  Store
+	shared SharedLog
 	// log batches appends, trims and cursor moves into store.
 	log *committer
 
@@ -469,6 +475,7 @@ func New(opts Options) (*Broker, error) {
 		connections: map[*connection]struct{}{},
 		durables:    map[string]*subscription{}, stop: make(chan struct{}),
 		events: make(chan xray.Event, eventQueue)}
+	b.shared, _ = opts.Store.(SharedLog)
 
 	// The index of every stored topic is rebuilt before the first client
 	// arrives: seqs continue where they stopped, and a publisher's retry
@@ -477,6 +484,9 @@ func New(opts Options) (*Broker, error) {
 		return nil, err
 	}
 	b.log = newCommitter(b)
+	if b.shared != nil {
+		b.shared.Follow(b.feed)
+	}
 
 	// Retries, keepalives, retention and x-ray events run on loops of
 	// their own. A retry is late by at most a fifth of the ack timeout
@@ -518,10 +528,11 @@ func (b *Broker) loadTopics() error {
 		return fmt.Errorf("load topics: %w", err)
 	}
 	// After a crash, seqs go on past those that may have reached
-	// subscribers and not the disk (see the log's section).
+	// subscribers and not the disk (see the log's section). A shared log
+	// gives out seqs itself, and delivers only what it committed.
 	clean, known, err := b.store.Cursor(cleanKey)
 	gap := uint64(0)
-	if err == nil && known && clean == 0 {
+	if err == nil && known && clean == 0 && b.shared == nil {
 		gap = 2 * maxQueueMessages
 	}
 	for name, head := range heads {
@@ -2547,7 +2558,8 @@ func (c *connection) allowPublish() bool {
 
 // Publish publishes payload to topic from inside the process, as a
 // client's publish frame would, and returns the message's seq. For QoS 1
-// it returns once the message is on disk (or ctx ends).
+// it returns once the message is on disk (or ctx ends), as does any
+// publish to a shared log, whose seq comes from the log.
 func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 	qos int) (uint64, error) {
 	// The payload goes through the same validation as a client's, so an
@@ -2568,12 +2580,12 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 		return 0, ctx.Err()
 	case synced == nil:
 		return 0, ErrClosed
-	case qos == 0:
+	case qos == 0 && b.shared == nil:
 		return seq, nil
 	}
 	select {
 	case <-synced.done:
-		return seq, synced.err
+		return max(seq, synced.seq), synced.err
 	case <-ctx.Done():
 		return seq, ctx.Err()
 	}
@@ -2586,6 +2598,9 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 // or the broker stopped, before there was room: then nothing happened.
 func (b *Broker) publish(m *Message, done <-chan struct{}) (uint64, bool,
 	*flush) {
+	if b.shared != nil {
+		return 0, false, b.append(m)
+	}
 	// The wait comes before the topic's lock: the committer takes that
 	// lock to hand messages over, and it is the committer that makes room.
 	if !b.log.admit(m.size(), done) {
@@ -2607,11 +2622,18 @@ func (b *Broker) publish(m *Message, done <-chan struct{}) (uint64, bool,
 	t.head++
 	m.Seq = t.head
 	m.Timestamp = max(time.Now().UnixMilli(), t.lastTime)
-	t.remember(m)
 	m.frame = appendDelivery(nil, m, 1)
-	b.noteMessage("published", nil, m, nil)
 	synced := b.log.append(m)
 	t.unsynced = append(t.unsynced, m)
+	b.sequenced(t, m)
+	return m.Seq, false, synced
+}
+
+// sequenced indexes m, which has its seq and its frame, and fans it out.
+// The caller holds t.mu.
+func (b *Broker) sequenced(t *topic, m *Message) {
+	t.remember(m)
+	b.noteMessage("published", nil, m, nil)
 	b.fanOut(t, m)
 
 	// The count cap is applied here, as messages arrive: the oldest
@@ -2619,7 +2641,6 @@ func (b *Broker) publish(m *Message, done <-chan struct{}) (uint64, bool,
 	if over := t.excess(b.opts.MaxMessages, b.opts.MaxLogBytes); over > 0 {
 		b.log.trim(t.name, t.forget(over))
 	}
-	return m.Seq, false, synced
 }
 
 // markCommitted drops a synced batch's messages from their topics'
@@ -2761,6 +2782,9 @@ func (cf confirm) frame() []byte {
 		data, _ := json.Marshal(errorReply("store_failed",
 			"message not stored: "+err.Error()))
 		return data
+	}
+	if cf.sync.seq != 0 {
+		cf.seq, cf.duplicate = cf.sync.seq, cf.sync.duplicate
 	}
 	return appendPublished(nil, cf.message, cf.seq, cf.duplicate)
 }
@@ -3646,6 +3670,9 @@ type Batch struct {
 type flush struct {
 	done chan struct{} // closed after the batch is committed or failed
 	err  error         // nil when the batch is on disk
+	// seq and duplicate are a shared log's answer for its one message.
+	seq       uint64
+	duplicate bool
 }
 
 // synced reports whether the batch is done with, without waiting.
@@ -3677,6 +3704,68 @@ func (b *Broker) expire(now time.Time) {
 		}
 		t.mu.Unlock()
 	}
+}
+
+// # A log shared by several brokers (detail)
+//
+// Several brokers behind one load balancer can share one log, such as
+// NATS JetStream (cmd/popsub/jetstream). Then the log, not the broker,
+// owns what must agree across them: each topic's order and seqs,
+// retention, the dedup of a publisher's repeated message_id, and durable
+// cursors. Each broker keeps what is about its own clients: their
+// connections and outboxes, each subscriber's pending acks and retries,
+// and an index of every topic (no payloads) for replay to start from.
+//
+// So a publish on a shared log is not sequenced here: the broker hands
+// it to the log and returns, and its QoS 1 confirm waits for the log's
+// answer, which carries the seq. The log then feeds every broker, this
+// one included, each committed message in seq order, and fan-out happens
+// there, under the topic's lock, as for a local publish: replay, the
+// hand-over to live and back-pressure work unchanged. The alternative,
+// each broker sequencing and the log merging, would give two messages one
+// seq. Delivering only what the log committed costs a round trip to it on
+// every publish; the benchmark in docs/performance.md measures it.
+
+// SharedLog is a Store that other brokers share: it gives out seqs and
+// feeds every broker what it committed. Read must return nothing past
+// what it has fed, so that replay never runs ahead of fan-out.
+type SharedLog interface {
+	Store
+	// Append commits m to its topic's log and then calls done with its
+	// seq, or the first copy's for a repeated QoS 1 message_id. It may
+	// wait for room, not for the commit.
+	Append(m *Message, done func(seq uint64, duplicate bool, err error))
+	// Follow starts feeding every message committed to any topic after
+	// the heads Topics returned, in seq order within each topic.
+	Follow(feed func(*Message))
+}
+
+// append hands m to the shared log and returns the flush its confirm
+// waits on. The log's answer fills in the flush's seq.
+func (b *Broker) append(m *Message) *flush {
+	f := &flush{done: make(chan struct{})}
+	m.Timestamp = time.Now().UnixMilli()
+	b.shared.Append(m, func(seq uint64, duplicate bool, err error) {
+		f.seq, f.duplicate, f.err = seq, duplicate, err
+		close(f.done)
+	})
+	return f
+}
+
+// feed takes a message the shared log committed, from any broker, and
+// fans it out. A seq it already has (fed again after a reconnect) is
+// dropped; one past a gap is taken: the log skips only what it deleted.
+func (b *Broker) feed(m *Message) {
+	t := b.topic(m.Topic)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if m.Seq <= t.head {
+		return
+	}
+	t.head = m.Seq
+	m.frame = appendDelivery(nil, m, 1)
+	b.noteMessage("committed", nil, m, nil)
+	b.sequenced(t, m)
 }
 
 // # Group commit (detail)

@@ -1,0 +1,239 @@
+package jetstream
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/popsub/popsub"
+)
+
+// This file holds the harness: NATS servers in the test process, PopSub
+// brokers on them served on 127.0.0.1, and clients over real WebSockets.
+
+// secret signs every token; every broker shares it, as a deployment would.
+var secret = []byte("jetstream-test-secret-at-least-32-bytes")
+
+// quiet discards logs.
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// startNATS runs one NATS server with JetStream on 127.0.0.1 and returns
+// it; the test stops it.
+func startNATS(t *testing.T) *server.Server {
+	t.Helper()
+	return runNATS(t, &server.Options{Host: "127.0.0.1", Port: -1,
+		JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true})
+}
+
+// runNATS starts a NATS server with opts and waits until it accepts
+// clients.
+func runNATS(t *testing.T, opts *server.Options) *server.Server {
+	t.Helper()
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatalf("nats server: %v", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	t.Cleanup(ns.Shutdown)
+	return ns
+}
+
+// broker is one PopSub broker on a shared log, served on 127.0.0.1.
+type broker struct {
+	t      *testing.T
+	popsub *popsub.Broker
+	log    *Log
+	http   *httptest.Server
+	url    string
+}
+
+// startBroker runs a broker on the JetStream at url with opts (Secret,
+// Store and Logger are filled in).
+func startBroker(t *testing.T, url string, opts popsub.Options) *broker {
+	t.Helper()
+	log, err := Open(Options{URL: url, MaxMessages: opts.MaxMessages,
+		Logger: quiet, Replicas: replicasFor(url)})
+	if err != nil {
+		t.Fatalf("open log: %v", err)
+	}
+	opts.Secret, opts.Store, opts.Logger = secret, log, quiet
+	b, err := popsub.New(opts)
+	if err != nil {
+		t.Fatalf("new broker: %v", err)
+	}
+	srv := httptest.NewServer(b)
+	br := &broker{t: t, popsub: b, log: log, http: srv,
+		url: "ws" + strings.TrimPrefix(srv.URL, "http") + "/ws"}
+	t.Cleanup(br.stop)
+	return br
+}
+
+// replicasFor is 3 for a cluster's URL list, else 1.
+func replicasFor(url string) int {
+	if strings.Contains(url, ",") {
+		return 3
+	}
+	return 1
+}
+
+// stop shuts the broker down as serve does on SIGTERM.
+func (b *broker) stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	b.http.CloseClientConnections()
+	b.popsub.Shutdown(ctx)
+	b.http.Close()
+}
+
+// caughtUp waits until b has been fed topic up to seq: a publish
+// confirmed on another broker reaches this one a moment later.
+func (b *broker) caughtUp(topic string, seq uint64) {
+	b.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for b.log.stream(topic).fed.Load() < seq {
+		if time.Now().After(deadline) {
+			b.t.Fatalf("%s not fed up to %d in 10 s", topic, seq)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// kill stops the broker the way kill -9 would look from outside: its
+// sockets and its NATS connection drop, and nothing is flushed.
+func (b *broker) kill() {
+	b.http.CloseClientConnections()
+	b.http.Close()
+	b.log.nc.Close()
+}
+
+// frame is what the tests read from a broker: any frame.
+type frame struct {
+	Type      string          `json:"type"`
+	Code      string          `json:"code"`
+	Topic     string          `json:"topic"`
+	MessageID string          `json:"message_id"`
+	Seq       uint64          `json:"seq"`
+	QoS       int             `json:"qos"`
+	Payload   json.RawMessage `json:"payload"`
+	Duplicate bool            `json:"duplicate"`
+	Recovered *bool           `json:"recovered"`
+}
+
+// client is one WebSocket client, authenticated as sub.
+type client struct {
+	t  *testing.T
+	ws *websocket.Conn
+}
+
+// dial connects to b as sub and authenticates.
+func (b *broker) dial(sub string) *client {
+	b.t.Helper()
+	return dialURL(b.t, b.url, sub)
+}
+
+// dialURL connects to url as sub and authenticates.
+func dialURL(t *testing.T, url, sub string) *client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, url, nil)
+	if err != nil {
+		t.Fatalf("dial %s: %v", url, err)
+	}
+	ws.SetReadLimit(1 << 20)
+	c := &client{t: t, ws: ws}
+	t.Cleanup(func() { ws.CloseNow() })
+	token, err := popsub.NewToken(secret, sub, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.send(map[string]any{"type": "auth", "token": token})
+	c.expect("authenticated")
+	return c
+}
+
+// send writes one frame.
+func (c *client) send(v any) {
+	c.t.Helper()
+	data, _ := json.Marshal(v)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.ws.Write(ctx, websocket.MessageText, data); err != nil {
+		c.t.Fatalf("send: %v", err)
+	}
+}
+
+// next reads the next frame, failing the test after ten seconds.
+func (c *client) next() frame {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, data, err := c.ws.Read(ctx)
+	if err != nil {
+		c.t.Fatalf("read: %v", err)
+	}
+	var f frame
+	if err := json.Unmarshal(data, &f); err != nil {
+		c.t.Fatalf("decode %s: %v", data, err)
+	}
+	return f
+}
+
+// expect reads the next frame and fails unless its type is typ.
+func (c *client) expect(typ string) frame {
+	c.t.Helper()
+	f := c.next()
+	if f.Type != typ {
+		c.t.Fatalf("got %+v, want a %q frame", f, typ)
+	}
+	return f
+}
+
+// publish publishes payload with QoS 1 and id and returns the confirm.
+func (c *client) publish(topic, id string, payload any) frame {
+	c.t.Helper()
+	c.send(map[string]any{"type": "publish", "topic": topic, "qos": 1,
+		"message_id": id, "payload": payload})
+	return c.expect("published")
+}
+
+// subscribe subscribes with the extra fields given and returns the reply.
+func (c *client) subscribe(topic string, extra map[string]any) frame {
+	c.t.Helper()
+	f := map[string]any{"type": "subscribe", "topic": topic}
+	for k, v := range extra {
+		f[k] = v
+	}
+	c.send(f)
+	return c.expect("subscribed")
+}
+
+// messages reads n deliveries and returns their seqs.
+func (c *client) messages(n int) []frame {
+	c.t.Helper()
+	var got []frame
+	for len(got) < n {
+		got = append(got, c.expect("message"))
+	}
+	return got
+}
+
+// seqs lists the seqs of frames.
+func seqs(frames []frame) string {
+	var s []string
+	for _, f := range frames {
+		s = append(s, fmt.Sprint(f.Seq))
+	}
+	return strings.Join(s, ",")
+}

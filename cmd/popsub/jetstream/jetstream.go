@@ -1,0 +1,665 @@
+// Package jetstream keeps PopSub's log in NATS JetStream, so that several
+// `popsub serve` processes behind any load balancer share one log: the
+// same topics, seqs, dedup and durable cursors, whichever broker a client
+// reaches. It implements popsub.SharedLog; popsub.go's section "A log
+// shared by several brokers" says what the log owns and what each broker
+// keeps.
+//
+// # Decisions
+//
+// A stream per topic, not subjects in one shared stream. PopSub promises
+// dense seqs per topic (1, 2, 3, … with no gap but what retention
+// deleted), and a JetStream stream's own sequence is exactly that. In a
+// shared stream the seqs are the stream's, shared by every topic; a
+// per-topic count would need each publish to carry the topic's next seq
+// and JetStream's expected-last-subject-sequence check, so two brokers
+// publishing to one topic would conflict and retry: a round trip lost per
+// collision, and a broker that must know the head before it may publish.
+// A stream per topic costs the server a little memory per topic (a
+// stream's state and, replicated, a Raft group), which suits PopSub's
+// scale: tens or hundreds of topics, not millions. Retention by count,
+// bytes and age is each stream's own limits.
+//
+// Topics are listed in a key-value bucket (stream name to topic name),
+// which every broker watches: a topic created on one broker is followed
+// by the others at once, and a wildcard subscription there covers it.
+// Topic names are mapped, never refused: letters, digits and '-' stay,
+// any other byte becomes _XX in hex, and a name that would be too long
+// becomes a hash, since the bucket keeps the real name.
+//
+// Idempotent publish is JetStream's Nats-Msg-Id, made from the publisher
+// and its message_id (a hash, as an id may hold any character), with the
+// dedup window as long as messages live. Durable cursors are a second
+// bucket, keyed by the durable key in base64.
+//
+// Each broker follows every topic with an ordered consumer from the head
+// it knows, so its index of every topic stays whole (replay's "first
+// retained" and "recovered" need it), and wildcards need no discovery of
+// their own. The alternative, following only topics with subscribers
+// here, would have to rebuild a topic's index on its first subscription
+// and would race that rebuild against the feed; it can come when a
+// deployment has more topics than one broker can follow.
+package jetstream
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/popsub/popsub"
+)
+
+// Options configure a Log. Retention mirrors the broker's options of the
+// same names, so that a topic's stream keeps what a broker's index does.
+type Options struct {
+	// URL is the NATS server to connect to, or several separated by
+	// commas: nats://127.0.0.1:4222.
+	URL string
+	// Prefix names the streams and buckets: popsub_<topic>,
+	// popsub_topics, popsub_cursors. Brokers with the same prefix share
+	// a log; the default is "popsub".
+	Prefix string
+	// Replicas is how many NATS servers keep each stream and bucket: 1,
+	// or 3 on a cluster, which survives losing one server.
+	Replicas int
+	// MaxMessages, MaxBytes and MaxAge bound each topic's log.
+	MaxMessages int
+	MaxBytes    int64
+	MaxAge      time.Duration
+	// Logger reports lost connections and consumers.
+	Logger *slog.Logger
+}
+
+// Log is a popsub.SharedLog on NATS JetStream. Open one per broker.
+type Log struct {
+	opts    Options
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	topics  jetstream.KeyValue // stream key → topic name
+	cursors jetstream.KeyValue // base64 durable key → position
+	// acks carries each publish's future, in publish order, to ackLoop.
+	acks chan pendingAck
+	// stop ends the loops; loops waits for them.
+	stop  chan struct{}
+	loops sync.WaitGroup
+	// feed is the broker's, from Follow.
+	feed func(*popsub.Message)
+
+	// mu guards streams and heads.
+	mu sync.Mutex
+	// streams maps a topic to what this broker knows of its stream.
+	streams map[string]*stream
+	// closed is set by Close.
+	closed bool
+}
+
+// stream is one topic's stream as this broker knows it.
+type stream struct {
+	name, subject string
+	// created is set once the stream is known to exist.
+	created bool
+	// fed is the newest seq fed to the broker; Read stops there, so
+	// replay never runs ahead of fan-out.
+	fed atomic.Uint64
+	// following is the consumer feeding the broker, once it follows.
+	following jetstream.ConsumeContext
+	// handle is the stream's, for reads, once looked up.
+	handle jetstream.Stream
+}
+
+// pendingAck is a publish waiting for JetStream's answer.
+type pendingAck struct {
+	future jetstream.PubAckFuture
+	done   func(seq uint64, duplicate bool, err error)
+}
+
+// requestTimeout bounds every request to JetStream that is not a publish.
+const requestTimeout = 5 * time.Second
+
+// Open connects to NATS, makes the two buckets if they are missing, and
+// returns a Log ready for popsub.New.
+func Open(opts Options) (*Log, error) {
+	opts.Prefix = cmpOr(opts.Prefix, "popsub")
+	opts.Replicas = max(opts.Replicas, 1)
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	logger := opts.Logger
+	nc, err := nats.Connect(opts.URL, nats.Name("popsub"),
+		nats.MaxReconnects(-1),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			logger.Warn("nats disconnected", "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			logger.Info("nats reconnected", "url", nc.ConnectedUrl())
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("connect to nats %s: %w", opts.URL, err)
+	}
+	// The async publish window is the broker's back-pressure: past it,
+	// Append waits, and so does the publisher's reader.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	l := &Log{opts: opts, nc: nc, js: js, acks: make(chan pendingAck, 4096),
+		stop: make(chan struct{}), streams: map[string]*stream{}}
+	if err := l.openBuckets(); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	l.loops.Add(1)
+	go l.ackLoop()
+	return l, nil
+}
+
+// cmpOr returns s, or otherwise if s is empty.
+func cmpOr(s, otherwise string) string {
+	if s == "" {
+		return otherwise
+	}
+	return s
+}
+
+// openBuckets makes or opens the topics and cursors buckets.
+func (l *Log) openBuckets() error {
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	var err error
+	for name, kv := range map[string]*jetstream.KeyValue{
+		"topics": &l.topics, "cursors": &l.cursors} {
+		*kv, err = l.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: l.opts.Prefix + "_" + name, Replicas: l.opts.Replicas,
+			Storage: jetstream.FileStorage})
+		if err != nil {
+			return fmt.Errorf("jetstream bucket %s_%s: %w", l.opts.Prefix,
+				name, err)
+		}
+	}
+	return nil
+}
+
+// streamKey maps a topic to a name valid as a stream name, a subject
+// token and a bucket key: letters, digits and '-' stay, every other byte
+// is _XX. A name longer than maxKey is a hash instead.
+func streamKey(topic string) string {
+	var b strings.Builder
+	for i := 0; i < len(topic); i++ {
+		c := topic[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9',
+			c == '-':
+			b.WriteByte(c)
+		default:
+			fmt.Fprintf(&b, "_%02X", c)
+		}
+	}
+	if b.Len() > maxKey {
+		sum := sha256.Sum256([]byte(topic))
+		return "_H" + hex.EncodeToString(sum[:20])
+	}
+	return b.String()
+}
+
+// maxKey keeps a stream's name under the server's 255 bytes with room for
+// a prefix: a stream is a folder on the server's disk.
+const maxKey = 160
+
+// stream returns what this broker knows of topic's stream.
+func (l *Log) stream(topic string) *stream {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.streams[topic]
+	if s == nil {
+		key := streamKey(topic)
+		s = &stream{name: l.opts.Prefix + "_" + key,
+			subject: l.opts.Prefix + ".t." + key}
+		l.streams[topic] = s
+	}
+	return s
+}
+
+// create makes topic's stream if this broker has not seen it yet, then
+// lists the topic in the bucket, which starts every broker following it.
+func (l *Log) create(topic string, s *stream) error {
+	l.mu.Lock()
+	created := s.created
+	l.mu.Unlock()
+	if created {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	// The dedup window lasts as long as a message does, as PopSub's own
+	// does; JetStream allows it no longer than the stream's MaxAge.
+	window := l.opts.MaxAge
+	if window <= 0 {
+		window = 2 * time.Minute
+	}
+	_, err := l.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name: s.name, Subjects: []string{s.subject},
+		MaxMsgs: int64(orMinusOne(l.opts.MaxMessages)),
+		MaxBytes: orMinusOne64(l.opts.MaxBytes), MaxAge: l.opts.MaxAge,
+		Duplicates: window, Discard: jetstream.DiscardOld,
+		Replicas: l.opts.Replicas, Storage: jetstream.FileStorage,
+		AllowDirect: true})
+	if err != nil {
+		return fmt.Errorf("create stream for %q: %w", topic, err)
+	}
+	key := strings.TrimPrefix(s.name, l.opts.Prefix+"_")
+	if _, err := l.topics.Put(ctx, key, []byte(topic)); err != nil {
+		return fmt.Errorf("list topic %q: %w", topic, err)
+	}
+	l.mu.Lock()
+	s.created = true
+	l.mu.Unlock()
+	return nil
+}
+
+// orMinusOne is n, or -1 (JetStream's "no limit") when n is not positive.
+func orMinusOne(n int) int {
+	if n <= 0 {
+		return -1
+	}
+	return n
+}
+
+// orMinusOne64 is orMinusOne for int64.
+func orMinusOne64(n int64) int64 {
+	if n <= 0 {
+		return -1
+	}
+	return n
+}
+
+// Append publishes m to its topic's stream without waiting for the
+// answer; ackLoop calls done with it. A QoS 1 message carries a
+// Nats-Msg-Id, so the same publisher's repeat, on any broker, is a
+// duplicate that JetStream answers with the first copy's seq.
+func (l *Log) Append(m *popsub.Message,
+	done func(seq uint64, duplicate bool, err error)) {
+	s := l.stream(m.Topic)
+	if err := l.create(m.Topic, s); err != nil {
+		done(0, false, err)
+		return
+	}
+	body, err := json.Marshal(m)
+	if err != nil {
+		done(0, false, err)
+		return
+	}
+	msg := &nats.Msg{Subject: s.subject, Data: body}
+	var opts []jetstream.PublishOpt
+	if m.QoS == 1 {
+		opts = append(opts, jetstream.WithMsgID(msgID(m)))
+	}
+	// A full window waits up to a write timeout's worth, not the client
+	// library's 200 ms: the publisher waits, as it would for the disk.
+	opts = append(opts, jetstream.WithStallWait(10*time.Second))
+	future, err := l.js.PublishMsgAsync(msg, opts...)
+	if err != nil {
+		done(0, false, err)
+		return
+	}
+	select {
+	case l.acks <- pendingAck{future, done}:
+	case <-l.stop:
+		done(0, false, popsub.ErrClosed)
+	}
+}
+
+// msgID is m's Nats-Msg-Id: its publisher and message_id, hashed.
+func msgID(m *popsub.Message) string {
+	sum := sha256.Sum256([]byte(m.Publisher() + "\x00" + m.ID))
+	return base64.RawURLEncoding.EncodeToString(sum[:18])
+}
+
+// ackLoop answers each Append in publish order, as its future resolves.
+// One goroutine for all of them, rather than one per publish.
+func (l *Log) ackLoop() {
+	defer l.loops.Done()
+	for {
+		var p pendingAck
+		select {
+		case p = <-l.acks:
+		case <-l.stop:
+			return
+		}
+		select {
+		case ack := <-p.future.Ok():
+			p.done(ack.Sequence, ack.Duplicate, nil)
+		case err := <-p.future.Err():
+			p.done(0, false, fmt.Errorf("jetstream: %w", err))
+		case <-l.stop:
+			answerNow(p)
+			return
+		}
+	}
+}
+
+// answerNow answers p without waiting: with JetStream's answer if it
+// came, or ErrClosed, so that no confirm waits for ever.
+func answerNow(p pendingAck) {
+	select {
+	case ack := <-p.future.Ok():
+		p.done(ack.Sequence, ack.Duplicate, nil)
+	default:
+		p.done(0, false, popsub.ErrClosed)
+	}
+}
+
+// Commit keeps a batch's cursor moves in the cursors bucket. Appends come
+// through Append, and trims are each stream's own limits, so the rest of
+// a batch is JetStream's already.
+func (l *Log) Commit(batch *popsub.Batch) error {
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	for key, position := range batch.Cursors {
+		value := binary.BigEndian.AppendUint64(nil, position)
+		if _, err := l.cursors.Put(ctx, cursorKey(key), value); err != nil {
+			return fmt.Errorf("save cursor: %w", err)
+		}
+	}
+	return nil
+}
+
+// cursorKey maps a durable key (subject, name and topic, split by NUL) to
+// a bucket key.
+func cursorKey(key string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(key))
+}
+
+// Cursor returns a durable cursor's position, if one is stored.
+func (l *Log) Cursor(key string) (uint64, bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	entry, err := l.cursors.Get(ctx, cursorKey(key))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("read cursor: %w", err)
+	}
+	if len(entry.Value()) != 8 {
+		return 0, false, nil
+	}
+	return binary.BigEndian.Uint64(entry.Value()), true, nil
+}
+
+// Topics returns every listed topic with its stream's last seq, and
+// remembers those heads: Follow starts after them, and Read stops there
+// until then.
+func (l *Log) Topics() (map[string]uint64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	names, err := l.listed(ctx)
+	if err != nil {
+		return nil, err
+	}
+	heads := map[string]uint64{}
+	for _, topic := range names {
+		s := l.stream(topic)
+		info, err := l.js.Stream(ctx, s.name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue // listed, then deleted by hand
+		}
+		if err != nil {
+			return nil, fmt.Errorf("topic %q: %w", topic, err)
+		}
+		head := info.CachedInfo().State.LastSeq
+		heads[topic] = head
+		s.fed.Store(head)
+		l.mu.Lock()
+		s.created = true
+		l.mu.Unlock()
+	}
+	return heads, nil
+}
+
+// listed returns the topic names in the topics bucket.
+func (l *Log) listed(ctx context.Context) ([]string, error) {
+	keys, err := l.topics.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list topics: %w", err)
+	}
+	var names []string
+	for key := range keys.Keys() {
+		entry, err := l.topics.Get(ctx, key)
+		if err != nil {
+			return nil, fmt.Errorf("list topics: %w", err)
+		}
+		names = append(names, string(entry.Value()))
+	}
+	return names, nil
+}
+
+// Read returns up to limit messages of topic after seq, stopping at the
+// newest seq fed to the broker. Each is one direct get of the next
+// message at or after a seq, so the gaps retention leaves cost nothing.
+func (l *Log) Read(topic string, after uint64, limit,
+	maxBytes int) ([]*popsub.Message, error) {
+	s := l.stream(topic)
+	fed := s.fed.Load()
+	if after >= fed {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	handle, err := l.handle(ctx, s)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var msgs []*popsub.Message
+	size := 0
+	for seq := after + 1; seq <= fed && len(msgs) < limit &&
+		size < maxBytes; {
+		raw, err := handle.GetMsg(ctx, seq,
+			jetstream.WithGetMsgSubject(s.subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read %q at %d: %w", topic, seq, err)
+		}
+		if raw.Sequence > fed {
+			break
+		}
+		m, err := decode(raw.Data, raw.Sequence)
+		if err != nil {
+			l.opts.Logger.Error("corrupt message skipped", "topic", topic,
+				"seq", raw.Sequence, "err", err)
+		} else {
+			msgs = append(msgs, m)
+			size += len(m.Payload)
+		}
+		seq = raw.Sequence + 1
+	}
+	return msgs, nil
+}
+
+// handle looks s's stream up once, and then keeps it.
+func (l *Log) handle(ctx context.Context, s *stream) (jetstream.Stream,
+	error) {
+	l.mu.Lock()
+	handle := s.handle
+	l.mu.Unlock()
+	if handle != nil {
+		return handle, nil
+	}
+	handle, err := l.js.Stream(ctx, s.name)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	s.handle = handle
+	l.mu.Unlock()
+	return handle, nil
+}
+
+// decode turns a stream message back into PopSub's, with its seq.
+func decode(data []byte, seq uint64) (*popsub.Message, error) {
+	m := &popsub.Message{}
+	if err := json.Unmarshal(data, m); err != nil {
+		return nil, err
+	}
+	m.Seq = seq
+	return m, nil
+}
+
+// Follow starts feeding the broker: every topic Topics listed, after its
+// head, and every topic listed from now on, from its first message.
+func (l *Log) Follow(feed func(*popsub.Message)) {
+	l.mu.Lock()
+	l.feed = feed
+	l.mu.Unlock()
+	l.loops.Add(1)
+	go l.watchTopics()
+}
+
+// watchTopics follows each topic in the bucket, those there now and
+// those added later, until Close.
+func (l *Log) watchTopics() {
+	defer l.loops.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-l.stop
+		cancel()
+	}()
+	for {
+		watcher, err := l.topics.WatchAll(ctx)
+		if err == nil {
+			l.followUpdates(watcher)
+			watcher.Stop()
+		}
+		select {
+		case <-l.stop:
+			return
+		case <-time.After(time.Second):
+			if err != nil {
+				l.opts.Logger.Warn("watch topics", "err", err)
+			}
+		}
+	}
+}
+
+// followUpdates follows each topic a watcher reports, until it ends.
+func (l *Log) followUpdates(watcher jetstream.KeyWatcher) {
+	for {
+		select {
+		case entry, ok := <-watcher.Updates():
+			if !ok {
+				return
+			}
+			if entry == nil || entry.Operation() != jetstream.KeyValuePut {
+				continue // the end of the initial values, or a delete
+			}
+			l.follow(string(entry.Value()))
+		case <-l.stop:
+			return
+		}
+	}
+}
+
+// follow starts feeding topic's messages after the newest one fed, if
+// nothing feeds them yet. The ordered consumer resumes by itself after a
+// lost connection or a gap, from the seq after the last it delivered.
+func (l *Log) follow(topic string) {
+	s := l.stream(topic)
+	l.mu.Lock()
+	if s.following != nil || l.closed {
+		l.mu.Unlock()
+		return
+	}
+	feed := l.feed
+	l.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	consumer, err := l.js.OrderedConsumer(ctx, s.name,
+		jetstream.OrderedConsumerConfig{
+			DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+			OptStartSeq:   s.fed.Load() + 1})
+	if err != nil {
+		l.retryFollow(topic, err)
+		return
+	}
+	following, err := consumer.Consume(func(msg jetstream.Msg) {
+		meta, err := msg.Metadata()
+		if err != nil {
+			return
+		}
+		m, err := decode(msg.Data(), meta.Sequence.Stream)
+		if err != nil {
+			l.opts.Logger.Error("corrupt message skipped", "topic", topic,
+				"seq", meta.Sequence.Stream, "err", err)
+			return
+		}
+		feed(m)
+		s.fed.Store(m.Seq)
+	})
+	if err != nil {
+		l.retryFollow(topic, err)
+		return
+	}
+	l.mu.Lock()
+	s.following = following
+	l.mu.Unlock()
+}
+
+// retryFollow reports a topic this broker could not follow, and tries
+// again in a second: until it does, its clients miss the topic.
+func (l *Log) retryFollow(topic string, err error) {
+	l.opts.Logger.Error("follow topic", "topic", topic, "err", err)
+	time.AfterFunc(time.Second, func() { l.follow(topic) })
+}
+
+// Close stops following, waits for publishes in flight to be answered
+// (a few seconds at most), and closes the connection.
+func (l *Log) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	for _, s := range l.streams {
+		if s.following != nil {
+			s.following.Stop()
+		}
+	}
+	l.mu.Unlock()
+	select {
+	case <-l.js.PublishAsyncComplete():
+	case <-time.After(requestTimeout):
+	}
+	close(l.stop)
+	l.loops.Wait()
+
+	// What ackLoop left is answered here.
+	for {
+		select {
+		case p := <-l.acks:
+			answerNow(p)
+		default:
+			l.nc.Close()
+			return nil
+		}
+	}
+}
