@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http/httptest"
+	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -55,7 +58,37 @@ type broker struct {
 	popsub *popsub.Broker
 	log    *Log
 	http   *httptest.Server
+	conns  *tracked
 	url    string
+	killed bool
+}
+
+// tracked is a listener that remembers its connections, so that kill can
+// drop them: httptest forgets a connection once it is a WebSocket.
+type tracked struct {
+	net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+// Accept accepts and remembers a connection.
+func (l *tracked) Accept() (net.Conn, error) {
+	conn, err := l.Listener.Accept()
+	if err == nil {
+		l.mu.Lock()
+		l.conns = append(l.conns, conn)
+		l.mu.Unlock()
+	}
+	return conn, err
+}
+
+// drop closes every connection accepted so far.
+func (l *tracked) drop() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, conn := range l.conns {
+		conn.Close()
+	}
 }
 
 // startBroker runs a broker on the JetStream at url with opts (Secret,
@@ -72,8 +105,11 @@ func startBroker(t *testing.T, url string, opts popsub.Options) *broker {
 	if err != nil {
 		t.Fatalf("new broker: %v", err)
 	}
-	srv := httptest.NewServer(b)
-	br := &broker{t: t, popsub: b, log: log, http: srv,
+	srv := httptest.NewUnstartedServer(b)
+	conns := &tracked{Listener: srv.Listener}
+	srv.Listener = conns
+	srv.Start()
+	br := &broker{t: t, popsub: b, log: log, http: srv, conns: conns,
 		url: "ws" + strings.TrimPrefix(srv.URL, "http") + "/ws"}
 	t.Cleanup(br.stop)
 	return br
@@ -89,6 +125,9 @@ func replicasFor(url string) int {
 
 // stop shuts the broker down as serve does on SIGTERM.
 func (b *broker) stop() {
+	if b.killed {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	b.http.CloseClientConnections()
@@ -112,8 +151,9 @@ func (b *broker) caughtUp(topic string, seq uint64) {
 // kill stops the broker the way kill -9 would look from outside: its
 // sockets and its NATS connection drop, and nothing is flushed.
 func (b *broker) kill() {
-	b.http.CloseClientConnections()
-	b.http.Close()
+	b.killed = true
+	b.http.Listener.Close()
+	b.conns.drop()
 	b.log.nc.Close()
 }
 
@@ -236,4 +276,127 @@ func seqs(frames []frame) string {
 		s = append(s, fmt.Sprint(f.Seq))
 	}
 	return strings.Join(s, ",")
+}
+
+// confirmsUntilCut reads confirms until the connection drops, and
+// returns each confirmed id's seq.
+func (c *client) confirmsUntilCut() map[string]uint64 {
+	confirmed := map[string]uint64{}
+	for {
+		f, ok := c.tryNext()
+		if !ok {
+			return confirmed
+		}
+		if f.Type == "published" {
+			confirmed[f.MessageID] = f.Seq
+		}
+	}
+}
+
+// drainUntilCut reads deliveries until the connection drops, into seen,
+// and keeps the newest seq in last.
+func (c *client) drainUntilCut(seen map[string]uint64, last *uint64) {
+	for {
+		f, ok := c.tryNext()
+		if !ok {
+			return
+		}
+		if f.Type == "message" {
+			seen[f.MessageID], *last = f.Seq, f.Seq
+		}
+	}
+}
+
+// tryNext reads the next frame, or reports false once the connection is
+// gone.
+func (c *client) tryNext() (frame, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, data, err := c.ws.Read(ctx)
+	if err != nil {
+		return frame{}, false
+	}
+	var f frame
+	json.Unmarshal(data, &f)
+	return f, true
+}
+
+// startCluster runs three NATS servers with JetStream as one cluster on
+// 127.0.0.1, and returns them once JetStream has a leader.
+func startCluster(t *testing.T) []*server.Server {
+	t.Helper()
+	// Each node is told every node's route, so the cluster forms
+	// whichever starts first; the ports are picked free beforehand.
+	var routes []*url.URL
+	ports := make([]int, 3)
+	for i := range ports {
+		ports[i] = freePort(t)
+		routes = append(routes, &url.URL{Scheme: "nats",
+			Host: fmt.Sprintf("127.0.0.1:%d", ports[i])})
+	}
+	var nodes []*server.Server
+	for i, port := range ports {
+		ns, err := server.NewServer(&server.Options{
+			ServerName: fmt.Sprint("n", i+1), Host: "127.0.0.1", Port: -1,
+			JetStream: true, StoreDir: t.TempDir(), NoSigs: true,
+			NoLog: true, Routes: routes,
+			Cluster: server.ClusterOpts{Name: "popsub", Host: "127.0.0.1",
+				Port: port}})
+		if err != nil {
+			t.Fatalf("nats server: %v", err)
+		}
+		// A clustered node takes clients only once its JetStream has
+		// peers, so all three start before any is waited for.
+		go ns.Start()
+		t.Cleanup(ns.Shutdown)
+		nodes = append(nodes, ns)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, n := range nodes {
+		if !n.ReadyForConnections(30 * time.Second) {
+			t.Fatal("nats node not ready in 30 s")
+		}
+	}
+	for !hasLeader(nodes) {
+		if time.Now().After(deadline) {
+			t.Fatal("nats cluster has no JetStream leader in 30 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return nodes
+}
+
+// hasLeader reports whether the nodes' JetStream has elected a leader
+// that every node follows.
+func hasLeader(nodes []*server.Server) bool {
+	leaders := 0
+	for _, n := range nodes {
+		if !n.JetStreamIsCurrent() {
+			return false
+		}
+		if n.JetStreamIsLeader() {
+			leaders++
+		}
+	}
+	return leaders == 1
+}
+
+// freePort returns a port on 127.0.0.1 that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// clientURLs joins the nodes' client URLs, as --nats takes them.
+func clientURLs(nodes []*server.Server) string {
+	var urls []string
+	for _, n := range nodes {
+		urls = append(urls, n.ClientURL())
+	}
+	return strings.Join(urls, ",")
 }

@@ -1,7 +1,9 @@
 package jetstream
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/popsub/popsub"
 )
@@ -66,6 +68,154 @@ func TestJetStream_ReplayAfterLastAndRecoveredAgreeOnEveryBroker(t *testing.T) {
 		}
 		if got := seqs(reader.messages(2)); got != "4,5" {
 			t.Fatalf("after 3 replays %s, want 4,5", got)
+		}
+	}
+}
+
+func TestJetStream_APublishersRepeatIsADuplicateOnAnyBroker(t *testing.T) {
+	a, b, _ := threeBrokers(t, popsub.Options{})
+	first := a.dial("alice").publish("orders", "o-1", "first")
+	again := b.dial("alice").publish("orders", "o-1", "again")
+	if !again.Duplicate || again.Seq != first.Seq {
+		t.Fatalf("repeat on B: %+v, want a duplicate of seq %d", again,
+			first.Seq)
+	}
+	// The same id from another publisher is another message.
+	other := b.dial("bob").publish("orders", "o-1", "bob's")
+	if other.Duplicate || other.Seq != first.Seq+1 {
+		t.Fatalf("bob's o-1: %+v, want a new message at seq %d", other,
+			first.Seq+1)
+	}
+}
+
+func TestJetStream_ADurableResumesOnAnotherBroker(t *testing.T) {
+	a, b, _ := threeBrokers(t, popsub.Options{})
+	publisher := a.dial("alice")
+	worker := a.dial("worker")
+	worker.subscribe("jobs", map[string]any{"durable": "w"})
+	for i := range 3 {
+		publisher.publish("jobs", "", i)
+	}
+	for _, m := range worker.messages(3) {
+		worker.send(map[string]any{"type": "ack", "topic": "jobs",
+			"message_id": m.MessageID})
+	}
+	// The cursor reaches the log with the next commit.
+	key := "worker\x00w\x00jobs"
+	deadline := time.Now().Add(10 * time.Second)
+	for pos, _, _ := a.log.Cursor(key); pos < 3; pos, _, _ = a.log.Cursor(key) {
+		if time.Now().After(deadline) {
+			t.Fatalf("cursor at %d, want 3", pos)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	worker.ws.CloseNow()
+	for i := range 2 {
+		publisher.publish("jobs", "", 3+i)
+	}
+
+	b.caughtUp("jobs", 5)
+	resumed := b.dial("worker")
+	resumed.subscribe("jobs", map[string]any{"durable": "w"})
+	if got := seqs(resumed.messages(2)); got != "4,5" {
+		t.Fatalf("resumed on B with %s, want 4,5", got)
+	}
+}
+
+func TestJetStream_KillingABrokerLosesNoConfirmedMessage(t *testing.T) {
+	a, b, _ := threeBrokers(t, popsub.Options{})
+	subscriber := a.dial("sam")
+	subscriber.subscribe("feed", map[string]any{"last": 0})
+	publisher := a.dial("pat")
+	const total = 200
+	for i := range total {
+		publisher.send(map[string]any{"type": "publish", "topic": "feed",
+			"qos": 1, "message_id": fmt.Sprint("p-", i), "payload": i})
+	}
+
+	// Kill A while messages are in flight: after the subscriber has seen
+	// a few, and before the publisher has every confirm.
+	seen := map[string]uint64{}
+	var last uint64
+	for _, m := range subscriber.messages(5) {
+		seen[m.MessageID], last = m.Seq, m.Seq
+	}
+	a.kill()
+	confirmed := publisher.confirmsUntilCut()
+	subscriber.drainUntilCut(seen, &last)
+	t.Logf("killed after %d confirms, %d deliveries", len(confirmed),
+		len(seen))
+
+	// Both reconnect to B: the publisher sends again what it did not
+	// hear confirmed, the subscriber resumes after the last seq it saw.
+	publisher = b.dial("pat")
+	for i := range total {
+		id := fmt.Sprint("p-", i)
+		if _, ok := confirmed[id]; !ok {
+			c := publisher.publish("feed", id, i)
+			confirmed[id] = c.Seq
+		}
+	}
+	subscriber = b.dial("sam")
+	subscriber.subscribe("feed", map[string]any{"after": last})
+	for len(seen) < total {
+		m := subscriber.expect("message")
+		if old, ok := seen[m.MessageID]; ok && old != m.Seq {
+			t.Fatalf("%s came as seq %d and %d", m.MessageID, old, m.Seq)
+		}
+		seen[m.MessageID] = m.Seq
+	}
+	for id, seq := range confirmed {
+		if seen[id] != seq {
+			t.Fatalf("confirmed %s at seq %d, delivered at %d", id, seq,
+				seen[id])
+		}
+	}
+}
+
+func TestJetStream_KillingANATSNodeLosesNoConfirmedMessage(t *testing.T) {
+	nodes := startCluster(t)
+	a := startBroker(t, clientURLs(nodes), popsub.Options{})
+	b := startBroker(t, clientURLs(nodes), popsub.Options{})
+	publisher := a.dial("pat")
+	confirmed := map[string]uint64{}
+	publish := func(i int) {
+		id := fmt.Sprint("p-", i)
+		// A publish in flight while the cluster elects a new leader may
+		// fail; the publisher sends it again, and dedup makes it once.
+		for attempt := 0; ; attempt++ {
+			publisher.send(map[string]any{"type": "publish",
+				"topic": "ledger", "qos": 1, "message_id": id, "payload": i})
+			f := publisher.next()
+			if f.Type == "published" {
+				confirmed[id] = f.Seq
+				return
+			}
+			if attempt == 20 {
+				t.Fatalf("publish %s: %+v after 20 attempts", id, f)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	for i := range 50 {
+		publish(i)
+	}
+	nodes[0].Shutdown()
+	for i := 50; i < 100; i++ {
+		publish(i)
+	}
+
+	b.caughtUp("ledger", confirmed["p-99"])
+	reader := b.dial("reader")
+	reader.subscribe("ledger", map[string]any{"after": 0})
+	got := map[string]uint64{}
+	for _, m := range reader.messages(100) {
+		got[m.MessageID] = m.Seq
+	}
+	for id, seq := range confirmed {
+		if got[id] != seq {
+			t.Fatalf("confirmed %s at seq %d, read back at %d", id, seq,
+				got[id])
 		}
 	}
 }
