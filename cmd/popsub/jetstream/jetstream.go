@@ -251,7 +251,7 @@ func (l *Log) create(topic string, s *stream) error {
 	}
 	_, err := l.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name: s.name, Subjects: []string{s.subject},
-		MaxMsgs: int64(orMinusOne(l.opts.MaxMessages)),
+		MaxMsgs:  int64(orMinusOne(l.opts.MaxMessages)),
 		MaxBytes: orMinusOne64(l.opts.MaxBytes), MaxAge: l.opts.MaxAge,
 		Duplicates: window, Discard: jetstream.DiscardOld,
 		Replicas: l.opts.Replicas, Storage: jetstream.FileStorage,
