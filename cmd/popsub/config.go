@@ -24,6 +24,8 @@ type fileConfig struct {
 		JWTSecret string   `toml:"jwt_secret"` // the original's
 		Addr      string   `toml:"addr"`       // wins over host and port
 		DB        string   `toml:"db"`
+		NATS      string   `toml:"nats"`
+		Replicas  int      `toml:"nats_replicas"`
 		Origins   []string `toml:"origins"`
 		LogLevel  string   `toml:"log_level"`
 		Issuer    string   `toml:"issuer"`
@@ -119,6 +121,8 @@ func (f fileConfig) defaults() serveDefaults {
 	}
 	d.addr = orString(s.Addr, d.addr)
 	d.db = orString(s.DB, d.db)
+	d.nats = orString(s.NATS, d.nats)
+	d.natsReplicas = orInt(s.Replicas, d.natsReplicas)
 	d.secret = orString(s.JWTSecret, d.secret)
 	d.logLevel = orString(s.LogLevel, d.logLevel)
 	d.issuer, d.audience = s.Issuer, s.Audience

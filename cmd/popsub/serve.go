@@ -18,6 +18,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/cmd/popsub/jetstream"
 	"github.com/popsub/popsub/docs"
 	"github.com/popsub/popsub/playground"
 )
@@ -33,6 +34,8 @@ const localTokenTTL = 24 * time.Hour
 type serveConfig struct {
 	addr, db, secret, origins, logLevel string
 	secretFrom                          string // where secret came from
+	nats                                string // a NATS URL, or bbolt
+	natsReplicas                        int
 	options                             popsub.Options
 }
 
@@ -40,6 +43,8 @@ type serveConfig struct {
 // the built-in defaults, overridden by the config file if there is one.
 type serveDefaults struct {
 	addr, db, secret, origins, logLevel, issuer, audience    string
+	nats                                                     string
+	natsReplicas                                             int
 	ackTimeout, ttl, authTimeout, pingInterval, writeTimeout time.Duration
 	maxRetries, maxMessages, maxFrame, maxInflight           int
 	outboxBytes, inflightBytes, maxConnections, maxLogBytes  int
@@ -50,7 +55,8 @@ type serveDefaults struct {
 func builtinDefaults() serveDefaults {
 	return serveDefaults{
 		addr: "127.0.0.1:8080", db: "popsub.db", logLevel: "info",
-		ackTimeout: popsub.DefaultAckTimeout, ttl: popsub.DefaultTTL,
+		natsReplicas: 1,
+		ackTimeout:   popsub.DefaultAckTimeout, ttl: popsub.DefaultTTL,
 		authTimeout:   popsub.DefaultAuthTimeout,
 		pingInterval:  popsub.DefaultPingInterval,
 		maxRetries:    popsub.DefaultMaxRetries,
@@ -96,7 +102,7 @@ func serve(ctx context.Context, args []string, stdout,
 	if err != nil {
 		return err
 	}
-	store, err := popsub.OpenBolt(cfg.db, logger)
+	store, where, err := openLog(cfg, logger)
 	if err != nil {
 		listener.Close()
 		return err
@@ -110,13 +116,29 @@ func serve(ctx context.Context, args []string, stdout,
 		store.Close()
 		return err
 	}
-	printBanner(stdout, listener.Addr().String(), cfg.db, localToken)
+	printBanner(stdout, listener.Addr().String(), where, localToken)
 	ops.watch(broker)
 	page := playground.Settings{Clients: []string{"alice", "bob", "carol"},
 		AckTimeout: cfg.options.AckTimeout,
 		MaxRetries: cfg.options.MaxRetries}
 	return serveUntilDone(ctx, listener, routes(broker, page, ops), broker,
 		ops, logger)
+}
+
+// openLog opens the log serve was asked for: a bbolt file, or with
+// --nats a JetStream log shared with every broker using that NATS. It
+// returns the log and how the banner names it.
+func openLog(cfg serveConfig, logger *slog.Logger) (popsub.Store, string,
+	error) {
+	if cfg.nats == "" {
+		store, err := popsub.OpenBolt(cfg.db, logger)
+		return store, "database " + cfg.db, err
+	}
+	o := cfg.options
+	store, err := jetstream.Open(jetstream.Options{URL: cfg.nats,
+		Replicas: cfg.natsReplicas, MaxMessages: o.MaxMessages,
+		MaxBytes: int64(o.MaxLogBytes), MaxAge: o.TTL, Logger: logger})
+	return store, "log on NATS JetStream at " + cfg.nats, err
 }
 
 // listen opens addr, or says what to do when it cannot.
@@ -212,6 +234,12 @@ func serveFlags(cfg *serveConfig, d serveDefaults,
 		"address to listen on (POPSUB_ADDR)")
 	fs.StringVar(&cfg.db, "db", env("POPSUB_DB", d.db),
 		"bbolt database file (POPSUB_DB)")
+	fs.StringVar(&cfg.nats, "nats", env("POPSUB_NATS", d.nats), "keep the "+
+		"log on NATS JetStream at this URL, shared by every broker "+
+		"using it, instead of --db (POPSUB_NATS)")
+	fs.IntVar(&cfg.natsReplicas, "nats-replicas", integer(
+		"POPSUB_NATS_REPLICAS", d.natsReplicas), "NATS servers keeping "+
+		"each topic, 3 on a cluster (POPSUB_NATS_REPLICAS)")
 	fs.DurationVar(&o.AckTimeout, "ack-timeout", duration(
 		"POPSUB_ACK_TIMEOUT", d.ackTimeout),
 		"wait for an ack before a retry (POPSUB_ACK_TIMEOUT)")
@@ -322,10 +350,10 @@ func randomSecret() []byte {
 }
 
 // printBanner tells the user where the broker is and how to reach it.
-func printBanner(w io.Writer, addr, db, localToken string) {
+func printBanner(w io.Writer, addr, where, localToken string) {
 	host := strings.Replace(addr, "0.0.0.0", "127.0.0.1", 1)
 	fmt.Fprintf(w, "popsub listening on http://%s (playground at /, "+
-		"WebSocket at ws://%s/ws, database %s)\n", host, host, db)
+		"WebSocket at ws://%s/ws, %s)\n", host, host, where)
 	if localToken == "" {
 		return
 	}

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// startNATS runs a NATS server with JetStream on 127.0.0.1 in the test
+// process and returns its URL.
+func startNATS(t *testing.T) string {
+	t.Helper()
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1",
+		Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true,
+		NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	t.Cleanup(ns.Shutdown)
+	return ns.ClientURL()
+}
+
+func TestServe_TwoBrokersOnOneNATSShareTheLog(t *testing.T) {
+	nats := startNATS(t)
+	secret := "a-secret-both-brokers-share-32-bytes-long"
+	one, _, _ := startServe(t, "--nats", nats, "--secret", secret)
+	t.Setenv("POPSUB_NATS", nats) // the environment works as the flag
+	two, _, _ := startServe(t, "--secret", secret)
+
+	token := strings.TrimSpace(runToken(t, "--sub", "alice", "--secret",
+		secret))
+	runClient(t, "--url", one, "--token", token, "pub", "news", `"first"`,
+		"--qos", "1", "--id", "n-1")
+	// The second broker replays what the first one published, at the
+	// same seq: one log.
+	out := runClient(t, "--url", two, "--token", token, "sub", "news",
+		"--after", "0", "--count", "1")
+	if !strings.Contains(out, `"message_id":"n-1"`) ||
+		!strings.Contains(out, `"seq":1`) {
+		t.Fatalf("second broker replayed %q", out)
+	}
+}
+
+// runToken runs the token command and returns what it printed.
+func runToken(t *testing.T, args ...string) string {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), append([]string{"token"}, args...),
+		&stdout, &stderr)
+	if err != nil {
+		t.Fatalf("token %v: %v\n%s", args, err, stderr.String())
+	}
+	return stdout.String()
+}
