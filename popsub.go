@@ -249,21 +249,20 @@ type Options struct {
 // withDefaults returns a copy of o with every zero field set to its default.
 func (o Options) withDefaults() Options {
 	// Options is a value, so the caller's copy keeps its zeros.
-	o.AckTimeout = orDefault(o.AckTimeout, DefaultAckTimeout)
-	o.MaxRetries = orDefault(o.MaxRetries, DefaultMaxRetries)
-	o.MaxMessages = orDefault(o.MaxMessages, DefaultMaxMessages)
-	o.MaxLogBytes = orDefault(o.MaxLogBytes, DefaultMaxLogBytes)
-	o.TTL = orDefault(o.TTL, DefaultTTL)
-	o.MaxFrameBytes = orDefault(o.MaxFrameBytes, DefaultMaxFrameBytes)
-	o.OutboxBytes = orDefault(o.OutboxBytes, DefaultOutboxBytes)
-	o.MaxInflight = orDefault(o.MaxInflight, DefaultMaxInflight)
-	o.MaxInflightBytes = orDefault(o.MaxInflightBytes,
-		DefaultMaxInflightBytes)
-	o.WriteTimeout = orDefault(o.WriteTimeout, DefaultWriteTimeout)
-	o.AuthTimeout = orDefault(o.AuthTimeout, DefaultAuthTimeout)
-	o.PingInterval = orDefault(o.PingInterval, DefaultPingInterval)
-	o.LoginTokenTTL = orDefault(o.LoginTokenTTL, DefaultLoginTokenTTL)
-	o.Logger = orDefault(o.Logger, slog.Default())
+	o.AckTimeout = cmp.Or(o.AckTimeout, DefaultAckTimeout)
+	o.MaxRetries = cmp.Or(o.MaxRetries, DefaultMaxRetries)
+	o.MaxMessages = cmp.Or(o.MaxMessages, DefaultMaxMessages)
+	o.MaxLogBytes = cmp.Or(o.MaxLogBytes, DefaultMaxLogBytes)
+	o.TTL = cmp.Or(o.TTL, DefaultTTL)
+	o.MaxFrameBytes = cmp.Or(o.MaxFrameBytes, DefaultMaxFrameBytes)
+	o.OutboxBytes = cmp.Or(o.OutboxBytes, DefaultOutboxBytes)
+	o.MaxInflight = cmp.Or(o.MaxInflight, DefaultMaxInflight)
+	o.MaxInflightBytes = cmp.Or(o.MaxInflightBytes, DefaultMaxInflightBytes)
+	o.WriteTimeout = cmp.Or(o.WriteTimeout, DefaultWriteTimeout)
+	o.AuthTimeout = cmp.Or(o.AuthTimeout, DefaultAuthTimeout)
+	o.PingInterval = cmp.Or(o.PingInterval, DefaultPingInterval)
+	o.LoginTokenTTL = cmp.Or(o.LoginTokenTTL, DefaultLoginTokenTTL)
+	o.Logger = cmp.Or(o.Logger, slog.Default())
 	return o
 }
 
@@ -1083,10 +1082,8 @@ type Claims struct {
 // and with it a client's mistake, as a date.
 func (c *Claims) UnmarshalJSON(data []byte) error {
 	var probe struct{ Exp json.RawMessage }
-	if err := json.Unmarshal(data, &probe); err != nil {
-		return err
-	}
-	if bytes.HasPrefix(probe.Exp, []byte(`"`)) {
+	if json.Unmarshal(data, &probe) == nil &&
+		bytes.HasPrefix(probe.Exp, []byte(`"`)) {
 		return errors.New("exp must be a number (RFC 7519)")
 	}
 	type plain Claims // without this method, so no recursion
@@ -2533,7 +2530,7 @@ func newMessage(f frame) (*Message, reply) {
 		json.Compact(&compact, payload)
 		payload = compact.Bytes()
 	}
-	id := orDefault(f.MessageID, newID())
+	id := cmp.Or(f.MessageID, newID())
 	return &Message{Topic: f.Topic, ID: id, QoS: f.QoS,
 		Payload: payload}, reply{}
 }
@@ -2576,10 +2573,8 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 	// flush, and the caller hears ErrClosed.
 	seq, _, synced := b.publish(m, ctx.Done())
 	switch {
-	case synced == nil && ctx.Err() != nil:
-		return 0, ctx.Err()
 	case synced == nil:
-		return 0, ErrClosed
+		return 0, cmp.Or(ctx.Err(), ErrClosed)
 	case qos == 0 && b.shared == nil:
 		return seq, nil
 	}
@@ -2598,7 +2593,7 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 // or the broker stopped, before there was room: then nothing happened.
 func (b *Broker) publish(m *Message, done <-chan struct{}) (uint64, bool,
 	*flush) {
-	if b.shared != nil {
+	if b.shared != nil && !strings.HasPrefix(m.Topic, "$sys/") {
 		return 0, false, b.append(m)
 	}
 	// The wait comes before the topic's lock: the committer takes that
@@ -2775,28 +2770,28 @@ func (c *connection) confirmLoop() {
 	}
 }
 
-// frame is the reply a confirm sends: published, written by hand
-// (appendPublished) like a delivery, or store_failed.
+// frame is the reply a confirm sends: published, or store_failed. A
+// shared log's answer brings the seq (see SharedLog).
 func (cf confirm) frame() []byte {
+	seq := max(cf.seq, cf.sync.seq)
+	r := reply{Type: "published", Topic: cf.message.Topic,
+		MessageID: cf.message.ID, Seq: &seq,
+		Duplicate: cf.duplicate || cf.sync.duplicate}
 	if err := cf.sync.err; err != nil {
-		data, _ := json.Marshal(errorReply("store_failed",
-			"message not stored: "+err.Error()))
-		return data
+		r = errorReply("store_failed", "message not stored: "+err.Error())
 	}
-	if cf.sync.seq != 0 {
-		cf.seq, cf.duplicate = cf.sync.seq, cf.sync.duplicate
-	}
-	return appendPublished(nil, cf.message, cf.seq, cf.duplicate)
+	data, _ := json.Marshal(r)
+	return data
 }
 
 // # Writing deliveries by hand (detail)
 //
 // A delivery is encoded once per message, by hand, and the same bytes go
 // to every subscriber (Broker.fanOut): encoding/json would cost several
-// times as much, once per message, and a retry encodes it again. The
-// confirm of a QoS 1 publish is written the same way, because every QoS 1
-// publish gets one. Field order and names are the original's, with the
-// fields PopSub adds at the end.
+// times as much, once per message, and a retry encodes it again. Field
+// order and names are the original's, with the fields PopSub adds at the
+// end. Only the frame's skeleton is by hand: its strings are quoted by
+// encoding/json.
 
 // appendDelivery appends the message frame for m at attempt. It is
 // written by hand because it runs once per publish and once per retry,
@@ -2824,44 +2819,18 @@ func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 	return append(buf, '}')
 }
 
-// appendPublished appends the published frame that confirms m, a QoS 1
-// publish, at seq: by hand, like a delivery, because every QoS 1 publish
-// gets one. The fields are in the order encoding/json would give them.
-func appendPublished(buf []byte, m *Message, seq uint64,
-	duplicate bool) []byte {
-	buf = slices.Grow(buf, 64+len(m.Topic)+len(m.ID))
-	buf = append(buf, `{"type":"published","topic":`...)
-	buf = appendString(buf, m.Topic)
-	buf = append(buf, `,"message_id":`...)
-	buf = appendString(buf, m.ID)
-	buf = append(buf, `,"seq":`...)
-	buf = strconv.AppendUint(buf, seq, 10)
-	if duplicate {
-		buf = append(buf, `,"duplicate":true`...)
-	}
-	return append(buf, '}')
-}
-
-// appendString appends s as a JSON string. s is valid UTF-8: every frame
-// is checked on arrival, so only quotes, backslashes and control
-// characters need escaping.
+// appendString appends s as a JSON string. s is valid UTF-8 (every frame
+// is checked on arrival), so most strings need only their quotes; the
+// rare one with a quote, a backslash or a control character goes through
+// encoding/json, which escapes it.
 func appendString(buf []byte, s string) []byte {
-	// Bytes of 0x80 and above are parts of valid UTF-8 sequences and go
-	// through unchanged; JSON allows them as they are.
-	const hexDigits = "0123456789abcdef"
-	buf = append(buf, '"')
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '"' || c == '\\':
-			buf = append(buf, '\\', c)
-		case c < 0x20:
-			buf = append(buf, '\\', 'u', '0', '0', hexDigits[c>>4],
-				hexDigits[c&0xf])
-		default:
-			buf = append(buf, c)
-		}
+	if strings.ContainsFunc(s, func(r rune) bool {
+		return r < 0x20 || r == '"' || r == '\\'
+	}) {
+		quoted, _ := json.Marshal(s)
+		return append(buf, quoted...)
 	}
-	return append(buf, '"')
+	return append(append(append(buf, '"'), s...), '"')
 }
 
 // # Acknowledgements
@@ -3547,9 +3516,7 @@ func (b *Broker) shutdownOnce(ctx context.Context) error {
 
 // topicError is an error frame about one topic.
 func topicError(code, text, topic string) reply {
-	r := errorReply(code, text)
-	r.Topic = topic
-	return r
+	return reply{Type: "error", Code: code, Message: text, Topic: topic}
 }
 
 // jsonError says what is wrong with a frame that did not decode, in the
@@ -3597,15 +3564,6 @@ func later(a, b time.Time) time.Time {
 		return a
 	}
 	return b
-}
-
-// orDefault returns v, or fallback when v is zero.
-func orDefault[T comparable](v, fallback T) T {
-	var zero T
-	if v == zero {
-		return fallback
-	}
-	return v
 }
 
 // # The log and its storage seam
@@ -3673,16 +3631,6 @@ type flush struct {
 	// seq and duplicate are a shared log's answer for its one message.
 	seq       uint64
 	duplicate bool
-}
-
-// synced reports whether the batch is done with, without waiting.
-func (f *flush) synced() bool {
-	select {
-	case <-f.done:
-		return true
-	default:
-		return false
-	}
 }
 
 // expire trims from every topic the messages older than its TTL; it
@@ -3759,13 +3707,12 @@ func (b *Broker) feed(m *Message) {
 	t := b.topic(m.Topic)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if m.Seq <= t.head {
-		return
+	if m.Seq > t.head {
+		t.head = m.Seq
+		m.frame = appendDelivery(nil, m, 1)
+		b.noteMessage("committed", nil, m, nil)
+		b.sequenced(t, m)
 	}
-	t.head = m.Seq
-	m.frame = appendDelivery(nil, m, 1)
-	b.noteMessage("committed", nil, m, nil)
-	b.sequenced(t, m)
 }
 
 // # Group commit (detail)
@@ -4042,8 +3989,7 @@ func OpenBolt(path string, logger *slog.Logger) (_ *BoltStore,
 			db.Close()
 		}
 	}()
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer damaged(path, &err)
+	defer guard(path, &err)()
 
 	// bbolt locks the file; without a timeout, a second broker on the
 	// same file would wait for the lock for ever, saying nothing.
@@ -4069,20 +4015,25 @@ func OpenBolt(path string, logger *slog.Logger) (_ *BoltStore,
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	logger = orDefault(logger, slog.Default())
+	logger = cmp.Or(logger, slog.Default())
 	return &BoltStore{db: db, path: path, logger: logger}, nil
 }
 
-// damaged turns a panic, or a fault on the file's memory map, into an
+// guard turns a panic, or a fault on the file's memory map, into an
 // error that names the file and the way out: bbolt panics on a damaged
 // page and faults on a file cut short, and one bad page must cost the
-// caller an error, not the process. Deferred directly, after
-// debug.SetPanicOnFault(true) on the same goroutine.
-func damaged(path string, err *error) {
-	if v := recover(); v != nil {
-		*err = fmt.Errorf("%s is damaged (%v): 'popsub db check --db %[1]s' "+
-			"shows what is readable, 'popsub db salvage' copies it out",
-			path, v)
+// caller an error, not the process. Use it as defer guard(path, &err)():
+// the call turns faults into panics on this goroutine, and the function
+// it returns, deferred, recovers them (recover works only there).
+func guard(path string, err *error) func() {
+	old := debug.SetPanicOnFault(true)
+	return func() {
+		debug.SetPanicOnFault(old)
+		if v := recover(); v != nil {
+			*err = fmt.Errorf("%s is damaged (%v): 'popsub db check --db "+
+				"%[1]s' shows what is readable, 'popsub db salvage' copies "+
+				"it out", path, v)
+		}
 	}
 }
 
@@ -4093,8 +4044,7 @@ func damaged(path string, err *error) {
 // filled only when it commits, so each delete from the front of a freshly
 // filled page moved everything behind it.
 func (s *BoltStore) Commit(batch *Batch) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer damaged(s.path, &err)
+	defer guard(s.path, &err)()
 	return s.db.Update(func(tx *bolt.Tx) error {
 		for topic, seq := range batch.Trims {
 			if err := trimLog(tx, topic, seq); err != nil {
@@ -4209,8 +4159,7 @@ func logOf(tx *bolt.Tx, topic string) *bolt.Bucket {
 // does not match.
 func (s *BoltStore) Read(topic string, after uint64,
 	limit, maxBytes int) (msgs []*Message, err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer damaged(s.path, &err)
+	defer guard(s.path, &err)()
 	err = s.db.View(func(tx *bolt.Tx) error {
 		records := logOf(tx, topic)
 		if records == nil {
@@ -4240,8 +4189,7 @@ func (s *BoltStore) Read(topic string, after uint64,
 // was trimmed empty still has its bucket and its head, so it is listed:
 // its next seq must not start again from 1.
 func (s *BoltStore) Topics() (heads map[string]uint64, err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer damaged(s.path, &err)
+	defer guard(s.path, &err)()
 	heads = map[string]uint64{}
 	err = s.db.View(func(tx *bolt.Tx) error {
 		topics := tx.Bucket(topicsBucket)
@@ -4260,8 +4208,7 @@ func (s *BoltStore) Topics() (heads map[string]uint64, err error) {
 // asks only when the cursor is not in a batch it still holds.
 func (s *BoltStore) Cursor(key string) (position uint64, found bool,
 	err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer damaged(s.path, &err)
+	defer guard(s.path, &err)()
 	err = s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(cursorsBucket).Get([]byte(key))
 		if len(v) == 8 {

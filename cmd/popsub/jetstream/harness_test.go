@@ -367,18 +367,19 @@ func startCluster(t *testing.T) []*server.Server {
 }
 
 // hasLeader reports whether the nodes' JetStream has elected a leader
-// that every node follows.
+// that sees every node online, so that a stream can have three replicas.
 func hasLeader(nodes []*server.Server) bool {
-	leaders := 0
 	for _, n := range nodes {
 		if !n.JetStreamIsCurrent() {
 			return false
 		}
+	}
+	for _, n := range nodes {
 		if n.JetStreamIsLeader() {
-			leaders++
+			return len(n.JetStreamClusterPeers()) == len(nodes)
 		}
 	}
-	return leaders == 1
+	return false
 }
 
 // freePort returns a port on 127.0.0.1 that was free a moment ago.

@@ -111,8 +111,10 @@ type stream struct {
 	// created is set once the stream is known to exist.
 	created bool
 	// fed is the newest seq fed to the broker; Read stops there, so
-	// replay never runs ahead of fan-out.
-	fed atomic.Uint64
+	// replay never runs ahead of fan-out. fedMore is signalled (capacity
+	// 1) when it grows, for ackLoop.
+	fed     atomic.Uint64
+	fedMore chan struct{}
 	// following is the consumer feeding the broker, once it follows.
 	following jetstream.ConsumeContext
 	// handle is the stream's, for reads, once looked up.
@@ -122,6 +124,7 @@ type stream struct {
 // pendingAck is a publish waiting for JetStream's answer.
 type pendingAck struct {
 	future jetstream.PubAckFuture
+	stream *stream
 	done   func(seq uint64, duplicate bool, err error)
 }
 
@@ -138,7 +141,7 @@ func Open(opts Options) (*Log, error) {
 	}
 	logger := opts.Logger
 	nc, err := nats.Connect(opts.URL, nats.Name("popsub"),
-		nats.MaxReconnects(-1),
+		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			logger.Warn("nats disconnected", "err", err)
 		}),
@@ -226,7 +229,8 @@ func (l *Log) stream(topic string) *stream {
 	if s == nil {
 		key := streamKey(topic)
 		s = &stream{name: l.opts.Prefix + "_" + key,
-			subject: l.opts.Prefix + ".t." + key}
+			subject: l.opts.Prefix + ".t." + key,
+			fedMore: make(chan struct{}, 1)}
 		l.streams[topic] = s
 	}
 	return s
@@ -315,7 +319,7 @@ func (l *Log) Append(m *popsub.Message,
 		return
 	}
 	select {
-	case l.acks <- pendingAck{future, done}:
+	case l.acks <- pendingAck{future, s, done}:
 	case <-l.stop:
 		done(0, false, popsub.ErrClosed)
 	}
@@ -340,11 +344,32 @@ func (l *Log) ackLoop() {
 		}
 		select {
 		case ack := <-p.future.Ok():
+			l.awaitFed(p.stream, ack.Sequence)
 			p.done(ack.Sequence, ack.Duplicate, nil)
 		case err := <-p.future.Err():
 			p.done(0, false, fmt.Errorf("jetstream: %w", err))
 		case <-l.stop:
 			answerNow(p)
+			return
+		}
+	}
+}
+
+// awaitFed waits until this broker has been fed s up to seq, or for a
+// write timeout's worth at most. A publisher who hears "published" and
+// then subscribes here must find its message in the replay, as on one
+// broker: the confirm waits for the feed, which is usually there first.
+func (l *Log) awaitFed(s *stream, seq uint64) {
+	timeout := time.NewTimer(requestTimeout)
+	defer timeout.Stop()
+	for s.fed.Load() < seq {
+		select {
+		case <-s.fedMore:
+		case <-timeout.C:
+			l.opts.Logger.Warn("confirm sent before the feed caught up",
+				"stream", s.name, "seq", seq)
+			return
+		case <-l.stop:
 			return
 		}
 	}
@@ -579,7 +604,10 @@ func (l *Log) followUpdates(watcher jetstream.KeyWatcher) {
 
 // follow starts feeding topic's messages after the newest one fed, if
 // nothing feeds them yet. The ordered consumer resumes by itself after a
-// lost connection or a gap, from the seq after the last it delivered.
+// lost connection, a lost NATS node or a gap, from the seq after the last
+// it delivered; a heartbeat every half second (pulls that last two
+// seconds) notices a lost node within a second or two, rather than the
+// client library's 30 s.
 func (l *Log) follow(topic string) {
 	s := l.stream(topic)
 	l.mu.Lock()
@@ -613,7 +641,12 @@ func (l *Log) follow(topic string) {
 		}
 		feed(m)
 		s.fed.Store(m.Seq)
-	})
+		select {
+		case s.fedMore <- struct{}{}:
+		default:
+		}
+	}, jetstream.PullExpiry(2*time.Second),
+		jetstream.PullHeartbeat(500*time.Millisecond))
 	if err != nil {
 		l.retryFollow(topic, err)
 		return
