@@ -78,7 +78,10 @@ func (l smallBuffers) Accept() (net.Conn, error) {
 func startBrokerOn(t *testing.T, opts Options,
 	wrap func(net.Listener) net.Listener) *testServer {
 	t.Helper()
-	if opts.Store == nil {
+	switch {
+	case opts.Store == nil && testStore != nil:
+		opts.Store = testStore(t, opts)
+	case opts.Store == nil:
 		opts.Store = openBolt(t, filepath.Join(t.TempDir(), "popsub.db"))
 	}
 	opts.Secret = testSecret
@@ -113,6 +116,34 @@ func (ts *testServer) stop() {
 	defer cancel()
 	ts.broker.Shutdown(ctx)
 	ts.http.Close()
+}
+
+// testStore, when set, makes the Store of a broker a test starts without
+// one: engine_test.go sets it to run the behavioural tests again on NATS
+// JetStream. Tests run one at a time, so a variable will do.
+var testStore func(t *testing.T, opts Options) Store
+
+// UseStore sets testStore, for engine_test.go (package popsub_test).
+func UseStore(f func(t *testing.T, opts Options) Store) { testStore = f }
+
+// Behaviour lists the tests of what clients see, which must hold on any
+// Store: engine_test.go runs them on JetStream.
+var Behaviour = map[string]func(*testing.T){
+	"AcksArePerSubscriber":        TestBroker_AcksArePerSubscriber,
+	"DeadLetters":                 TestBroker_DeadLetters,
+	"ReplayKeepsOriginalIdentity": TestBroker_ReplayKeepsOriginalIdentity,
+	"SubscribeOptions":            TestBroker_SubscribeOptions,
+	"ReplayHandOverHasNoGap":      TestBroker_ReplayHandOverHasNoGap,
+	"IdempotentPublish":           TestBroker_IdempotentPublish,
+	"SlowConsumers":               TestBroker_SlowConsumers,
+	"BadFramesGetErrors":          TestBroker_BadFramesGetErrors,
+	"Wildcards":                   TestBroker_Wildcards,
+	"AckForms":                    TestBroker_AckForms,
+	"Batches":                     TestBroker_Batches,
+	"Permissions":                 TestBroker_Permissions,
+	"Limits":                      TestBroker_Limits,
+	"BurstWithAStuckSubscriber":   TestBroker_BurstWithAStuckSubscriber,
+	"EventsForEachTransition":     TestEvents_EachTransitionEmitsExactlyOneEvent,
 }
 
 // openBolt opens a bbolt store or fails the test.

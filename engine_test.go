@@ -1,0 +1,46 @@
+package popsub_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/cmd/popsub/jetstream"
+)
+
+// TestBehaviour_OnJetStream runs the behavioural tests again with the
+// log on NATS JetStream (a server in this process): what a client sees
+// must not depend on the engine.
+func TestBehaviour_OnJetStream(t *testing.T) {
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1",
+		Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true,
+		NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	defer ns.Shutdown()
+
+	// Each broker gets a prefix of its own: a fresh log, as a fresh
+	// bbolt file is on the default engine.
+	logs := 0
+	popsub.UseStore(func(t *testing.T, opts popsub.Options) popsub.Store {
+		logs++
+		log, err := jetstream.Open(jetstream.Options{URL: ns.ClientURL(),
+			Prefix: fmt.Sprint("test", logs), MaxMessages: opts.MaxMessages,
+			MaxAge: opts.TTL})
+		if err != nil {
+			t.Fatalf("open jetstream log: %v", err)
+		}
+		return log
+	})
+	defer popsub.UseStore(nil)
+	for name, test := range popsub.Behaviour {
+		t.Run(name, test)
+	}
+}
