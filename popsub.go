@@ -26,8 +26,10 @@
 //     only when it fails to drain: it stops reading, or falls behind what
 //     the log keeps.
 //
-// It does not replicate, cluster, order messages across topics, or
-// speak TLS; docs/ says where to go when one machine is not enough.
+// On its own it does not replicate, order messages across topics, or
+// speak TLS. Several brokers can share one log on NATS JetStream (the
+// SharedLog seam; cmd/popsub/jetstream), so that clients reach any of
+// them; docs/ says where to go beyond that.
 //
 // # Reading path
 //
@@ -39,8 +41,8 @@
 // the log and the store that keeps it. Sections marked "(detail)" hold
 // what a first reading may skip: logins, the hand-written frame reader,
 // the socket that holds a batch, the queues' memory, durable cursors,
-// topic rules, confirms, the delivery encoder, the x-ray, group commit
-// and the bbolt store. The page at /source folds them.
+// topic rules, confirms, the delivery encoder, the x-ray, the shared
+// log, group commit and the bbolt store. The page at /source folds them.
 //
 // # Goroutines
 //
@@ -3574,9 +3576,9 @@ func later(a, b time.Time) time.Time {
 // broker near two thousand publishes a second. Here a committer goroutine
 // gathers everything queued since its last sync (appends, trims, cursor
 // moves) into one transaction and one sync: group commit. The disk sits
-// behind Store, five methods, so that another engine (BoltStore is
-// bbolt; a distributed one can follow) replaces it without touching the
-// broker.
+// behind Store, five methods, so that another engine replaces it
+// without touching the broker: BoltStore is bbolt, and a log shared by
+// several brokers adds two more methods (SharedLog, a detail below).
 //
 // Two moments matter: a message gets its seq, and its batch is synced.
 // Deliveries leave at the first, confirms at the second. A crash, of the
