@@ -58,7 +58,7 @@ func BenchmarkFanOut(b *testing.B) {
 			var drained [][]byte
 			for b.Loop() {
 				t.mu.Lock()
-				broker.fanOut(t, m)
+				broker.fanOut(t, m, m.Seq-1)
 				t.mu.Unlock()
 				for _, c := range connections {
 					drained = c.outbox.take(drained[:0])

@@ -2622,16 +2622,16 @@ func (b *Broker) publish(m *Message, done <-chan struct{}) (uint64, bool,
 	m.frame = appendDelivery(nil, m, 1)
 	synced := b.log.append(m)
 	t.unsynced = append(t.unsynced, m)
-	b.sequenced(t, m)
+	b.sequenced(t, m, m.Seq-1)
 	return m.Seq, false, synced
 }
 
-// sequenced indexes m, which has its seq and its frame, and fans it out.
-// The caller holds t.mu.
-func (b *Broker) sequenced(t *topic, m *Message) {
+// sequenced indexes m, which has its seq and its frame, and fans it out
+// to those who have had everything up to last. The caller holds t.mu.
+func (b *Broker) sequenced(t *topic, m *Message, last uint64) {
 	t.remember(m)
 	b.noteMessage("published", nil, m, nil)
-	b.fanOut(t, m)
+	b.fanOut(t, m, last)
 
 	// The count cap is applied here, as messages arrive: the oldest
 	// leave the index now and the log in the same batch as m.
@@ -2680,9 +2680,9 @@ func (b *Broker) forgetFailed(msgs []*Message) {
 }
 
 // fanOut offers a new message to every live subscriber of t and every
-// matching wildcard subscription. The caller holds t.mu, which keeps seq
-// order.
-func (b *Broker) fanOut(t *topic, m *Message) {
+// matching wildcard subscription, which have had everything up to last.
+// The caller holds t.mu, which keeps seq order.
+func (b *Broker) fanOut(t *topic, m *Message, last uint64) {
 	// Replaying subscriptions are skipped: their replayer will read the
 	// message from the store, or from the topic's unsynced list.
 	//
@@ -2690,9 +2690,10 @@ func (b *Broker) fanOut(t *topic, m *Message) {
 	// so a hundred outboxes can hold the same slice. One clock read
 	// serves them too, not one per subscriber: here it costs 60 ns.
 	deadline := time.Now().Add(b.opts.AckTimeout)
+	gap := m.Seq > last+1
 	for s := range t.subscribers {
-		if s.live && !s.conn.deliver(s, m, m.frame, 1, deadline) {
-			s.fallBehind(m.Seq - 1)
+		if s.live && (gap || !s.conn.deliver(s, m, m.frame, 1, deadline)) {
+			s.fallBehind(last)
 		}
 	}
 
@@ -2703,8 +2704,8 @@ func (b *Broker) fanOut(t *topic, m *Message) {
 	defer b.mu.RUnlock()
 	for s := range b.wildcards {
 		if covers(s.filter, t.name) &&
-			!s.conn.deliver(s, m, m.frame, 1, deadline) {
-			s.conn.cutOff("outbox full")
+			(gap || !s.conn.deliver(s, m, m.frame, 1, deadline)) {
+			s.conn.cutOff("fell behind")
 		}
 	}
 }
@@ -3704,16 +3705,19 @@ func (b *Broker) append(m *Message) *flush {
 
 // feed takes a message the shared log committed, from any broker, and
 // fans it out. A seq it already has (fed again after a reconnect) is
-// dropped; one past a gap is taken: the log skips only what it deleted.
+// dropped. One past a gap means the log deleted messages before this
+// broker had them: the live subscribers missed them, so fan-out sends
+// them back to the log, where they find the gap and are cut off (4008),
+// to resume with "after" and learn what is gone.
 func (b *Broker) feed(m *Message) {
 	t := b.topic(m.Topic)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if m.Seq > t.head {
-		t.head = m.Seq
 		m.frame = appendDelivery(nil, m, 1)
 		b.noteMessage("committed", nil, m, nil)
-		b.sequenced(t, m)
+		b.sequenced(t, m, t.head)
+		t.head = m.Seq
 	}
 }
 

@@ -34,7 +34,9 @@ const benchSecret = "popsub-bench-secret-of-at-least-32-bytes"
 
 // benchConfig is what the flags ask for.
 type benchConfig struct {
-	url, secret, token                   string
+	url, secret, token, nats             string
+	urls                                 []string // url, split at commas
+	brokers                              int
 	publishers, subscribers, topics      int
 	size, qos, window, idle, burst       int
 	stuck                                int
@@ -84,14 +86,18 @@ func benchCommand(ctx context.Context, args []string, stdout,
 	}
 	var server *benchServer
 	if cfg.url == "" {
-		if server, err = startBenchServer(ctx); err != nil {
+		server, err = startBenchServers(ctx, cfg.brokers, cfg.nats)
+		if err != nil {
 			return err
 		}
 		defer server.stop()
-		cfg.url, cfg.secret = server.url, benchSecret
+		cfg.url, cfg.secret = strings.Join(server.urls, ","), benchSecret
 	}
-	if err := checkLoopback(cfg.url, cfg.allowRemote); err != nil {
-		return err
+	cfg.urls = strings.Split(cfg.url, ",")
+	for _, target := range cfg.urls {
+		if err := checkLoopback(target, cfg.allowRemote); err != nil {
+			return err
+		}
 	}
 	var result benchResult
 	if cfg.idle > 0 {
@@ -109,8 +115,14 @@ func benchCommand(ctx context.Context, args []string, stdout,
 func parseBench(args []string, stderr io.Writer) (benchConfig, error) {
 	var c benchConfig
 	fs := newFlagSet("popsub bench", stderr)
-	fs.StringVar(&c.url, "url", "", "server to load (default: start one on "+
+	fs.StringVar(&c.url, "url", "", "server to load, or several separated "+
+		"by commas, which connections take in turn (default: start one on "+
 		"127.0.0.1 and measure its CPU and memory)")
+	fs.IntVar(&c.brokers, "brokers", 1, "brokers to start, sharing the "+
+		"log on --nats; connections take them in turn")
+	fs.StringVar(&c.nats, "nats", "", "the brokers bench starts keep the "+
+		"log on NATS JetStream at this URL (their CPU is measured, the NATS "+
+		"server's is not)")
 	secret := secretFlag(fs, "secret", "POPSUB_SECRET",
 		"the server's secret, to sign tokens")
 	token := secretFlag(fs, "token", "POPSUB_TOKEN",
@@ -153,6 +165,8 @@ func parseBench(args []string, stderr io.Writer) (benchConfig, error) {
 		return c, errors.New("--duration must be in (0, 1h], --window ≥ 0")
 	case c.burst < 0 || c.stuck < 0:
 		return c, errors.New("--burst and --stuck may not be negative")
+	case c.brokers < 1 || c.brokers > 1 && c.nats == "":
+		return c, errors.New("--brokers above 1 share a log: give --nats")
 	case c.idle < 0 || c.idle > 100_000 || c.size < 16 || c.size > 1<<20:
 		return c, errors.New("--idle ≤ 100000, 16 ≤ --size ≤ 1 MiB")
 	}
@@ -175,96 +189,129 @@ func checkLoopback(target string, allowed bool) error {
 		"own it", host)
 }
 
-// benchServer is a popsub serve child process, measured from /proc.
+// benchServer is the popsub serve child processes bench started, one or
+// several brokers, measured together from /proc.
 type benchServer struct {
-	cmd *exec.Cmd
-	url string
-	dir string
+	cmds []*exec.Cmd
+	urls []string
+	dir  string
 }
 
-// startBenchServer runs this binary's serve on a free port, with limits
-// wide enough that the bench, not the limits, is what is measured.
-func startBenchServer(ctx context.Context) (*benchServer, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
+// startBenchServers runs this binary's serve n times on free ports, with
+// limits wide enough that the bench, not the limits, is what is
+// measured: on a bbolt file, or on the JetStream at nats.
+func startBenchServers(ctx context.Context, n int,
+	nats string) (*benchServer, error) {
 	dir, err := os.MkdirTemp("", "popsub-bench")
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, self, "serve", "--addr", "127.0.0.1:0",
-		"--db", filepath.Join(dir, "bench.db"), "--secret", benchSecret,
-		"--log-level", "error")
+	s := &benchServer{dir: dir}
+	for i := range n {
+		if err := s.start(ctx, i, nats); err != nil {
+			s.stop()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// start runs the i-th broker.
+func (s *benchServer) start(ctx context.Context, i int, nats string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	args := []string{"serve", "--addr", "127.0.0.1:0", "--secret",
+		benchSecret, "--log-level", "error",
+		"--db", filepath.Join(s.dir, fmt.Sprint("bench", i, ".db"))}
+	if nats != "" {
+		args = append(args, "--nats", nats)
+	}
+	cmd := exec.CommandContext(ctx, self, args...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		return nil, err
+		return err
 	}
 	line, err := bufio.NewReader(out).ReadString('\n')
 	go io.Copy(io.Discard, out)
 	rest, ok := strings.CutPrefix(line, "popsub listening on http://")
 	if err != nil || !ok {
 		cmd.Process.Kill()
-		return nil, fmt.Errorf("bench server did not start: %q", line)
+		return fmt.Errorf("bench server did not start: %q", line)
 	}
-	return &benchServer{cmd: cmd, dir: dir,
-		url: "ws://" + strings.Fields(rest)[0] + "/ws"}, nil
+	s.cmds = append(s.cmds, cmd)
+	s.urls = append(s.urls, "ws://"+strings.Fields(rest)[0]+"/ws")
+	return nil
 }
 
-// stop ends the server and removes its database.
+// stop ends the servers and removes their databases.
 func (s *benchServer) stop() {
-	s.cmd.Process.Signal(os.Interrupt)
-	done := make(chan struct{})
-	go func() { s.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		s.cmd.Process.Kill()
+	for _, cmd := range s.cmds {
+		cmd.Process.Signal(os.Interrupt)
+	}
+	for _, cmd := range s.cmds {
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+		}
 	}
 	os.RemoveAll(s.dir)
 }
 
-// cpu is the server's user and system CPU time so far.
+// cpu is the servers' user and system CPU time so far.
 func (s *benchServer) cpu() time.Duration {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
-	if err != nil {
-		return 0
+	var total time.Duration
+	for _, cmd := range s.cmds {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat",
+			cmd.Process.Pid))
+		if err != nil {
+			continue
+		}
+		text := string(data)
+		fields := strings.Fields(text[strings.LastIndexByte(text, ')')+2:])
+		user, _ := strconv.ParseInt(fields[11], 10, 64)
+		system, _ := strconv.ParseInt(fields[12], 10, 64)
+		const ticksPerSecond = 100 // Linux's USER_HZ
+		total += time.Duration(user+system) * time.Second / ticksPerSecond
 	}
-	text := string(data)
-	fields := strings.Fields(text[strings.LastIndexByte(text, ')')+2:])
-	user, _ := strconv.ParseInt(fields[11], 10, 64)
-	system, _ := strconv.ParseInt(fields[12], 10, 64)
-	const ticksPerSecond = 100 // Linux's USER_HZ
-	return time.Duration(user+system) * time.Second / ticksPerSecond
+	return total
 }
 
-// memory is the server's resident set, in KiB.
+// memory is the servers' resident set, in KiB.
 func (s *benchServer) memory() float64 {
 	return s.status("VmRSS:")
 }
 
-// peakMemory is the most the server's resident set has been, in KiB.
+// peakMemory is the most the servers' resident sets have been, in KiB.
 func (s *benchServer) peakMemory() float64 {
 	return s.status("VmHWM:")
 }
 
-// status reads one KiB figure from the server's /proc status.
+// status adds up one KiB figure from the servers' /proc status.
 func (s *benchServer) status(key string) float64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, key); ok {
-			kib, _ := strconv.ParseFloat(strings.Fields(rest)[0], 64)
-			return kib
+	total := 0.0
+	for _, cmd := range s.cmds {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status",
+			cmd.Process.Pid))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if rest, ok := strings.CutPrefix(line, key); ok {
+				kib, _ := strconv.ParseFloat(strings.Fields(rest)[0], 64)
+				total += kib
+			}
 		}
 	}
-	return 0
+	return total
 }
 
 // tokenFor signs a bench token, or uses the one given.
@@ -281,14 +328,19 @@ func (c benchConfig) tokenFor(name string) (string, error) {
 	return claims.Sign([]byte(c.secret))
 }
 
-// benchDial connects and authenticates one bench connection.
-func benchDial(ctx context.Context, c benchConfig, name string,
+// benchDial connects and authenticates one bench connection, the i-th
+// of its kind, to the broker whose turn it is.
+func benchDial(ctx context.Context, c benchConfig, name string, i int,
 	batch bool) (*websocket.Conn, error) {
 	token, err := c.tokenFor(name)
 	if err != nil {
 		return nil, err
 	}
-	return dialAuthenticated(ctx, c.url, map[string]any{"token": token,
+	target := c.url
+	if len(c.urls) > 0 {
+		target = c.urls[i%len(c.urls)]
+	}
+	return dialAuthenticated(ctx, target, map[string]any{"token": token,
 		"batch": batch, "client": name})
 }
 

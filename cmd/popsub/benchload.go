@@ -108,7 +108,8 @@ func runLoad(ctx context.Context, cfg benchConfig, server *benchServer,
 // subscribe connects the subscribers and starts their readers.
 func (l *load) subscribe(ctx context.Context) error {
 	for i := range l.cfg.subscribers {
-		ws, err := benchDial(ctx, l.cfg, fmt.Sprintf("sub-%d", i), l.cfg.batch)
+		ws, err := benchDial(ctx, l.cfg, fmt.Sprintf("sub-%d", i), i,
+			l.cfg.batch)
 		if err != nil {
 			return err
 		}
@@ -132,7 +133,8 @@ func (l *load) connectPublishers(ctx context.Context) ([]*websocket.Conn,
 	error) {
 	var list []*websocket.Conn
 	for i := range l.cfg.publishers {
-		ws, err := benchDial(ctx, l.cfg, fmt.Sprintf("pub-%d", i), l.cfg.batch)
+		ws, err := benchDial(ctx, l.cfg, fmt.Sprintf("pub-%d", i), i,
+			l.cfg.batch)
 		if err != nil {
 			return nil, err
 		}
@@ -432,7 +434,7 @@ func runIdle(ctx context.Context, cfg benchConfig,
 		}
 	}()
 	for i := range cfg.idle {
-		ws, err := benchDial(ctx, cfg, "idle-"+strconv.Itoa(i), false)
+		ws, err := benchDial(ctx, cfg, "idle-"+strconv.Itoa(i), i, false)
 		if err != nil {
 			return benchResult{}, err
 		}
@@ -481,7 +483,8 @@ func between(line []byte, open, close string) ([]byte, []byte) {
 // connectStuck connects the subscribers that never read.
 func (l *load) connectStuck(ctx context.Context) error {
 	for i := range l.cfg.stuck {
-		ws, err := benchDial(ctx, l.cfg, fmt.Sprintf("stuck-%d", i), false)
+		ws, err := benchDial(ctx, l.cfg, fmt.Sprintf("stuck-%d", i), i,
+			false)
 		if err != nil {
 			return err
 		}
@@ -522,7 +525,7 @@ func (l *load) stuckCutOff() int64 {
 // own until done, and records how long each confirm took.
 func (l *load) runBystander(ctx context.Context, done, finished chan struct{}) {
 	defer close(finished)
-	ws, err := benchDial(ctx, l.cfg, "bystander", false)
+	ws, err := benchDial(ctx, l.cfg, "bystander", 0, false)
 	if err != nil {
 		return
 	}

@@ -151,14 +151,22 @@ func Open(opts Options) (*Log, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats %s: %w", opts.URL, err)
 	}
-	// The async publish window is the broker's back-pressure: past it,
-	// Append waits, and so does the publisher's reader.
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	// The window of publishes not answered yet is the broker's
+	// back-pressure: past it, Append waits, and so does the publisher's
+	// reader. An answer waits for this broker's feed (awaitFed), so the
+	// window also bounds how far the log may run ahead of the feed: it is
+	// kept well inside what the log retains, or a burst would have the
+	// log delete messages before this broker fanned them out.
+	window := min(4096, max(16, opts.MaxMessages/4))
+	if opts.MaxMessages <= 0 {
+		window = 4096
+	}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(window))
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
-	l := &Log{opts: opts, nc: nc, js: js, acks: make(chan pendingAck, 4096),
+	l := &Log{opts: opts, nc: nc, js: js, acks: make(chan pendingAck, window),
 		stop: make(chan struct{}), streams: map[string]*stream{}}
 	if err := l.openBuckets(); err != nil {
 		nc.Close()

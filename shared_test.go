@@ -1,0 +1,61 @@
+package popsub
+
+import (
+	"testing"
+)
+
+// sharedMemory is a SharedLog kept in memory, for tests of the seam: it
+// gives out seqs like a shared log, and the test decides what it feeds.
+type sharedMemory struct {
+	*memoryStore
+	feed func(*Message)
+}
+
+// Append gives m the topic's next seq, keeps it, and answers at once.
+// Nothing is fed: the test feeds with put.
+func (s *sharedMemory) Append(m *Message,
+	done func(seq uint64, duplicate bool, err error)) {
+	s.mu.Lock()
+	s.heads[m.Topic]++
+	seq := s.heads[m.Topic]
+	s.mu.Unlock()
+	done(seq, false, nil)
+}
+
+// Follow keeps the broker's feed.
+func (s *sharedMemory) Follow(feed func(*Message)) { s.feed = feed }
+
+// put stores a message at seq, as another broker's publish, and feeds it.
+func (s *sharedMemory) put(topic string, seq uint64, id string) {
+	m := &Message{Topic: topic, ID: id, Seq: seq, QoS: 0,
+		Payload: []byte(`"` + id + `"`)}
+	s.mu.Lock()
+	s.logs[topic] = append(s.logs[topic], m)
+	s.heads[topic] = max(s.heads[topic], seq)
+	s.mu.Unlock()
+	s.feed(m)
+}
+
+func TestBroker_AGapInASharedLogCutsLiveSubscribersOff(t *testing.T) {
+	log := &sharedMemory{memoryStore: newMemoryStore()}
+	ts := startBroker(t, Options{Store: log})
+	alice, bob, carol := ts.dial("alice"), ts.dial("bob"), ts.dial("carol")
+	alice.subscribe("news", nil)
+	bob.subscribe("+", nil)
+
+	log.put("news", 1, "n-1")
+	alice.expect("message")
+	bob.expect("message")
+
+	// Seq 2 was deleted before this broker had it: neither subscriber
+	// may go on as if nothing was missing.
+	log.put("news", 3, "n-3")
+	alice.expectClose(CloseSlowConsumer)
+	bob.expectClose(CloseSlowConsumer)
+
+	// A subscriber resuming after 1 reads on from what the log kept.
+	carol.subscribe("news", map[string]any{"after": 1})
+	if g := carol.expect("message"); g.Seq != 3 || g.MessageID != "n-3" {
+		t.Fatalf("resumed with %+v, want seq 3", g)
+	}
+}
