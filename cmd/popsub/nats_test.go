@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -59,4 +61,32 @@ func runToken(t *testing.T, args ...string) string {
 		t.Fatalf("token %v: %v\n%s", args, err, stderr.String())
 	}
 	return stdout.String()
+}
+
+func TestBench_SpreadsOverBrokersSharingALog(t *testing.T) {
+	nats := startNATS(t)
+	secret := strings.Repeat("bench-test-secret-", 2)
+	one, _, _ := startServe(t, "--nats", nats, "--secret", secret)
+	two, _, _ := startServe(t, "--nats", nats, "--secret", secret)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// The publisher is on the first broker; the subscribers take the
+	// two in turn, so two of them hear it through the log.
+	var out bytes.Buffer
+	err := run(ctx, []string{"bench", "--url", one + "," + two, "--secret",
+		secret, "--json", "--subscribers", "3", "--qos", "1",
+		"--duration", "300ms", "--window", "50"}, &out, io.Discard)
+	if err != nil {
+		t.Fatalf("bench: %v", err)
+	}
+	var r benchResult
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("bench printed %q: %v", out.String(), err)
+	}
+	if r.Published == 0 || r.Lost != 0 || r.Duplicated != 0 ||
+		r.Delivered != 3*r.Published {
+		t.Fatalf("published %d, delivered %d, lost %d, duplicated %d; "+
+			"want every message to each of 3 subscribers once",
+			r.Published, r.Delivered, r.Lost, r.Duplicated)
+	}
 }
