@@ -36,6 +36,23 @@ func startNATS(t *testing.T) *server.Server {
 		JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true})
 }
 
+// benchNATS runs one NATS server with JetStream for a benchmark.
+func benchNATS(b *testing.B) string {
+	b.Helper()
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1",
+		Port: -1, JetStream: true, StoreDir: b.TempDir(), NoSigs: true,
+		NoLog: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		b.Fatal("nats server not ready")
+	}
+	b.Cleanup(ns.Shutdown)
+	return ns.ClientURL()
+}
+
 // runNATS starts a NATS server with opts and waits until it accepts
 // clients.
 func runNATS(t *testing.T, opts *server.Options) *server.Server {
