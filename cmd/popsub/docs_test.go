@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -39,8 +41,17 @@ import (
 //     is authenticated before its first frame unless that frame is auth
 //     or login, or its name starts with "stranger".
 //
+//   - "sh nats": "$ go install github.com/nats-io/nats-server/v2" builds
+//     the NATS server go.mod pins, into a folder of the test's, and
+//     "$ nats-server …" starts it there, on a free port, for the rest of
+//     the file.
+//   - "sh stop": stops the broker whose address the block names, as
+//     Ctrl-C in its terminal would.
+//
 // In expected output "…" matches anything. The address 127.0.0.1:8080
-// stands for the test server's, wherever it listens.
+// stands for the test server's, wherever it listens; a serve block with
+// another --addr starts a second server beside it, and that address
+// stands for the second's. 127.0.0.1:4222 stands for the NATS server's.
 
 // fence is one fenced block of a Markdown file.
 type fence struct {
@@ -80,6 +91,41 @@ type docServer struct {
 	// tutorial is set for the tutorials, which run in one folder one
 	// after the other, and name each client's token in their setup.
 	tutorial bool
+	// others are the servers started with another --addr, by the
+	// address the doc gives them.
+	others map[string]*otherServer
+	// natsBin is the folder go install put nats-server in; nats is the
+	// address the NATS server listens on, once started.
+	natsBin, nats string
+}
+
+// otherServer is a second broker of a file, beside the default one.
+type otherServer struct {
+	address string       // where it really listens
+	stop    func() error // stops it
+}
+
+// addresses maps each address a doc names to the one it stands for.
+func (s *docServer) addresses() map[string]string {
+	real := map[string]string{}
+	if s.address != "" {
+		real["127.0.0.1:8080"] = s.address
+	}
+	for named, other := range s.others {
+		real[named] = other.address
+	}
+	if s.nats != "" {
+		real["127.0.0.1:4222"] = s.nats
+	}
+	return real
+}
+
+// localize replaces the addresses a doc names with the real ones.
+func (s *docServer) localize(text string) string {
+	for named, real := range s.addresses() {
+		text = strings.ReplaceAll(text, named, real)
+	}
+	return text
 }
 
 func TestDocs_EveryCommandAndFrameRuns(t *testing.T) {
@@ -151,6 +197,10 @@ func (s *docServer) run(f fence) {
 	switch f.info {
 	case "sh setup":
 		s.setup(f.lines, where)
+	case "sh nats":
+		s.startNATS(f.lines, where)
+	case "sh stop":
+		s.stopNamed(f.lines, where)
 	case "sh serve":
 		s.serve(f.lines, where)
 	case "sh run":
@@ -180,6 +230,13 @@ func (s *docServer) setup(lines []string, where string) {
 			s.t.Fatalf("%s: stopping the last broker: %v", where, err)
 		}
 		s.stop = nil
+	}
+	for named, other := range s.others {
+		if err := other.stop(); err != nil {
+			s.t.Fatalf("%s: stopping the broker on %s: %v", where, named,
+				err)
+		}
+		delete(s.others, named)
 	}
 	for _, line := range lines {
 		command, ok := strings.CutPrefix(line, "$ ")
@@ -233,7 +290,164 @@ func (s *docServer) serve(lines []string, where string) {
 		s.t.Fatalf("%s: a serve block runs popsub serve, not %q", where,
 			command)
 	}
+	named := flagValue(args, "--addr")
+	for i, arg := range args {
+		if arg != named {
+			args[i] = s.localize(arg)
+		}
+	}
+	if named != "" && named != "127.0.0.1:8080" {
+		s.startOther(named, args[2:], expected, where)
+		return
+	}
 	s.start(args[2:], expected, where)
+}
+
+// flagValue returns the value after flag in args, or "".
+func flagValue(args []string, flag string) string {
+	for i, arg := range args {
+		if arg == flag && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
+}
+
+// startOther starts (or restarts) the broker a doc calls named, beside
+// the default one, and checks its banner.
+func (s *docServer) startOther(named string, args, expected []string,
+	where string) {
+	if s.others == nil {
+		s.others = map[string]*otherServer{}
+	}
+	real := "127.0.0.1:0"
+	if old := s.others[named]; old != nil {
+		if err := old.stop(); err != nil {
+			s.t.Fatalf("%s: stopping the broker on %s: %v", where, named,
+				err)
+		}
+		real = old.address
+	}
+	for i, arg := range args {
+		if arg == named {
+			args[i] = real
+		}
+	}
+	all := append([]string{"serve", "--log-level", "error"}, args...)
+	banner, stop := startServeLines(s.t, all)
+	other := &otherServer{stop: stop}
+	for _, line := range banner {
+		if rest, ok := strings.CutPrefix(line,
+			"popsub listening on http://"); ok {
+			other.address = strings.Fields(rest)[0]
+		}
+	}
+	s.others[named] = other
+	s.match(where+": popsub serve", expected, banner)
+}
+
+// stopNamed stops the broker whose address the block names.
+func (s *docServer) stopNamed(lines []string, where string) {
+	text := strings.Join(lines, "\n")
+	for named, other := range s.others {
+		if strings.Contains(text, named) {
+			if err := other.stop(); err != nil {
+				s.t.Fatalf("%s: stopping %s: %v", where, named, err)
+			}
+			delete(s.others, named)
+			return
+		}
+	}
+	if strings.Contains(text, "127.0.0.1:8080") && s.stop != nil {
+		if err := s.stop(); err != nil {
+			s.t.Fatalf("%s: stopping 127.0.0.1:8080: %v", where, err)
+		}
+		s.stop = nil
+		return
+	}
+	s.t.Fatalf("%s: a stop block names a running broker's address", where)
+}
+
+// startNATS runs a "sh nats" block: go install, then nats-server.
+func (s *docServer) startNATS(lines []string, where string) {
+	for _, line := range lines {
+		command, ok := strings.CutPrefix(line, "$ ")
+		switch {
+		case strings.HasPrefix(line, "#") || strings.TrimSpace(line) == "":
+		case !ok:
+			s.t.Fatalf("%s: a nats block holds $ commands and # notes, "+
+				"not %q", where, line)
+		case command == "go install github.com/nats-io/nats-server/v2":
+			s.installNATS(where)
+		case strings.HasPrefix(command, "nats-server "):
+			s.runNATS(words(s.t, command)[1:], where)
+		default:
+			s.t.Fatalf("%s: a nats block installs and runs nats-server, "+
+				"not %q", where, command)
+		}
+	}
+}
+
+// repository is the module's folder, found before a test changes folder.
+var repository, _ = filepath.Abs("../..")
+
+// installNATS builds nats-server as the reader does, from this module.
+func (s *docServer) installNATS(where string) {
+	s.natsBin = s.t.TempDir()
+	install := exec.Command("go", "install",
+		"github.com/nats-io/nats-server/v2")
+	install.Dir = repository
+	install.Env = append(os.Environ(), "GOBIN="+s.natsBin)
+	if out, err := install.CombinedOutput(); err != nil {
+		s.t.Fatalf("%s: go install nats-server: %v\n%s", where, err, out)
+	}
+}
+
+// runNATS starts nats-server with args, on a free port, in the file's
+// folder, and waits until it takes clients.
+func (s *docServer) runNATS(args []string, where string) {
+	if s.natsBin == "" {
+		s.t.Fatalf("%s: nats-server runs after go install", where)
+	}
+	port := freePort(s.t)
+	for i, arg := range args {
+		if arg == "4222" {
+			args[i] = fmt.Sprint(port)
+		}
+	}
+	server := exec.Command(filepath.Join(s.natsBin, "nats-server"), args...)
+	server.Dir = s.dir
+	if err := server.Start(); err != nil {
+		s.t.Fatalf("%s: nats-server: %v", where, err)
+	}
+	s.t.Cleanup(func() {
+		server.Process.Kill()
+		server.Wait()
+	})
+	s.nats = fmt.Sprint("127.0.0.1:", port)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		conn, err := net.Dial("tcp", s.nats)
+		if err == nil {
+			conn.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("%s: nats-server not listening on %s", where, s.nats)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// freePort returns a port on 127.0.0.1 that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
 
 // start runs serve with args on a free port, in the file's folder.
@@ -363,7 +577,7 @@ func (s *docServer) command(line string, expected []string, where string) {
 
 // output runs a popsub command line and returns its standard output.
 func (s *docServer) output(line string) (string, error) {
-	line = strings.ReplaceAll(line, "127.0.0.1:8080", s.address)
+	line = s.localize(line)
 	args := words(s.t, line)
 	if len(args) > 2 && args[0] == "go" && args[1] == "run" {
 		args = append([]string{"popsub"}, args[3:]...)
@@ -389,7 +603,7 @@ func (s *docServer) match(what string, expected, got []string) {
 		return
 	}
 	for i, want := range expected {
-		want = strings.ReplaceAll(want, "127.0.0.1:8080", s.address)
+		want = s.localize(want)
 		// A line of JSON, or a frame the demo prints after an arrow, is
 		// compared as JSON.
 		var wantJSON, gotJSON any
