@@ -355,6 +355,9 @@ func (l *Log) ackLoop() {
 			l.awaitFed(p.stream, ack.Sequence)
 			p.done(ack.Sequence, ack.Duplicate, nil)
 		case err := <-p.future.Err():
+			// A QoS 0 publisher hears nothing of it, so it is logged.
+			l.opts.Logger.Warn("publish not stored", "stream", p.stream.name,
+				"err", err)
 			p.done(0, false, fmt.Errorf("jetstream: %w", err))
 		case <-l.stop:
 			answerNow(p)
