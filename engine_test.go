@@ -1,6 +1,7 @@
 package popsub_test
 
 import (
+	"cmp"
 	"fmt"
 	"testing"
 	"time"
@@ -33,7 +34,7 @@ func TestBehaviour_OnJetStream(t *testing.T) {
 		logs++
 		log, err := jetstream.Open(jetstream.Options{URL: ns.ClientURL(),
 			Prefix: fmt.Sprint("test", logs), MaxMessages: opts.MaxMessages,
-			MaxAge: opts.TTL})
+			MaxAge: opts.TTL, Logger: cmp.Or(opts.Logger, quiet)})
 		if err != nil {
 			t.Fatalf("open jetstream log: %v", err)
 		}

@@ -42,6 +42,7 @@
 package jetstream
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -51,6 +52,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -97,10 +99,15 @@ type Log struct {
 	// feed is the broker's, from Follow.
 	feed func(*popsub.Message)
 
-	// mu guards streams and heads.
+	// mu guards the fields below, feed, and each stream's created,
+	// following, starting and handle.
 	mu sync.Mutex
 	// streams maps a topic to what this broker knows of its stream.
 	streams map[string]*stream
+	// local keeps the broker's own topics ($sys/events), which it
+	// sequences itself and commits here: they describe this broker's
+	// connections, so they are not shared, and live in memory.
+	local map[string][]*popsub.Message
 	// closed is set by Close.
 	closed bool
 }
@@ -115,8 +122,10 @@ type stream struct {
 	// 1) when it grows, for ackLoop.
 	fed     atomic.Uint64
 	fedMore chan struct{}
-	// following is the consumer feeding the broker, once it follows.
+	// following is the consumer feeding the broker, once it follows;
+	// starting is set while one is being made, so there is only one.
 	following jetstream.ConsumeContext
+	starting  bool
 	// handle is the stream's, for reads, once looked up.
 	handle jetstream.Stream
 }
@@ -134,7 +143,7 @@ const requestTimeout = 5 * time.Second
 // Open connects to NATS, makes the two buckets if they are missing, and
 // returns a Log ready for popsub.New.
 func Open(opts Options) (*Log, error) {
-	opts.Prefix = cmpOr(opts.Prefix, "popsub")
+	opts.Prefix = cmp.Or(opts.Prefix, "popsub")
 	opts.Replicas = max(opts.Replicas, 1)
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -143,7 +152,9 @@ func Open(opts Options) (*Log, error) {
 	nc, err := nats.Connect(opts.URL, nats.Name("popsub"),
 		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			logger.Warn("nats disconnected", "err", err)
+			if err != nil { // nil: Close, which needs no word
+				logger.Warn("nats disconnected", "err", err)
+			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			logger.Info("nats reconnected", "url", nc.ConnectedUrl())
@@ -167,7 +178,8 @@ func Open(opts Options) (*Log, error) {
 		return nil, err
 	}
 	l := &Log{opts: opts, nc: nc, js: js, acks: make(chan pendingAck, window),
-		stop: make(chan struct{}), streams: map[string]*stream{}}
+		stop: make(chan struct{}), streams: map[string]*stream{},
+		local: map[string][]*popsub.Message{}}
 	if err := l.openBuckets(); err != nil {
 		nc.Close()
 		return nil, err
@@ -175,14 +187,6 @@ func Open(opts Options) (*Log, error) {
 	l.loops.Add(1)
 	go l.ackLoop()
 	return l, nil
-}
-
-// cmpOr returns s, or otherwise if s is empty.
-func cmpOr(s, otherwise string) string {
-	if s == "" {
-		return otherwise
-	}
-	return s
 }
 
 // openBuckets makes or opens the topics and cursors buckets.
@@ -397,10 +401,12 @@ func answerNow(p pendingAck) {
 	}
 }
 
-// Commit keeps a batch's cursor moves in the cursors bucket. Appends come
-// through Append, and trims are each stream's own limits, so the rest of
-// a batch is JetStream's already.
+// Commit keeps a batch's cursor moves in the cursors bucket, and its
+// messages, which only the broker's own topics send here, in memory.
+// Shared topics' messages come through Append, and their trims are each
+// stream's own limits.
 func (l *Log) Commit(batch *popsub.Batch) error {
+	l.keepLocal(batch)
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
 	for key, position := range batch.Cursors {
@@ -410,6 +416,41 @@ func (l *Log) Commit(batch *popsub.Batch) error {
 		}
 	}
 	return nil
+}
+
+// keepLocal appends a batch's messages to the local topics and applies
+// its trims to them.
+func (l *Log) keepLocal(batch *popsub.Batch) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, m := range batch.Messages {
+		l.local[m.Topic] = append(l.local[m.Topic], m)
+	}
+	for topic, upTo := range batch.Trims {
+		kept := l.local[topic]
+		i := 0
+		for i < len(kept) && kept[i].Seq <= upTo {
+			i++
+		}
+		if i > 0 {
+			l.local[topic] = slices.Clone(kept[i:])
+		}
+	}
+}
+
+// readLocal reads a local topic as Read does, and reports whether topic
+// is one.
+func (l *Log) readLocal(topic string, after uint64,
+	limit int) ([]*popsub.Message, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	kept, ok := l.local[topic]
+	if !ok {
+		return nil, false
+	}
+	i, _ := slices.BinarySearchFunc(kept, after+1,
+		func(m *popsub.Message, seq uint64) int { return cmp.Compare(m.Seq, seq) })
+	return slices.Clone(kept[i:min(len(kept), i+limit)]), true
 }
 
 // cursorKey maps a durable key (subject, name and topic, split by NUL) to
@@ -487,6 +528,9 @@ func (l *Log) listed(ctx context.Context) ([]string, error) {
 // message at or after a seq, so the gaps retention leaves cost nothing.
 func (l *Log) Read(topic string, after uint64, limit,
 	maxBytes int) ([]*popsub.Message, error) {
+	if msgs, ok := l.readLocal(topic, after, limit); ok {
+		return msgs, nil
+	}
 	s := l.stream(topic)
 	fed := s.fed.Load()
 	if after >= fed {
@@ -622,12 +666,18 @@ func (l *Log) followUpdates(watcher jetstream.KeyWatcher) {
 func (l *Log) follow(topic string) {
 	s := l.stream(topic)
 	l.mu.Lock()
-	if s.following != nil || l.closed {
+	if s.following != nil || s.starting || l.closed {
 		l.mu.Unlock()
 		return
 	}
+	s.starting = true
 	feed := l.feed
 	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		s.starting = false
+		l.mu.Unlock()
+	}()
 
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
@@ -663,8 +713,12 @@ func (l *Log) follow(topic string) {
 		return
 	}
 	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		following.Stop() // Close came while it was being made
+		return
+	}
 	s.following = following
-	l.mu.Unlock()
 }
 
 // retryFollow reports a topic this broker could not follow, and tries

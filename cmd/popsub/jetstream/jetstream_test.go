@@ -219,3 +219,29 @@ func TestJetStream_KillingANATSNodeLosesNoConfirmedMessage(t *testing.T) {
 		}
 	}
 }
+
+func TestJetStream_KeepsTheBrokersOwnTopicsInMemory(t *testing.T) {
+	log, err := Open(Options{URL: startNATS(t).ClientURL(), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	// $sys/events is sequenced by the broker and committed like a bbolt
+	// batch; a watcher that turns live after the commit replays it.
+	events := []*popsub.Message{{Topic: "$sys/events", Seq: 1},
+		{Topic: "$sys/events", Seq: 2}}
+	if err := log.Commit(&popsub.Batch{Messages: events}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := log.Read("$sys/events", 0, 10, 1<<20); len(got) != 2 {
+		t.Fatalf("read %d events, want 2", len(got))
+	}
+	err = log.Commit(&popsub.Batch{Trims: map[string]uint64{"$sys/events": 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := log.Read("$sys/events", 0, 10, 1<<20); len(got) != 1 ||
+		got[0].Seq != 2 {
+		t.Fatalf("after the trim read %v, want seq 2 alone", got)
+	}
+}
