@@ -90,3 +90,27 @@ func TestBench_SpreadsOverBrokersSharingALog(t *testing.T) {
 			r.Published, r.Delivered, r.Lost, r.Duplicated)
 	}
 }
+
+func TestServe_SaysWhatIsWrongWithTheNATSItIsGiven(t *testing.T) {
+	plain, err := server.NewServer(&server.Options{Host: "127.0.0.1",
+		Port: -1, NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go plain.Start()
+	if !plain.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	defer plain.Shutdown()
+	for url, want := range map[string]string{
+		plain.ClientURL():    "start nats-server with -js",
+		"nats://127.0.0.1:1": "is a nats-server with -js running there?",
+	} {
+		err := run(context.Background(), []string{"serve", "--addr",
+			"127.0.0.1:0", "--nats", url, "--log-level", "error"},
+			io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("serve --nats %s: %v, want %q", url, err, want)
+		}
+	}
+}

@@ -160,7 +160,8 @@ func Open(opts Options) (*Log, error) {
 			logger.Info("nats reconnected", "url", nc.ConnectedUrl())
 		}))
 	if err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w", opts.URL, err)
+		return nil, fmt.Errorf("connect to nats %s: %w (is a nats-server "+
+			"with -js running there?)", opts.URL, err)
 	}
 	// The window of publishes not answered yet is the broker's
 	// back-pressure: past it, Append waits, and so does the publisher's
@@ -199,6 +200,11 @@ func (l *Log) openBuckets() error {
 		*kv, err = l.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket: l.opts.Prefix + "_" + name, Replicas: l.opts.Replicas,
 			Storage: jetstream.FileStorage})
+		if errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
+			errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
+			return fmt.Errorf("%s has no JetStream: start nats-server "+
+				"with -js", l.opts.URL)
+		}
 		if err != nil {
 			return fmt.Errorf("jetstream bucket %s_%s: %w", l.opts.Prefix,
 				name, err)
