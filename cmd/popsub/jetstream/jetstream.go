@@ -137,8 +137,13 @@ type pendingAck struct {
 	done   func(seq uint64, duplicate bool, err error)
 }
 
-// requestTimeout bounds every request to JetStream that is not a publish.
-const requestTimeout = 5 * time.Second
+// requestTimeout bounds every request to JetStream that is not a publish;
+// publishTimeout bounds a publish, as the broker's write timeout bounds
+// a write.
+const (
+	requestTimeout = 5 * time.Second
+	publishTimeout = popsub.DefaultWriteTimeout
+)
 
 // Open connects to NATS, makes the two buckets if they are missing, and
 // returns a Log ready for popsub.New.
@@ -173,7 +178,11 @@ func Open(opts Options) (*Log, error) {
 	if opts.MaxMessages <= 0 {
 		window = 4096
 	}
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(window))
+	// While NATS is unreachable a publish is held, and answered with an
+	// error after publishTimeout: its publisher hears store_failed, and
+	// may send it again with the same message_id, which is safe.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(window),
+		jetstream.WithPublishAsyncTimeout(publishTimeout))
 	if err != nil {
 		nc.Close()
 		return nil, err
@@ -330,7 +339,7 @@ func (l *Log) Append(m *popsub.Message,
 	}
 	// A full window waits up to a write timeout's worth, not the client
 	// library's 200 ms: the publisher waits, as it would for the disk.
-	opts = append(opts, jetstream.WithStallWait(10*time.Second))
+	opts = append(opts, jetstream.WithStallWait(publishTimeout))
 	future, err := l.js.PublishMsgAsync(msg, opts...)
 	if err != nil {
 		done(0, false, err)
