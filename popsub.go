@@ -3715,8 +3715,8 @@ func (b *Broker) feed(m *Message) {
 	defer t.mu.Unlock()
 	if m.Seq > t.head {
 		m.frame = appendDelivery(nil, m, 1)
-		b.noteMessage("committed", nil, m, nil)
 		b.sequenced(t, m, t.head)
+		b.noteMessage("committed", nil, m, nil)
 		t.head = m.Seq
 	}
 }

@@ -186,7 +186,8 @@ func (s *story) apply(e event) {
 	case "committed":
 		s.add(e, "commit", brokerLane, brokerLane, fmt.Sprintf(
 			"#%d in the log", e.Seq), fmt.Sprintf("%s #%d is in the log: "+
-			"it survives a crash, and fan-out begins", e.Topic, e.Seq))
+			"it survives a crash, and a QoS 1 publisher hears published",
+			e.Topic, e.Seq))
 	case "delivered", "redelivered", "acked", "dead_lettered":
 		s.applyDelivery(e)
 	}

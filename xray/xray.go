@@ -8,7 +8,7 @@ package xray
 // $sys/events. Fields that do not apply to an event are left out.
 type Event struct {
 	// Kind is what happened: published (the message got its seq),
-	// committed (it is in the log, and fan-out begins), delivered,
+	// committed (it is in the log: a crash keeps it), delivered,
 	// redelivered, acked, dead_lettered, connected, disconnected,
 	// disconnected_slow, subscribed, unsubscribed, or snapshot.
 	Kind string `json:"event"`
