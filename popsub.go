@@ -1194,8 +1194,9 @@ func (c *connection) login(f frame) reply {
 		return reply{Type: "login_response", Token: token}
 	}
 	b.logger.Info("login failed", "user", f.Username, "remote", c.remote)
+	host, _, _ := net.SplitHostPort(c.remote) // "" if it has no port
 	release := b.logins.fail(time.Now(), "user:"+f.Username,
-		"addr:"+hostOf(c.remote))
+		"addr:"+cmp.Or(host, c.remote))
 	select {
 	case <-time.After(time.Until(release)):
 	case <-c.done:
@@ -1301,15 +1302,16 @@ func (t *loginThrottle) fail(now time.Time, keys ...string) time.Time {
 	if t.failures == nil {
 		t.failures = map[string]loginFailures{}
 	}
-	release := now
+	wait := time.Duration(0)
 	for _, key := range keys {
 		f := t.recent(key, now)
 		hold := time.Duration(0)
 		if f.count > 0 {
 			hold = min(loginBaseDelay<<min(f.count-1, 8), loginMaxDelay)
 		}
-		release = later(release, later(now, f.next).Add(hold))
+		wait = max(wait, max(f.next.Sub(now), 0)+hold)
 	}
+	release := now.Add(wait)
 	for _, key := range keys {
 		f := t.recent(key, now)
 		t.failures[key] = loginFailures{f.count + 1, now, release}
@@ -1347,14 +1349,6 @@ func (t *loginThrottle) forgetQuietest() {
 	for _, key := range keys[:len(keys)/10] {
 		delete(t.failures, key)
 	}
-}
-
-// hostOf is the host part of a remote address.
-func hostOf(remote string) string {
-	if host, _, err := net.SplitHostPort(remote); err == nil {
-		return host
-	}
-	return remote
 }
 
 // # Reading frames by hand (detail)
@@ -2114,6 +2108,7 @@ func (c *connection) subscribeWildcard(f frame) {
 	// A wildcard subscription has no replay, so it is live at once and
 	// its reply carries no seq: there is no single head to report.
 	s := c.newSubscription(f.Topic, nil, "")
+	c.broker.want(f.Topic)
 	c.broker.mu.Lock()
 	c.broker.wildcards[s] = struct{}{}
 	c.broker.mu.Unlock()
@@ -2162,6 +2157,10 @@ func (c *connection) subscribeTopic(f frame) {
 			f.After, f.Last = after, nil
 		}
 	}
+
+	// A shared log feeds this broker only the topics it wants, and
+	// catches up first, so that the head below is the log's.
+	b.want(f.Topic)
 
 	// Registering and reading the head happen under one lock, so the
 	// head in the reply is exactly where live delivery will begin.
@@ -2447,6 +2446,10 @@ func covers(grant, filter string) bool {
 		grant, filter = rest, filterRest
 	}
 }
+
+// Covers reports whether a wildcard filter covers topic: a SharedLog
+// feeds a broker the topics its clients' filters cover.
+func Covers(filter, topic string) bool { return covers(filter, topic) }
 
 // allowed reports whether grants permit filter. No grants at all (nil)
 // means every ordinary topic; $-topics always need an explicit grant.
@@ -3561,14 +3564,6 @@ func notify(ch chan struct{}) {
 	}
 }
 
-// later returns the later of two times.
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}
-
 // # The log and its storage seam
 //
 // Every message, of any QoS, is appended to its topic's log, and the log
@@ -3579,7 +3574,7 @@ func later(a, b time.Time) time.Time {
 // moves) into one transaction and one sync: group commit. The disk sits
 // behind Store, five methods, so that another engine replaces it
 // without touching the broker: BoltStore is bbolt, and a log shared by
-// several brokers adds two more methods (SharedLog, a detail below).
+// several brokers adds three more methods (SharedLog, a detail below).
 //
 // Two moments matter: a message gets its seq, and its batch is synced.
 // Deliveries leave at the first, confirms at the second. A crash, of the
@@ -3669,8 +3664,9 @@ func (b *Broker) expire(now time.Time) {
 //
 // So a publish on a shared log is not sequenced here: the broker hands
 // it to the log and returns, and its QoS 1 confirm waits for the log's
-// answer, which carries the seq. The log then feeds every broker, this
-// one included, each committed message in seq order, and fan-out happens
+// answer, which carries the seq. The log then feeds each broker that
+// wants the topic (whose clients publish or subscribe to it), this one
+// included, each committed message in seq order, and fan-out happens
 // there, under the topic's lock, as for a local publish: replay, the
 // hand-over to live and back-pressure work unchanged. The alternative,
 // each broker sequencing and the log merging, would give two messages one
@@ -3678,7 +3674,8 @@ func (b *Broker) expire(now time.Time) {
 // every publish; the benchmark in docs/performance.md measures it.
 
 // SharedLog is a Store that other brokers share: it gives out seqs and
-// feeds every broker what it committed. Read must return nothing past
+// feeds each broker what it committed to the topics the broker wants
+// (Want, called as a client subscribes). Read must return nothing past
 // what it has fed, so that replay never runs ahead of fan-out.
 type SharedLog interface {
 	Store
@@ -3686,9 +3683,20 @@ type SharedLog interface {
 	// seq, or the first copy's for a repeated QoS 1 message_id. It may
 	// wait for room, not for the commit.
 	Append(m *Message, done func(seq uint64, duplicate bool, err error))
-	// Follow starts feeding every message committed to any topic after
-	// the heads Topics returned, in seq order within each topic.
+	// Follow starts feeding, in seq order within each topic, what is
+	// committed to the topics this broker wants, after the heads Topics
+	// returned.
 	Follow(feed func(*Message))
+	// Want adds the topics filter covers to those fed. For an exact
+	// topic it returns once the feed has caught up with the log.
+	Want(filter string)
+}
+
+// want tells a shared log that a client here subscribes to filter.
+func (b *Broker) want(filter string) {
+	if b.shared != nil {
+		b.shared.Want(filter)
+	}
 }
 
 // append hands m to the shared log and returns the flush its confirm

@@ -25,6 +25,12 @@ func (s *sharedMemory) Append(m *Message,
 // Follow keeps the broker's feed.
 func (s *sharedMemory) Follow(feed func(*Message)) { s.feed = feed }
 
+// Want needs nothing: the test feeds every topic.
+func (s *sharedMemory) Want(string) {}
+
+// A sharedMemory is a SharedLog, or the broker would take it for a Store.
+var _ SharedLog = (*sharedMemory)(nil)
+
 // put stores a message at seq, as another broker's publish, and feeds it.
 func (s *sharedMemory) put(topic string, seq uint64, id string) {
 	m := &Message{Topic: topic, ID: id, Seq: seq, QoS: 0,

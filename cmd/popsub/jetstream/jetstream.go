@@ -21,8 +21,8 @@
 // bytes and age is each stream's own limits.
 //
 // Topics are listed in a key-value bucket (stream name to topic name),
-// which every broker watches: a topic created on one broker is followed
-// by the others at once, and a wildcard subscription there covers it.
+// which every broker watches: a topic created on one broker is known to
+// the others at once, and a wildcard subscription there covers it.
 // Topic names are mapped, never refused: letters, digits and '-' stay,
 // any other byte becomes _XX in hex, and a name that would be too long
 // becomes a hash, since the bucket keeps the real name.
@@ -32,13 +32,15 @@
 // dedup window as long as messages live. Durable cursors are a second
 // bucket, keyed by the durable key in base64.
 //
-// Each broker follows every topic with an ordered consumer from the head
-// it knows, so its index of every topic stays whole (replay's "first
-// retained" and "recovered" need it), and wildcards need no discovery of
-// their own. The alternative, following only topics with subscribers
-// here, would have to rebuild a topic's index on its first subscription
-// and would race that rebuild against the feed; it can come when a
-// deployment has more topics than one broker can follow.
+// Each broker follows only the topics it wants: those its clients
+// publish to (a confirm waits for the broker's own feed) and those they
+// subscribe to, exactly or through a wildcard filter, from the first
+// time they do until the broker stops. A broker reads every topic's
+// retained messages once, at start, for its index; following a topic it
+// had not followed then feeds what came since, and a subscription waits
+// for that catch-up, so that its head, "last" and "recovered" are the
+// log's. The alternative, every broker following every topic, is simpler
+// and costs each broker every message of every topic.
 package jetstream
 
 import (
@@ -104,6 +106,11 @@ type Log struct {
 	mu sync.Mutex
 	// streams maps a topic to what this broker knows of its stream.
 	streams map[string]*stream
+	// filters are the wildcard filters this broker's clients subscribed
+	// with; listed holds every topic the bucket lists, for a new filter
+	// to find those it covers.
+	filters []string
+	listed  map[string]bool
 	// local keeps the broker's own topics ($sys/events), which it
 	// sequences itself and commits here: they describe this broker's
 	// connections, so they are not shared, and live in memory.
@@ -118,12 +125,17 @@ type stream struct {
 	// created is set once the stream is known to exist.
 	created bool
 	// fed is the newest seq fed to the broker; Read stops there, so
-	// replay never runs ahead of fan-out. fedMore is signalled (capacity
-	// 1) when it grows, for ackLoop.
+	// replay never runs ahead of fan-out. While anyone waits for it to
+	// grow (waiters, under waitMu), fedMore is closed and replaced each
+	// time it does.
 	fed     atomic.Uint64
+	waitMu  sync.Mutex
+	waiters int
 	fedMore chan struct{}
-	// following is the consumer feeding the broker, once it follows;
-	// starting is set while one is being made, so there is only one.
+	// wanted is set once the broker wants the topic fed (Want, Append).
+	// following is the consumer feeding it, once it follows; starting is
+	// set while one is being made, so that there is only one.
+	wanted    bool
 	following jetstream.ConsumeContext
 	starting  bool
 	// handle is the stream's, for reads, once looked up.
@@ -189,7 +201,7 @@ func Open(opts Options) (*Log, error) {
 	}
 	l := &Log{opts: opts, nc: nc, js: js, acks: make(chan pendingAck, window),
 		stop: make(chan struct{}), streams: map[string]*stream{},
-		local: map[string][]*popsub.Message{}}
+		local: map[string][]*popsub.Message{}, listed: map[string]bool{}}
 	if err := l.openBuckets(); err != nil {
 		nc.Close()
 		return nil, err
@@ -264,7 +276,7 @@ func (l *Log) stream(topic string) *stream {
 }
 
 // create makes topic's stream if this broker has not seen it yet, then
-// lists the topic in the bucket, which starts every broker following it.
+// lists the topic in the bucket, where every broker learns of it.
 func (l *Log) create(topic string, s *stream) error {
 	l.mu.Lock()
 	created := s.created
@@ -327,6 +339,7 @@ func (l *Log) Append(m *popsub.Message,
 		done(0, false, err)
 		return
 	}
+	l.want(m.Topic, s) // the confirm waits for this broker's feed
 	body, err := json.Marshal(m)
 	if err != nil {
 		done(0, false, err)
@@ -385,18 +398,44 @@ func (l *Log) ackLoop() {
 	}
 }
 
+// advance records that the broker has been fed seq, and wakes whoever
+// waits for it.
+func (s *stream) advance(seq uint64) {
+	s.fed.Store(seq)
+	s.waitMu.Lock()
+	defer s.waitMu.Unlock()
+	if s.waiters > 0 {
+		close(s.fedMore)
+		s.fedMore = make(chan struct{})
+	}
+}
+
 // awaitFed waits until this broker has been fed s up to seq, or for a
-// write timeout's worth at most. A publisher who hears "published" and
-// then subscribes here must find its message in the replay, as on one
+// request timeout at most. A publisher who hears "published" and then
+// subscribes here must find its message in the replay, as on one
 // broker: the confirm waits for the feed, which is usually there first.
 func (l *Log) awaitFed(s *stream, seq uint64) {
+	s.waitMu.Lock()
+	s.waiters++
+	s.waitMu.Unlock()
+	defer func() {
+		s.waitMu.Lock()
+		s.waiters--
+		s.waitMu.Unlock()
+	}()
 	timeout := time.NewTimer(requestTimeout)
 	defer timeout.Stop()
-	for s.fed.Load() < seq {
+	for {
+		s.waitMu.Lock()
+		more := s.fedMore
+		s.waitMu.Unlock()
+		if s.fed.Load() >= seq {
+			return
+		}
 		select {
-		case <-s.fedMore:
+		case <-more:
 		case <-timeout.C:
-			l.opts.Logger.Warn("confirm sent before the feed caught up",
+			l.opts.Logger.Warn("the feed did not catch up",
 				"stream", s.name, "seq", seq)
 			return
 		case <-l.stop:
@@ -497,7 +536,7 @@ func (l *Log) Cursor(key string) (uint64, bool, error) {
 func (l *Log) Topics() (map[string]uint64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
-	names, err := l.listed(ctx)
+	names, err := l.listTopics(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -521,8 +560,8 @@ func (l *Log) Topics() (map[string]uint64, error) {
 	return heads, nil
 }
 
-// listed returns the topic names in the topics bucket.
-func (l *Log) listed(ctx context.Context) ([]string, error) {
+// listTopics returns the topic names in the topics bucket.
+func (l *Log) listTopics(ctx context.Context) ([]string, error) {
 	keys, err := l.topics.ListKeys(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list topics: %w", err)
@@ -617,8 +656,9 @@ func decode(data []byte, seq uint64) (*popsub.Message, error) {
 	return m, nil
 }
 
-// Follow starts feeding the broker: every topic Topics listed, after its
-// head, and every topic listed from now on, from its first message.
+// Follow keeps the broker's feed and starts watching the topics bucket;
+// a topic is fed once the broker wants it (Want, Append), from the head
+// Topics returned, or from its first message if it is new.
 func (l *Log) Follow(feed func(*popsub.Message)) {
 	l.mu.Lock()
 	l.feed = feed
@@ -627,8 +667,8 @@ func (l *Log) Follow(feed func(*popsub.Message)) {
 	go l.watchTopics()
 }
 
-// watchTopics follows each topic in the bucket, those there now and
-// those added later, until Close.
+// watchTopics learns each topic in the bucket, those there now and those
+// added later, until Close, and follows those the broker wants.
 func (l *Log) watchTopics() {
 	defer l.loops.Done()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -654,7 +694,7 @@ func (l *Log) watchTopics() {
 	}
 }
 
-// followUpdates follows each topic a watcher reports, until it ends.
+// followUpdates learns each topic a watcher reports, until it ends.
 func (l *Log) followUpdates(watcher jetstream.KeyWatcher) {
 	for {
 		select {
@@ -665,11 +705,94 @@ func (l *Log) followUpdates(watcher jetstream.KeyWatcher) {
 			if entry == nil || entry.Operation() != jetstream.KeyValuePut {
 				continue // the end of the initial values, or a delete
 			}
-			l.follow(string(entry.Value()))
+			l.learn(string(entry.Value()))
 		case <-l.stop:
 			return
 		}
 	}
+}
+
+// learn notes a listed topic, and follows it if a filter covers it or
+// the broker wanted it before it existed.
+func (l *Log) learn(topic string) {
+	s := l.stream(topic)
+	l.mu.Lock()
+	l.listed[topic] = true
+	wanted := s.wanted || slices.ContainsFunc(l.filters,
+		func(filter string) bool { return popsub.Covers(filter, topic) })
+	s.wanted = wanted
+	l.mu.Unlock()
+	if wanted {
+		l.follow(topic)
+	}
+}
+
+// Want makes the log feed the broker the topics filter covers, and
+// returns once the feed has caught up with each of them (or after a
+// request timeout): an exact topic, or for a wildcard filter every topic
+// listed now that it covers. A topic listed later is new, and is fed
+// from its first message. Catching up first keeps a late follow from
+// looking new: a subscription registers only after it, so a live-only
+// wildcard never receives what came before it.
+func (l *Log) Want(filter string) {
+	if strings.HasPrefix(filter, "$sys/") {
+		return // the broker's own, never in NATS
+	}
+	topics := []string{filter}
+	if strings.ContainsAny(filter, "+#") {
+		topics = l.wantFilter(filter)
+	}
+	for _, topic := range topics {
+		s := l.stream(topic)
+		l.want(topic, s)
+		l.catchUp(s)
+	}
+}
+
+// wantFilter adds a wildcard filter, and returns the topics the bucket
+// lists now that it covers: listed afresh, as the watcher may lag.
+func (l *Log) wantFilter(filter string) []string {
+	l.mu.Lock()
+	if !slices.Contains(l.filters, filter) {
+		l.filters = append(l.filters, filter)
+	}
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	names, err := l.listTopics(ctx)
+	if err != nil {
+		l.opts.Logger.Warn("list topics", "filter", filter, "err", err)
+	}
+	var covered []string
+	for _, topic := range names {
+		if popsub.Covers(filter, topic) {
+			covered = append(covered, topic)
+		}
+	}
+	return covered
+}
+
+// want marks s wanted and follows it, unless it does already.
+func (l *Log) want(topic string, s *stream) {
+	l.mu.Lock()
+	already := s.wanted && s.following != nil
+	s.wanted = true
+	l.mu.Unlock()
+	if !already {
+		l.follow(topic)
+	}
+}
+
+// catchUp waits until the broker has been fed s up to the stream's
+// head as of now: a subscription's head must be the log's.
+func (l *Log) catchUp(s *stream) {
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	info, err := l.js.Stream(ctx, s.name)
+	if err != nil {
+		return // no stream yet: nothing to catch up with
+	}
+	l.awaitFed(s, info.CachedInfo().State.LastSeq)
 }
 
 // follow starts feeding topic's messages after the newest one fed, if
@@ -701,6 +824,12 @@ func (l *Log) follow(topic string) {
 			DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
 			OptStartSeq:   s.fed.Load() + 1})
 	if err != nil {
+		l.mu.Lock()
+		listed := l.listed[topic]
+		l.mu.Unlock()
+		if !listed && errors.Is(err, jetstream.ErrStreamNotFound) {
+			return // no one published yet: learn follows it once listed
+		}
 		l.retryFollow(topic, err)
 		return
 	}
@@ -716,11 +845,7 @@ func (l *Log) follow(topic string) {
 			return
 		}
 		feed(m)
-		s.fed.Store(m.Seq)
-		select {
-		case s.fedMore <- struct{}{}:
-		default:
-		}
+		s.advance(m.Seq)
 	}, jetstream.PullExpiry(2*time.Second),
 		jetstream.PullHeartbeat(500*time.Millisecond))
 	if err != nil {

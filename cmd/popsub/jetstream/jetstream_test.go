@@ -49,7 +49,6 @@ func TestJetStream_ReplayAfterLastAndRecoveredAgreeOnEveryBroker(t *testing.T) {
 		publisher.publish("log", "", i)
 	}
 	for _, br := range []*broker{a, b, c} {
-		br.caughtUp("log", 5)
 		reader := br.dial("reader")
 		sub := reader.subscribe("log", map[string]any{"after": 0})
 		if sub.Seq != 5 || sub.Recovered == nil || *sub.Recovered {
@@ -114,7 +113,6 @@ func TestJetStream_ADurableResumesOnAnotherBroker(t *testing.T) {
 		publisher.publish("jobs", "", 3+i)
 	}
 
-	b.caughtUp("jobs", 5)
 	resumed := b.dial("worker")
 	resumed.subscribe("jobs", map[string]any{"durable": "w"})
 	if got := seqs(resumed.messages(2)); got != "4,5" {
@@ -205,7 +203,6 @@ func TestJetStream_KillingANATSNodeLosesNoConfirmedMessage(t *testing.T) {
 		publish(i)
 	}
 
-	b.caughtUp("ledger", confirmed["p-99"])
 	reader := b.dial("reader")
 	reader.subscribe("ledger", map[string]any{"after": 0})
 	got := map[string]uint64{}
@@ -243,5 +240,44 @@ func TestJetStream_KeepsTheBrokersOwnTopicsInMemory(t *testing.T) {
 	if got, _ := log.Read("$sys/events", 0, 10, 1<<20); len(got) != 1 ||
 		got[0].Seq != 2 {
 		t.Fatalf("after the trim read %v, want seq 2 alone", got)
+	}
+}
+
+func TestJetStream_ABrokerFollowsOnlyWhatItsClientsWant(t *testing.T) {
+	a, b, _ := threeBrokers(t, popsub.Options{})
+	publisher := a.dial("alice")
+	for i := range 3 {
+		publisher.publish("quiet", "", i)
+		publisher.publish("rooms/kitchen", "", i)
+	}
+	following := func(topic string) bool {
+		s := b.log.stream(topic)
+		b.log.mu.Lock()
+		defer b.log.mu.Unlock()
+		return s.following != nil
+	}
+	if following("quiet") || following("rooms/kitchen") {
+		t.Fatal("B follows topics none of its clients wants")
+	}
+
+	// A subscription on B waits for B to catch up: its head is the log's.
+	reader := b.dial("reader")
+	if sub := reader.subscribe("quiet", map[string]any{"last": 2}); sub.Seq != 3 {
+		t.Fatalf("subscribed at %d on B, want the log's head 3", sub.Seq)
+	}
+	if got := seqs(reader.messages(2)); got != "2,3" {
+		t.Fatalf("last 2 replays %s on B, want 2,3", got)
+	}
+
+	// A wildcard, live only, hears what comes after it and nothing of
+	// what came before, though B had not followed the topic until now.
+	watcher := b.dial("watcher")
+	watcher.subscribe("rooms/+", nil)
+	if !following("rooms/kitchen") {
+		t.Fatal("B does not follow a topic its wildcard covers")
+	}
+	publisher.publish("rooms/kitchen", "k-4", 3)
+	if m := watcher.expect("message"); m.Seq != 4 || m.MessageID != "k-4" {
+		t.Fatalf("wildcard got %+v, want seq 4 alone", m)
 	}
 }
