@@ -2,6 +2,7 @@ package jetstream
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -279,5 +280,26 @@ func TestJetStream_ABrokerFollowsOnlyWhatItsClientsWant(t *testing.T) {
 	publisher.publish("rooms/kitchen", "k-4", 3)
 	if m := watcher.expect("message"); m.Seq != 4 || m.MessageID != "k-4" {
 		t.Fatalf("wildcard got %+v, want seq 4 alone", m)
+	}
+}
+
+func TestJetStream_ReadsAChunkInOneBatch(t *testing.T) {
+	a, _, _ := threeBrokers(t, popsub.Options{})
+	publisher := a.dial("alice")
+	for i := range 10 {
+		publisher.publish("chunks", "", strings.Repeat("x", 100+i))
+	}
+	got, err := a.log.Read("chunks", 2, 3, 1<<20)
+	if err != nil || len(got) != 3 || got[0].Seq != 3 || got[2].Seq != 5 {
+		t.Fatalf("read after 2, limit 3: %v %v, want seqs 3 to 5", got, err)
+	}
+	// A byte cap stops the batch early, but never before one message.
+	got, err = a.log.Read("chunks", 0, 10, 150)
+	if err != nil || len(got) == 0 || len(got) == 10 || got[0].Seq != 1 {
+		t.Fatalf("read with a 150-byte cap: %d messages, %v", len(got), err)
+	}
+	got, err = a.log.Read("chunks", 10, 10, 1<<20)
+	if err != nil || len(got) != 0 {
+		t.Fatalf("read past the head: %v %v, want nothing", got, err)
 	}
 }
