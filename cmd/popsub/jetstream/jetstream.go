@@ -164,20 +164,9 @@ func Open(opts Options) (*Log, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	logger := opts.Logger
-	nc, err := nats.Connect(opts.URL, nats.Name("popsub"),
-		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil { // nil: Close, which needs no word
-				logger.Warn("nats disconnected", "err", err)
-			}
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			logger.Info("nats reconnected", "url", nc.ConnectedUrl())
-		}))
+	nc, err := connect(opts.URL, opts.Logger)
 	if err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w (is a nats-server "+
-			"with -js running there?)", opts.URL, err)
+		return nil, err
 	}
 	// The window of publishes not answered yet is the broker's
 	// back-pressure: past it, Append waits, and so does the publisher's
@@ -208,6 +197,26 @@ func Open(opts Options) (*Log, error) {
 	l.loops.Add(1)
 	go l.ackLoop()
 	return l, nil
+}
+
+// connect connects to NATS for good: it reconnects for as long as the
+// broker runs, and says so in the log.
+func connect(url string, logger *slog.Logger) (*nats.Conn, error) {
+	nc, err := nats.Connect(url, nats.Name("popsub"),
+		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil { // nil: Close, which needs no word
+				logger.Warn("nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			logger.Info("nats reconnected", "url", nc.ConnectedUrl())
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("connect to nats %s: %w (is a nats-server "+
+			"with -js running there?)", url, err)
+	}
+	return nc, nil
 }
 
 // openBuckets makes or opens the topics and cursors buckets.
