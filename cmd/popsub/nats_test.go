@@ -114,3 +114,30 @@ func TestServe_SaysWhatIsWrongWithTheNATSItIsGiven(t *testing.T) {
 		}
 	}
 }
+
+func TestConfig_NamesTheNATSLog(t *testing.T) {
+	path := writeConfig(t, `
+[server]
+nats = "nats://10.0.0.7:4222"
+nats_replicas = 3
+`)
+	cfg, err := parseServe([]string{"--config", path}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.nats != "nats://10.0.0.7:4222" || cfg.natsReplicas != 3 {
+		t.Fatalf("got nats %q, replicas %d, want the file's", cfg.nats,
+			cfg.natsReplicas)
+	}
+	// The environment wins over the file, and the flag over both.
+	t.Setenv("POPSUB_NATS", "nats://127.0.0.1:4222")
+	cfg, _ = parseServe([]string{"--config", path}, io.Discard)
+	if cfg.nats != "nats://127.0.0.1:4222" {
+		t.Fatalf("got %q, want the environment's", cfg.nats)
+	}
+	cfg, _ = parseServe([]string{"--config", path, "--nats",
+		"nats://127.0.0.1:5222"}, io.Discard)
+	if cfg.nats != "nats://127.0.0.1:5222" {
+		t.Fatalf("got %q, want the flag's", cfg.nats)
+	}
+}
