@@ -33,7 +33,7 @@
 //
 // # Reading path
 //
-// The whole broker is this file, about 2,600 lines of code, 1,500 of them
+// The whole broker is this file, about 2,600 lines of code, 1,400 of them
 // on the first reading, which takes about 3 hours. It follows a message:
 // options and frames; the broker and its topics; connecting; the outbox
 // and back-pressure; subscribing; publishing and fan-out; acknowledgements;
