@@ -333,7 +333,7 @@ func (s *docServer) startOther(named string, args, expected []string,
 			args[i] = real
 		}
 	}
-	all := append([]string{"serve", "--log-level", "error"}, args...)
+	all := append(docServeArgs(), args...)
 	banner, stop := startServeLines(s.t, all)
 	other := &otherServer{stop: stop}
 	for _, line := range banner {
@@ -461,7 +461,7 @@ func (s *docServer) start(args, expected []string, where string) {
 		c.ws.CloseNow()
 		delete(s.clients, name)
 	}
-	all := append([]string{"serve", "--log-level", "error"}, args...)
+	all := append(docServeArgs(), args...)
 	if s.address != "" {
 		all = append(all, "--addr", s.address)
 	} else {
@@ -488,6 +488,16 @@ func (s *docServer) start(args, expected []string, where string) {
 	}
 }
 
+// docServeArgs open every serve the docs run. A login hashes its
+// password 600,000 times (1.7 s under the race detector here), twice in
+// tutorial 5, and on a loaded 2-core machine that outlasted the 5 s a
+// connection has to authenticate; the most serve allows, 10 s, changes
+// nothing a doc shows, and a doc that sets --auth-timeout itself still
+// wins, as its flag comes later.
+func docServeArgs() []string {
+	return []string{"serve", "--log-level", "error", "--auth-timeout", "10s"}
+}
+
 // startServeLines runs serve and returns the lines it printed before it
 // was ready, and a func that stops it.
 func startServeLines(t *testing.T, args []string) ([]string, func() error) {
@@ -511,6 +521,10 @@ func startServeLines(t *testing.T, args []string) ([]string, func() error) {
 		}
 	}
 	go io.Copy(io.Discard, out)
+	if len(banner) == 0 {
+		cancel()
+		t.Fatalf("serve %v printed nothing: %v", args, <-result)
+	}
 	stop := func() error {
 		cancel()
 		return <-result
