@@ -152,19 +152,6 @@ func (b *broker) stop() {
 	b.http.Close()
 }
 
-// caughtUp waits until b has been fed topic up to seq: a publish
-// confirmed on another broker reaches this one a moment later.
-func (b *broker) caughtUp(topic string, seq uint64) {
-	b.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for b.log.stream(topic).fed.Load() < seq {
-		if time.Now().After(deadline) {
-			b.t.Fatalf("%s not fed up to %d in 10 s", topic, seq)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // kill stops the broker the way kill -9 would look from outside: its
 // sockets and its NATS connection drop, and nothing is flushed.
 func (b *broker) kill() {
