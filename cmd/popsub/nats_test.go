@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -139,5 +140,38 @@ nats_replicas = 3
 		"nats://127.0.0.1:5222"}, io.Discard)
 	if cfg.nats != "nats://127.0.0.1:5222" {
 		t.Fatalf("got %q, want the flag's", cfg.nats)
+	}
+}
+
+// Tutorial 7's playground: the page on one broker shows a message
+// published on the other, delivered to its clients and acked.
+func TestPlayground_ShowsWhatAnotherBrokerPublished(t *testing.T) {
+	chromium := browser(t)
+	nats := startNATS(t)
+	secret := strings.Repeat("playground-secret-", 2)
+	other, _, _ := startServe(t, "--nats", nats, "--secret", secret)
+	page, _, _ := playgroundURL(t, secret, "--nats", nats)
+	ctx, problems := startBrowser(t, chromium)
+
+	do(t, ctx, "open the page", chromedp.EmulateViewport(1366, 900),
+		chromedp.Navigate(page))
+	for _, name := range []string{"alice", "bob"} {
+		until(t, ctx, name+" subscribes by herself",
+			exists(`#`+name+`-subs li[data-topic="jobs"]`))
+	}
+	token, err := localClaims().Sign([]byte(secret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, "--url", other, "--token", token, "pub", "jobs",
+		`"from the other broker"`, "--qos", "1")
+	for _, name := range []string{"alice", "bob"} {
+		until(t, ctx, name+" receives it", contains("#"+name+"-messages",
+			"from the other broker"))
+		until(t, ctx, name+" acks it, as the broker says",
+			exists(`#`+name+`-messages li[data-state="acked"]`))
+	}
+	if p := problems(); len(p) > 0 {
+		t.Fatalf("the console reported: %v", p)
 	}
 }
