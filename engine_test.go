@@ -4,28 +4,17 @@ import (
 	"cmp"
 	"fmt"
 	"testing"
-	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/popsub/popsub"
 	"github.com/popsub/popsub/cmd/popsub/jetstream"
+	"github.com/popsub/popsub/cmd/popsub/jetstream/natstest"
 )
 
 // TestBehaviour_OnJetStream runs the behavioural tests again with the
 // log on NATS JetStream (a server in this process): what a client sees
 // must not depend on the engine.
 func TestBehaviour_OnJetStream(t *testing.T) {
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1",
-		Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true,
-		NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	defer ns.Shutdown()
+	ns := natstest.Start(t)
 
 	// Each broker gets a prefix of its own: a fresh log, as a fresh
 	// bbolt file is on the default engine.

@@ -2596,8 +2596,11 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 // seq, whether m repeated a QoS 1 message_id the topic still remembers,
 // and the flush that makes it durable; a nil flush if done was closed,
 // or the broker stopped, before there was room: then nothing happened.
+// On a shared log it hands m over instead, and the flush brings the seq.
 func (b *Broker) publish(m *Message, done <-chan struct{}) (uint64, bool,
 	*flush) {
+	// The x-ray's events are about this broker's own connections, so
+	// even on a shared log they are sequenced and committed here.
 	if b.shared != nil && !strings.HasPrefix(m.Topic, "$sys/") {
 		return 0, false, b.append(m)
 	}
@@ -2693,6 +2696,8 @@ func (b *Broker) fanOut(t *topic, m *Message, last uint64) {
 	// so a hundred outboxes can hold the same slice. One clock read
 	// serves them too, not one per subscriber: here it costs 60 ns.
 	deadline := time.Now().Add(b.opts.AckTimeout)
+	// A gap (only a shared log's feed has one) is messages nobody live
+	// here was sent: each subscriber goes back to the log, to hear it.
 	gap := m.Seq > last+1
 	for s := range t.subscribers {
 		if s.live && (gap || !s.conn.deliver(s, m, m.frame, 1, deadline)) {
@@ -3660,7 +3665,8 @@ func (b *Broker) expire(now time.Time) {
 // retention, the dedup of a publisher's repeated message_id, and durable
 // cursors. Each broker keeps what is about its own clients: their
 // connections and outboxes, each subscriber's pending acks and retries,
-// and an index of every topic (no payloads) for replay to start from.
+// and an index of the topics it knows (no payloads) for replay to start
+// from.
 //
 // So a publish on a shared log is not sequenced here: the broker hands
 // it to the log and returns, and its QoS 1 confirm waits for the log's
@@ -3676,7 +3682,10 @@ func (b *Broker) expire(now time.Time) {
 // SharedLog is a Store that other brokers share: it gives out seqs and
 // feeds each broker what it committed to the topics the broker wants
 // (Want, called as a client subscribes). Read must return nothing past
-// what it has fed, so that replay never runs ahead of fan-out.
+// what it has fed, so that replay never runs ahead of fan-out. Commit
+// still gets the cursor moves, and the messages of the broker's own
+// $sys/ topics, which it sequences itself: those the log keeps for Read
+// but need not share.
 type SharedLog interface {
 	Store
 	// Append commits m to its topic's log and then calls done with its

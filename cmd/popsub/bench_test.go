@@ -14,14 +14,23 @@ import (
 // this process, and returns its JSON summary.
 func benchAgainst(t *testing.T, args ...string) benchResult {
 	t.Helper()
-	secret := strings.Repeat("bench-test-secret-", 2)
-	url, _, _ := startServe(t, "--secret", secret, "--max-messages",
-		"100000")
+	url, _, _ := startServe(t, "--secret", benchTestSecret,
+		"--max-messages", "100000")
+	return benchURL(t, url, args...)
+}
+
+// benchTestSecret is the secret of the servers bench tests start.
+var benchTestSecret = strings.Repeat("bench-test-secret-", 2)
+
+// benchURL runs popsub bench with args against the server (or servers,
+// separated by commas) at url, and returns its JSON summary.
+func benchURL(t *testing.T, url string, args ...string) benchResult {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	all := append([]string{"bench", "--url", url, "--secret", secret,
-		"--json"}, args...)
+	all := append([]string{"bench", "--url", url, "--secret",
+		benchTestSecret, "--json"}, args...)
 	if err := run(ctx, all, &out, io.Discard); err != nil {
 		t.Fatalf("bench: %v", err)
 	}
@@ -35,15 +44,21 @@ func benchAgainst(t *testing.T, args ...string) benchResult {
 func TestBench_CountsEveryDelivery(t *testing.T) {
 	for _, qos := range []string{"0", "1"} {
 		t.Run("qos "+qos, func(t *testing.T) {
-			r := benchAgainst(t, "--subscribers", "3", "--qos", qos,
-				"--duration", "300ms", "--window", "50")
-			if r.Published == 0 || r.Lost != 0 || r.Duplicated != 0 ||
-				r.Delivered != 3*r.Published {
-				t.Fatalf("published %d, delivered %d, lost %d, duplicated "+
-					"%d; want every message to each of 3 subscribers once",
-					r.Published, r.Delivered, r.Lost, r.Duplicated)
-			}
+			deliveredOnceEach(t, benchAgainst(t, "--subscribers", "3",
+				"--qos", qos, "--duration", "300ms", "--window", "50"), 3)
 		})
+	}
+}
+
+// deliveredOnceEach fails the test unless the bench published something
+// and each of its subscribers received every message once.
+func deliveredOnceEach(t *testing.T, r benchResult, subscribers int64) {
+	t.Helper()
+	if r.Published == 0 || r.Lost != 0 || r.Duplicated != 0 ||
+		r.Delivered != subscribers*r.Published {
+		t.Fatalf("published %d, delivered %d, lost %d, duplicated %d; "+
+			"want every message to each of %d subscribers once",
+			r.Published, r.Delivered, r.Lost, r.Duplicated, subscribers)
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/cmd/popsub/jetstream/natstest"
 )
 
 // This file runs the docs. Every fenced block in docs/*.md that shows a
@@ -217,6 +218,32 @@ func (s *docServer) run(f fence) {
 	}
 }
 
+// commands returns the $ commands of a block that holds only those and
+// # notes, such as a setup or a nats block.
+func (s *docServer) commands(kind string, lines []string,
+	where string) []string {
+	var list []string
+	for _, line := range lines {
+		command, ok := strings.CutPrefix(line, "$ ")
+		switch {
+		case ok:
+			list = append(list, command)
+		case !strings.HasPrefix(line, "#") && strings.TrimSpace(line) != "":
+			s.t.Fatalf("%s: a %s block holds $ commands and # notes, "+
+				"not %q", where, kind, line)
+		}
+	}
+	return list
+}
+
+// stopOther stops the broker a doc calls named, as Ctrl-C would.
+func (s *docServer) stopOther(named, where string) {
+	if err := s.others[named].stop(); err != nil {
+		s.t.Fatalf("%s: stopping the broker on %s: %v", where, named, err)
+	}
+	delete(s.others, named)
+}
+
 // setup does what a tutorial's setup block says: the broker of the last
 // one is stopped (its comment tells the reader to press Ctrl-C), files
 // are removed, and variables set or unset.
@@ -231,20 +258,11 @@ func (s *docServer) setup(lines []string, where string) {
 		}
 		s.stop = nil
 	}
-	for named, other := range s.others {
-		if err := other.stop(); err != nil {
-			s.t.Fatalf("%s: stopping the broker on %s: %v", where, named,
-				err)
-		}
-		delete(s.others, named)
+	for named := range s.others {
+		s.stopOther(named, where)
 	}
-	for _, line := range lines {
-		command, ok := strings.CutPrefix(line, "$ ")
+	for _, command := range s.commands("setup", lines, where) {
 		switch {
-		case strings.HasPrefix(line, "#") || strings.TrimSpace(line) == "":
-		case !ok:
-			s.t.Fatalf("%s: a setup block holds $ commands and # notes, "+
-				"not %q", where, line)
 		case strings.HasPrefix(command, "export "):
 			s.export(strings.TrimPrefix(command, "export "))
 		case strings.HasPrefix(command, "unset "):
@@ -322,11 +340,8 @@ func (s *docServer) startOther(named string, args, expected []string,
 	}
 	real := "127.0.0.1:0"
 	if old := s.others[named]; old != nil {
-		if err := old.stop(); err != nil {
-			s.t.Fatalf("%s: stopping the broker on %s: %v", where, named,
-				err)
-		}
 		real = old.address
+		s.stopOther(named, where)
 	}
 	for i, arg := range args {
 		if arg == named {
@@ -349,12 +364,9 @@ func (s *docServer) startOther(named string, args, expected []string,
 // stopNamed stops the broker whose address the block names.
 func (s *docServer) stopNamed(lines []string, where string) {
 	text := strings.Join(lines, "\n")
-	for named, other := range s.others {
+	for named := range s.others {
 		if strings.Contains(text, named) {
-			if err := other.stop(); err != nil {
-				s.t.Fatalf("%s: stopping %s: %v", where, named, err)
-			}
-			delete(s.others, named)
+			s.stopOther(named, where)
 			return
 		}
 	}
@@ -370,13 +382,8 @@ func (s *docServer) stopNamed(lines []string, where string) {
 
 // startNATS runs a "sh nats" block: go install, then nats-server.
 func (s *docServer) startNATS(lines []string, where string) {
-	for _, line := range lines {
-		command, ok := strings.CutPrefix(line, "$ ")
+	for _, command := range s.commands("nats", lines, where) {
 		switch {
-		case strings.HasPrefix(line, "#") || strings.TrimSpace(line) == "":
-		case !ok:
-			s.t.Fatalf("%s: a nats block holds $ commands and # notes, "+
-				"not %q", where, line)
 		case command == "go install github.com/nats-io/nats-server/v2":
 			s.installNATS(where)
 		case strings.HasPrefix(command, "nats-server "):
@@ -409,7 +416,7 @@ func (s *docServer) runNATS(args []string, where string) {
 	if s.natsBin == "" {
 		s.t.Fatalf("%s: nats-server runs after go install", where)
 	}
-	port := freePort(s.t)
+	port := natstest.FreePort(s.t)
 	for i, arg := range args {
 		if arg == "4222" {
 			args[i] = fmt.Sprint(port)
@@ -437,17 +444,6 @@ func (s *docServer) runNATS(args []string, where string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// freePort returns a port on 127.0.0.1 that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // start runs serve with args on a free port, in the file's folder.

@@ -3,33 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/chromedp/chromedp"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/popsub/popsub/cmd/popsub/jetstream/natstest"
 )
 
 // startNATS runs a NATS server with JetStream on 127.0.0.1 in the test
 // process and returns its URL.
-func startNATS(t *testing.T) string {
-	t.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1",
-		Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true,
-		NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(ns.Shutdown)
-	return ns.ClientURL()
-}
+func startNATS(t *testing.T) string { return natstest.Start(t).ClientURL() }
 
 func TestServe_TwoBrokersOnOneNATSShareTheLog(t *testing.T) {
 	nats := startNATS(t)
@@ -66,43 +51,17 @@ func runToken(t *testing.T, args ...string) string {
 
 func TestBench_SpreadsOverBrokersSharingALog(t *testing.T) {
 	nats := startNATS(t)
-	secret := strings.Repeat("bench-test-secret-", 2)
-	one, _, _ := startServe(t, "--nats", nats, "--secret", secret)
-	two, _, _ := startServe(t, "--nats", nats, "--secret", secret)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	one, _, _ := startServe(t, "--nats", nats, "--secret", benchTestSecret)
+	two, _, _ := startServe(t, "--nats", nats, "--secret", benchTestSecret)
 	// The publisher is on the first broker; the subscribers take the
 	// two in turn, so two of them hear it through the log.
-	var out bytes.Buffer
-	err := run(ctx, []string{"bench", "--url", one + "," + two, "--secret",
-		secret, "--json", "--subscribers", "3", "--qos", "1",
-		"--duration", "300ms", "--window", "50"}, &out, io.Discard)
-	if err != nil {
-		t.Fatalf("bench: %v", err)
-	}
-	var r benchResult
-	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
-		t.Fatalf("bench printed %q: %v", out.String(), err)
-	}
-	if r.Published == 0 || r.Lost != 0 || r.Duplicated != 0 ||
-		r.Delivered != 3*r.Published {
-		t.Fatalf("published %d, delivered %d, lost %d, duplicated %d; "+
-			"want every message to each of 3 subscribers once",
-			r.Published, r.Delivered, r.Lost, r.Duplicated)
-	}
+	deliveredOnceEach(t, benchURL(t, one+","+two, "--subscribers", "3",
+		"--qos", "1", "--duration", "300ms", "--window", "50"), 3)
 }
 
 func TestServe_SaysWhatIsWrongWithTheNATSItIsGiven(t *testing.T) {
-	plain, err := server.NewServer(&server.Options{Host: "127.0.0.1",
-		Port: -1, NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go plain.Start()
-	if !plain.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	defer plain.Shutdown()
+	plain := natstest.Run(t, &server.Options{Host: "127.0.0.1", Port: -1,
+		NoSigs: true, NoLog: true})
 	for url, want := range map[string]string{
 		plain.ClientURL():    "start nats-server with -js",
 		"nats://127.0.0.1:1": "is a nats-server with -js running there?",

@@ -12,7 +12,7 @@ import (
 // following it. The decision (a stream per topic) pays this once per
 // topic; BenchmarkPublish is what every later message pays.
 func BenchmarkNewTopic(b *testing.B) {
-	url := benchNATS(b)
+	url := startNATS(b).ClientURL()
 	log, err := Open(Options{URL: url, Logger: quiet})
 	if err != nil {
 		b.Fatal(err)
@@ -26,7 +26,7 @@ func BenchmarkNewTopic(b *testing.B) {
 
 // BenchmarkPublish measures one publish to an existing topic, answered.
 func BenchmarkPublish(b *testing.B) {
-	url := benchNATS(b)
+	url := startNATS(b).ClientURL()
 	log, err := Open(Options{URL: url, Logger: quiet, MaxMessages: 1000})
 	if err != nil {
 		b.Fatal(err)

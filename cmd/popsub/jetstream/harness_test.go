@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http/httptest"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/cmd/popsub/jetstream/natstest"
 )
 
 // This file holds the harness: NATS servers in the test process, PopSub
@@ -28,46 +28,8 @@ var secret = []byte("jetstream-test-secret-at-least-32-bytes")
 // quiet discards logs.
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// startNATS runs one NATS server with JetStream on 127.0.0.1 and returns
-// it; the test stops it.
-func startNATS(t *testing.T) *server.Server {
-	t.Helper()
-	return runNATS(t, &server.Options{Host: "127.0.0.1", Port: -1,
-		JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true})
-}
-
-// benchNATS runs one NATS server with JetStream for a benchmark.
-func benchNATS(b *testing.B) string {
-	b.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1",
-		Port: -1, JetStream: true, StoreDir: b.TempDir(), NoSigs: true,
-		NoLog: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		b.Fatal("nats server not ready")
-	}
-	b.Cleanup(ns.Shutdown)
-	return ns.ClientURL()
-}
-
-// runNATS starts a NATS server with opts and waits until it accepts
-// clients.
-func runNATS(t *testing.T, opts *server.Options) *server.Server {
-	t.Helper()
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatalf("nats server: %v", err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(ns.Shutdown)
-	return ns
-}
+// startNATS runs one NATS server with JetStream for the test.
+func startNATS(tb testing.TB) *server.Server { return natstest.Start(tb) }
 
 // broker is one PopSub broker on a shared log, served on 127.0.0.1.
 type broker struct {
@@ -323,78 +285,6 @@ func (c *client) tryNext() (frame, bool) {
 	var f frame
 	json.Unmarshal(data, &f)
 	return f, true
-}
-
-// startCluster runs three NATS servers with JetStream as one cluster on
-// 127.0.0.1, and returns them once JetStream has a leader.
-func startCluster(t *testing.T) []*server.Server {
-	t.Helper()
-	// Each node is told every node's route, so the cluster forms
-	// whichever starts first; the ports are picked free beforehand.
-	var routes []*url.URL
-	ports := make([]int, 3)
-	for i := range ports {
-		ports[i] = freePort(t)
-		routes = append(routes, &url.URL{Scheme: "nats",
-			Host: fmt.Sprintf("127.0.0.1:%d", ports[i])})
-	}
-	var nodes []*server.Server
-	for i, port := range ports {
-		ns, err := server.NewServer(&server.Options{
-			ServerName: fmt.Sprint("n", i+1), Host: "127.0.0.1", Port: -1,
-			JetStream: true, StoreDir: t.TempDir(), NoSigs: true,
-			NoLog: true, Routes: routes,
-			Cluster: server.ClusterOpts{Name: "popsub", Host: "127.0.0.1",
-				Port: port}})
-		if err != nil {
-			t.Fatalf("nats server: %v", err)
-		}
-		// A clustered node takes clients only once its JetStream has
-		// peers, so all three start before any is waited for.
-		go ns.Start()
-		t.Cleanup(ns.Shutdown)
-		nodes = append(nodes, ns)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for _, n := range nodes {
-		if !n.ReadyForConnections(30 * time.Second) {
-			t.Fatal("nats node not ready in 30 s")
-		}
-	}
-	for !hasLeader(nodes) {
-		if time.Now().After(deadline) {
-			t.Fatal("nats cluster has no JetStream leader in 30 s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return nodes
-}
-
-// hasLeader reports whether the nodes' JetStream has elected a leader
-// that sees every node online, so that a stream can have three replicas.
-func hasLeader(nodes []*server.Server) bool {
-	for _, n := range nodes {
-		if !n.JetStreamIsCurrent() {
-			return false
-		}
-	}
-	for _, n := range nodes {
-		if n.JetStreamIsLeader() {
-			return len(n.JetStreamClusterPeers()) == len(nodes)
-		}
-	}
-	return false
-}
-
-// freePort returns a port on 127.0.0.1 that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // clientURLs joins the nodes' client URLs, as --nats takes them.

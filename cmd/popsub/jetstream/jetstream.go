@@ -122,7 +122,9 @@ type Log struct {
 
 // stream is one topic's stream as this broker knows it.
 type stream struct {
-	name, subject string
+	// key names the topic in the bucket, name the stream, subject its
+	// one subject.
+	key, name, subject string
 	// created is set once the stream is known to exist.
 	created bool
 	// fed is the newest seq fed to the broker; Read stops there, so
@@ -272,15 +274,29 @@ const maxKey = 160
 func (l *Log) stream(topic string) *stream {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.streamLocked(topic)
+}
+
+// streamLocked is stream, for a caller that holds l.mu.
+func (l *Log) streamLocked(topic string) *stream {
 	s := l.streams[topic]
 	if s == nil {
 		key := streamKey(topic)
-		s = &stream{name: l.opts.Prefix + "_" + key,
+		s = &stream{key: key, name: l.opts.Prefix + "_" + key,
 			subject: l.opts.Prefix + ".t." + key,
-			fedMore: make(chan struct{}, 1)}
+			fedMore: make(chan struct{})}
 		l.streams[topic] = s
 	}
 	return s
+}
+
+// ready returns topic's stream, and whether this broker has made it and
+// follows it: a publish's usual case, in one look under the lock.
+func (l *Log) ready(topic string) (*stream, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.streamLocked(topic)
+	return s, s.created && s.following != nil
 }
 
 // create makes topic's stream if this broker has not seen it yet, then
@@ -302,16 +318,15 @@ func (l *Log) create(topic string, s *stream) error {
 	}
 	_, err := l.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name: s.name, Subjects: []string{s.subject},
-		MaxMsgs:  int64(orMinusOne(l.opts.MaxMessages)),
-		MaxBytes: orMinusOne64(l.opts.MaxBytes), MaxAge: l.opts.MaxAge,
+		MaxMsgs:  orMinusOne(int64(l.opts.MaxMessages)),
+		MaxBytes: orMinusOne(l.opts.MaxBytes), MaxAge: l.opts.MaxAge,
 		Duplicates: window, Discard: jetstream.DiscardOld,
 		Replicas: l.opts.Replicas, Storage: jetstream.FileStorage,
 		AllowDirect: true})
 	if err != nil {
 		return fmt.Errorf("create stream for %q: %w", topic, err)
 	}
-	key := strings.TrimPrefix(s.name, l.opts.Prefix+"_")
-	if _, err := l.topics.Put(ctx, key, []byte(topic)); err != nil {
+	if _, err := l.topics.Put(ctx, s.key, []byte(topic)); err != nil {
 		return fmt.Errorf("list topic %q: %w", topic, err)
 	}
 	l.mu.Lock()
@@ -321,15 +336,7 @@ func (l *Log) create(topic string, s *stream) error {
 }
 
 // orMinusOne is n, or -1 (JetStream's "no limit") when n is not positive.
-func orMinusOne(n int) int {
-	if n <= 0 {
-		return -1
-	}
-	return n
-}
-
-// orMinusOne64 is orMinusOne for int64.
-func orMinusOne64(n int64) int64 {
+func orMinusOne(n int64) int64 {
 	if n <= 0 {
 		return -1
 	}
@@ -342,12 +349,14 @@ func orMinusOne64(n int64) int64 {
 // duplicate that JetStream answers with the first copy's seq.
 func (l *Log) Append(m *popsub.Message,
 	done func(seq uint64, duplicate bool, err error)) {
-	s := l.stream(m.Topic)
-	if err := l.create(m.Topic, s); err != nil {
-		done(0, false, err)
-		return
+	s, ready := l.ready(m.Topic)
+	if !ready {
+		if err := l.create(m.Topic, s); err != nil {
+			done(0, false, err)
+			return
+		}
+		l.want(m.Topic, s) // the confirm waits for this broker's feed
 	}
-	l.want(m.Topic, s) // the confirm waits for this broker's feed
 	body, err := json.Marshal(m)
 	if err != nil {
 		done(0, false, err)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/cmd/popsub/jetstream/natstest"
 )
 
 // threeBrokers runs three brokers on one JetStream.
@@ -164,16 +165,23 @@ func TestJetStream_KillingABrokerLosesNoConfirmedMessage(t *testing.T) {
 		}
 		seen[m.MessageID] = m.Seq
 	}
+	lostNone(t, confirmed, seen)
+}
+
+// lostNone fails the test unless every confirmed id was read back at
+// the seq its confirm gave.
+func lostNone(t *testing.T, confirmed, read map[string]uint64) {
+	t.Helper()
 	for id, seq := range confirmed {
-		if seen[id] != seq {
-			t.Fatalf("confirmed %s at seq %d, delivered at %d", id, seq,
-				seen[id])
+		if read[id] != seq {
+			t.Fatalf("confirmed %s at seq %d, read back at %d", id, seq,
+				read[id])
 		}
 	}
 }
 
 func TestJetStream_KillingANATSNodeLosesNoConfirmedMessage(t *testing.T) {
-	nodes := startCluster(t)
+	nodes := natstest.Cluster(t)
 	a := startBroker(t, clientURLs(nodes), popsub.Options{})
 	b := startBroker(t, clientURLs(nodes), popsub.Options{})
 	publisher := a.dial("pat")
@@ -210,12 +218,7 @@ func TestJetStream_KillingANATSNodeLosesNoConfirmedMessage(t *testing.T) {
 	for _, m := range reader.messages(100) {
 		got[m.MessageID] = m.Seq
 	}
-	for id, seq := range confirmed {
-		if got[id] != seq {
-			t.Fatalf("confirmed %s at seq %d, read back at %d", id, seq,
-				got[id])
-		}
-	}
+	lostNone(t, confirmed, got)
 }
 
 func TestJetStream_KeepsTheBrokersOwnTopicsInMemory(t *testing.T) {
