@@ -4,8 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http/httptest"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/coder/websocket"
 )
 
 // Benchmarks for the hot paths. Speed is measured here and with popsub
@@ -99,5 +105,102 @@ func BenchmarkPublishQoS1(b *testing.B) {
 			})
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "confirms/s")
 		})
+	}
+}
+
+// BenchmarkLoginFlood measures what a login flood costs a bystander: 64
+// sockets at a time guess passwords, each hanging up 50 ms after its
+// guess and dialling again, while an authenticated client pings; each
+// round is one ping and its pong. The user's hash is a real one
+// (600,000 rounds). "strangers" guess before authenticating, all from
+// 127.0.0.1, as a script would; "tokens" guess after authenticating,
+// where no auth timeout bounds a guess and only the hashes' turns do.
+// docs/security.md quotes it.
+func BenchmarkLoginFlood(b *testing.B) {
+	hash, err := HashPassword("correct horse")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, mode := range []string{"strangers", "tokens"} {
+		b.Run(mode, func(b *testing.B) {
+			broker, err := New(Options{Secret: testSecret,
+				Store: newMemoryStore(), Logger: quietLogger,
+				Users: map[string]User{"alice": {PasswordHash: hash}}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			server := httptest.NewServer(broker)
+			defer server.Close()
+			defer broker.Shutdown(context.Background())
+			url := "ws" + strings.TrimPrefix(server.URL, "http") + "/ws"
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			for range 64 {
+				go guessUntil(ctx, url, mode == "tokens")
+			}
+			time.Sleep(time.Second) // the flood under way
+			bystander := dialBench(b, url)
+			var rtts []time.Duration
+			for b.Loop() {
+				start := time.Now()
+				writeFrame(b, bystander, `{"type":"ping"}`)
+				if _, _, err := bystander.Read(ctx); err != nil {
+					b.Fatal(err)
+				}
+				rtts = append(rtts, time.Since(start))
+				time.Sleep(10 * time.Millisecond)
+			}
+			slices.Sort(rtts)
+			ms := func(d time.Duration) float64 { return d.Seconds() * 1000 }
+			b.ReportMetric(ms(rtts[len(rtts)/2]), "p50-ms")
+			b.ReportMetric(ms(rtts[len(rtts)*99/100]), "p99-ms")
+			b.ReportMetric(ms(rtts[len(rtts)-1]), "max-ms")
+		})
+	}
+}
+
+// guessUntil guesses alice's password on one socket after another until
+// ctx ends, authenticating first if authenticated is set, and hanging up
+// 50 ms after each guess.
+func guessUntil(ctx context.Context, url string, authenticated bool) {
+	guess := []byte(`{"type":"login","username":"alice","password":"x"}`)
+	tok, _ := NewToken(testSecret, "guesser", time.Hour)
+	auth, _ := json.Marshal(map[string]string{"type": "auth", "token": tok})
+	for ctx.Err() == nil {
+		ws, _, err := websocket.Dial(ctx, url, nil)
+		if err != nil {
+			continue
+		}
+		if authenticated {
+			ws.Write(ctx, websocket.MessageText, auth)
+			ws.Read(ctx)
+		}
+		ws.Write(ctx, websocket.MessageText, guess)
+		wait, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		ws.Read(wait)
+		cancel()
+		ws.CloseNow()
+	}
+}
+
+// dialBench connects and authenticates a client for a benchmark.
+func dialBench(b *testing.B, url string) *websocket.Conn {
+	ws, _, err := websocket.Dial(context.Background(), url, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tok, _ := NewToken(testSecret, "bystander", time.Hour)
+	writeFrame(b, ws, `{"type":"auth","token":"`+tok+`"}`)
+	if _, _, err := ws.Read(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return ws
+}
+
+// writeFrame writes one text frame or fails the benchmark.
+func writeFrame(b *testing.B, ws *websocket.Conn, frame string) {
+	err := ws.Write(context.Background(), websocket.MessageText, []byte(frame))
+	if err != nil {
+		b.Fatal(err)
 	}
 }

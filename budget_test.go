@@ -12,7 +12,7 @@ import (
 // The budget of popsub.go, from STYLE.md: what keeps "an afternoon" true.
 const (
 	budgetFirstReading  = 1500 // code lines in first-reading sections
-	budgetCode          = 2600 // code lines in the whole file
+	budgetCode          = 3000 // code lines in the whole file (STYLE.md)
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function

@@ -198,69 +198,167 @@ func loginUsers(t *testing.T) map[string]User {
 }
 
 func TestBroker_Login(t *testing.T) {
-	ts := startBroker(t, Options{Users: loginUsers(t)})
-	c := dialRaw(t, ts.url, "alice")
+	// In fake time: the throttle's holds pass at once, and a hash takes
+	// no time off the auth timeout, however slow the machine.
+	synctest.Test(t, func(t *testing.T) {
+		ps := startPipeBroker(t, Options{Users: loginUsers(t)})
+		defer ps.stop()
+		c := ps.dial("alice")
 
-	t.Run("a wrong password gets invalid credentials, the connection stays",
-		func(t *testing.T) {
-			c.t = t
-			c.send(map[string]any{"type": "login", "username": "alice",
-				"password": "wrong"})
-			if g := c.expectError("invalid_credentials"); g.Message !=
-				"invalid credentials" {
-				t.Fatalf("message = %q", g.Message)
-			}
-		})
-	t.Run("an unknown user gets the same answer", func(t *testing.T) {
-		c.t = t
+		// A wrong password gets invalid credentials; the connection stays.
+		c.send(map[string]any{"type": "login", "username": "alice",
+			"password": "wrong"})
+		if g := c.expectError("invalid_credentials"); g.Message !=
+			"invalid credentials" {
+			t.Fatalf("message = %q", g.Message)
+		}
+
+		// An unknown user gets the same answer.
 		c.send(map[string]any{"type": "login", "username": "bob",
 			"password": "x"})
 		c.expectError("invalid_credentials")
+
+		// The right password gets a token with the user's grants.
+		c.send(map[string]any{"type": "login", "username": "alice",
+			"password": "correct horse"})
+		var reply struct{ Type, Token string }
+		_, data, err := c.ws.Read(context.Background())
+		if err != nil || json.Unmarshal(data, &reply) != nil ||
+			reply.Type != "login_response" {
+			t.Fatalf("got %s, %v; want login_response", data, err)
+		}
+		c.authenticate(reply.Token)
+		c.publish("alice/notes", "hi", 1, "")
+		c.send(map[string]any{"type": "publish", "topic": "bob/notes",
+			"payload": 1})
+		c.expectError("forbidden")
 	})
-	t.Run("the right password gets a token with the user's grants",
-		func(t *testing.T) {
-			c.t = t
-			c.send(map[string]any{"type": "login", "username": "alice",
-				"password": "correct horse"})
-			var reply struct{ Type, Token string }
-			_, data, err := c.ws.Read(context.Background())
-			if err != nil || json.Unmarshal(data, &reply) != nil ||
-				reply.Type != "login_response" {
-				t.Fatalf("got %s, %v; want login_response", data, err)
+}
+
+// attacker is the address the login floods below come from.
+const attacker = "203.0.113.9"
+
+// floodLogins opens sockets connections from attacker, each sending five
+// wrong guesses at alice's password as fast as the broker reads them,
+// and reading whatever comes back, until the broker closes it.
+func floodLogins(ps *pipeServer, sockets int) {
+	guess := []byte(`{"type":"login","username":"alice","password":"guess"}`)
+	for i := range sockets {
+		guesser := ps.dialFrom(fmt.Sprint("stranger-", i), attacker)
+		go func() {
+			for range 5 {
+				err := guesser.ws.Write(context.Background(),
+					websocket.MessageText, guess)
+				if err != nil {
+					return
+				}
 			}
-			c.authenticate(reply.Token)
-			c.publish("alice/notes", "hi", 1, "")
-			c.send(map[string]any{"type": "publish", "topic": "bob/notes",
-				"payload": 1})
-			c.expectError("forbidden")
-		})
+		}()
+		go func() {
+			for {
+				if _, _, err := guesser.ws.Read(context.Background()); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// failuresOf is how many wrong guesses the broker has hashed and counted
+// against key.
+func failuresOf(b *Broker, key string) int {
+	b.logins.mu.Lock()
+	defer b.logins.mu.Unlock()
+	return b.logins.failures[key].count
 }
 
 func TestBroker_LoginUnderAttack(t *testing.T) {
-	// Eight sockets guess alice's password from her own address; she
-	// still logs in, well within an auth timeout of two seconds.
-	ts := startBroker(t, Options{Users: loginUsers(t),
-		AuthTimeout: 2 * time.Second})
-	for i := range 8 {
-		attacker := dialRaw(t, ts.url, fmt.Sprintf("stranger-%d", i))
-		for range 5 {
-			attacker.send(map[string]any{"type": "login",
-				"username": "alice", "password": "guess"})
+	login := map[string]any{"type": "login", "username": "alice",
+		"password": "correct horse"}
+	t.Run("the user logs in at once from another address",
+		func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ps := startPipeBroker(t, Options{Users: loginUsers(t),
+					AuthTimeout: 2 * time.Second})
+				defer ps.stop()
+				floodLogins(ps, 8)
+				synctest.Wait()
+				alice := ps.dialFrom("alice", "198.51.100.7")
+				start := time.Now()
+				alice.send(login)
+				alice.expect("login_response")
+				if waited := time.Since(start); waited != 0 {
+					t.Fatalf("alice waited %v, want no wait", waited)
+				}
+			})
+		})
+	t.Run("guesses whose answers would come too late cost no hash",
+		func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ps := startPipeBroker(t, Options{Users: loginUsers(t),
+					AuthTimeout: 2 * time.Second})
+				defer ps.stop()
+				floodLogins(ps, 64)
+				time.Sleep(3 * time.Second)
+				synctest.Wait()
+
+				// Holds of 0, 250, 500 and 1,000 ms fit in the two
+				// seconds; hashing every first guess would count 64.
+				if n := failuresOf(ps.broker, "addr:"+attacker); n > 5 {
+					t.Fatalf("%d guesses hashed, want at most 5", n)
+				}
+			})
+		})
+	t.Run("from the attacker's address the user waits for the flood",
+		func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ps := startPipeBroker(t, Options{Users: loginUsers(t)})
+				defer ps.stop()
+				floodLogins(ps, 8)
+				synctest.Wait()
+				during := ps.dialFrom("alice", attacker)
+				during.send(login)
+				during.expectClose(CloseAuthFailed)
+
+				// The flood's sockets have timed out; once the answer
+				// to their last hashed guess has left, her next try is
+				// hashed, and right.
+				time.Sleep(loginMaxDelay)
+				after := ps.dialFrom("alice", attacker)
+				after.send(login)
+				after.expect("login_response")
+			})
+		})
+}
+
+func TestAuthDeadline_StopsWhileTheBrokerHashes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var fired atomic.Bool
+		d := &authDeadline{at: time.Now().Add(time.Second),
+			timer: time.AfterFunc(time.Second, func() { fired.Store(true) })}
+		time.Sleep(600 * time.Millisecond)
+
+		// A hash that takes an hour of the broker's time costs the
+		// client none of its second.
+		resume, ok := d.pause()
+		if !ok {
+			t.Fatal("pause: the deadline had passed, want 400ms left")
 		}
-	}
-	waitFor(t, func() bool {
-		b := ts.broker
-		b.logins.mu.Lock()
-		defer b.logins.mu.Unlock()
-		return b.logins.failures["user:alice"].count >= 8
-	}, "the guesses to be counted")
-	alice := dialRaw(t, ts.url, "alice")
-	alice.send(map[string]any{"type": "login", "username": "alice",
-		"password": "correct horse"})
-	g := alice.next()
-	if g.Type != "login_response" {
-		t.Fatalf("alice got %+v, want login_response", g)
-	}
+		time.Sleep(time.Hour)
+		resume()
+		time.Sleep(399 * time.Millisecond)
+		if fired.Load() {
+			t.Fatal("the deadline fired with 1ms of the client's time left")
+		}
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		if !fired.Load() {
+			t.Fatal("the deadline did not fire once the client's second was up")
+		}
+		if _, ok := d.pause(); ok {
+			t.Fatal("pause after the deadline reported time left")
+		}
+	})
 }
 
 func TestLoginThrottle_SlowsGuessesNeverTheUser(t *testing.T) {
@@ -270,15 +368,18 @@ func TestLoginThrottle_SlowsGuessesNeverTheUser(t *testing.T) {
 		var n atomic.Int64
 		var slowest time.Duration
 		synctest.Test(t, func(t *testing.T) {
-			b := &Broker{opts: Options{Users: loginUsers(t),
-				Secret: testSecret}.withDefaults(), logger: quietLogger}
+			users := loginUsers(t)
+			b := &Broker{opts: Options{Users: users,
+				Secret: testSecret}.withDefaults(), logger: quietLogger,
+				hashing: make(chan struct{}, 1),
+				dummy:   func() string { return dummyHash(users) }}
 			var wg sync.WaitGroup
 			for range guessers {
 				c := &connection{broker: b, remote: "203.0.113.9:4000",
 					done: make(chan struct{})}
 				wg.Go(func() {
 					for start := time.Now(); time.Since(start) < time.Minute; {
-						c.login(frame{Username: "alice", Password: "guess"})
+						c.login(frame{Username: "alice", Password: "guess"}, nil)
 						n.Add(1)
 					}
 				})
@@ -288,7 +389,8 @@ func TestLoginThrottle_SlowsGuessesNeverTheUser(t *testing.T) {
 			c := &connection{broker: b, remote: "203.0.113.9:5000",
 				done: make(chan struct{})}
 			start := time.Now()
-			r := c.login(frame{Username: "alice", Password: "correct horse"})
+			r := c.login(frame{Username: "alice", Password: "correct horse"},
+				nil)
 			slowest = time.Since(start)
 			if r.Type != "login_response" {
 				t.Errorf("the real user got %+v, want a token", r)

@@ -44,17 +44,38 @@ func (l *pipeListener) Addr() net.Addr {
 	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}
 }
 
-// dial makes a pipe and returns its client end.
-func (l *pipeListener) dial(context.Context, string, string) (net.Conn,
+// dial makes a pipe and returns its client end. The server end reports
+// the address dialled as its peer's: a test dials ws://203.0.113.9/ws to
+// connect "from" 203.0.113.9.
+func (l *pipeListener) dial(_ context.Context, _, address string) (net.Conn,
 	error) {
 	server, client := net.Pipe()
 	select {
-	case l.conns <- server:
+	case l.conns <- addressed{server, address}:
 		return client, nil
 	case <-l.done:
 		return nil, net.ErrClosed
 	}
 }
+
+// addressed is a pipe's server end with the peer address it was dialled
+// with.
+type addressed struct {
+	net.Conn
+	remote string
+}
+
+// RemoteAddr is the address the client dialled.
+func (a addressed) RemoteAddr() net.Addr { return pipeAddress(a.remote) }
+
+// pipeAddress is a pipe's pretend network address.
+type pipeAddress string
+
+// Network names the pretend network.
+func (pipeAddress) Network() string { return "pipe" }
+
+// String is the address, host:port.
+func (a pipeAddress) String() string { return string(a) }
 
 // pipeServer is a broker served over pipes, for use inside a bubble.
 type pipeServer struct {
@@ -90,7 +111,13 @@ func startPipeBroker(t *testing.T, opts Options) *pipeServer {
 // dial connects over a pipe without authenticating.
 func (ps *pipeServer) dial(name string) *client {
 	ps.t.Helper()
-	ws, _, err := websocket.Dial(context.Background(), "ws://pipe/ws",
+	return ps.dialFrom(name, "pipe")
+}
+
+// dialFrom connects over a pipe, from host as the broker sees it.
+func (ps *pipeServer) dialFrom(name, host string) *client {
+	ps.t.Helper()
+	ws, _, err := websocket.Dial(context.Background(), "ws://"+host+"/ws",
 		&websocket.DialOptions{HTTPClient: ps.client})
 	if err != nil {
 		ps.t.Fatalf("%s: dial: %v", name, err)

@@ -33,7 +33,7 @@
 //
 // # Reading path
 //
-// The whole broker is this file, about 2,600 lines of code, 1,400 of them
+// The whole broker is this file, about 2,700 lines of code, 1,400 of them
 // on the first reading, which takes about 3 hours. It follows a message:
 // options and frames; the broker and its topics; connecting; the outbox
 // and back-pressure; subscribing; publishing and fan-out; acknowledgements;
@@ -86,6 +86,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"sort"
@@ -412,8 +413,12 @@ type Broker struct {
 	// open counts connections for MaxConnections, from before the
 	// upgrade until unregister.
 	open atomic.Int64
-	// logins remembers recent login failures by user and by address.
-	logins loginThrottle
+	// logins remembers recent login failures by user and by address;
+	// hashing holds a token per password hash under way, and dummy is
+	// the hash an unknown user is checked against (see Logins).
+	logins  loginThrottle
+	hashing chan struct{}
+	dummy   func() string
 	// events queues x-ray events for eventsLoop; watchers counts $sys
 	// subscriptions (no events are made without one); dropped counts
 	// events lost to a full queue. See the x-ray section.
@@ -475,7 +480,9 @@ func New(opts Options) (*Broker, error) {
 		topics: map[string]*topic{}, wildcards: map[*subscription]struct{}{},
 		connections: map[*connection]struct{}{},
 		durables:    map[string]*subscription{}, stop: make(chan struct{}),
-		events: make(chan xray.Event, eventQueue)}
+		events:  make(chan xray.Event, eventQueue),
+		hashing: make(chan struct{}, max(runtime.GOMAXPROCS(0)/2, 1)),
+		dummy:   sync.OnceValue(func() string { return dummyHash(opts.Users) })}
 	b.shared, _ = opts.Store.(SharedLog)
 
 	// The index of every stored topic is rebuilt before the first client
@@ -882,12 +889,10 @@ func (c *connection) authenticate() bool {
 	c.ws.SetReadLimit(authReadLimit)
 
 	// A timer, not a context: a cancelled Read drops the socket without
-	// a close frame, and the client deserves to hear 4001.
-	timer := time.AfterFunc(c.broker.opts.AuthTimeout, func() {
-		c.end()
-		c.ws.Close(CloseAuthFailed, "authentication timeout")
-	})
-	defer timer.Stop()
+	// a close frame, and the client deserves to hear 4001. (A login
+	// stops the timer while the broker hashes the password: see Logins.)
+	deadline := c.authTimer()
+	defer deadline.timer.Stop()
 	// Only two frames are understood before auth. Anything else, even a
 	// malformed frame, ends the connection: a stranger gets no second
 	// chance to probe the protocol.
@@ -900,7 +905,7 @@ func (c *connection) authenticate() bool {
 		recycle(buffer)
 		switch {
 		case problem.Type == "" && f.Type == "login":
-			c.write(c.login(f))
+			c.write(c.login(f, deadline))
 		case problem.Type == "" && f.Type == "auth":
 			return c.accept(f)
 		default:
@@ -1005,7 +1010,7 @@ func (c *connection) handle(data []byte) {
 	case "auth":
 		c.reauthenticate(f)
 	case "login":
-		c.reply(c.login(f))
+		c.reply(c.login(f, nil))
 	case "subscribe":
 		c.subscribe(f)
 	case "unsubscribe":
@@ -1152,12 +1157,26 @@ func NewToken(secret []byte, sub string, ttl time.Duration) (string, error) {
 // with a login frame, and PopSub keeps the frame. Passwords are stored
 // as PBKDF2-SHA256 hashes from the standard library, at the iteration
 // count OWASP recommends; bcrypt or argon2 would have been a dependency
-// for the same protection. A wrong guess is answered slowly, and a right
-// password at once: the answers to one user's or one address's failures
-// leave one at a time, each further one held twice as long as the last,
-// up to four seconds, however many sockets ask. A lockout, or a delay
-// before every attempt, was simpler, and let a stranger lock a user out
-// with a few wrong passwords.
+// for the same protection. Such a hash is slow on purpose, a quarter of
+// a second of a core here, so guesses are rationed three ways:
+//
+//   - A wrong guess is answered late, a right password at once. The
+//     answers to one user's or one address's failures leave one at a
+//     time, each held twice as long as the one before, up to four
+//     seconds, however many sockets ask (loginThrottle).
+//   - A guess whose wrong answer would leave after its connection's
+//     auth timeout, behind the answers still held for its address, is
+//     not hashed at all: nobody would hear the answer. The address
+//     decides, not the user, so a stranger cannot lock a user out
+//     everywhere; someone behind the attacker's address waits until the
+//     flood's answers have left.
+//   - Hashes take turns, half the cores at most (Broker.hashing), so a
+//     flood from many addresses costs the broker part of the machine,
+//     never all of it. The time a hash takes is the broker's, not the
+//     client's: the auth timeout stops while it runs.
+//
+// A lockout, or a delay before every attempt, was simpler, and let a
+// stranger lock a user out with a few wrong passwords.
 
 // User is an account that may log in with a password.
 type User struct {
@@ -1168,25 +1187,72 @@ type User struct {
 	Publish, Subscribe []string
 }
 
-// login answers a login frame with a token, as the original did. A
-// wrong password's answer waits its turn (loginThrottle); a connection
-// that ends meanwhile, at its auth timeout say, gets none.
-func (c *connection) login(f frame) reply {
+// authDeadline is when a connection that has not authenticated yet is
+// closed, and the timer that closes it. Only its reader touches it.
+type authDeadline struct {
+	at    time.Time   // when the timer fires, unless paused
+	timer *time.Timer // closes the connection with 4001
+}
+
+// authTimer starts the auth timeout: at its end the connection is closed
+// with 4001.
+func (c *connection) authTimer() *authDeadline {
+	timeout := c.broker.opts.AuthTimeout
+	return &authDeadline{at: time.Now().Add(timeout),
+		timer: time.AfterFunc(timeout, func() {
+			c.end()
+			c.ws.Close(CloseAuthFailed, "authentication timeout")
+		})}
+}
+
+// pause stops the clock while the broker works for the client, and
+// returns the function that starts it again with the time it had left;
+// ok is false if the deadline passed first. A nil deadline (a connection
+// already authenticated) has nothing to pause.
+func (d *authDeadline) pause() (resume func(), ok bool) {
+	if d == nil {
+		return func() {}, true
+	}
+	if !d.timer.Stop() {
+		return nil, false
+	}
+	left := time.Until(d.at)
+	return func() {
+		d.at = time.Now().Add(left)
+		d.timer.Reset(left)
+	}, true
+}
+
+// login answers a login frame with a token, as the original did.
+// deadline is the connection's auth timeout, or nil once it has
+// authenticated. A wrong password's answer waits its turn
+// (loginThrottle); a connection that ends meanwhile gets none.
+func (c *connection) login(f frame, deadline *authDeadline) reply {
 	b := c.broker
 	if len(b.opts.Users) == 0 {
 		return errorReply("login_unavailable", "no users are configured")
 	}
+	host, _, _ := net.SplitHostPort(c.remote) // "" if it has no port
+	userKey, addressKey := "user:"+f.Username, "addr:"+cmp.Or(host, c.remote)
+	refused := errorReply("invalid_credentials", "invalid credentials")
 
 	// An unknown user costs the same hash as a known one, so timing does
 	// not tell a stranger which names exist.
 	user, known := b.opts.Users[f.Username]
 	if !known {
-		user.PasswordHash = dummyHash()
+		user.PasswordHash = b.dummy()
 	}
-	if checkPassword(user.PasswordHash, f.Password) && known {
+	right, checked := c.verifyPassword(user, f.Password, addressKey,
+		deadline)
+	switch {
+	case !checked:
+		// The connection is ending: its auth timeout, or no hash.
+		c.waitUntil(time.Time{})
+		return refused
+	case right && known:
 		// Success clears the user's failures, not the address's: one
 		// right password does not excuse a thousand wrong ones.
-		b.logins.succeed("user:" + f.Username)
+		b.logins.succeed(userKey)
 		token, err := b.loginToken(f.Username, user)
 		if err != nil {
 			return errorReply("internal", "could not sign a token")
@@ -1194,14 +1260,50 @@ func (c *connection) login(f frame) reply {
 		return reply{Type: "login_response", Token: token}
 	}
 	b.logger.Info("login failed", "user", f.Username, "remote", c.remote)
-	host, _, _ := net.SplitHostPort(c.remote) // "" if it has no port
-	release := b.logins.fail(time.Now(), "user:"+f.Username,
-		"addr:"+cmp.Or(host, c.remote))
-	select {
-	case <-time.After(time.Until(release)):
-	case <-c.done:
+	c.waitUntil(b.logins.fail(time.Now(), userKey, addressKey))
+	return refused
+}
+
+// waitUntil waits until at (for ever, if at is zero), or until the
+// connection ends or the broker stops: a held answer must not hold up a
+// Shutdown.
+func (c *connection) waitUntil(at time.Time) {
+	var timer <-chan time.Time
+	if !at.IsZero() {
+		timer = time.After(time.Until(at))
 	}
-	return errorReply("invalid_credentials", "invalid credentials")
+	select {
+	case <-timer:
+	case <-c.done:
+	case <-c.broker.stop:
+	}
+}
+
+// verifyPassword waits for a turn to hash, then checks password against
+// user's hash, with the auth timeout paused. checked is false if the
+// connection ended first, or if by its turn a wrong answer to a guess
+// from address would come too late to be heard: that guess is not
+// worth a hash.
+func (c *connection) verifyPassword(user User, password, address string,
+	deadline *authDeadline) (right, checked bool) {
+	b := c.broker
+	select {
+	case b.hashing <- struct{}{}:
+	case <-c.done:
+		return false, false
+	case <-b.stop:
+		return false, false
+	}
+	defer func() { <-b.hashing }()
+	if deadline != nil && b.logins.tooLate(address, deadline.at) {
+		return false, false
+	}
+	resume, ok := deadline.pause()
+	if !ok {
+		return false, false
+	}
+	defer resume()
+	return checkPassword(user.PasswordHash, password), true
 }
 
 // loginToken signs a token for a user who logged in, with the user's
@@ -1223,12 +1325,21 @@ func (b *Broker) loginToken(name string, user User) (string, error) {
 // pbkdf2-sha256$ITERATIONS$SALT$KEY with base64 salt and key.
 const passwordIterations = 600_000
 
-// dummyHash is checked for unknown users, so they cost as much as real
-// ones. It is made on first use: hashing takes a noticeable moment.
-var dummyHash = sync.OnceValue(func() string {
-	hash, _ := hashPassword("", passwordIterations)
+// dummyHash makes the hash unknown users are checked against: at the
+// iteration count of the costliest configured user, so that an unknown
+// name takes as long as a known one. The broker makes it on first use
+// (Broker.dummy): hashing takes a noticeable moment.
+func dummyHash(users map[string]User) string {
+	iterations := 0
+	for _, user := range users {
+		parts := strings.Split(user.PasswordHash, "$")
+		if n, err := strconv.Atoi(parts[min(1, len(parts)-1)]); err == nil {
+			iterations = max(iterations, n)
+		}
+	}
+	hash, _ := hashPassword("", cmp.Or(iterations, passwordIterations))
 	return hash
-})
+}
 
 // HashPassword returns the stored form of password for a User.
 func HashPassword(password string) (string, error) {
@@ -1302,22 +1413,47 @@ func (t *loginThrottle) fail(now time.Time, keys ...string) time.Time {
 	if t.failures == nil {
 		t.failures = map[string]loginFailures{}
 	}
-	wait := time.Duration(0)
+	release := now
 	for _, key := range keys {
-		f := t.recent(key, now)
-		hold := time.Duration(0)
-		if f.count > 0 {
-			hold = min(loginBaseDelay<<min(f.count-1, 8), loginMaxDelay)
-		}
-		wait = max(wait, max(f.next.Sub(now), 0)+hold)
+		release = later(release, t.recent(key, now).answer(now))
 	}
-	release := now.Add(wait)
 	for _, key := range keys {
 		f := t.recent(key, now)
 		t.failures[key] = loginFailures{f.count + 1, now, release}
 	}
 	t.forgetQuietest()
 	return release
+}
+
+// tooLate reports whether the answer to a failure for key, now, would
+// leave after deadline, behind answers for key still waiting to leave.
+// Once they have left, one more guess is worth a hash whatever its hold:
+// so a flood from one address costs a hash per hold, and a user behind
+// that address gets in once the flood's answers have drained.
+func (t *loginThrottle) tooLate(key string, deadline time.Time) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := time.Now()
+	f := t.recent(key, now)
+	return f.next.After(now) && f.answer(now).After(deadline)
+}
+
+// answer is when the answer to one more failure at now may leave: after
+// the newest one's, by a hold that doubles with each failure.
+func (f loginFailures) answer(now time.Time) time.Time {
+	hold := time.Duration(0)
+	if f.count > 0 {
+		hold = min(loginBaseDelay<<min(f.count-1, 8), loginMaxDelay)
+	}
+	return later(f.next, now).Add(hold)
+}
+
+// later returns the later of two times.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // recent returns key's failures, or none if they are forgotten by now.

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/coder/websocket"
@@ -75,10 +76,17 @@ func TestBroker_Authentication(t *testing.T) {
 			c.expectClose(CloseAuthFailed)
 		})
 	t.Run("a silent connection is closed with 4001", func(t *testing.T) {
-		impatient := startBroker(t, Options{
-			AuthTimeout: 100 * time.Millisecond})
-		c := dialRaw(t, impatient.url, "eve")
-		c.expectClose(CloseAuthFailed)
+		synctest.Test(t, func(t *testing.T) {
+			ps := startPipeBroker(t, Options{AuthTimeout: time.Second})
+			defer ps.stop()
+			c := ps.dial("eve")
+			start := time.Now()
+			c.expectClose(CloseAuthFailed)
+			if waited := time.Since(start); waited != time.Second {
+				t.Fatalf("closed after %v, want the auth timeout, 1s",
+					waited)
+			}
+		})
 	})
 	t.Run("a re-auth with a fresh token keeps the session",
 		func(t *testing.T) {
