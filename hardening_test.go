@@ -616,7 +616,7 @@ type panickyStore struct{ *memoryStore }
 
 // Cursor panics, but for the one the broker reads at start.
 func (panickyStore) Cursor(key string) (uint64, bool, error) {
-	if key == cleanKey {
+	if key == legacyClean {
 		return 0, false, nil
 	}
 	panic("a bug in the store")

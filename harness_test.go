@@ -504,6 +504,7 @@ func (s *memoryStore) Commit(batch *Batch) error {
 		s.logs[topic] = slices.DeleteFunc(s.logs[topic],
 			func(m *Message) bool { return m.Seq <= upTo })
 	}
+	maps.Copy(s.heads, batch.Heads)
 	for key, position := range batch.Cursors {
 		s.cursors[key] = position
 	}

@@ -1,6 +1,7 @@
 package popsub
 
 import (
+	"cmp"
 	"context"
 	"net"
 	"net/http"
@@ -87,11 +88,13 @@ type pipeServer struct {
 	clients  []*client
 }
 
-// startPipeBroker serves a broker over pipes, with a memory store. Call
-// it inside synctest.Test, and stop it before the bubble ends.
+// startPipeBroker serves a broker over pipes, with a memory store unless
+// opts has a store. Call it inside synctest.Test, and stop it before the
+// bubble ends.
 func startPipeBroker(t *testing.T, opts Options) *pipeServer {
 	t.Helper()
-	opts.Secret, opts.Store = testSecret, newMemoryStore()
+	opts.Secret, opts.Store = testSecret, cmp.Or[Store](opts.Store,
+		newMemoryStore())
 	if opts.Logger == nil {
 		opts.Logger = quietLogger
 	}

@@ -108,6 +108,24 @@ func storeContract(t *testing.T, store Store) {
 	if _, ok, _ := store.Cursor("missing"); ok {
 		t.Fatal("Cursor(missing) found a cursor")
 	}
+
+	// A head is set as it is given, higher (a reservation, on a topic
+	// with no message yet too) or lower (given back at a clean stop),
+	// and an append after it raises it again.
+	wantHeads := func(want map[string]uint64) {
+		t.Helper()
+		heads, err := store.Topics()
+		if err != nil || !maps.Equal(heads, want) {
+			t.Fatalf("Topics = %v, %v; want %v", heads, err, want)
+		}
+	}
+	commit(&Batch{Heads: map[string]uint64{"t": 100, "new": 50}})
+	wantHeads(map[string]uint64{"t": 100, "new": 50})
+	commit(&Batch{Messages: []*Message{message(4)},
+		Heads: map[string]uint64{"t": 4}})
+	wantHeads(map[string]uint64{"t": 4, "new": 50})
+	commit(&Batch{Messages: []*Message{message(5)}})
+	wantHeads(map[string]uint64{"t": 5, "new": 50})
 }
 
 func TestStore_Contract(t *testing.T) {

@@ -1,0 +1,135 @@
+package popsub
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// This file crashes brokers in fake time: a broker runs on a disk whose
+// commits take a millisecond, and is killed, as kill -9 would, at a
+// chosen moment; the next broker starts on what the disk kept.
+
+// disk is a memoryStore behind a disk whose commits take delay, and
+// whose power can go: a commit still under way when it does never
+// happened.
+type disk struct {
+	*memoryStore
+	delay time.Duration // each commit's time, fake inside a bubble
+	mu    sync.Mutex    // orders commits and the crash
+	lost  bool          // the power went: every commit fails
+}
+
+// newDisk returns an empty disk whose commits take a millisecond.
+func newDisk() *disk {
+	return &disk{memoryStore: newMemoryStore(), delay: time.Millisecond}
+}
+
+// Commit takes the disk's time, then commits unless the power went
+// meanwhile.
+func (d *disk) Commit(batch *Batch) error {
+	time.Sleep(d.delay)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.lost {
+		return errors.New("power lost")
+	}
+	return d.memoryStore.Commit(batch)
+}
+
+// crash cuts the power: commits under way are lost. It returns the disk
+// as it was, for the next broker to start on.
+func (d *disk) crash() *disk {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.lost = true
+	return &disk{memoryStore: d.memoryStore.copy(), delay: d.delay}
+}
+
+// crash kills ps's broker, which runs on d, as kill -9 would: its
+// clients' sockets are cut and what its disk had not committed is gone.
+// It returns the disk as it was, for the next broker.
+func (ps *pipeServer) crash(d *disk) *disk {
+	kept := d.crash()
+	ps.stop()
+	return kept
+}
+
+// dialAs connects over a pipe and authenticates as sub.
+func (ps *pipeServer) dialAs(sub string) *client {
+	ps.t.Helper()
+	c := ps.dial(sub)
+	c.authenticate(tokenUntil(ps.t, sub, time.Now().Add(time.Hour)))
+	return c
+}
+
+func TestBroker_ACrashBeforeANewTopicsFirstSyncReusesNoSeq(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDisk()
+		ps := startPipeBroker(t, Options{Store: d})
+		sub, pub := ps.dialAs("sub"), ps.dialAs("pub")
+		sub.subscribe("fresh", nil)
+		pub.send(map[string]any{"type": "publish", "topic": "fresh",
+			"payload": "first", "qos": 1, "message_id": "first"})
+		seen := sub.expect("message")
+
+		// Killed the moment the subscriber has it: its commit is still
+		// under way, and the disk never learns of the topic's message.
+		d = ps.crash(d)
+		ps = startPipeBroker(t, Options{Store: d})
+		defer ps.stop()
+		sub, pub = ps.dialAs("sub"), ps.dialAs("pub")
+		sub.subscribe("fresh", map[string]any{"after": seen.Seq})
+		confirm := pub.publish("fresh", "second", 1, "second")
+		if confirm.Seq <= seen.Seq {
+			t.Fatalf("after the crash %q got seq %d; the subscriber saw "+
+				"seq %d as %q", "second", confirm.Seq, seen.Seq,
+				seen.MessageID)
+		}
+		if g := sub.expect("message"); g.MessageID != "second" {
+			t.Fatalf("resumed after %d with %+v, want second", seen.Seq, g)
+		}
+	})
+}
+
+func TestBroker_TwoCrashesBeforeASyncReuseNoSeq(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDisk()
+		ps := startPipeBroker(t, Options{Store: d})
+		sub, pub := ps.dialAs("sub"), ps.dialAs("pub")
+		sub.subscribe("busy", nil)
+		pub.publish("busy", "kept", 1, "kept")
+		sub.expect("message")
+
+		// Each round a message reaches the subscriber and the broker
+		// dies before its commit; the next broker starts on the disk.
+		seen := map[uint64]string{}
+		var last uint64
+		for round, id := range []string{"lost-1", "lost-2"} {
+			pub.send(map[string]any{"type": "publish", "topic": "busy",
+				"payload": id, "qos": 1, "message_id": id})
+			g := sub.expect("message")
+			seen[g.Seq], last = g.MessageID, g.Seq
+			d = ps.crash(d)
+			ps = startPipeBroker(t, Options{Store: d})
+			if round == 0 {
+				sub, pub = ps.dialAs("sub"), ps.dialAs("pub")
+				sub.subscribe("busy", map[string]any{"after": last})
+			}
+		}
+		defer ps.stop()
+		sub, pub = ps.dialAs("sub"), ps.dialAs("pub")
+		sub.subscribe("busy", map[string]any{"after": last})
+		confirm := pub.publish("busy", "third", 1, "third")
+		if id, ok := seen[confirm.Seq]; ok || confirm.Seq <= last {
+			t.Fatalf("after two crashes %q got seq %d, which the "+
+				"subscriber saw as %q (the last seq it saw: %d)", "third",
+				confirm.Seq, id, last)
+		}
+		if g := sub.expect("message"); g.MessageID != "third" {
+			t.Fatalf("resumed after %d with %+v, want third", last, g)
+		}
+	})
+}
