@@ -22,6 +22,8 @@ type pipeListener struct {
 	conns chan net.Conn // server ends, waiting for Accept
 	done  chan struct{} // closed by Close
 	once  sync.Once     // makes Close idempotent
+	// wrap, if set, wraps each server end: the simulation's faults.
+	wrap func(net.Conn) net.Conn
 }
 
 // Accept returns the next server end.
@@ -51,8 +53,12 @@ func (l *pipeListener) Addr() net.Addr {
 func (l *pipeListener) dial(_ context.Context, _, address string) (net.Conn,
 	error) {
 	server, client := net.Pipe()
+	var end net.Conn = addressed{server, address}
+	if l.wrap != nil {
+		end = l.wrap(end)
+	}
 	select {
-	case l.conns <- addressed{server, address}:
+	case l.conns <- end:
 		return client, nil
 	case <-l.done:
 		return nil, net.ErrClosed
@@ -93,6 +99,14 @@ type pipeServer struct {
 // bubble ends.
 func startPipeBroker(t *testing.T, opts Options) *pipeServer {
 	t.Helper()
+	return startPipeBrokerWrapped(t, opts, nil)
+}
+
+// startPipeBrokerWrapped is startPipeBroker with each server end of a
+// pipe wrapped by wrap, if not nil.
+func startPipeBrokerWrapped(t *testing.T, opts Options,
+	wrap func(net.Conn) net.Conn) *pipeServer {
+	t.Helper()
 	opts.Secret, opts.Store = testSecret, cmp.Or[Store](opts.Store,
 		newMemoryStore())
 	if opts.Logger == nil {
@@ -102,7 +116,8 @@ func startPipeBroker(t *testing.T, opts Options) *pipeServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
+	l := &pipeListener{conns: make(chan net.Conn), done: make(chan struct{}),
+		wrap: wrap}
 	ps := &pipeServer{t: t, broker: b, listener: l,
 		http: &http.Server{Handler: b},
 		client: &http.Client{Transport: &http.Transport{

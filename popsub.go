@@ -1943,9 +1943,13 @@ type heldConn struct {
 	// timeout is Options.WriteTimeout; immutable.
 	timeout time.Duration
 
-	// mu guards the fields below and orders writes to the socket: the
-	// library may write a ping or a close from another goroutine.
-	mu sync.Mutex
+	// lock guards the fields below and orders writes to the socket: the
+	// library may write a ping or a close from another goroutine. It is
+	// a channel of one, not a mutex, because it is held across a write
+	// that may wait for its deadline: a goroutine waiting on a channel
+	// lets testing/synctest's fake time pass, so the simulation can
+	// stall a socket (the library's own write lock is a channel too).
+	lock chan struct{}
 	// holding is set by hold and cleared by release.
 	holding bool
 	// held gathers writes while holding; from heldPool, nil otherwise.
@@ -1959,8 +1963,8 @@ var heldPool = sync.Pool{New: func() any { return new([]byte) }}
 // Write sends p, or gathers it while the socket is held. A write as big
 // as a held batch goes straight out, after what was gathered before it.
 func (h *heldConn) Write(p []byte) (int, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	h.lock <- struct{}{}
+	defer func() { <-h.lock }()
 	if !h.holding {
 		return h.send(p)
 	}
@@ -1976,15 +1980,15 @@ func (h *heldConn) Write(p []byte) (int, error) {
 
 // hold starts gathering writes. Only the writer holds, once a batch.
 func (h *heldConn) hold() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	h.lock <- struct{}{}
+	defer func() { <-h.lock }()
 	h.holding, h.held = true, heldPool.Get().(*[]byte)
 }
 
 // release sends what was gathered and stops gathering.
 func (h *heldConn) release() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	h.lock <- struct{}{}
+	defer func() { <-h.lock }()
 	if !h.holding {
 		return nil
 	}
@@ -1994,7 +1998,7 @@ func (h *heldConn) release() error {
 	return err
 }
 
-// sendHeld sends what was gathered. The caller holds h.mu.
+// sendHeld sends what was gathered. The caller holds h.lock.
 func (h *heldConn) sendHeld() error {
 	if len(*h.held) == 0 {
 		return nil
@@ -2027,7 +2031,8 @@ func (h *hijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	h.socket = &heldConn{Conn: conn, timeout: h.timeout}
+	h.socket = &heldConn{Conn: conn, timeout: h.timeout,
+		lock: make(chan struct{}, 1)}
 	rw.Writer.Reset(h.socket)
 	return h.socket, rw, nil
 }
@@ -2972,6 +2977,7 @@ func (cf confirm) frame() []byte {
 		Duplicate: cf.duplicate || cf.sync.duplicate}
 	if err := cf.sync.err; err != nil {
 		r = errorReply("store_failed", "message not stored: "+err.Error())
+		r.Topic, r.MessageID = cf.message.Topic, cf.message.ID
 	}
 	data, _ := json.Marshal(r)
 	return data

@@ -1,0 +1,415 @@
+package chaos
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+)
+
+// A Report is what Check found: one line per invariant, and the counts
+// of what the run did.
+type Report struct {
+	// Lines are the invariants, in the order protocol.md gives them.
+	Lines []Line
+	// Attempted and Confirmed count distinct values; Stored the final
+	// logs' messages; Deliveries every message frame, Redeliveries those
+	// at attempt 2 or more; Announced the subscriptions told
+	// "recovered":false.
+	Attempted, Confirmed, Stored        int
+	Deliveries, Redeliveries, Announced int
+	// DeadLettered counts the dead letters read after the run.
+	DeadLettered int
+	// Faults counts the faults by kind.
+	Faults map[string]int
+}
+
+// Line is one invariant: how often it was broken, and a few examples.
+type Line struct {
+	Invariant  string
+	Violations int
+	Examples   []string
+}
+
+// maxExamples is how many examples a line keeps.
+const maxExamples = 5
+
+// OK reports whether no invariant was broken.
+func (r Report) OK() bool {
+	return !slices.ContainsFunc(r.Lines, func(l Line) bool {
+		return l.Violations > 0
+	})
+}
+
+// String prints the report: the counts, then a line per invariant.
+func (r Report) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "values attempted %d, confirmed %d, stored %d; "+
+		"deliveries %d, redeliveries %d, dead letters %d; gaps announced "+
+		"%d\n", r.Attempted, r.Confirmed, r.Stored, r.Deliveries,
+		r.Redeliveries, r.DeadLettered, r.Announced)
+	kinds := slices.Sorted(maps.Keys(r.Faults))
+	var faults []string
+	for _, kind := range kinds {
+		faults = append(faults, fmt.Sprintf("%s %d", kind, r.Faults[kind]))
+	}
+	fmt.Fprintf(&b, "faults: %s\n", cmp.Or(strings.Join(faults, ", "),
+		"none"))
+	for _, l := range r.Lines {
+		verdict := "ok"
+		if l.Violations > 0 {
+			verdict = fmt.Sprintf("VIOLATED %d times", l.Violations)
+		}
+		fmt.Fprintf(&b, "%-58s %s\n", l.Invariant+":", verdict)
+		for _, example := range l.Examples {
+			fmt.Fprintf(&b, "    %s\n", example)
+		}
+	}
+	return b.String()
+}
+
+// violation adds a broken invariant to the line.
+func (l *Line) violation(format string, args ...any) {
+	l.Violations++
+	if len(l.Examples) < maxExamples {
+		l.Examples = append(l.Examples, fmt.Sprintf(format, args...))
+	}
+}
+
+// key names a message by topic and message_id: the run's ids are unique.
+type key struct{ topic, id string }
+
+// place names a topic's seq.
+type place struct {
+	topic string
+	seq   uint64
+}
+
+// Check holds a finished history to PopSub's promises. The broker's own
+// topics ($dead/…) are not the workload's: only their dead letters
+// count, for the durable subscribers they name.
+func Check(h *History) Report {
+	r := Report{Faults: map[string]int{}}
+	h = h.workload()
+	attempted := map[key]string{}
+	for _, a := range h.Attempts {
+		attempted[key{a.Topic, a.ID}] = a.Value
+	}
+	confirmed := map[key]uint64{}
+	for _, c := range h.Confirms {
+		confirmed[key{c.Topic, c.ID}] = c.Seq
+	}
+	stored := map[key][]uint64{}
+	for topic, log := range h.Final {
+		for _, m := range log {
+			stored[key{topic, m.ID}] = append(stored[key{topic, m.ID}],
+				m.Seq)
+		}
+		r.Stored += len(log)
+	}
+	r.Attempted, r.Confirmed = len(attempted), len(confirmed)
+	r.DeadLettered = len(h.DeadLetters)
+	for _, s := range h.Subscriptions {
+		r.Deliveries += len(s.Deliveries)
+		for _, d := range s.Deliveries {
+			if d.Attempt > 1 {
+				r.Redeliveries++
+			}
+		}
+		if s.Unrecovered {
+			r.Announced++
+		}
+	}
+	for _, f := range h.Faults {
+		r.Faults[f.Kind]++
+	}
+	r.Lines = []Line{
+		checkConfirmed(h, stored),
+		checkConfirmedSeqs(h, stored),
+		checkOneValuePerSeq(h),
+		checkOneSeqPerID(stored),
+		checkAttempted(h, attempted),
+		checkOrder(h),
+		checkGaps(h),
+		checkDurables(h, confirmed),
+		checkHealed(h),
+	}
+	return r
+}
+
+// checkConfirmed: no confirmed value is missing from the final log.
+func checkConfirmed(h *History, stored map[key][]uint64) Line {
+	l := Line{Invariant: "every confirmed value is in the final log"}
+	seen := map[key]bool{}
+	for _, c := range h.Confirms {
+		k := key{c.Topic, c.ID}
+		if !seen[k] && len(stored[k]) == 0 {
+			l.violation("%s %s: confirmed at seq %d by %s, not in the log",
+				c.Topic, c.ID, c.Seq, c.Publisher)
+		}
+		seen[k] = true
+	}
+	return l
+}
+
+// checkConfirmedSeqs: a confirmed value is stored at the seq its confirm
+// named, every time it was confirmed.
+func checkConfirmedSeqs(h *History, stored map[key][]uint64) Line {
+	l := Line{Invariant: "each is stored at the seq its confirm named"}
+	for _, c := range h.Confirms {
+		seqs := stored[key{c.Topic, c.ID}]
+		if len(seqs) > 0 && !slices.Contains(seqs, c.Seq) {
+			l.violation("%s %s: confirmed at seq %d, stored at %v",
+				c.Topic, c.ID, c.Seq, seqs)
+		}
+	}
+	return l
+}
+
+// checkOneValuePerSeq: no (topic, seq) was seen with two values, in a
+// delivery, a confirm or the final log, across every crash.
+func checkOneValuePerSeq(h *History) Line {
+	l := Line{Invariant: "no seq names two values, across every crash"}
+	seen := map[place]map[string]string{} // id → where it was seen
+	note := func(topic string, seq uint64, id, where string) {
+		p := place{topic, seq}
+		if seen[p] == nil {
+			seen[p] = map[string]string{}
+		}
+		if _, ok := seen[p][id]; !ok {
+			seen[p][id] = where
+		}
+	}
+	for _, s := range h.Subscriptions {
+		for _, d := range s.Deliveries {
+			note(s.Topic, d.Seq, d.ID, "delivered to "+s.Subscriber)
+		}
+	}
+	for _, c := range h.Confirms {
+		note(c.Topic, c.Seq, c.ID, "confirmed to "+c.Publisher)
+	}
+	for topic, log := range h.Final {
+		for _, m := range log {
+			note(topic, m.Seq, m.ID, "stored")
+		}
+	}
+	places := slices.SortedFunc(maps.Keys(seen), func(a, b place) int {
+		return cmp.Or(cmp.Compare(a.topic, b.topic), cmp.Compare(a.seq,
+			b.seq))
+	})
+	for _, p := range places {
+		if ids := seen[p]; len(ids) > 1 {
+			var named []string
+			for _, id := range slices.Sorted(maps.Keys(ids)) {
+				named = append(named, id+" ("+ids[id]+")")
+			}
+			l.violation("%s seq %d: %s", p.topic, p.seq,
+				strings.Join(named, ", "))
+		}
+	}
+	return l
+}
+
+// checkOneSeqPerID: no message_id is stored under two seqs.
+func checkOneSeqPerID(stored map[key][]uint64) Line {
+	l := Line{Invariant: "no message_id is stored under two seqs"}
+	for _, k := range sortedKeys(stored) {
+		if seqs := stored[k]; len(seqs) > 1 {
+			l.violation("%s %s: stored at seqs %v", k.topic, k.id, seqs)
+		}
+	}
+	return l
+}
+
+// checkAttempted: nothing was read, or stored, that was never published
+// with that value.
+func checkAttempted(h *History, attempted map[key]string) Line {
+	l := Line{Invariant: "nothing is read that was never published"}
+	check := func(topic, id, value, where string) {
+		want, ok := attempted[key{topic, id}]
+		switch {
+		case !ok:
+			l.violation("%s %s %s: never published", topic, id, where)
+		case want != value:
+			l.violation("%s %s %s as %q, published as %q", topic, id,
+				where, value, want)
+		}
+	}
+	for _, s := range h.Subscriptions {
+		for _, d := range s.Deliveries {
+			check(s.Topic, d.ID, d.Value, "delivered to "+s.Subscriber)
+		}
+	}
+	for topic, log := range h.Final {
+		for _, m := range log {
+			check(topic, m.ID, m.Value, "stored")
+		}
+	}
+	return l
+}
+
+// checkOrder: within a subscription, new seqs come in ascending order,
+// and a seq comes again only as a later attempt (a retry), never as a
+// duplicate at the hand-over from replay to live.
+func checkOrder(h *History) Line {
+	l := Line{Invariant: "each subscription's seqs come in order"}
+	for _, s := range h.Subscriptions {
+		attempts := map[uint64]int{}
+		var newest uint64
+		for _, d := range s.Deliveries {
+			last, again := attempts[d.Seq]
+			switch {
+			case again && d.Attempt <= last:
+				l.violation("%s on %s: seq %d again at attempt %d",
+					s.Subscriber, s.Topic, d.Seq, d.Attempt)
+			case !again && d.Seq < newest:
+				l.violation("%s on %s: seq %d after seq %d",
+					s.Subscriber, s.Topic, d.Seq, newest)
+			}
+			attempts[d.Seq] = max(last, d.Attempt)
+			newest = max(newest, d.Seq)
+		}
+	}
+	return l
+}
+
+// checkGaps: a subscription misses no stored message between the point
+// it asked to start after and its last delivery, unless its reply said
+// "recovered":false. A durable subscription resuming starts at its
+// cursor, which its client does not know: only its deliveries' gaps are
+// checked.
+func checkGaps(h *History) Line {
+	l := Line{Invariant: "no subscription skips a message unannounced"}
+	resumed := map[string]bool{}
+	for _, s := range h.Subscriptions {
+		name := s.Subscriber + "\x00" + s.Durable + "\x00" + s.Topic
+		known := s.Durable == "" || !resumed[name]
+		resumed[name] = s.Durable != ""
+		if s.Unrecovered || len(s.Deliveries) == 0 {
+			continue
+		}
+		from := uint64(0)
+		if s.After != nil {
+			from = *s.After
+		}
+		if !known {
+			from = s.Deliveries[0].Seq
+		}
+		// A seq delivered late is the order check's to report.
+		delivered := map[uint64]bool{}
+		for _, d := range s.Deliveries {
+			delivered[d.Seq] = true
+		}
+		for _, d := range s.Deliveries {
+			if d.Seq <= from {
+				continue
+			}
+			for _, m := range storedBetween(h.Final[s.Topic], from, d.Seq) {
+				if !delivered[m.Seq] {
+					l.violation("%s on %s: seq %d (%s) skipped, between "+
+						"%d and %d", s.Subscriber, s.Topic, m.Seq, m.ID, from,
+						d.Seq)
+				}
+			}
+			from = d.Seq
+		}
+	}
+	return l
+}
+
+// storedBetween returns the messages of log with low < seq < high.
+func storedBetween(log []Stored, low, high uint64) []Stored {
+	var out []Stored
+	for _, m := range log {
+		if m.Seq > low && m.Seq < high {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// checkDurables: after the drain, every durable subscriber has had every
+// value confirmed on its topic, but those below a gap it was told of and
+// those dead-lettered in its name: its cursor moves past a message that
+// went unacked through its last retry, as protocol.md says.
+func checkDurables(h *History, confirmed map[key]uint64) Line {
+	l := Line{Invariant: "every durable subscriber has every confirmed value"}
+	type durable struct{ subscriber, name, topic string }
+	type letter struct{ subscriber, topic, id string }
+	dead := map[letter]bool{}
+	for _, d := range h.DeadLetters {
+		dead[letter{d.Subscriber, d.Topic, d.ID}] = true
+	}
+	got := map[durable]map[string]bool{}
+	excused := map[durable]uint64{}
+	for _, s := range h.Subscriptions {
+		if s.Durable == "" {
+			continue
+		}
+		d := durable{s.Subscriber, s.Durable, s.Topic}
+		if got[d] == nil {
+			got[d] = map[string]bool{}
+		}
+		for _, m := range s.Deliveries {
+			got[d][m.ID] = true
+		}
+		if s.Unrecovered && len(s.Deliveries) > 0 {
+			excused[d] = max(excused[d], s.Deliveries[0].Seq)
+		}
+	}
+	durables := slices.SortedFunc(maps.Keys(got), func(a, b durable) int {
+		return cmp.Or(cmp.Compare(a.subscriber, b.subscriber),
+			cmp.Compare(a.name, b.name), cmp.Compare(a.topic, b.topic))
+	})
+	for _, d := range durables {
+		ids := got[d]
+		for _, k := range sortedKeys(confirmed) {
+			if k.topic == d.topic && !ids[k.id] && confirmed[k] > excused[d] &&
+				!dead[letter{d.subscriber, d.topic, k.id}] {
+				l.violation("%s (durable %q) on %s: never got %s (seq %d)",
+					d.subscriber, d.name, d.topic, k.id, confirmed[k])
+			}
+		}
+	}
+	return l
+}
+
+// checkHealed: every fault the nemesis injected was undone.
+func checkHealed(h *History) Line {
+	l := Line{Invariant: "every fault was healed"}
+	for _, f := range h.Faults {
+		if !f.Healed {
+			l.violation("%s of %s, from %s", f.Kind, f.Target,
+				f.Start.Format("15:04:05.000"))
+		}
+	}
+	return l
+}
+
+// sortedKeys returns m's keys in order, for reports that read the same
+// from run to run.
+func sortedKeys[V any](m map[key]V) []key {
+	return slices.SortedFunc(maps.Keys(m), func(a, b key) int {
+		return cmp.Or(cmp.Compare(a.topic, b.topic), cmp.Compare(a.id, b.id))
+	})
+}
+
+// workload returns h without what was published to, or read from, the
+// broker's own topics.
+func (h *History) workload() *History {
+	own := func(topic string) bool { return strings.HasPrefix(topic, "$") }
+	w := &History{Subscriptions: h.Subscriptions, Faults: h.Faults,
+		Final: h.Final, DeadLetters: h.DeadLetters}
+	for _, a := range h.Attempts {
+		if !own(a.Topic) {
+			w.Attempts = append(w.Attempts, a)
+		}
+	}
+	for _, c := range h.Confirms {
+		if !own(c.Topic) {
+			w.Confirms = append(w.Confirms, c)
+		}
+	}
+	return w
+}

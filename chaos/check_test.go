@@ -1,0 +1,155 @@
+package chaos
+
+import (
+	"strings"
+	"testing"
+)
+
+// clean is a small history that keeps every promise: alice publishes
+// two values, bob reads them live and durably, the log keeps both.
+func clean() *History {
+	h := &History{}
+	h.attempt(Attempt{"alice", "jobs", "a-1", "v1"})
+	h.attempt(Attempt{"alice", "jobs", "a-2", "v2"})
+	h.confirm(Confirm{"alice", "jobs", "a-1", 1, false})
+	h.confirm(Confirm{"alice", "jobs", "a-2", 2, false})
+	s := h.subscribe(&Subscription{Subscriber: "bob", Topic: "jobs",
+		Durable: "bob"})
+	h.replied(s, 0, true)
+	h.delivered(s, Delivery{1, "a-1", "v1", 1})
+	h.delivered(s, Delivery{1, "a-1", "v1", 2})
+	h.delivered(s, Delivery{2, "a-2", "v2", 1})
+	h.stored("jobs", []Stored{{1, "a-1", "v1"}, {2, "a-2", "v2"}})
+	h.Fault("kill", "broker-1")()
+	return h
+}
+
+// violated returns the invariants r says were broken.
+func violated(r Report) []string {
+	var names []string
+	for _, l := range r.Lines {
+		if l.Violations > 0 {
+			names = append(names, l.Invariant)
+		}
+	}
+	return names
+}
+
+func TestCheck_ACleanHistoryPasses(t *testing.T) {
+	r := Check(clean())
+	if !r.OK() {
+		t.Fatalf("a clean history was refused:\n%s", r)
+	}
+	if r.Attempted != 2 || r.Confirmed != 2 || r.Deliveries != 3 ||
+		r.Redeliveries != 1 || r.Stored != 2 || r.Faults["kill"] != 1 {
+		t.Fatalf("counts are off:\n%s", r)
+	}
+}
+
+func TestCheck_FindsEachViolation(t *testing.T) {
+	cases := []struct {
+		name      string
+		break_    func(h *History)
+		invariant string
+	}{
+		{"a confirmed value missing from the log", func(h *History) {
+			h.Final["jobs"] = h.Final["jobs"][:1]
+		}, "every confirmed value is in the final log"},
+		{"a value stored at another seq than its confirm's", func(h *History) {
+			h.Confirms[1].Seq = 7
+		}, "each is stored at the seq its confirm named"},
+		{"a seq delivered as one value and stored as another",
+			func(h *History) {
+				s := h.Subscriptions[0]
+				s.Deliveries = append(s.Deliveries, Delivery{3, "a-3", "v3", 1})
+				h.attempt(Attempt{"alice", "jobs", "a-3", "v3"})
+				h.attempt(Attempt{"alice", "jobs", "a-4", "v4"})
+				h.Final["jobs"] = append(h.Final["jobs"],
+					Stored{3, "a-4", "v4"})
+			}, "no seq names two values, across every crash"},
+		{"one message_id stored twice", func(h *History) {
+			h.Final["jobs"] = append(h.Final["jobs"], Stored{3, "a-2", "v2"})
+		}, "no message_id is stored under two seqs"},
+		{"a delivery nobody published", func(h *History) {
+			h.Subscriptions[0].Deliveries[0].Value = "forged"
+		}, "nothing is read that was never published"},
+		{"a seq older than one already delivered", func(h *History) {
+			s := h.Subscriptions[0]
+			s.Deliveries[0], s.Deliveries[2] = s.Deliveries[2],
+				s.Deliveries[0]
+		}, "each subscription's seqs come in order"},
+		{"the same attempt twice", func(h *History) {
+			s := h.Subscriptions[0]
+			s.Deliveries[1].Attempt = 1
+		}, "each subscription's seqs come in order"},
+		{"a stored message skipped", func(h *History) {
+			s := h.subscribe(&Subscription{Subscriber: "carol",
+				Topic: "jobs"})
+			h.replied(s, 0, true)
+			h.delivered(s, Delivery{2, "a-2", "v2", 1})
+		}, "no subscription skips a message unannounced"},
+		{"a durable subscriber that never got a confirmed value",
+			func(h *History) {
+				s := h.Subscriptions[0]
+				s.Deliveries = s.Deliveries[:2]
+			}, "every durable subscriber has every confirmed value"},
+		{"a fault left in place", func(h *History) {
+			h.Fault("pause", "broker-1")
+		}, "every fault was healed"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := clean()
+			tc.break_(h)
+			r := Check(h)
+			got := violated(r)
+			if len(got) != 1 || got[0] != tc.invariant {
+				t.Fatalf("violated %q, want only %q:\n%s", got, tc.invariant, r)
+			}
+			if !strings.Contains(r.String(), "VIOLATED") {
+				t.Fatalf("the report does not say so:\n%s", r)
+			}
+		})
+	}
+}
+
+func TestCheck_ExcusesWhatItWasTold(t *testing.T) {
+	t.Run("a gap announced with recovered false", func(t *testing.T) {
+		h := clean()
+		s := h.subscribe(&Subscription{Subscriber: "carol", Topic: "jobs"})
+		h.replied(s, 2, false)
+		h.delivered(s, Delivery{2, "a-2", "v2", 1})
+		if r := Check(h); !r.OK() || r.Announced != 1 {
+			t.Fatalf("an announced gap was refused:\n%s", r)
+		}
+	})
+	t.Run("a durable subscriber's dead letter", func(t *testing.T) {
+		h := clean()
+		s := h.Subscriptions[0]
+		s.Deliveries = s.Deliveries[:2]
+		h.dead([]DeadLetter{{"jobs", "a-2", 2, "bob"}})
+		if r := Check(h); !r.OK() || r.DeadLettered != 1 {
+			t.Fatalf("a dead-lettered value was held against bob:\n%s", r)
+		}
+	})
+	t.Run("a lost unconfirmed message, then its re-send at a new seq",
+		func(t *testing.T) {
+			h := clean()
+			h.attempt(Attempt{"alice", "jobs", "a-3", "v3"})
+			s := h.Subscriptions[0]
+			h.delivered(s, Delivery{3, "a-3", "v3", 1})
+			// The broker died before the disk had seq 3; after the
+			// restart seqs jump, and the re-send is stored at 16387.
+			again := h.subscribe(&Subscription{Subscriber: "bob",
+				Topic: "jobs", Durable: "bob"})
+			h.replied(again, 16386, true)
+			h.attempt(Attempt{"alice", "jobs", "a-3", "v3"})
+			h.confirm(Confirm{"alice", "jobs", "a-3", 16387, false})
+			h.delivered(again, Delivery{16387, "a-3", "v3", 1})
+			h.Final["jobs"] = append(h.Final["jobs"],
+				Stored{16387, "a-3", "v3"})
+			if r := Check(h); !r.OK() {
+				t.Fatalf("a lost unconfirmed message was refused:\n%s", r)
+			}
+		})
+}

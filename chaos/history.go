@@ -1,0 +1,178 @@
+// Package chaos checks PopSub's promises under faults. Its clients
+// publish unique values at QoS 1 and subscribe, durably or not, through
+// whatever the faults do to them, and record every frame in a History;
+// Check then holds the history to exactly what docs/protocol.md
+// promises, one invariant at a time.
+//
+// Two drivers use it: `popsub chaos` runs real brokers (bbolt, or
+// several on NATS JetStream) behind TCP proxies and kills, pauses, cuts
+// and stalls them; the root package's simulation runs a broker in fake
+// time on a disk that loses what it had not synced. Both feed the same
+// clients and the same checker, so a violation means the same thing in
+// either.
+//
+// The package knows the protocol, not the broker: it imports nothing of
+// PopSub's.
+package chaos
+
+import (
+	"sync"
+	"time"
+)
+
+// A History is everything a run's clients saw. Its methods are safe for
+// concurrent use; read its fields only once the run is over.
+type History struct {
+	mu sync.Mutex
+	// Attempts lists every publish sent, re-sends included.
+	Attempts []Attempt
+	// Confirms lists every "published" reply.
+	Confirms []Confirm
+	// Subscriptions lists every subscribe frame sent, with what it got.
+	Subscriptions []*Subscription
+	// Faults lists what the nemesis did.
+	Faults []*Fault
+	// Final is each topic's log read from the start, after the run.
+	Final map[string][]Stored
+	// DeadLetters are the runs' topics' dead letters, read after it.
+	DeadLetters []DeadLetter
+}
+
+// DeadLetter is one message of $dead/<topic>: a delivery that went
+// unacked through its last retry.
+type DeadLetter struct {
+	Topic      string `json:"topic"`      // where it was published
+	ID         string `json:"message_id"` // its id there
+	Seq        uint64 `json:"seq"`
+	Subscriber string `json:"subscriber"` // who did not ack it
+}
+
+// Attempt is one publish frame sent.
+type Attempt struct {
+	Publisher string // the client that sent it
+	Topic     string
+	ID        string // its message_id
+	Value     string // its payload, a JSON string
+}
+
+// Confirm is one "published" reply.
+type Confirm struct {
+	Publisher string
+	Topic     string
+	ID        string
+	Seq       uint64 // the seq it names
+	Duplicate bool   // the reply said duplicate
+}
+
+// Subscription is one subscribe frame and what came of it, until its
+// connection ended.
+type Subscription struct {
+	Subscriber string // the client that sent it
+	Topic      string
+	// Durable is the durable name, or "" for a plain subscription.
+	Durable string
+	// After is the "after" it sent, or nil: a plain subscription's
+	// first, from the oldest message kept, or a durable one's.
+	After *uint64
+	// Replied is set once "subscribed" came; Head is its seq, and
+	// Unrecovered says it carried "recovered":false.
+	Replied     bool
+	Head        uint64
+	Unrecovered bool
+	// Deliveries are the messages it got, in order.
+	Deliveries []Delivery
+}
+
+// Delivery is one message frame.
+type Delivery struct {
+	Seq     uint64
+	ID      string
+	Value   string
+	Attempt int
+}
+
+// Stored is one message of a topic's final log.
+type Stored struct {
+	Seq   uint64
+	ID    string
+	Value string
+}
+
+// Fault is one thing the nemesis did, and when it was undone.
+type Fault struct {
+	Kind   string // "kill", "pause", "cut", "stall", "kill-nats", …
+	Target string // which broker, proxy or server
+	Start  time.Time
+	// Healed is set once the fault is undone; a fault never healed is a
+	// violation.
+	Healed bool
+	End    time.Time
+}
+
+// attempt records a publish about to be sent.
+func (h *History) attempt(a Attempt) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.Attempts = append(h.Attempts, a)
+}
+
+// confirm records a "published" reply.
+func (h *History) confirm(c Confirm) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.Confirms = append(h.Confirms, c)
+}
+
+// subscribe records a subscribe frame about to be sent, and returns the
+// record its replies go into.
+func (h *History) subscribe(s *Subscription) *Subscription {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.Subscriptions = append(h.Subscriptions, s)
+	return s
+}
+
+// replied records the "subscribed" reply of s.
+func (h *History) replied(s *Subscription, head uint64, recovered bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s.Replied, s.Head, s.Unrecovered = true, head, !recovered
+}
+
+// delivered records a message frame of s.
+func (h *History) delivered(s *Subscription, d Delivery) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s.Deliveries = append(s.Deliveries, d)
+}
+
+// Fault records a fault that starts now, and returns the function that
+// records it healed.
+func (h *History) Fault(kind, target string) (heal func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f := &Fault{Kind: kind, Target: target, Start: time.Now()}
+	h.Faults = append(h.Faults, f)
+	return func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		f.Healed, f.End = true, time.Now()
+	}
+}
+
+// stored records a topic's final log.
+func (h *History) stored(topic string, log []Stored) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.Final == nil {
+		h.Final = map[string][]Stored{}
+	}
+	h.Final[topic] = log
+}
+
+// dead records dead letters read after the run.
+func (h *History) dead(letters []DeadLetter) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.DeadLetters = append(h.DeadLetters, letters...)
+}

@@ -1,0 +1,439 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// Dialer opens a WebSocket to the broker a client is to use now: through
+// a proxy, to one of several brokers, or over a pipe.
+type Dialer func(ctx context.Context) (*websocket.Conn, error)
+
+// Client is one of a run's clients: it dials with Dial, authenticates
+// with Token, and records every frame it sends or gets in History.
+type Client struct {
+	Name    string
+	Dial    Dialer
+	Token   string
+	History *History
+	// Pace is how long Publish waits before each new value: zero
+	// publishes as fast as the window allows.
+	Pace time.Duration
+}
+
+// frame is any frame the broker sends, with the fields the clients use.
+type frame struct {
+	Type      string          `json:"type"`
+	Code      string          `json:"code"`
+	Topic     string          `json:"topic"`
+	MessageID string          `json:"message_id"`
+	Payload   json.RawMessage `json:"payload"`
+	QoS       int             `json:"qos"`
+	Seq       uint64          `json:"seq"`
+	Attempt   int             `json:"attempt"`
+	Recovered *bool           `json:"recovered"`
+	Duplicate bool            `json:"duplicate"`
+}
+
+// connect dials and authenticates, trying again with a growing backoff
+// until it succeeds or ctx ends.
+func (c *Client) connect(ctx context.Context) (*websocket.Conn, error) {
+	backoff := 20 * time.Millisecond
+	for {
+		ws, err := c.dialOnce(ctx)
+		if err == nil {
+			return ws, nil
+		}
+		// Jitter, so that clients cut at once do not all come back at
+		// once.
+		wait := backoff/2 + rand.N(backoff)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// dialOnce dials and authenticates once, within ten seconds.
+func (c *Client) dialOnce(ctx context.Context) (*websocket.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ws, err := c.Dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ws.SetReadLimit(4 << 20)
+	err = send(ctx, ws, map[string]any{"type": "auth", "token": c.Token})
+	if err == nil {
+		var f frame
+		if f, err = read(ctx, ws); err == nil && f.Type != "authenticated" {
+			err = fmt.Errorf("auth answered %s %s", f.Type, f.Code)
+		}
+	}
+	if err != nil {
+		ws.CloseNow()
+		return nil, err
+	}
+	return ws, nil
+}
+
+// send writes v as one text frame.
+func send(ctx context.Context, ws *websocket.Conn, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return ws.Write(ctx, websocket.MessageText, data)
+}
+
+// read reads and decodes the next frame.
+func read(ctx context.Context, ws *websocket.Conn) (frame, error) {
+	var f frame
+	_, data, err := ws.Read(ctx)
+	if err == nil {
+		err = json.Unmarshal(data, &f)
+	}
+	return f, err
+}
+
+// Publish publishes unique values to topic at QoS 1, "NAME-1", "NAME-2",
+// …, each its own message_id, with at most window unconfirmed at a time,
+// until stop is closed; then it publishes nothing new and returns once
+// every value it sent is confirmed, or ctx ends. After a dropped
+// connection it dials again and sends again, with the same ids, every
+// value not yet confirmed: the broker's dedup makes that safe. It
+// returns how many values it made.
+func (c *Client) Publish(ctx context.Context, stop <-chan struct{},
+	topic string, window int) (int, error) {
+	p := &publisher{Client: c, topic: topic, window: window, stop: stop}
+	for !p.finished() {
+		ws, err := c.connect(ctx)
+		if err != nil {
+			return p.made, err
+		}
+		p.session(ctx, ws)
+		ws.CloseNow()
+	}
+	return p.made, nil
+}
+
+// publisher is the state of one Publish.
+type publisher struct {
+	*Client
+	topic  string
+	window int
+	stop   <-chan struct{}
+	// made counts the values made; unconfirmed lists the ids sent and
+	// not confirmed yet, oldest first.
+	made        int
+	unconfirmed []string
+}
+
+// stopped reports whether stop is closed.
+func (p *publisher) stopped() bool {
+	select {
+	case <-p.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// finished reports whether Publish is done: stopped, and nothing left to
+// confirm.
+func (p *publisher) finished() bool {
+	return p.stopped() && len(p.unconfirmed) == 0
+}
+
+// session publishes on one connection until it drops or Publish is
+// finished. Each publish gets exactly one reply, so the window counts
+// the replies still due on this connection.
+func (p *publisher) session(ctx context.Context, ws *websocket.Conn) {
+	due := 0
+	for _, id := range p.unconfirmed {
+		if p.publish(ctx, ws, id) != nil {
+			return
+		}
+		due++
+	}
+	for !p.finished() {
+		for due < p.window && !p.stopped() {
+			if p.Pace > 0 {
+				time.Sleep(p.Pace)
+			}
+			p.made++
+			id := fmt.Sprintf("%s-%d", p.Name, p.made)
+			p.unconfirmed = append(p.unconfirmed, id)
+			if p.publish(ctx, ws, id) != nil {
+				return
+			}
+			due++
+		}
+		if due == 0 {
+			return
+		}
+		f, err := read(ctx, ws)
+		if err != nil {
+			return
+		}
+		switch {
+		case f.Type == "published":
+			due--
+			p.confirmed(f)
+		case f.Type == "error" && f.Code == "store_failed" &&
+			f.MessageID != "":
+			// Not stored: send it again, now, with the same id.
+			if p.publish(ctx, ws, f.MessageID) != nil {
+				return
+			}
+		case f.Type == "error":
+			due--
+		}
+	}
+}
+
+// publish records and sends one value, its id as its payload.
+func (p *publisher) publish(ctx context.Context, ws *websocket.Conn,
+	id string) error {
+	p.History.attempt(Attempt{p.Name, p.topic, id, id})
+	return send(ctx, ws, map[string]any{"type": "publish",
+		"topic": p.topic, "payload": id, "qos": 1, "message_id": id})
+}
+
+// confirmed records a confirm and forgets the value's id.
+func (p *publisher) confirmed(f frame) {
+	p.History.confirm(Confirm{p.Name, f.Topic, f.MessageID, f.Seq,
+		f.Duplicate})
+	p.unconfirmed = slices.DeleteFunc(p.unconfirmed, func(id string) bool {
+		return id == f.MessageID
+	})
+}
+
+// Mark publishes one value with id at QoS 1, through drops, and returns
+// once it is confirmed: a marker behind everything published before.
+func (c *Client) Mark(ctx context.Context, topic, id string) error {
+	p := &publisher{Client: c, topic: topic, window: 1,
+		stop: closed, unconfirmed: []string{id}}
+	for !p.finished() {
+		ws, err := c.connect(ctx)
+		if err != nil {
+			return fmt.Errorf("mark %s: %w", topic, err)
+		}
+		p.session(ctx, ws)
+		ws.CloseNow()
+	}
+	return nil
+}
+
+// closed is a closed channel: a publisher that makes no new values.
+var closed = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
+
+// Subscribe reads topic, acking every QoS 1 message, until it gets the
+// message whose id is until, or ctx ends. After a dropped connection it
+// subscribes again: with its durable name if it has one, else after the
+// last seq it saw.
+func (c *Client) Subscribe(ctx context.Context, topic, durable,
+	until string) error {
+	var last *uint64
+	for {
+		ws, err := c.connect(ctx)
+		if err != nil {
+			return fmt.Errorf("subscribe %s: %w", topic, err)
+		}
+		s := &Subscription{Subscriber: c.Name, Topic: topic,
+			Durable: durable, After: last}
+		done, seen := c.read(ctx, ws, s, until)
+		ws.CloseNow()
+		if done {
+			return nil
+		}
+		if seen > 0 && durable == "" {
+			last = &seen
+		}
+	}
+}
+
+// read subscribes with s on ws and reads until the connection drops (it
+// returns false and the newest seq seen) or the message until comes.
+func (c *Client) read(ctx context.Context, ws *websocket.Conn,
+	s *Subscription, until string) (bool, uint64) {
+	request := map[string]any{"type": "subscribe", "topic": s.Topic}
+	if s.Durable != "" {
+		request["durable"] = s.Durable
+	}
+	newest := uint64(0)
+	if s.After != nil {
+		request["after"], newest = *s.After, *s.After
+	}
+	c.History.subscribe(s)
+	if send(ctx, ws, request) != nil {
+		return false, newest
+	}
+	for {
+		f, err := read(ctx, ws)
+		if err != nil {
+			return false, newest
+		}
+		switch f.Type {
+		case "subscribed":
+			c.History.replied(s, f.Seq, f.Recovered == nil || *f.Recovered)
+		case "message":
+			var value string
+			json.Unmarshal(f.Payload, &value)
+			c.History.delivered(s, Delivery{f.Seq, f.MessageID, value,
+				f.Attempt})
+			newest = max(newest, f.Seq)
+			if f.QoS == 1 && send(ctx, ws, map[string]any{"type": "ack",
+				"topic": s.Topic, "message_id": f.MessageID}) != nil {
+				return false, newest
+			}
+			if f.MessageID == until {
+				return true, newest
+			}
+		}
+	}
+}
+
+// ReadLog reads topic's whole log, from the oldest message kept up to
+// and with the message whose id is until, into History.Final.
+func (c *Client) ReadLog(ctx context.Context, topic, until string) error {
+	for {
+		ws, err := c.connect(ctx)
+		if err != nil {
+			return fmt.Errorf("read log %s: %w", topic, err)
+		}
+		log, err := readLog(ctx, ws, topic, until)
+		ws.CloseNow()
+		if err == nil {
+			c.History.stored(topic, log)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("read log %s: %w", topic, ctx.Err())
+		}
+	}
+}
+
+// ReadDeadLetters reads the dead letters of topic, from $dead/<topic>,
+// into History.DeadLetters. It marks the end of that topic first, so
+// its token needs publish and subscribe grants on $dead/#.
+func (c *Client) ReadDeadLetters(ctx context.Context, topic string) error {
+	dead := "$dead/" + topic
+	if err := c.Mark(ctx, dead, "end-"+dead); err != nil {
+		return err
+	}
+	for {
+		ws, err := c.connect(ctx)
+		if err != nil {
+			return fmt.Errorf("read dead letters %s: %w", topic, err)
+		}
+		log, err := readLog(ctx, ws, dead, "end-"+dead)
+		ws.CloseNow()
+		if err == nil {
+			var letters []DeadLetter
+			for _, m := range log {
+				var letter DeadLetter
+				if json.Unmarshal([]byte(m.Value), &letter) == nil {
+					letters = append(letters, letter)
+				}
+			}
+			c.History.dead(letters)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("read dead letters %s: %w", topic, ctx.Err())
+		}
+	}
+}
+
+// readLog reads topic from the start on one connection, without acking:
+// the connection is gone before any retry could come.
+func readLog(ctx context.Context, ws *websocket.Conn, topic,
+	until string) ([]Stored, error) {
+	err := send(ctx, ws, map[string]any{"type": "subscribe",
+		"topic": topic})
+	if err != nil {
+		return nil, err
+	}
+	var log []Stored
+	for {
+		f, err := read(ctx, ws)
+		if err != nil {
+			return nil, err
+		}
+		if f.Type != "message" || f.Attempt > 1 {
+			continue
+		}
+		// A dead letter's payload is an object: kept as it is.
+		value := string(f.Payload)
+		json.Unmarshal(f.Payload, &value)
+		log = append(log, Stored{f.Seq, f.MessageID, value})
+		if f.MessageID == until {
+			return log, nil
+		}
+	}
+}
+
+// ErrUnfinished is returned by a run whose clients did not finish
+// before its deadline: the history then has holes of its own.
+var ErrUnfinished = errors.New("chaos: clients did not finish in time")
+
+// OnFirstDelivery subscribes to topic for new messages only, publishes
+// id there (unless it is ""), and calls then the moment the first
+// message arrives, before anything else happens on this client: a
+// nemesis kills the broker there, while that message's commit is most
+// likely still under way. It records the subscription like any other.
+func (c *Client) OnFirstDelivery(ctx context.Context, topic, id string,
+	then func()) error {
+	ws, err := c.connect(ctx)
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", topic, err)
+	}
+	defer ws.CloseNow()
+	zero := uint64(0)
+	s := c.History.subscribe(&Subscription{Subscriber: c.Name,
+		Topic: topic, After: nil})
+	err = send(ctx, ws, map[string]any{"type": "subscribe", "topic": topic,
+		"last": zero})
+	for err == nil {
+		var f frame
+		if f, err = read(ctx, ws); err != nil {
+			break
+		}
+		switch f.Type {
+		case "subscribed":
+			// Only new messages: as if it asked for everything after
+			// the head.
+			c.History.replied(s, f.Seq, true)
+			head := f.Seq
+			s.After = &head
+			if id != "" {
+				c.History.attempt(Attempt{c.Name, topic, id, id})
+				err = send(ctx, ws, map[string]any{"type": "publish",
+					"topic": topic, "payload": id, "qos": 1,
+					"message_id": id})
+			}
+		case "message":
+			then()
+			var value string
+			json.Unmarshal(f.Payload, &value)
+			c.History.delivered(s, Delivery{f.Seq, f.MessageID, value,
+				f.Attempt})
+			return nil
+		}
+	}
+	return fmt.Errorf("watch %s: %w", topic, err)
+}

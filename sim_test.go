@@ -1,0 +1,335 @@
+package popsub
+
+import (
+	"cmp"
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/popsub/popsub/chaos"
+)
+
+// This file is the simulation. A broker runs in fake time on a disk that
+// loses whatever it had not committed (crash_test.go's disk), its
+// clients on pipes; a seeded nemesis kills it (also on a new topic's
+// first delivery, and twice before a commit), cuts every connection,
+// and stalls them all, some for longer than the write timeout. The
+// clients and the checker are package chaos's, which `popsub chaos`
+// runs against real processes: a schedule that breaks a promise here
+// breaks the same invariant there. Each schedule is one seed:
+//
+//	go test -run Simulation -sim.seed=42 -v .
+//
+// reruns the schedule of seed 42 (the same faults at the same fake
+// times; goroutines still interleave as they will).
+
+var (
+	simSchedules = flag.Int("sim.schedules", 60,
+		"how many seeded schedules the simulation runs")
+	simSeed = flag.Uint64("sim.seed", 0,
+		"run only the simulation's schedule of this seed")
+)
+
+func TestSimulation_PromisesHoldUnderFaults(t *testing.T) {
+	seeds := []uint64{*simSeed}
+	if *simSeed == 0 {
+		seeds = seeds[:0]
+		for seed := range uint64(*simSchedules) {
+			seeds = append(seeds, seed+1)
+		}
+	}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				report, err := simulate(t, seed)
+				if err != nil || !report.OK() {
+					t.Fatalf("seed %d (rerun: go test -run Simulation "+
+						"-sim.seed=%d -v .): %v\n%s", seed, seed, err, report)
+				}
+			})
+		})
+	}
+}
+
+// simRun is how long, in fake time, the nemesis works on one schedule.
+const simRun = 20 * time.Second
+
+// simOptions are the simulated broker's: retries within the run, and a
+// log that keeps every message, so that the final log is the whole run.
+var simOptions = Options{AckTimeout: time.Second, MaxMessages: 1 << 20,
+	TTL: 24 * time.Hour}
+
+// world is one schedule's broker, disk and network.
+type world struct {
+	start   time.Time
+	t       *testing.T
+	history *chaos.History
+
+	// mu guards the fields below.
+	mu sync.Mutex
+	// server is the broker running now, on disk.
+	server *pipeServer
+	disk   *disk
+	// conns are the server ends of the broker's pipes, for cut.
+	conns map[*simConn]struct{}
+	// stall, while not nil, holds every write to a client until closed.
+	stall chan struct{}
+}
+
+// simulate runs the schedule of seed and checks its history.
+func simulate(t *testing.T, seed uint64) (chaos.Report, error) {
+	w := &world{t: t, history: &chaos.History{}, disk: newDisk(),
+		conns: map[*simConn]struct{}{}}
+
+	w.server = w.startBroker(w.disk)
+	defer func() { w.current().stop() }()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+
+	// The workload: two topics, three publishers, and on each topic a
+	// durable subscriber and a plain one.
+	topics := []string{"jobs", "chat"}
+	stop := make(chan struct{})
+	var publishers, subscribers sync.WaitGroup
+	for i, topic := range []string{"jobs", "chat", "jobs"} {
+		p := w.client(fmt.Sprint("p", i+1))
+		p.Pace = pace
+		publishers.Go(func() { p.Publish(ctx, stop, topic, 8) })
+	}
+	for _, topic := range topics {
+		for _, durable := range []string{"d-" + topic, ""} {
+			s := w.client(cmp.Or(durable, "s-"+topic))
+			subscribers.Go(func() {
+				s.Subscribe(ctx, topic, durable, "end-"+topic)
+			})
+		}
+	}
+
+	// The nemesis, then the drain: publishers finish what they sent, a
+	// marker goes behind everything, and every subscriber reads up to
+	// it before the logs are read.
+	fresh := w.nemesis(ctx, rand.New(rand.NewPCG(seed, 0)))
+	close(stop)
+	publishers.Wait()
+	drain := w.client("drain")
+	drain.Token = w.operatorToken()
+	for _, topic := range append(topics, fresh...) {
+		if err := drain.Mark(ctx, topic, "end-"+topic); err != nil {
+			return chaos.Report{}, err
+		}
+	}
+	subscribers.Wait()
+	for _, topic := range append(topics, fresh...) {
+		if err := drain.ReadLog(ctx, topic, "end-"+topic); err != nil {
+			return chaos.Report{}, err
+		}
+		if err := drain.ReadDeadLetters(ctx, topic); err != nil {
+			return chaos.Report{}, err
+		}
+	}
+	if ctx.Err() != nil {
+		return chaos.Report{}, chaos.ErrUnfinished
+	}
+	return chaos.Check(w.history), nil
+}
+
+// pace is how long a simulated publisher waits between new values, in
+// fake time: a rate, since fake time passes for nothing else.
+const pace = 20 * time.Millisecond
+
+// nemesis injects a fault every 0.2 to 2 s of fake time for simRun, and
+// returns the new topics it made.
+func (w *world) nemesis(ctx context.Context, r *rand.Rand) []string {
+	var fresh []string
+	for start := time.Now(); time.Since(start) < simRun; {
+		time.Sleep(200*time.Millisecond +
+			time.Duration(r.Int64N(int64(1800*time.Millisecond))))
+		switch r.IntN(6) {
+		case 0:
+			w.crash()
+		case 1:
+			// A new topic, killed on its first delivery.
+			topic := fmt.Sprint("fresh-", len(fresh)+1)
+			fresh = append(fresh, topic)
+			w.client("watch-"+topic).OnFirstDelivery(ctx, topic,
+				"first-"+topic, w.crash)
+		case 2:
+			// Killed, and killed again on the first delivery after.
+			w.crash()
+			w.client(fmt.Sprint("watch-", r.Uint64())).OnFirstDelivery(ctx,
+				"jobs", "", w.crash)
+		case 3:
+			w.cut()
+		case 4, 5:
+			// Half the stalls outlast the write timeout (10 s): their
+			// subscribers are cut off with 4008.
+			w.stallFor(time.Duration(r.Int64N(int64(20 * time.Second))))
+		}
+	}
+	return fresh
+}
+
+// startBroker starts a broker on d, its pipes tracked for the nemesis.
+func (w *world) startBroker(d *disk) *pipeServer {
+	opts := simOptions
+	opts.Store = d
+	return startPipeBrokerWrapped(w.t, opts, w.track)
+}
+
+// client is a workload client of this world.
+func (w *world) client(name string) *chaos.Client {
+	return &chaos.Client{Name: name, Dial: w.dial, History: w.history,
+		Token: tokenUntil(w.t, name, time.Now().Add(24*time.Hour))}
+}
+
+// operatorToken may read and mark dead letters too.
+func (w *world) operatorToken() string {
+	claims := Claims{Publish: []string{"#", "$dead/#"},
+		Subscribe: []string{"#", "$dead/#"}}
+	claims.Subject, claims.ExpiresAt = "drain", jwtTime(time.Now().Add(
+		24*time.Hour))
+	token, err := claims.Sign(testSecret)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return token
+}
+
+// current is the broker running now.
+func (w *world) current() *pipeServer {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.server
+}
+
+// dial opens a WebSocket to the broker running now.
+func (w *world) dial(ctx context.Context) (*websocket.Conn, error) {
+	ws, _, err := websocket.Dial(ctx, "ws://pipe/ws",
+		&websocket.DialOptions{HTTPClient: w.current().client})
+	return ws, err
+}
+
+// crash kills the broker as kill -9 would, and starts the next one on
+// what the disk kept.
+func (w *world) crash() {
+	healed := w.history.Fault("kill", "broker")
+	w.mu.Lock()
+	old, kept := w.server, w.disk.crash()
+	conns := w.conns
+	w.conns = map[*simConn]struct{}{}
+	w.mu.Unlock()
+
+	// The sockets go first: a broker killed says nothing to anyone.
+	for c := range conns {
+		c.Close()
+	}
+	old.stop()
+	next := w.startBroker(kept)
+	w.mu.Lock()
+	w.server, w.disk = next, kept
+	w.mu.Unlock()
+	healed()
+}
+
+// cut closes every connection, as a proxy dropping them all would.
+func (w *world) cut() {
+	healed := w.history.Fault("cut", "every connection")
+	w.mu.Lock()
+	conns := w.conns
+	w.conns = map[*simConn]struct{}{}
+	w.mu.Unlock()
+	for c := range conns {
+		c.Close()
+	}
+	healed()
+}
+
+// stallFor holds every write to a client for d, as a network that stops
+// carrying packets would: the broker's writes wait, and time out.
+func (w *world) stallFor(d time.Duration) {
+	healed := w.history.Fault("stall", "every connection")
+	gate := make(chan struct{})
+	w.mu.Lock()
+	w.stall = gate
+	w.mu.Unlock()
+	time.Sleep(d)
+	w.mu.Lock()
+	w.stall = nil
+	w.mu.Unlock()
+	close(gate)
+	healed()
+}
+
+// track wraps a pipe's server end so that the nemesis can cut and stall
+// it.
+func (w *world) track(conn net.Conn) net.Conn {
+	c := &simConn{Conn: conn, world: w, closed: make(chan struct{})}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.conns[c] = struct{}{}
+	return c
+}
+
+// simConn is a broker's end of a simulated connection.
+type simConn struct {
+	net.Conn
+	world *world
+	// closed is closed by Close, once.
+	closed chan struct{}
+	once   sync.Once
+	// mu guards deadline, the write deadline the broker set.
+	mu       sync.Mutex
+	deadline time.Time
+}
+
+// Write waits while the world stalls, until its deadline, then writes.
+func (c *simConn) Write(p []byte) (int, error) {
+	c.world.mu.Lock()
+	gate := c.world.stall
+	c.world.mu.Unlock()
+	if gate != nil {
+		c.mu.Lock()
+		deadline := c.deadline
+		c.mu.Unlock()
+		var expired <-chan time.Time
+		if !deadline.IsZero() {
+			expired = time.After(time.Until(deadline))
+		}
+		select {
+		case <-gate:
+		case <-c.closed:
+			return 0, net.ErrClosed
+		case <-expired:
+			return 0, os.ErrDeadlineExceeded
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+// SetWriteDeadline keeps the deadline for Write, and sets it on the pipe.
+func (c *simConn) SetWriteDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.deadline = t
+	c.mu.Unlock()
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// SetDeadline is SetWriteDeadline, and the read deadline too.
+func (c *simConn) SetDeadline(t time.Time) error {
+	c.SetWriteDeadline(t)
+	return c.Conn.SetDeadline(t)
+}
+
+// Close closes the pipe, and wakes a stalled Write.
+func (c *simConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
