@@ -359,8 +359,9 @@ func (c *Client) ReadDeadLetters(ctx context.Context, topic string) error {
 	}
 }
 
-// readLog reads topic from the start on one connection, without acking:
-// the connection is gone before any retry could come.
+// readLog reads topic from the start on one connection. It acks as it
+// goes, all up to each seq: an unacked replay would stop once it filled
+// half the in-flight window.
 func readLog(ctx context.Context, ws *websocket.Conn, topic,
 	until string) ([]Stored, error) {
 	err := send(ctx, ws, map[string]any{"type": "subscribe",
@@ -376,6 +377,11 @@ func readLog(ctx context.Context, ws *websocket.Conn, topic,
 		}
 		if f.Type != "message" || f.Attempt > 1 {
 			continue
+		}
+		err = send(ctx, ws, map[string]any{"type": "ack", "topic": topic,
+			"seq": f.Seq})
+		if err != nil {
+			return nil, err
 		}
 		// A dead letter's payload is an object: kept as it is.
 		value := string(f.Payload)

@@ -11,6 +11,8 @@
 //	                                  confirm
 //	popsub bench                      load a server: throughput, losses,
 //	                                  latency, server CPU and memory
+//	popsub chaos                      run brokers under faults and check
+//	                                  every promise the protocol makes
 //	popsub db check|salvage           report damage in a database, and
 //	                                  copy what is readable to a new one
 //
@@ -45,6 +47,7 @@ commands:
   client sub TOPIC           print deliveries as JSON lines, acking QoS 1
   client pub TOPIC PAYLOAD   publish a message (--qos 1 waits for confirm)
   bench                      load a server and report speed and losses
+  chaos                      run brokers under faults, check the promises
   db check --db FILE         report what a database holds, and damage
   db salvage --db FILE --to NEW
                              copy every readable record to a new file
@@ -99,6 +102,8 @@ func run(ctx context.Context, args []string, stdout,
 		return clientCommand(ctx, args[1:], stdout, stderr)
 	case "bench":
 		return benchCommand(ctx, args[1:], stdout, stderr)
+	case "chaos":
+		return chaosCommand(ctx, args[1:], stdout, stderr)
 	case "db":
 		return dbCommand(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":

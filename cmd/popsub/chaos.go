@@ -1,0 +1,801 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/chaos"
+)
+
+// This file is popsub chaos: real brokers on 127.0.0.1, one on bbolt or
+// several on NATS JetStream, each behind a TCP proxy of its own, and a
+// seeded nemesis that kills them (also on a new topic's first delivery,
+// and twice before a commit), pauses them, cuts and stalls every
+// connection at a proxy, and on JetStream kills the NATS server or a
+// node of its cluster. Package chaos's clients publish and subscribe
+// through it all; then every fault is healed, the clients drain, every
+// log is read from the start, and package chaos's checker holds the
+// history to protocol.md's promises. It exits 1 on any violation.
+
+// chaosSecret signs the run's tokens.
+const chaosSecret = "popsub-chaos-secret-of-at-least-32-bytes"
+
+// chaosConfig is what chaos's flags ask for.
+type chaosConfig struct {
+	engine, natsServer, popsub string
+	brokers, replicas, topics  int
+	publishers, window         int
+	rate                       float64
+	duration, every, drainTime time.Duration
+	seed                       uint64
+}
+
+// parseChaos reads chaos's flags.
+func parseChaos(args []string, stderr io.Writer) (chaosConfig, error) {
+	var c chaosConfig
+	fs := newFlagSet("popsub chaos", stderr)
+	fs.StringVar(&c.engine, "engine", "bbolt", "bbolt (one broker on a "+
+		"bbolt file) or nats (brokers sharing a NATS JetStream log)")
+	fs.IntVar(&c.brokers, "brokers", 3, "brokers on the shared log, with "+
+		"--engine nats")
+	fs.IntVar(&c.replicas, "nats-replicas", 1, "1 (one NATS server) or 3 "+
+		"(a three-node cluster, each topic on all three)")
+	fs.StringVar(&c.natsServer, "nats-server", "nats-server", "the "+
+		"nats-server program, with --engine nats (go install "+
+		"github.com/nats-io/nats-server/v2@v2.15.2)")
+	fs.StringVar(&c.popsub, "popsub", "", "the popsub program the brokers "+
+		"run (default: this one), to try another version")
+	fs.DurationVar(&c.duration, "duration", time.Minute, "how long the "+
+		"nemesis injects faults")
+	fs.DurationVar(&c.every, "every", 3*time.Second, "the mean time "+
+		"between faults")
+	fs.DurationVar(&c.drainTime, "drain", 3*time.Minute, "how long the "+
+		"clients have to finish after the last fault")
+	fs.Uint64Var(&c.seed, "seed", 0, "the nemesis's seed (default: a "+
+		"random one, printed)")
+	fs.IntVar(&c.topics, "topics", 2, "topics, each with a durable and a "+
+		"plain subscriber")
+	fs.IntVar(&c.publishers, "publishers", 3, "publishers, over the topics")
+	fs.IntVar(&c.window, "window", 16, "unconfirmed publishes each "+
+		"publisher may have")
+	fs.Float64Var(&c.rate, "rate", 1000, "new values per second per "+
+		"publisher (0: as fast as the window allows)")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	switch {
+	case c.engine != "bbolt" && c.engine != "nats":
+		return c, fmt.Errorf("--engine %q: bbolt or nats", c.engine)
+	case c.replicas != 1 && c.replicas != 3:
+		return c, errors.New("--nats-replicas must be 1 or 3")
+	case c.topics < 1 || c.publishers < 1 || c.window < 1:
+		return c, errors.New("--topics, --publishers and --window must " +
+			"be at least 1")
+	}
+	if c.engine == "bbolt" {
+		c.brokers = 1
+	}
+	c.seed = cmpOr(c.seed, rand.Uint64())
+	return c, nil
+}
+
+// cmpOr is cmp.Or for a seed: zero means "pick one".
+func cmpOr(seed, fallback uint64) uint64 {
+	if seed != 0 {
+		return seed
+	}
+	return fallback
+}
+
+// chaosCommand runs popsub chaos.
+func chaosCommand(ctx context.Context, args []string, stdout,
+	stderr io.Writer) error {
+	cfg, err := parseChaos(args, stderr)
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "popsub-chaos")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	run := &chaosRun{cfg: cfg, dir: dir, out: stdout,
+		rand:    rand.New(rand.NewPCG(cfg.seed, 0)),
+		history: &chaos.History{}, started: time.Now()}
+	fmt.Fprintf(stdout, "popsub chaos --engine %s --seed %d: %d broker(s), "+
+		"faults for %s\n", cfg.engine, cfg.seed, cfg.brokers, cfg.duration)
+	defer run.stopAll()
+	if err := run.startAll(ctx); err != nil {
+		return err
+	}
+	report, err := run.workload(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(stdout, report)
+	if !report.OK() {
+		return fmt.Errorf("promises broken (rerun: popsub chaos --engine "+
+			"%s --seed %d)", cfg.engine, cfg.seed)
+	}
+	return nil
+}
+
+// chaosRun is one run's processes, proxies and history.
+type chaosRun struct {
+	cfg     chaosConfig
+	dir     string
+	out     io.Writer
+	rand    *rand.Rand // the nemesis's; only its goroutine uses it
+	history *chaos.History
+	started time.Time
+	nats    []*process // the NATS servers, with --engine nats
+	brokers []*process
+	proxies []*proxy
+	// fresh numbers the new topics the nemesis makes.
+	fresh []string
+}
+
+// process is one server the run started, which the nemesis may kill,
+// pause and start again on the same files and, for NATS, the same port.
+type process struct {
+	name string
+	args func() []string // the command line, made anew at each start
+	// ready reads the process's first line and returns its address.
+	ready func(line string) (string, bool)
+
+	mu      sync.Mutex // guards the fields below
+	cmd     *exec.Cmd
+	address string    // where it listens, once ready
+	exited  chan bool // closed when cmd exits
+}
+
+// start runs the process and waits until it says it is ready.
+func (p *process) start(ctx context.Context) error {
+	args := p.args()
+	cmd := exec.Command(args[0], args[1:]...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", p.name, err)
+	}
+	exited := make(chan bool)
+	lines := bufio.NewScanner(out)
+	address := ""
+	for address == "" && lines.Scan() {
+		address, _ = p.ready(lines.Text())
+	}
+	go func() {
+		for lines.Scan() {
+		}
+		cmd.Wait()
+		close(exited)
+	}()
+	if address == "" {
+		cmd.Process.Kill()
+		<-exited
+		return fmt.Errorf("%s did not start", p.name)
+	}
+	p.mu.Lock()
+	p.cmd, p.address, p.exited = cmd, address, exited
+	p.mu.Unlock()
+	return nil
+}
+
+// startRetrying starts the process, trying again for up to a minute: a
+// broker cannot start while NATS is down.
+func (p *process) startRetrying(ctx context.Context) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := p.start(ctx)
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// kill sends SIGKILL and waits for the process to exit.
+func (p *process) kill() {
+	p.mu.Lock()
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	if cmd != nil {
+		cmd.Process.Kill()
+		<-exited
+	}
+}
+
+// signal sends sig to the process.
+func (p *process) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		syscall.Kill(p.cmd.Process.Pid, sig)
+	}
+}
+
+// stop ends the process gracefully, or kills it after ten seconds.
+func (p *process) stop() {
+	p.mu.Lock()
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGCONT)
+	cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		p.kill()
+	}
+}
+
+// addr is where the process listens now.
+func (p *process) addr() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.address
+}
+
+// startAll starts the NATS servers, the brokers and their proxies.
+func (r *chaosRun) startAll(ctx context.Context) error {
+	if r.cfg.engine == "nats" {
+		if err := r.startNATS(ctx); err != nil {
+			return err
+		}
+	}
+	for i := range r.cfg.brokers {
+		b := r.broker(i)
+		if err := b.startRetrying(ctx); err != nil {
+			return err
+		}
+		r.brokers = append(r.brokers, b)
+		p, err := newProxy(b.addr)
+		if err != nil {
+			return err
+		}
+		r.proxies = append(r.proxies, p)
+	}
+	return nil
+}
+
+// broker describes the i-th broker's process: its own database, and on
+// NATS the shared log.
+func (r *chaosRun) broker(i int) *process {
+	return &process{name: fmt.Sprint("broker-", i+1),
+		args: func() []string {
+			self, _ := os.Executable()
+			args := []string{cmpString(r.cfg.popsub, self), "serve", "--addr", "127.0.0.1:0",
+				"--secret", chaosSecret, "--log-level", "error",
+				"--db", filepath.Join(r.dir, fmt.Sprint("broker-", i+1, ".db")),
+				"--ack-timeout", "1s", "--max-messages", "1000000",
+				"--ttl", "24h"}
+			if r.cfg.engine == "nats" {
+				args = append(args, "--nats", r.natsURLs(),
+					"--nats-replicas", fmt.Sprint(r.cfg.replicas))
+			}
+			return args
+		},
+		ready: func(line string) (string, bool) {
+			rest, ok := strings.CutPrefix(line, "popsub listening on http://")
+			if !ok {
+				return "", false
+			}
+			return strings.Fields(rest)[0], true
+		}}
+}
+
+// startNATS starts one NATS server, or a cluster of three, each on a
+// port it keeps across restarts.
+func (r *chaosRun) startNATS(ctx context.Context) error {
+	nodes := r.cfg.replicas
+	ports, err := freePorts(2 * nodes)
+	if err != nil {
+		return err
+	}
+	var routes []string
+	for i := range nodes {
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d",
+			ports[nodes+i]))
+	}
+	for i := range nodes {
+		args := []string{r.cfg.natsServer, "-a", "127.0.0.1", "-p",
+			fmt.Sprint(ports[i]), "-js", "-sd",
+			filepath.Join(r.dir, fmt.Sprint("nats-", i+1)),
+			"--server_name", fmt.Sprint("nats-", i+1)}
+		if nodes > 1 {
+			args = append(args, "--cluster_name", "popsub-chaos", "--cluster",
+				routes[i], "--routes", strings.Join(routes, ","))
+		}
+		address := fmt.Sprintf("127.0.0.1:%d", ports[i])
+		n := &process{name: fmt.Sprint("nats-", i+1),
+			args: func() []string { return args },
+			ready: func(line string) (string, bool) {
+				return address, strings.Contains(line, "Server is ready")
+			}}
+		r.nats = append(r.nats, n)
+	}
+	// A cluster's nodes wait for each other: they start side by side.
+	errs := make(chan error, nodes)
+	for _, n := range r.nats {
+		go func() { errs <- n.start(ctx) }()
+	}
+	for range nodes {
+		if err := <-errs; err != nil {
+			return fmt.Errorf("%w (is %s installed? go install "+
+				"github.com/nats-io/nats-server/v2@v2.15.2)", err,
+				r.cfg.natsServer)
+		}
+	}
+	return nil
+}
+
+// natsURLs lists the NATS servers for --nats.
+func (r *chaosRun) natsURLs() string {
+	var urls []string
+	for _, n := range r.nats {
+		urls = append(urls, "nats://"+n.addr())
+	}
+	return strings.Join(urls, ",")
+}
+
+// freePorts finds n ports free on 127.0.0.1 now.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var listeners []net.Listener
+	defer func() {
+		for _, l := range listeners {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		listeners = append(listeners, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// stopAll stops every process and proxy.
+func (r *chaosRun) stopAll() {
+	for _, p := range r.proxies {
+		p.close()
+	}
+	for _, b := range r.brokers {
+		b.stop()
+	}
+	for _, n := range r.nats {
+		n.stop()
+	}
+}
+
+// workload runs the clients and the nemesis, drains, reads every log
+// and checks the history.
+func (r *chaosRun) workload(ctx context.Context) (chaos.Report, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var topics []string
+	for i := range r.cfg.topics {
+		topics = append(topics, fmt.Sprint("topic-", i+1))
+	}
+
+	// Publishers spread over the topics and the brokers; on each topic a
+	// durable subscriber and a plain one, each on a broker of its own.
+	stop := make(chan struct{})
+	var publishers, subscribers sync.WaitGroup
+	for i := range r.cfg.publishers {
+		p := r.client(fmt.Sprint("p", i+1), i)
+		if r.cfg.rate > 0 {
+			p.Pace = time.Duration(float64(time.Second) / r.cfg.rate)
+		}
+		topic := topics[i%len(topics)]
+		publishers.Go(func() { p.Publish(ctx, stop, topic, r.cfg.window) })
+	}
+	for i, topic := range topics {
+		for j, durable := range []string{"d-" + topic, ""} {
+			s := r.client(cmpString(durable, "s-"+topic), 2*i+j+1)
+			subscribers.Go(func() {
+				s.Subscribe(ctx, topic, durable, "end-"+topic)
+			})
+		}
+	}
+	r.nemesis(ctx)
+	if err := r.heal(ctx); err != nil {
+		return chaos.Report{}, err
+	}
+
+	// The drain: publishers finish what they sent, a marker goes behind
+	// everything, every subscriber reads up to it, then the logs are read.
+	fmt.Fprintf(r.out, "%s  healed; draining\n", r.clock())
+	drainCtx, cancelDrain := context.WithTimeout(ctx, r.cfg.drainTime)
+	defer cancelDrain()
+	close(stop)
+	if !waitGroup(drainCtx, &publishers) {
+		return chaos.Report{}, fmt.Errorf("%w: publishers",
+			chaos.ErrUnfinished)
+	}
+	drain := r.client("drain", 0)
+	drain.Token = r.token("drain", true)
+	all := append(topics, r.fresh...)
+	for _, topic := range all {
+		if err := drain.Mark(drainCtx, topic, "end-"+topic); err != nil {
+			return chaos.Report{}, err
+		}
+	}
+	if !waitGroup(drainCtx, &subscribers) {
+		return chaos.Report{}, fmt.Errorf("%w: subscribers",
+			chaos.ErrUnfinished)
+	}
+	for _, topic := range all {
+		if err := drain.ReadLog(drainCtx, topic, "end-"+topic); err != nil {
+			return chaos.Report{}, err
+		}
+		if err := drain.ReadDeadLetters(drainCtx, topic); err != nil {
+			return chaos.Report{}, err
+		}
+	}
+	return chaos.Check(r.history), nil
+}
+
+// cmpString returns a if it is not empty, else b.
+func cmpString(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// waitGroup waits for wg, or for ctx; it reports whether wg finished.
+func waitGroup(ctx context.Context, wg *sync.WaitGroup) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// client is a workload client that starts on the proxy of broker first
+// (modulo their number) and moves to the next one at each dial.
+func (r *chaosRun) client(name string, first int) *chaos.Client {
+	next := first
+	var mu sync.Mutex
+	dial := func(ctx context.Context) (*websocket.Conn, error) {
+		mu.Lock()
+		p := r.proxies[next%len(r.proxies)]
+		next++
+		mu.Unlock()
+		ws, _, err := websocket.Dial(ctx, "ws://"+p.addr()+"/ws", nil)
+		return ws, err
+	}
+	return &chaos.Client{Name: name, Dial: dial, History: r.history,
+		Token: r.token(name, false)}
+}
+
+// pinned is a client that always dials broker i's proxy.
+func (r *chaosRun) pinned(name string, i int) *chaos.Client {
+	c := r.client(name, i)
+	c.Dial = func(ctx context.Context) (*websocket.Conn, error) {
+		ws, _, err := websocket.Dial(ctx, "ws://"+r.proxies[i].addr()+"/ws",
+			nil)
+		return ws, err
+	}
+	return c
+}
+
+// token signs a day's token for name; an operator's may mark and read
+// dead letters too.
+func (r *chaosRun) token(name string, operator bool) string {
+	claims := popsub.Claims{}
+	if operator {
+		claims.Publish = []string{"#", "$dead/#"}
+		claims.Subscribe = []string{"#", "$dead/#"}
+	}
+	claims.Subject = name
+	claims.ExpiresAt = jwt.NewNumericDate(time.Now().Add(24 * time.Hour))
+	token, _ := claims.Sign([]byte(chaosSecret))
+	return token
+}
+
+// clock is the time since the run started, for its log lines.
+func (r *chaosRun) clock() string {
+	return fmt.Sprintf("%7.1fs", time.Since(r.started).Seconds())
+}
+
+// nemesis injects one fault at a time, at random intervals around
+// --every, until --duration has passed. Each heals itself before the
+// next begins, but for a paused broker or a stalled proxy, which the
+// next fault may find still paused or stalled; heal undoes those.
+func (r *chaosRun) nemesis(ctx context.Context) {
+	faults := []func(context.Context){r.kill, r.killOnNewTopic,
+		r.killTwice, r.pause, r.cut, r.stall}
+	if r.cfg.engine == "nats" {
+		faults = append(faults, r.killNATS)
+	}
+	for start := time.Now(); time.Since(start) < r.cfg.duration; {
+		wait := r.cfg.every/2 + time.Duration(r.rand.Int64N(
+			int64(r.cfg.every)))
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return
+		}
+		faults[r.rand.IntN(len(faults))](ctx)
+	}
+}
+
+// note prints a fault and records it; the function it returns records
+// it healed.
+func (r *chaosRun) note(kind, target, how string) func() {
+	fmt.Fprintf(r.out, "%s  %-16s %-9s %s\n", r.clock(), kind, target, how)
+	return r.history.Fault(kind, target)
+}
+
+// anyBroker picks a broker.
+func (r *chaosRun) anyBroker() (int, *process) {
+	i := r.rand.IntN(len(r.brokers))
+	return i, r.brokers[i]
+}
+
+// kill kills a broker with SIGKILL and starts it again soon after.
+func (r *chaosRun) kill(ctx context.Context) {
+	_, b := r.anyBroker()
+	r.restart(ctx, b, "kill", "kill -9")
+}
+
+// restart kills b and starts it again on the same files.
+func (r *chaosRun) restart(ctx context.Context, b *process, kind,
+	how string) {
+	healed := r.note(kind, b.name, how)
+	b.kill()
+	time.Sleep(time.Duration(r.rand.Int64N(int64(500 * time.Millisecond))))
+	if err := b.startRetrying(ctx); err != nil {
+		fmt.Fprintf(r.out, "%s  %s did not restart: %v\n", r.clock(),
+			b.name, err)
+		return
+	}
+	healed()
+}
+
+// killOnNewTopic publishes to a brand-new topic and kills the broker the
+// moment it delivers the message, before its first commit.
+func (r *chaosRun) killOnNewTopic(ctx context.Context) {
+	i, b := r.anyBroker()
+	topic := fmt.Sprint("fresh-", len(r.fresh)+1)
+	r.fresh = append(r.fresh, topic)
+	watcher := r.pinned("watch-"+topic, i)
+	err := watcher.OnFirstDelivery(ctx, topic, "first-"+topic, b.kill)
+	if err != nil {
+		return
+	}
+	r.restart(ctx, b, "kill-new-topic", "kill -9 on "+topic+"'s first "+
+		"delivery")
+}
+
+// killTwice kills a broker, and kills it again on the first delivery
+// after its restart, before that topic's next commit.
+func (r *chaosRun) killTwice(ctx context.Context) {
+	i, b := r.anyBroker()
+	r.restart(ctx, b, "kill-twice", "kill -9, and again on the first "+
+		"delivery after")
+	watcher := r.pinned(fmt.Sprint("watch-", r.rand.Uint64()), i)
+	if watcher.OnFirstDelivery(ctx, "topic-1", "", b.kill) == nil {
+		r.restart(ctx, b, "kill-again", "killed again, on the first "+
+			"delivery since")
+	}
+}
+
+// pause stops a broker with SIGSTOP for up to eight seconds.
+func (r *chaosRun) pause(ctx context.Context) {
+	_, b := r.anyBroker()
+	d := time.Duration(r.rand.Int64N(int64(8 * time.Second)))
+	healed := r.note("pause", b.name, fmt.Sprintf("SIGSTOP for %.1fs",
+		d.Seconds()))
+	b.signal(syscall.SIGSTOP)
+	sleep(ctx, d)
+	b.signal(syscall.SIGCONT)
+	healed()
+}
+
+// cut drops every connection at a broker's proxy.
+func (r *chaosRun) cut(context.Context) {
+	i, b := r.anyBroker()
+	healed := r.note("cut", b.name, "every connection dropped at its proxy")
+	r.proxies[i].cut()
+	healed()
+}
+
+// stall stops a proxy carrying bytes either way for up to fifteen
+// seconds: past the write timeout (10 s), the broker cuts its readers
+// off.
+func (r *chaosRun) stall(ctx context.Context) {
+	i, b := r.anyBroker()
+	d := time.Duration(r.rand.Int64N(int64(15 * time.Second)))
+	healed := r.note("stall", b.name, fmt.Sprintf("its proxy carries "+
+		"nothing for %.1fs", d.Seconds()))
+	r.proxies[i].hold()
+	sleep(ctx, d)
+	r.proxies[i].resume()
+	healed()
+}
+
+// killNATS kills a NATS server (one node of a cluster) and starts it
+// again after up to five seconds, on its files and its port.
+func (r *chaosRun) killNATS(ctx context.Context) {
+	n := r.nats[r.rand.IntN(len(r.nats))]
+	d := time.Duration(r.rand.Int64N(int64(5 * time.Second)))
+	healed := r.note("kill-nats", n.name, fmt.Sprintf("kill -9, back after "+
+		"%.1fs", d.Seconds()))
+	n.kill()
+	sleep(ctx, d)
+	if err := n.startRetrying(ctx); err != nil {
+		fmt.Fprintf(r.out, "%s  %s did not restart: %v\n", r.clock(),
+			n.name, err)
+		return
+	}
+	healed()
+}
+
+// heal makes sure every server runs and no proxy stalls.
+func (r *chaosRun) heal(ctx context.Context) error {
+	for _, p := range r.proxies {
+		p.resume()
+	}
+	for _, b := range r.brokers {
+		b.signal(syscall.SIGCONT)
+	}
+	return ctx.Err()
+}
+
+// sleep waits for d or for ctx.
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+}
+
+// proxy carries TCP connections to a broker, wherever it listens now,
+// and can drop them all or stop carrying bytes for a while.
+type proxy struct {
+	listener net.Listener
+	upstream func() string // the broker's address now
+
+	mu    sync.Mutex // guards the fields below
+	conns map[net.Conn]struct{}
+	// held, while not nil, stops every copy until it is closed.
+	held chan struct{}
+}
+
+// newProxy listens on 127.0.0.1 and carries connections to upstream.
+func newProxy(upstream func() string) (*proxy, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &proxy{listener: l, upstream: upstream,
+		conns: map[net.Conn]struct{}{}}
+	go p.accept()
+	return p, nil
+}
+
+// addr is where clients connect.
+func (p *proxy) addr() string { return p.listener.Addr().String() }
+
+// accept carries each new connection until the proxy closes.
+func (p *proxy) accept() {
+	for {
+		client, err := p.listener.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.upstream())
+		if err != nil {
+			client.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns[client], p.conns[server] = struct{}{}, struct{}{}
+		p.mu.Unlock()
+		go p.carry(client, server)
+		go p.carry(server, client)
+	}
+}
+
+// carry copies from one side to the other until either closes, waiting
+// while the proxy is held.
+func (p *proxy) carry(from, to net.Conn) {
+	defer p.drop(from, to)
+	buffer := make([]byte, 32<<10)
+	for {
+		n, err := from.Read(buffer)
+		if n > 0 {
+			p.wait()
+			if _, err := to.Write(buffer[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// wait returns once the proxy is not held.
+func (p *proxy) wait() {
+	p.mu.Lock()
+	held := p.held
+	p.mu.Unlock()
+	if held != nil {
+		<-held
+	}
+}
+
+// drop closes both sides and forgets them.
+func (p *proxy) drop(a, b net.Conn) {
+	a.Close()
+	b.Close()
+	p.mu.Lock()
+	delete(p.conns, a)
+	delete(p.conns, b)
+	p.mu.Unlock()
+}
+
+// cut closes every connection the proxy carries.
+func (p *proxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.Close()
+	}
+}
+
+// hold stops carrying bytes, without closing anything.
+func (p *proxy) hold() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held == nil {
+		p.held = make(chan struct{})
+	}
+}
+
+// resume carries bytes again.
+func (p *proxy) resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held != nil {
+		close(p.held)
+		p.held = nil
+	}
+}
+
+// close stops the proxy and drops its connections.
+func (p *proxy) close() {
+	p.listener.Close()
+	p.resume()
+	p.cut()
+}
