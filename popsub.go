@@ -200,6 +200,9 @@ var (
 	ErrClosed = errors.New("popsub: broker closed")
 	// ErrNoSecret is returned by New when Options.Secret is empty.
 	ErrNoSecret = errors.New("popsub: no token secret configured")
+	// ErrInUse is what OpenBolt's error wraps when another process has
+	// the file open.
+	ErrInUse = errors.New("database is in use by another process")
 )
 
 // Options configure a Broker. Only Secret and Store are required; every
@@ -4320,8 +4323,7 @@ func OpenBolt(path string, logger *slog.Logger) (_ *BoltStore,
 	// same file would wait for the lock for ever, saying nothing.
 	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 	if errors.Is(err, bolt.ErrTimeout) {
-		return nil, fmt.Errorf("open %s: database is in use by another "+
-			"process", path)
+		return nil, fmt.Errorf("open %s: %w", path, ErrInUse)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)

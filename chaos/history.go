@@ -32,7 +32,8 @@ type History struct {
 	Subscriptions []*Subscription
 	// Faults lists what the nemesis did.
 	Faults []*Fault
-	// Final is each topic's log read from the start, after the run.
+	// Final is each topic's log read from the start, after the run, in
+	// seq order.
 	Final map[string][]Stored
 	// DeadLetters are the runs' topics' dead letters, read after it.
 	DeadLetters []DeadLetter

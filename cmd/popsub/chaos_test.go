@@ -1,19 +1,43 @@
 package main
 
 import (
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
+// built is this package's command, built once for the tests that run
+// it as a reader would.
+var built = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "popsub-built")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "popsub")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+// popsubBinary returns the built command, or fails the test.
+func popsubBinary(t *testing.T) string {
+	t.Helper()
+	bin, err := built()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
 func TestChaos_RunsBrokersUnderFaultsAndChecksThem(t *testing.T) {
 	// The brokers are real processes: this package's command, built.
-	bin := filepath.Join(t.TempDir(), "popsub")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := popsubBinary(t)
 	out, _, err := runCapture("chaos", "--popsub", bin, "--duration", "6s",
 		"--every", "1s", "--seed", "7", "--rate", "200")
 	if err != nil {

@@ -71,6 +71,19 @@ func TestClient_ForgivesTheOrderOfItsArguments(t *testing.T) {
 		})
 }
 
+func TestClient_ARefusedTokenNamesTheLikelyCause(t *testing.T) {
+	url, _, _ := startServe(t)
+	stale := "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJsb2NhbCIsImV4" +
+		"cCI6NDEwMjQ0NDgwMH0.sH8C2bHfvh3GyUTeS7hHmzq0M3r0e7wCM3xEaiK6Z0A"
+	_, _, err := runCapture("client", "pub", "chat", "1", "--url", url,
+		"--token", stale)
+	if err == nil || !strings.Contains(err.Error(), "earlier run") ||
+		!strings.Contains(err.Error(), "--secret") {
+		t.Fatalf("got %v, want a word of a new random secret and --secret",
+			err)
+	}
+}
+
 func TestCommands_NeverPrintASecret(t *testing.T) {
 	secret := strings.Repeat("do-not-print-", 4)
 	t.Setenv("POPSUB_SECRET", secret)

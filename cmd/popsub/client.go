@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -54,11 +55,14 @@ func clientCommand(ctx context.Context, args []string, stdout,
 		return subCommand(ctx, rest, stdout, stderr)
 	case "pub":
 		return pubCommand(ctx, rest, stdout, stderr)
+	case "frames":
+		return framesCommand(ctx, rest, os.Stdin, stdout, stderr)
 	case "":
 		return demoCommand(ctx, rest, stdout, stderr)
 	}
 	return fmt.Errorf("unknown client command %q: use pub TOPIC PAYLOAD, "+
-		"sub TOPIC, or no command for the original's demo", command)
+		"sub TOPIC, frames (the tutorials' sessions, read from standard "+
+		"input), or no command for the original's demo", command)
 }
 
 // splitCommand finds the first argument that is not a flag nor the value
@@ -128,13 +132,26 @@ func dialAuthenticated(ctx context.Context, url string,
 	}
 	reply, _, err := s.read(dialCtx)
 	if err == nil && reply.Type != "authenticated" {
-		err = fmt.Errorf("authentication refused: %s", reply.Message)
+		err = fmt.Errorf("authentication refused: %s%s", reply.Message,
+			refusalHint(reply.Code))
 	}
 	if err != nil {
 		ws.CloseNow()
 		return nil, err
 	}
 	return ws, nil
+}
+
+// refusalHint says what most often makes a broker refuse a token.
+func refusalHint(code string) string {
+	if code != "auth_failed" {
+		return ""
+	}
+	return " (is the token from an earlier run of popsub serve? With no " +
+		"secret configured, serve makes a new one each time it starts, " +
+		"and the tokens of the last run no longer verify: use the token " +
+		"it printed this time, or give serve a secret of its own with " +
+		"--secret or POPSUB_SECRET, and sign tokens with popsub token)"
 }
 
 // send writes v as one JSON frame.

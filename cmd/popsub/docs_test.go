@@ -11,13 +11,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"reflect"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub"
 	"github.com/popsub/popsub/cmd/popsub/jetstream/natstest"
@@ -88,7 +86,8 @@ type docServer struct {
 	address string       // host:port of the running server
 	token   string       // the token serve printed, if it made one
 	stop    func() error // stops the running server
-	clients map[string]*docClient
+	// session is the clients' frames session on the running broker.
+	session *framesSession
 	// tutorial is set for the tutorials, which run in one folder one
 	// after the other, and name each client's token in their setup.
 	tutorial bool
@@ -248,10 +247,7 @@ func (s *docServer) stopOther(named, where string) {
 // one is stopped (its comment tells the reader to press Ctrl-C), files
 // are removed, and variables set or unset.
 func (s *docServer) setup(lines []string, where string) {
-	for name, c := range s.clients {
-		c.ws.CloseNow()
-		delete(s.clients, name)
-	}
+	s.endSession()
 	if s.stop != nil {
 		if err := s.stop(); err != nil {
 			s.t.Fatalf("%s: stopping the last broker: %v", where, err)
@@ -453,10 +449,7 @@ func (s *docServer) start(args, expected []string, where string) {
 			s.t.Fatalf("%s: stopping the last server: %v", where, err)
 		}
 	}
-	for name, c := range s.clients {
-		c.ws.CloseNow()
-		delete(s.clients, name)
-	}
+	s.endSession()
 	all := append(docServeArgs(), args...)
 	if s.address != "" {
 		all = append(all, "--addr", s.address)
@@ -464,7 +457,7 @@ func (s *docServer) start(args, expected []string, where string) {
 		all = append(all, "--addr", "127.0.0.1:0")
 	}
 	banner, stop := startServeLines(s.t, all)
-	s.stop, s.clients = stop, map[string]*docClient{}
+	s.stop = stop
 	s.address, s.token = "", ""
 	for _, line := range banner {
 		rest, ok := strings.CutPrefix(line, "popsub listening on http://")
@@ -575,6 +568,10 @@ func (s *docServer) command(line string, expected []string, where string) {
 	out, err := s.output(line)
 	if err != nil {
 		out += "popsub: " + err.Error() + "\n"
+		// go run says so too, after the program's own words.
+		if strings.HasPrefix(line, "go run ") {
+			out += "exit status 1\n"
+		}
 	}
 	got := strings.Split(strings.TrimRight(out, "\n"), "\n")
 	if out == "" {
@@ -620,7 +617,7 @@ func (s *docServer) match(what string, expected, got []string) {
 		if arrow == gotArrow && json.Unmarshal([]byte("{"+wantBody),
 			&wantJSON) == nil && json.Unmarshal([]byte("{"+gotBody),
 			&gotJSON) == nil {
-			if !s.sameJSON("", wantJSON, gotJSON) {
+			if !matchJSON("", wantJSON, gotJSON, s.tutorial) {
 				s.t.Errorf("%s printed\n  %s\nwhere the doc shows\n  %s",
 					what, got[i], want)
 			}
@@ -676,188 +673,48 @@ func words(t *testing.T, line string) []string {
 	return list
 }
 
-// docClient is one named client of a frames block.
-type docClient struct {
-	ws *websocket.Conn
-}
-
-// frames plays a session of named clients.
+// frames plays a block of named clients through popsub client frames's
+// own code, on the file's session: a line that does not go as written
+// fails the test, and so does a frame that an open connection received
+// and no line of the block shows.
 func (s *docServer) frames(lines []string, where string) {
+	if s.session == nil {
+		s.session = newFramesSession("ws://"+s.address+"/ws",
+			s.tokenFor, io.Discard)
+		s.session.strict = s.tutorial
+	}
+	ctx := context.Background()
+	start := s.session.line
 	for _, line := range lines {
-		if strings.TrimSpace(line) == "" {
-			continue
+		if err := s.session.run(ctx, line); err != nil {
+			s.t.Errorf("%s, its line %d: %v", where, s.session.line-start,
+				err)
 		}
-		name, rest := "client", line
-		for _, arrow := range []string{" → ", " ← ", " ✕"} {
-			if before, _, ok := strings.Cut(line, arrow); ok &&
-				!strings.Contains(before, "{") {
-				name, rest = before, line[len(before)+1:]
-				break
-			}
-		}
-		s.frame(name, rest, where)
+	}
+	for _, unlisted := range s.session.barrier(ctx) {
+		s.t.Errorf("%s: the block does not show %s", where, unlisted)
 	}
 }
 
-// frame sends, expects, or expects a close, for one client.
-func (s *docServer) frame(name, line, where string) {
-	kind, body, _ := strings.Cut(line, " ")
-	switch kind {
-	case "→":
-		s.send(name, body, where)
-	case "←":
-		s.expectFrame(name, body, where)
-	case "✕":
-		if body == "" {
-			s.client(name, false, where).ws.Close(
-				websocket.StatusNormalClosure, "")
-			delete(s.clients, name)
-			return
-		}
-		c := s.client(name, false, where)
-		ctx, cancel := context.WithTimeout(context.Background(),
-			20*time.Second)
-		defer cancel()
-		for {
-			if _, _, err := c.ws.Read(ctx); err != nil {
-				code := websocket.CloseStatus(err)
-				if fmt.Sprint(int(code)) != body {
-					s.t.Errorf("%s: %s closed with %d, the doc shows %s",
-						where, name, code, body)
-				}
-				delete(s.clients, name)
-				return
-			}
-		}
-	default:
-		s.t.Fatalf("%s: a frame line starts with →, ← or ✕: %q", where,
-			line)
+// endSession closes the clients of the last broker's session.
+func (s *docServer) endSession() {
+	if s.session != nil {
+		s.session.close()
+		s.session = nil
 	}
-}
-
-// send writes a frame, connecting first: a client whose first frame is
-// not auth or login is authenticated for the reader's convenience.
-func (s *docServer) send(name, body, where string) {
-	var probe struct{ Type string }
-	json.Unmarshal([]byte(body), &probe)
-	c := s.client(name, probe.Type != "auth" && probe.Type != "login" &&
-		!strings.HasPrefix(name, "stranger"), where)
-	if strings.Contains(body, `"TOKEN"`) {
-		body = strings.ReplaceAll(body, `"TOKEN"`, `"`+s.tokenFor(name)+`"`)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := c.ws.Write(ctx, websocket.MessageText, []byte(body)); err != nil {
-		s.t.Fatalf("%s: %s → %s: %v", where, name, body, err)
-	}
-}
-
-// client returns the named client, connecting it if need be.
-func (s *docServer) client(name string, authenticate bool,
-	where string) *docClient {
-	if c := s.clients[name]; c != nil {
-		return c
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	ws, _, err := websocket.Dial(ctx, "ws://"+s.address+"/ws", nil)
-	if err != nil {
-		s.t.Fatalf("%s: %s cannot connect: %v", where, name, err)
-	}
-	ws.SetReadLimit(-1)
-	c := &docClient{ws: ws}
-	s.clients[name] = c
-	if authenticate {
-		s.send(name, `{"type":"auth","token":"TOKEN","client":"`+name+`"}`,
-			where)
-		s.expectFrame(name, `{"type":"authenticated","sub":"…","conn":0}`, where)
-	}
-	return c
 }
 
 // tokenFor is a token for the named client. In a tutorial it is the
 // one its setup exported under the client's name in capitals (ALICE), or
 // the one serve printed when there is no secret. Elsewhere a token is
 // signed for the name when the secret is known.
-func (s *docServer) tokenFor(name string) string {
-	if token := os.Getenv(strings.ToUpper(name)); token != "" {
-		return token
-	}
+func (s *docServer) tokenFor(name string) (string, error) {
 	secret := os.Getenv("POPSUB_SECRET")
-	if secret == "" {
-		return s.token
-	}
-	if s.tutorial {
-		s.t.Fatalf("the setup block gives %s no token: export %s=$(go run "+
-			"./cmd/popsub token --sub %s)", name, strings.ToUpper(name), name)
+	if s.tutorial || secret == "" {
+		return tokenOf(name, s.token)
 	}
 	claims := popsub.Claims{Subscribe: []string{"#", "$sys/#", "$dead/#"}}
 	claims.Subject = name
 	claims.ExpiresAt = jwt.NewNumericDate(time.Now().Add(time.Hour))
-	token, err := claims.Sign([]byte(secret))
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	return token
-}
-
-// expectFrame reads the client's next frame and compares it as JSON:
-// the same fields, where a "…" string matches any value.
-func (s *docServer) expectFrame(name, body, where string) {
-	c := s.client(name, false, where)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	_, data, err := c.ws.Read(ctx)
-	if err != nil {
-		s.t.Fatalf("%s: %s expected %s, read: %v", where, name, body, err)
-	}
-	var want, got any
-	if err := json.Unmarshal([]byte(body), &want); err != nil {
-		s.t.Fatalf("%s: the doc's frame %s is not JSON: %v", where, body, err)
-	}
-	json.Unmarshal(data, &got)
-	if !s.sameJSON("", want, got) {
-		s.t.Errorf("%s: %s received\n  %s\nwhere the doc shows\n  %s",
-			where, name, data, body)
-	}
-}
-
-// sameJSON compares decoded JSON, the value of key. In a tutorial only
-// what differs from run to run may differ from the doc: a timestamp, an
-// event's time and a connection's number are any number, and "…" stands
-// for an id or a token, nothing else. Elsewhere "…" stands for any value.
-func (s *docServer) sameJSON(key string, want, got any) bool {
-	if w, ok := want.(string); ok && w == "…" {
-		return !s.tutorial || key == "message_id" || key == "token" ||
-			key == "sub"
-	}
-	switch w := want.(type) {
-	case float64:
-		_, number := got.(float64)
-		return number && (key == "timestamp" || key == "time" ||
-			key == "conn" || w == got)
-	case map[string]any:
-		g, ok := got.(map[string]any)
-		if !ok || len(g) != len(w) {
-			return false
-		}
-		for key, value := range w {
-			if other, ok := g[key]; !ok || !s.sameJSON(key, value, other) {
-				return false
-			}
-		}
-		return true
-	case []any:
-		g, ok := got.([]any)
-		if !ok || len(g) != len(w) {
-			return false
-		}
-		for i := range w {
-			if !s.sameJSON(key, w[i], g[i]) {
-				return false
-			}
-		}
-		return true
-	}
-	return reflect.DeepEqual(want, got)
+	return claims.Sign([]byte(secret))
 }

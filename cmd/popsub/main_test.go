@@ -179,8 +179,10 @@ func TestServe_ASecondServerOnTheSameDatabaseFails(t *testing.T) {
 	started := time.Now()
 	err := run(context.Background(), []string{"serve", "--addr",
 		"127.0.0.1:0", "--db", db}, io.Discard, io.Discard)
-	if err == nil || !strings.Contains(err.Error(), "in use by another") {
-		t.Fatalf("second serve: %v, want 'in use by another process'", err)
+	if err == nil || !strings.Contains(err.Error(), "in use by another") ||
+		!strings.Contains(err.Error(), "--db") {
+		t.Fatalf("second serve: %v, want 'in use by another process' and "+
+			"a word of --db", err)
 	}
 	if waited := time.Since(started); waited > 3*time.Second {
 		t.Fatalf("second serve took %v to give up", waited)

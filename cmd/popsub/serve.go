@@ -132,6 +132,11 @@ func openLog(cfg serveConfig, logger *slog.Logger) (popsub.Store, string,
 	error) {
 	if cfg.nats == "" {
 		store, err := popsub.OpenBolt(cfg.db, logger)
+		if errors.Is(err, popsub.ErrInUse) {
+			err = fmt.Errorf("%w (perhaps by another popsub serve in this "+
+				"folder: stop it, or give this one a file of its own, such "+
+				"as --db popsub-2.db)", err)
+		}
 		return store, "database " + cfg.db, err
 	}
 	o := cfg.options
@@ -146,8 +151,9 @@ func listen(addr string) (net.Listener, error) {
 	listener, err := net.Listen("tcp", addr)
 	if errors.Is(err, syscall.EADDRINUSE) {
 		return nil, fmt.Errorf("listen on %s: the address is in use, "+
-			"perhaps by another popsub serve: stop it, or pick another "+
-			"address with --addr 127.0.0.1:8081", addr)
+			"perhaps by another popsub serve: stop it, or give this one "+
+			"an address and a database of its own: --addr "+
+			"127.0.0.1:8081 --db popsub-8081.db", addr)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)

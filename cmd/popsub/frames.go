@@ -1,0 +1,480 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// This file is popsub client frames: the tutorials' sessions, typed or
+// pasted. Each line of input names a connection and says what happens
+// on it:
+//
+//	alice → {"type":"subscribe","topic":"jobs"}   send a frame (-> too)
+//	alice ← {"type":"subscribed",…}               the frame alice gets next (<- too)
+//	alice ✕ 4008                                  alice's connection closes, with 4008 (x too)
+//	alice ✕                                       close alice's connection
+//
+// A connection opens on its name's first line and authenticates, quietly,
+// with the token in the environment variable named for it in capitals
+// (ALICE, as the tutorials' setups export) or else --token; it does not
+// when its first frame is auth or login, in which "TOKEN" stands for that
+// token, or when its name starts with "stranger". Every frame a
+// connection gets is printed as it arrives, alice ← {…}. A ← line waits
+// for that frame and says so if it differs; at the end of the input, a
+// ping to every connection makes sure nothing else was on its way. The
+// docs test runs every tutorial block through this same code.
+
+// framesWait is how long a ← line waits for its frame: longer than any
+// ack timeout a tutorial sets, so that a retry shown in a block comes.
+const framesWait = 20 * time.Second
+
+// framesSession is one run of frame lines against a broker.
+type framesSession struct {
+	url string
+	// token returns the token of a named connection.
+	token func(name string) (string, error)
+	// strict compares as the tutorials need: only a message id, a token
+	// or a subject may be "…", and a timestamp, a time or a connection's
+	// number may be any number. Otherwise "…" matches anything.
+	strict bool
+	out    io.Writer
+
+	mu      sync.Mutex // guards out and every client's frames
+	clients map[string]*framesClient
+	line    int // the input line being run, for messages
+}
+
+// framesClient is one named connection.
+type framesClient struct {
+	name string
+	ws   *websocket.Conn
+	// frames are the frames received, in order; matched counts those a
+	// ← line has claimed; hidden counts replies the session asked for
+	// itself (its auth's, a barrier's pong), not printed.
+	frames  [][]byte
+	matched int
+	hidden  []string
+	// authenticated is set once the broker said so: only such a
+	// connection may be pinged as a barrier.
+	authenticated bool
+	// arrived is signalled whenever a frame comes; ended is closed, and
+	// code set, when the connection ends.
+	arrived chan struct{}
+	ended   chan struct{}
+	code    websocket.StatusCode
+}
+
+// newFramesSession starts a session against the broker at url.
+func newFramesSession(url string, token func(string) (string, error),
+	out io.Writer) *framesSession {
+	return &framesSession{url: url, token: token, out: out,
+		clients: map[string]*framesClient{}}
+}
+
+// framesCommand runs popsub client frames.
+func framesCommand(ctx context.Context, args []string, stdin io.Reader,
+	stdout, stderr io.Writer) error {
+	var cf clientFlags
+	fs := newFlagSet("popsub client frames", stderr)
+	cf.add(fs)
+	if _, err := parseInterleaved(fs, args); err != nil {
+		return err
+	}
+	s := newFramesSession(cf.url, func(name string) (string, error) {
+		return tokenOf(name, cf.token(""))
+	}, stdout)
+	defer s.close()
+	problems := 0
+	lines := bufio.NewScanner(stdin)
+	lines.Buffer(nil, 4<<20)
+	for lines.Scan() && ctx.Err() == nil {
+		if err := s.run(ctx, lines.Text()); err != nil {
+			fmt.Fprintf(stderr, "popsub: line %d: %v\n", s.line, err)
+			problems++
+		}
+	}
+	for _, unlisted := range s.barrier(ctx) {
+		fmt.Fprintf(stderr, "popsub: %s, which no line shows\n", unlisted)
+		problems++
+	}
+	if problems > 0 {
+		return fmt.Errorf("%d lines did not go as written", problems)
+	}
+	return nil
+}
+
+// tokenOf is the token of the connection called name: the environment
+// variable of its name in capitals, else fallback (--token,
+// POPSUB_TOKEN).
+func tokenOf(name, fallback string) (string, error) {
+	variable := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z':
+			return r - 'a' + 'A'
+		case r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+			return r
+		}
+		return '_'
+	}, name)
+	if token := os.Getenv(variable); token != "" {
+		return token, nil
+	}
+	if fallback != "" {
+		return fallback, nil
+	}
+	return "", fmt.Errorf("%s has no token: export %s=$(go run "+
+		"./cmd/popsub token --sub %s), or pass --token", name, variable, name)
+}
+
+// frameLine is one parsed line: a connection, what happens on it, and a
+// frame or a close code.
+type frameLine struct {
+	name, arrow, body string
+}
+
+// parseFrameLine reads "alice → {…}", or reports what a line must look
+// like. ok is false for a blank line or a # comment.
+func parseFrameLine(line string) (frameLine, bool, error) {
+	line = strings.TrimSpace(line)
+	if line == "" || strings.HasPrefix(line, "#") {
+		return frameLine{}, false, nil
+	}
+	arrows := map[string]string{"→": "→", "->": "→", "←": "←", "<-": "←",
+		"✕": "✕", "x": "✕"}
+	name, rest, _ := strings.Cut(line, " ")
+	if arrows[name] != "" {
+		// An unnamed line is the one connection "client"'s, whose token
+		// is --token's.
+		name, rest = "client", line
+	}
+	arrow, body, _ := strings.Cut(strings.TrimSpace(rest), " ")
+	l := frameLine{name: name, arrow: arrows[arrow],
+		body: strings.TrimSpace(body)}
+	switch {
+	case name == "" || strings.ContainsAny(name, "{}\"") || l.arrow == "":
+		return l, false, errors.New("a line is NAME → {frame}, NAME ← " +
+			"{frame}, or NAME ✕ [close code]")
+	case l.arrow == "←" && !json.Valid([]byte(l.body)):
+		// A frame sent may be malformed on purpose: the broker says why.
+		return l, false, fmt.Errorf("%s's frame is not JSON: %s", name,
+			l.body)
+	}
+	return l, true, nil
+}
+
+// run runs one line of input.
+func (s *framesSession) run(ctx context.Context, text string) error {
+	s.line++
+	l, ok, err := parseFrameLine(text)
+	if !ok {
+		return err
+	}
+	switch {
+	case l.arrow == "→":
+		return s.send(ctx, l.name, l.body)
+	case l.arrow == "←":
+		return s.expect(ctx, l.name, l.body)
+	case l.body == "":
+		s.hangUp(l.name)
+		return nil
+	}
+	return s.expectClose(ctx, l.name, l.body)
+}
+
+// send writes a frame from name, connecting first if need be.
+func (s *framesSession) send(ctx context.Context, name, body string) error {
+	var probe struct{ Type string }
+	json.Unmarshal([]byte(body), &probe)
+	quiet := probe.Type != "auth" && probe.Type != "login" &&
+		!strings.HasPrefix(name, "stranger")
+	c, err := s.client(ctx, name, quiet)
+	if err != nil {
+		return err
+	}
+	if strings.Contains(body, `"TOKEN"`) {
+		token, err := s.token(name)
+		if err != nil {
+			return err
+		}
+		body = strings.ReplaceAll(body, `"TOKEN"`, strconv.Quote(token))
+	}
+	return s.write(ctx, c, body)
+}
+
+// write sends body on c.
+func (s *framesSession) write(ctx context.Context, c *framesClient,
+	body string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.ws.Write(ctx, websocket.MessageText, []byte(body)); err != nil {
+		return fmt.Errorf("%s → %s: %w", c.name, body, err)
+	}
+	return nil
+}
+
+// client returns the connection called name, opening it if need be, and
+// authenticating it quietly when authenticate is set.
+func (s *framesSession) client(ctx context.Context, name string,
+	authenticate bool) (*framesClient, error) {
+	if c := s.clients[name]; c != nil {
+		return c, nil
+	}
+	token := ""
+	if authenticate {
+		var err error
+		if token, err = s.token(name); err != nil {
+			return nil, err
+		}
+	}
+	dial, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(dial, s.url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s cannot connect to %s: %w", name, s.url,
+			err)
+	}
+	ws.SetReadLimit(-1)
+	c := &framesClient{name: name, ws: ws, arrived: make(chan struct{}, 1),
+		ended: make(chan struct{})}
+	s.clients[name] = c
+	go s.receive(c)
+	if authenticate {
+		s.hide(c, "authenticated")
+		auth, _ := json.Marshal(map[string]string{"type": "auth",
+			"token": token, "client": name})
+		if err := s.write(ctx, c, string(auth)); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// hide asks that c's next frame of type typ not be printed: the session
+// asked for it, not the input.
+func (s *framesSession) hide(c *framesClient, typ string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c.hidden = append(c.hidden, typ)
+}
+
+// receive prints and keeps every frame c gets, until it ends.
+func (s *framesSession) receive(c *framesClient) {
+	defer close(c.ended)
+	for {
+		_, data, err := c.ws.Read(context.Background())
+		if err != nil {
+			c.code = websocket.CloseStatus(err)
+			return
+		}
+		s.mu.Lock()
+		typ := frameType(data)
+		c.authenticated = c.authenticated || typ == "authenticated"
+		if len(c.hidden) > 0 && typ == c.hidden[0] {
+			c.hidden = c.hidden[1:]
+		} else {
+			c.frames = append(c.frames, data)
+			fmt.Fprintf(s.out, "%s ← %s\n", c.name, data)
+		}
+		s.mu.Unlock()
+		notify(c.arrived)
+	}
+}
+
+// frameType is a frame's type, or "".
+func frameType(data []byte) string {
+	var probe struct{ Type string }
+	json.Unmarshal(data, &probe)
+	return probe.Type
+}
+
+// expect waits for name's next frame and compares it with body.
+func (s *framesSession) expect(ctx context.Context, name,
+	body string) error {
+	c := s.clients[name]
+	if c == nil {
+		return fmt.Errorf("%s has no connection yet: its first line sends",
+			name)
+	}
+	data, ok := s.next(ctx, c)
+	if !ok {
+		return fmt.Errorf("%s got nothing in %s; the line shows %s", name,
+			framesWait, body)
+	}
+	var want, got any
+	json.Unmarshal([]byte(body), &want)
+	json.Unmarshal(data, &got)
+	if !matchJSON("", want, got, s.strict) {
+		return fmt.Errorf("%s got %s; the line shows %s", name, data, body)
+	}
+	return nil
+}
+
+// next waits for c's next unclaimed frame and claims it.
+func (s *framesSession) next(ctx context.Context, c *framesClient) ([]byte,
+	bool) {
+	timeout := time.After(framesWait)
+	for {
+		s.mu.Lock()
+		if c.matched < len(c.frames) {
+			data := c.frames[c.matched]
+			c.matched++
+			s.mu.Unlock()
+			return data, true
+		}
+		s.mu.Unlock()
+		select {
+		case <-c.arrived:
+		case <-c.ended:
+			// A frame may have come just before the end.
+			select {
+			case <-c.arrived:
+				continue
+			default:
+				return nil, false
+			}
+		case <-timeout:
+			return nil, false
+		case <-ctx.Done():
+			return nil, false
+		}
+	}
+}
+
+// expectClose waits for name's connection to end, and compares its
+// close code with code.
+func (s *framesSession) expectClose(ctx context.Context, name,
+	code string) error {
+	// A name met first here is a connection that says nothing.
+	c, err := s.client(ctx, name, false)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-c.ended:
+	case <-time.After(framesWait):
+		return fmt.Errorf("%s is still open after %s; the line shows a "+
+			"close with %s", name, framesWait, code)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	delete(s.clients, name)
+	s.mu.Lock()
+	fmt.Fprintf(s.out, "%s ✕ %d\n", name, c.code)
+	s.mu.Unlock()
+	if fmt.Sprint(int(c.code)) != code {
+		return fmt.Errorf("%s closed with %d; the line shows %s", name,
+			c.code, code)
+	}
+	return nil
+}
+
+// hangUp closes name's connection, normally.
+func (s *framesSession) hangUp(name string) {
+	if c := s.clients[name]; c != nil {
+		c.ws.Close(websocket.StatusNormalClosure, "")
+		delete(s.clients, name)
+	}
+}
+
+// barrier pings every open, authenticated connection and waits for each
+// pong: the broker answers a connection's frames in order, so whatever
+// was on its way came first. It returns the frames no ← line claimed, as
+// lines.
+func (s *framesSession) barrier(ctx context.Context) []string {
+	for _, c := range s.clients {
+		// A ping before auth would be refused, and close the connection.
+		s.mu.Lock()
+		authenticated := c.authenticated
+		s.mu.Unlock()
+		if authenticated {
+			s.hide(c, "pong")
+			s.write(ctx, c, `{"type":"ping"}`)
+		}
+	}
+	var unlisted []string
+	for _, c := range s.clients {
+		deadline := time.After(5 * time.Second)
+		for waiting := true; waiting; {
+			s.mu.Lock()
+			waiting = len(c.hidden) > 0
+			s.mu.Unlock()
+			if !waiting {
+				break
+			}
+			select {
+			case <-c.arrived:
+			case <-c.ended:
+				waiting = false
+			case <-deadline:
+				waiting = false
+			}
+		}
+		s.mu.Lock()
+		for _, data := range c.frames[c.matched:] {
+			unlisted = append(unlisted, fmt.Sprintf("%s ← %s", c.name, data))
+		}
+		c.matched = len(c.frames)
+		s.mu.Unlock()
+	}
+	return unlisted
+}
+
+// close closes every connection.
+func (s *framesSession) close() {
+	for name := range s.clients {
+		s.hangUp(name)
+	}
+}
+
+// matchJSON compares decoded JSON, the value of key: "…" in want stands
+// for any value, or, when strict, for an id, a token or a subject only;
+// when strict a timestamp, a time or a connection's number may be any
+// number, as they differ from run to run.
+func matchJSON(key string, want, got any, strict bool) bool {
+	if w, ok := want.(string); ok && w == "…" {
+		return !strict || key == "message_id" || key == "token" ||
+			key == "sub"
+	}
+	switch w := want.(type) {
+	case float64:
+		_, number := got.(float64)
+		return number && (key == "timestamp" || key == "time" ||
+			key == "conn" || w == got)
+	case map[string]any:
+		g, ok := got.(map[string]any)
+		if !ok || len(g) != len(w) {
+			return false
+		}
+		for key, value := range w {
+			if other, ok := g[key]; !ok || !matchJSON(key, value, other,
+				strict) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		g, ok := got.([]any)
+		if !ok || len(g) != len(w) {
+			return false
+		}
+		for i := range w {
+			if !matchJSON(key, w[i], g[i], strict) {
+				return false
+			}
+		}
+		return true
+	}
+	return reflect.DeepEqual(want, got)
+}
