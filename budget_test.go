@@ -1,8 +1,16 @@
 package popsub
 
 import (
+	"go/ast"
+	"go/importer"
+	"go/parser"
+	gotoken "go/token"
+	"go/types"
+	"maps"
 	"os"
 	"regexp"
+	"slices"
+	"sort"
 	"strings"
 	"testing"
 
@@ -102,4 +110,102 @@ func TestPopsubGo_ClaimsMatchItsMeasure(t *testing.T) {
 func prose(text string) string {
 	text = regexp.MustCompile(`(?m)^\s*// ?`).ReplaceAllString(text, "")
 	return strings.Join(strings.Fields(text), " ")
+}
+
+// TestPopsubGo_FirstReadingNamesTheDetailsItUses holds the first reading
+// to STYLE.md's rule: a reader who skips every detail must still follow
+// every line of it. Each declaration of a detail section that a
+// first-reading function uses must be named somewhere in first-reading
+// prose (a method as x.method, anything else by its name), where its
+// contract is said in a line.
+func TestPopsubGo_FirstReadingNamesTheDetailsItUses(t *testing.T) {
+	fset := gotoken.NewFileSet()
+	file, err := parser.ParseFile(fset, "popsub.go", nil,
+		parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := &types.Info{Uses: map[*ast.Ident]types.Object{}}
+	conf := types.Config{Importer: importer.ForCompiler(fset, "source", nil)}
+	pkg, err := conf.Check("github.com/popsub/popsub", fset,
+		[]*ast.File{file}, info)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Which lines are a detail's, and what the first reading says.
+	sections := measure(t).Sections
+	detail := func(line int) bool {
+		i := sort.Search(len(sections), func(i int) bool {
+			return sections[i].Line > line
+		})
+		return i > 0 && sections[i-1].Detail
+	}
+	var prose strings.Builder
+	for _, group := range file.Comments {
+		if !detail(fset.Position(group.Pos()).Line) {
+			prose.WriteString(group.Text())
+		}
+	}
+
+	// Every detail declaration a first-reading function uses.
+	used := map[string]bool{}
+	for _, decl := range file.Decls {
+		fn, ok := decl.(*ast.FuncDecl)
+		if !ok || fn.Body == nil || detail(fset.Position(fn.Pos()).Line) {
+			continue
+		}
+		ast.Inspect(fn.Body, func(n ast.Node) bool {
+			id, ok := n.(*ast.Ident)
+			if !ok {
+				return true
+			}
+			obj := info.Uses[id]
+			if obj == nil || obj.Pkg() != pkg ||
+				!detail(fset.Position(obj.Pos()).Line) {
+				return true
+			}
+			if name := declared(obj, pkg); name != "" {
+				used[name] = true
+			}
+			return true
+		})
+	}
+	var unnamed []string
+	for _, name := range slices.Sorted(maps.Keys(used)) {
+		pattern := `\b` + regexp.QuoteMeta(name) + `\b`
+		if recv, method, ok := strings.Cut(name, "."); ok {
+			pattern = `(\b` + regexp.QuoteMeta(recv) + `|\w)\.` +
+				regexp.QuoteMeta(method) + `\b`
+		}
+		if !regexp.MustCompile(pattern).MatchString(prose.String()) {
+			unnamed = append(unnamed, name)
+		}
+	}
+	t.Logf("the first reading uses %d declarations of details", len(used))
+	if len(unnamed) > 0 {
+		t.Errorf("the first reading uses these details without naming "+
+			"them in its prose: %s", strings.Join(unnamed, ", "))
+	}
+}
+
+// declared names a package-level declaration or a method, Type.method,
+// or returns "" for anything else (a field, a local).
+func declared(obj types.Object, pkg *types.Package) string {
+	if fn, ok := obj.(*types.Func); ok {
+		if recv := fn.Signature().Recv(); recv != nil {
+			t := recv.Type()
+			if p, ok := t.(*types.Pointer); ok {
+				t = p.Elem()
+			}
+			if named, ok := t.(*types.Named); ok {
+				return named.Obj().Name() + "." + fn.Name()
+			}
+			return ""
+		}
+	}
+	if obj.Parent() == pkg.Scope() {
+		return obj.Name()
+	}
+	return ""
 }

@@ -426,7 +426,7 @@ func (ts *testServer) connected(sub string) int {
 	n := 0
 	for _, c := range ts.broker.connectionList() {
 		c.mu.Lock()
-		if c.sub == sub {
+		if c.subject == sub {
 			n++
 		}
 		c.mu.Unlock()

@@ -162,11 +162,11 @@ func TestBroker_DeadLetters(t *testing.T) {
 
 	dead := operator.expect("message")
 	operator.ack(dead)
-	var letter deadLetter
+	var letter deadLetterPayload
 	if err := json.Unmarshal(dead.Payload, &letter); err != nil {
 		t.Fatalf("dead letter payload %s: %v", dead.Payload, err)
 	}
-	want := deadLetter{Topic: "jobs", MessageID: confirm.MessageID,
+	want := deadLetterPayload{Topic: "jobs", MessageID: confirm.MessageID,
 		Seq: confirm.Seq, Payload: json.RawMessage(`{"n":1}`),
 		Reason: "not acknowledged", Attempts: 3, Subscriber: "worker"}
 	if fmt.Sprint(letter) != fmt.Sprint(want) {
@@ -682,7 +682,7 @@ func pendingIDs(b *Broker) []string {
 	var ids []string
 	for _, c := range b.connectionList() {
 		c.mu.Lock()
-		for _, q := range c.pending {
+		for _, q := range c.unacked {
 			for _, p := range q.live() {
 				ids = append(ids, p.message.ID)
 			}
@@ -861,7 +861,7 @@ func TestUnacked_MatchesASortedList(t *testing.T) {
 	// removals (mostly from the front) and filters, against a plain
 	// sorted list.
 	random := rand.New(rand.NewPCG(1, 2))
-	var q unacked
+	var q pendingQueue
 	var want []uint64
 	next, widest := uint64(1), 0
 	for step := range 20000 {
@@ -884,7 +884,7 @@ func TestUnacked_MatchesASortedList(t *testing.T) {
 			}
 		case r == 6:
 			everyThird := func(seq uint64) bool { return seq%3 == 0 }
-			dropped := q.keep(func(p pending) bool { return everyThird(p.message.Seq) })
+			dropped := q.drop(func(p pending) bool { return everyThird(p.message.Seq) })
 			before := len(want)
 			want = slices.DeleteFunc(want, everyThird)
 			if dropped != before-len(want) {

@@ -207,11 +207,11 @@ func corrupt(t *testing.T, store *BoltStore, topic string, seq uint64) {
 // signals wake. Whoever takes the frames plays the writer.
 func fakeConnection(b *Broker, sub string) (c *connection,
 	wake chan struct{}) {
-	c = &connection{broker: b, sub: sub, remote: "test", claims: &Claims{},
+	c = &connection{broker: b, subject: sub, remote: "test", claims: &Claims{},
 		room:          make(chan struct{}, 1),
 		done:          make(chan struct{}),
 		subscriptions: map[string]*subscription{},
-		pending:       map[string]*unacked{}}
+		unacked:       map[string]*pendingQueue{}}
 	wake = make(chan struct{}, 1)
 	c.outbox = outbox{limit: 1 << 20, write: func() { notify(wake) }}
 	b.register(c)
@@ -282,6 +282,46 @@ func TestBroker_RetryScheduleInFakeTime(t *testing.T) {
 		b.unregister(worker)
 		b.Shutdown(context.Background())
 	})
+}
+
+func TestBroker_NegativeMaxRetriesMeansNone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, err := New(Options{Secret: testSecret, Store: newMemoryStore(),
+			Logger: quietLogger, PingInterval: time.Hour, MaxRetries: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		worker, wake := fakeConnection(b, "worker")
+		worker.handle([]byte(`{"type":"subscribe","topic":"jobs"}`))
+		nextFrame(t, worker, wake)
+		synctest.Wait()
+		b.publish(&Message{Topic: "jobs", ID: "j", QoS: 1,
+			Payload: json.RawMessage(`1`)}, nil)
+		if g := nextFrame(t, worker, wake); g.Attempt != 1 {
+			t.Fatalf("got attempt %d, want 1", g.Attempt)
+		}
+
+		// One ack timeout later it is a dead letter, with no retry
+		// between (five retries would take thirty seconds).
+		time.Sleep(DefaultAckTimeout + time.Second)
+		synctest.Wait()
+		if head := b.topic("$dead/jobs").headNow(); head != 1 {
+			t.Fatalf("$dead/jobs head = %d, want 1", head)
+		}
+		b.unregister(worker)
+		b.Shutdown(context.Background())
+	})
+}
+
+func TestOptions_ANegativeLimitIsRefused(t *testing.T) {
+	for _, opts := range []Options{{AckTimeout: -time.Second},
+		{MaxInflight: -1}, {PublishRate: -2}} {
+		opts.Secret, opts.Store = testSecret, newMemoryStore()
+		if b, err := New(opts); err == nil {
+			b.Shutdown(context.Background())
+			t.Errorf("New(%+v) took a negative limit", opts)
+		}
+	}
 }
 
 func TestBroker_RetentionInFakeTime(t *testing.T) {

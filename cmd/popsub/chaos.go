@@ -279,7 +279,9 @@ func (r *chaosRun) startAll(ctx context.Context) error {
 }
 
 // broker describes the i-th broker's process: its own database, and on
-// NATS the shared log.
+// NATS the shared log. Its log keeps every message of the run, so that
+// the final read is the whole history: a message retention dropped would
+// look lost.
 func (r *chaosRun) broker(i int) *process {
 	return &process{name: fmt.Sprint("broker-", i+1),
 		args: func() []string {
@@ -287,8 +289,8 @@ func (r *chaosRun) broker(i int) *process {
 			args := []string{cmpString(r.cfg.popsub, self), "serve", "--addr", "127.0.0.1:0",
 				"--secret", chaosSecret, "--log-level", "error",
 				"--db", filepath.Join(r.dir, fmt.Sprint("broker-", i+1, ".db")),
-				"--ack-timeout", "1s", "--max-messages", "1000000",
-				"--ttl", "24h"}
+				"--ack-timeout", "1s", "--max-messages", "100000000",
+				"--max-log-bytes", "100000000000", "--ttl", "24h"}
 			if r.cfg.engine == "nats" {
 				args = append(args, "--nats", r.natsURLs(),
 					"--nats-replicas", fmt.Sprint(r.cfg.replicas))

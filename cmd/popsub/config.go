@@ -35,7 +35,7 @@ type fileConfig struct {
 		MaxConnections int      `toml:"max_connections"`  // the original's
 		MessageTTLSecs int      `toml:"message_ttl_secs"` // the original's
 		AckTimeout     duration `toml:"ack_timeout"`
-		MaxRetries     int      `toml:"max_retries"`
+		MaxRetries     *int     `toml:"max_retries"` // 0 is none
 		MaxMessages    int      `toml:"max_messages"`
 		MaxLogBytes    int      `toml:"max_log_bytes"`
 		TTL            duration `toml:"ttl"`
@@ -135,7 +135,9 @@ func (f fileConfig) defaults() serveDefaults {
 	}
 	d.ttl = orDuration(b.TTL, d.ttl)
 	d.ackTimeout = orDuration(b.AckTimeout, d.ackTimeout)
-	d.maxRetries = orInt(b.MaxRetries, d.maxRetries)
+	if b.MaxRetries != nil {
+		d.maxRetries = *b.MaxRetries
+	}
 	d.maxMessages = orInt(b.MaxMessages, d.maxMessages)
 	d.maxLogBytes = orInt(b.MaxLogBytes, d.maxLogBytes)
 	d.maxFrame = orInt(b.MaxFrame, d.maxFrame)

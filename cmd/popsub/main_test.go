@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -191,5 +192,24 @@ func TestServe_ASecondServerOnTheSameDatabaseFails(t *testing.T) {
 		"--token", token)
 	if !strings.Contains(out, `"type":"published"`) {
 		t.Fatalf("the first server stopped serving: %q", out)
+	}
+}
+
+func TestServe_MaxRetriesZeroMeansNone(t *testing.T) {
+	for _, source := range []string{"flag", "config file"} {
+		t.Run("from the "+source, func(t *testing.T) {
+			args := []string{"--max-retries", "0"}
+			if source == "config file" {
+				path := filepath.Join(t.TempDir(), "popsub.toml")
+				os.WriteFile(path, []byte("[broker]\nmax_retries = 0\n"),
+					0o600)
+				args = []string{"--config", path}
+			}
+			cfg, err := parseServe(args, io.Discard)
+			if err != nil || cfg.options.MaxRetries >= 0 {
+				t.Fatalf("MaxRetries = %d, %v; want a negative: none",
+					cfg.options.MaxRetries, err)
+			}
+		})
 	}
 }

@@ -216,7 +216,14 @@ func parseServe(args []string, stderr io.Writer) (serveConfig, error) {
 	cfg.secret, cfg.secretFrom = secret(d.secret), secretSource(fs, path)
 	cfg.options.MaxFrameBytes = int64(*frame)
 	cfg.options.OriginPatterns = splitList(cfg.origins)
-	return cfg, checkServe(cfg)
+	if err := checkServe(cfg); err != nil {
+		return cfg, err
+	}
+	// The flag's 0 is "none"; the broker's zero is "the default".
+	if cfg.options.MaxRetries == 0 {
+		cfg.options.MaxRetries = -1
+	}
+	return cfg, nil
 }
 
 // serveFlags declares serve's flags over the environment and d, and
@@ -250,7 +257,8 @@ func serveFlags(cfg *serveConfig, d serveDefaults,
 		"POPSUB_ACK_TIMEOUT", d.ackTimeout),
 		"wait for an ack before a retry (POPSUB_ACK_TIMEOUT)")
 	fs.IntVar(&o.MaxRetries, "max-retries", integer("POPSUB_MAX_RETRIES",
-		d.maxRetries), "retries before a dead letter (POPSUB_MAX_RETRIES)")
+		d.maxRetries), "retries before a dead letter, 0 for none "+
+		"(POPSUB_MAX_RETRIES)")
 	fs.IntVar(&o.MaxMessages, "max-messages", integer(
 		"POPSUB_MAX_MESSAGES", d.maxMessages),
 		"messages kept per topic (POPSUB_MAX_MESSAGES)")
@@ -301,7 +309,7 @@ func serveFlags(cfg *serveConfig, d serveDefaults,
 func checkServe(cfg serveConfig) error {
 	o := cfg.options
 	for name, v := range map[string]int64{
-		"ack-timeout": int64(o.AckTimeout), "max-retries": int64(o.MaxRetries),
+		"ack-timeout":  int64(o.AckTimeout),
 		"max-messages": int64(o.MaxMessages), "ttl": int64(o.TTL),
 		"max-log-bytes": int64(o.MaxLogBytes),
 		"max-frame":     o.MaxFrameBytes, "outbox-bytes": int64(o.OutboxBytes),
@@ -315,9 +323,9 @@ func checkServe(cfg serveConfig) error {
 			return fmt.Errorf("--%s must be greater than zero", name)
 		}
 	}
-	if o.MaxConnections < 0 || o.PublishRate < 0 {
-		return errors.New("--max-connections and --publish-rate may not " +
-			"be negative")
+	if o.MaxConnections < 0 || o.PublishRate < 0 || o.MaxRetries < 0 {
+		return errors.New("--max-connections, --publish-rate and " +
+			"--max-retries may not be negative")
 	}
 	if o.AuthTimeout > 10*time.Second {
 		return errors.New("--auth-timeout must be at most 10s")
