@@ -572,18 +572,26 @@ func New(opts Options) (*Broker, error) {
 	}
 
 	// Retries, keepalives, retention and x-ray events run on loops of
-	// their own. A retry is late by at most a fifth of the ack timeout
-	// (but the loop is no busier than a millisecond, and no lazier than
-	// the original's one second); b.trimExpired drops what outlived the
-	// TTL (Retention, a detail), at most a tenth of it late.
+	// their own. A retry is late by at most RetryInterval, a fifth of
+	// the ack timeout (but the loop is no busier than a millisecond, and
+	// no lazier than the original's one second); b.trimExpired drops
+	// what outlived the TTL (Retention, a detail), at most a tenth of it
+	// late.
 	b.loops.Add(4)
-	go b.every(min(max(opts.AckTimeout/5, time.Millisecond), time.Second),
-		b.retry)
+	go b.every(RetryInterval(opts.AckTimeout), b.retry)
 	go b.every(opts.PingInterval, b.ping)
 	go b.every(min(max(opts.TTL/10, time.Millisecond), time.Minute),
 		b.trimExpired)
 	go b.eventsLoop()
 	return b, nil
+}
+
+// RetryInterval is how often the retry loop looks for overdue deliveries
+// at an ack timeout of ackTimeout: a fifth of it, but no more often than
+// every millisecond and no less than every second. A retry comes up to
+// that much after its deadline.
+func RetryInterval(ackTimeout time.Duration) time.Duration {
+	return min(max(ackTimeout/5, time.Millisecond), time.Second)
 }
 
 // every calls work at each tick of interval until Shutdown. One loop per

@@ -1,6 +1,7 @@
 // Package docs holds PopSub's documentation: the tutorials and the
-// protocol reference as Markdown, and popsub.go rendered as a page with
-// prose beside code (source.html), which popsub serve shows at /source.
+// references as Markdown, which popsub serve shows as HTML under /docs/
+// (Pages), and popsub.go rendered as a page with prose beside code
+// (source.html), which it shows at /source.
 package docs
 
 //go:generate go run ./source/gen
@@ -19,6 +20,11 @@ var SourcePage []byte
 //
 //go:embed *.md
 var markdown embed.FS
+
+// images holds the pictures the pages show.
+//
+//go:embed *.png
+var images embed.FS
 
 // Tutorials returns every Markdown page by file name, for the playground
 // to link to.

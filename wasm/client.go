@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall/js"
 	"time"
 )
 
@@ -74,7 +75,7 @@ func newClient(p *page, name string, subs ...string) *client {
 	onSubmit(c.id("pub-form"), func() { go c.publish(1) })
 	on(c.id("burst"), "click", func() { go c.publish(100) })
 	on(c.id("stop"), "change", c.stopReading)
-	on(c.id("acks"), "change", c.explainAcks)
+	on(c.id("acks"), "change", c.acksChanged)
 	on(c.id("sub-from"), "change", func() {
 		from := value(c.id("sub-from"))
 		byID(c.id("sub-n")).Set("hidden", from == "new" || from == "all")
@@ -165,6 +166,7 @@ func (c *client) drop(code int, reason string) {
 // automatically, reading, subscribed to its first topics from now on.
 func (c *client) reset() {
 	setValue(c.id("acks"), "auto")
+	c.page.withhold(c.name, false)
 	byID(c.id("stop")).Set("checked", false)
 	c.stopReading()
 	replace(byID(c.id("messages")))
@@ -312,6 +314,10 @@ func (c *client) showMessage(d delivery) {
 	r.attempt.Set("textContent", fmt.Sprintf("attempt %d", d.Attempt))
 	r.item.Call("setAttribute", "data-attempt", strconv.Itoa(d.Attempt))
 	if d.QoS == 1 && value(c.id("acks")) == "auto" {
+		if delay := testAckDelay(c.name); delay > 0 {
+			time.AfterFunc(delay, func() { c.ack(d) })
+			return
+		}
 		c.ack(d)
 	}
 }
@@ -464,6 +470,13 @@ func (c *client) send(frame map[string]any) bool {
 	return true
 }
 
+// acksChanged tells the story whether the panel now withholds its acks,
+// and says what the chosen way of acking does.
+func (c *client) acksChanged() {
+	c.page.withhold(c.name, value(c.id("acks")) == "withhold")
+	c.explainAcks()
+}
+
 // explainAcks says what the chosen way of acking does.
 func (c *client) explainAcks() {
 	switch value(c.id("acks")) {
@@ -562,4 +575,20 @@ func clip(s string, n int) string {
 		return s
 	}
 	return string(runes[:n]) + "…"
+}
+
+// testAckDelay is how long the browser tests ask a panel's automatic ack
+// to wait, through window.popsubAckDelay = {alice: 1500} (milliseconds):
+// they make the race between two panels' acks happen on purpose. A page
+// that sets nothing acks at once.
+func testAckDelay(panel string) time.Duration {
+	delays := js.Global().Get("popsubAckDelay")
+	if delays.Type() != js.TypeObject {
+		return 0
+	}
+	ms := delays.Get(panel)
+	if ms.Type() != js.TypeNumber {
+		return 0
+	}
+	return time.Duration(ms.Float()) * time.Millisecond
 }

@@ -61,14 +61,48 @@ func wire(p *page) {
 			return nil
 		}))
 	alice, carol := p.clients[0], p.clients[2]
-	on("step-1-do", "click", func() { go carol.publishJob() })
+	on("step-1-do", "click", func() {
+		go carol.publishJob()
+		showPicture()
+		p.keepPictureInView()
+	})
 	on("step-2-do", "click", func() {
 		setValue(alice.id("acks"), "withhold")
-		alice.explainAcks()
+		alice.acksChanged()
 		go carol.publishJob()
+		showPicture()
+		p.keepPictureInView()
 	})
 	on("guide-reset", "click", func() { go p.startOver() })
 	on("picture-replay", "click", p.replay)
+	for _, event := range []string{"click", "focusin"} {
+		byID("diagram").Call("addEventListener", event, js.FuncOf(
+			func(_ js.Value, args []js.Value) any {
+				explainStep(args[0].Get("target"))
+				return nil
+			}))
+	}
+}
+
+// showPicture brings the diagram into view after a step's button on a
+// narrow screen, where it sits far below the strip; the renders of the
+// next second call it again, as the rows above the diagram grow.
+func showPicture() {
+	if js.Global().Get("innerWidth").Int() < 760 {
+		byID("picture").Call("scrollIntoView",
+			map[string]any{"behavior": "instant", "block": "start"})
+	}
+}
+
+// explainStep shows, below the diagram, what the step a tap, a click or
+// the keyboard chose means: a phone has no hover for its tooltip.
+func explainStep(target js.Value) {
+	step := target.Call("closest", "g.step")
+	if step.IsNull() {
+		return
+	}
+	setText("picture-detail", step.Call("getAttribute",
+		"data-detail").String())
 }
 
 // publishJob publishes one QoS 1 job from the panel, as the guide's

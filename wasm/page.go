@@ -28,6 +28,9 @@ type page struct {
 	retry     chan struct{} // the token changed: try again now
 	goneAway  bool          // the server said 1001 and is not back yet
 	replaying time.Time     // when a replay of the diagram began
+	// showing is when a step's button asked for the diagram: on a phone
+	// it is kept in view for a moment, as rows above it grow.
+	showing time.Time
 }
 
 // errNoToken is a page opened without #token=… and with no token pasted.
@@ -220,6 +223,17 @@ func banner(state, text string) {
 	}
 }
 
+// noGrant is what the banner says for a token that may not watch the
+// broker's events: without them the diagram, the x-ray and the guide
+// have nothing to show, and a silent page would look broken.
+const noGrant = "This token may not subscribe to $sys/events, so the " +
+	"diagram, the x-ray and the guided run stay empty; the clients still " +
+	"work. The playground needs a token with the grants $sys/# and " +
+	"$dead/# besides #: the link popsub serve prints has one, or make " +
+	"one with go run ./cmd/popsub token --sub NAME --subscribe " +
+	"'#,$sys/#,$dead/#' (with the broker's secret in POPSUB_SECRET) and " +
+	"paste it under token."
+
 // handleFrame folds one frame of the x-ray connection into the models,
 // and returns the frames the x-ray sends back: acks of dead letters, and
 // subscriptions to dead-letter topics it has just learned of.
@@ -230,7 +244,15 @@ func (p *page) handleFrame(data []byte) []any {
 		Seq                        uint64
 		Payload                    json.RawMessage
 	}
-	if json.Unmarshal(data, &frame) != nil || frame.Type != "message" {
+	if json.Unmarshal(data, &frame) != nil {
+		return nil
+	}
+	if frame.Type == "error" && frame.Code == "forbidden" &&
+		frame.Topic == "$sys/events" {
+		banner("no-grant", noGrant)
+		return nil
+	}
+	if frame.Type != "message" {
 		return nil
 	}
 	p.mu.Lock()
@@ -275,6 +297,13 @@ func (p *page) wrote(id, panel string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.story.wrote(id, panel)
+}
+
+// withhold records whether a panel withholds its acks.
+func (p *page) withhold(panel string, on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.story.withhold(panel, on)
 }
 
 // ackSent records a panel's ack.
@@ -338,4 +367,15 @@ func (p *page) render() {
 	for _, c := range p.clients {
 		c.renderRows(p.story)
 	}
+	if time.Since(p.showing) < time.Second {
+		showPicture()
+	}
+}
+
+// keepPictureInView asks the renders of the next second to keep the
+// diagram in view.
+func (p *page) keepPictureInView() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.showing, p.dirty = time.Now(), true
 }

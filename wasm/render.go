@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -77,18 +78,25 @@ func renderPending(x *xray, watcher uint64) {
 // width, so the picture fits a phone as well as a laptop.
 const (
 	stepHeight = 26
-	topMargin  = 12
+	topMargin  = 24 // room for the first row's label below the lanes
 )
 
 // lanesOf lists the diagram's lanes: the panels with the broker among
-// them, and others when another page or program took part.
+// them, others when another page or program took part, and $dead once a
+// message died.
 func lanesOf(steps []step) []string {
 	lanes := []string{clientNames[0], clientNames[1], brokerLane,
 		clientNames[2]}
+	others, dead := false, false
 	for _, s := range steps {
-		if s.From == otherLane || s.To == otherLane {
-			return append(lanes, otherLane)
-		}
+		others = others || s.From == otherLane || s.To == otherLane
+		dead = dead || s.To == deadLane
+	}
+	if others {
+		lanes = append(lanes, otherLane)
+	}
+	if dead {
+		lanes = append(lanes, deadLane)
 	}
 	return lanes
 }
@@ -160,7 +168,8 @@ func isNew(s step) bool {
 func renderLanes(lanes []string) {
 	var names []jsValue
 	for _, lane := range lanes {
-		names = append(names, element("span", lane, "lane "+lane))
+		names = append(names, element("span", lane,
+			"lane "+strings.TrimPrefix(lane, "$")))
 	}
 	box := byID("lanes")
 	box.Get("style").Call("setProperty", "--lanes", strconv.Itoa(len(lanes)))
@@ -170,13 +179,14 @@ func renderLanes(lanes []string) {
 // drawStep draws one step at height y: an arrow from one lane to another
 // with its label above, or a note on one lane.
 func drawStep(s step, from, to float64, y int) jsValue {
+	detail := time.UnixMilli(s.Time).Format("15:04:05.000") + "  " + s.Detail
 	g := svgElement("g", "step "+s.Kind, "data-kind", s.Kind,
 		"data-seq", strconv.FormatUint(s.Seq, 10),
+		"data-topic", s.Topic,
 		"data-attempt", strconv.Itoa(s.Attempt),
-		"data-lane", laneOfStep(s))
+		"data-lane", laneOfStep(s), "data-detail", detail, "tabindex", "0")
 	title := svgElement("title", "")
-	title.Set("textContent", time.UnixMilli(s.Time).Format("15:04:05.000")+
-		"  "+s.Detail)
+	title.Set("textContent", detail)
 	g.Call("append", title)
 	label := svgElement("text", "label", "x", pct((from+to)/2),
 		"y", strconv.Itoa(y-4), "text-anchor", "middle")
@@ -201,7 +211,10 @@ func drawStep(s step, from, to float64, y int) jsValue {
 
 // laneOfStep is the client lane a step concerns.
 func laneOfStep(s step) string {
-	if s.From == brokerLane {
+	switch {
+	case s.Client != "":
+		return s.Client
+	case s.From == brokerLane:
 		return s.To
 	}
 	return s.From

@@ -21,6 +21,7 @@ var clientNames = []string{"alice", "bob", "carol"}
 const (
 	brokerLane = "broker"
 	otherLane  = "others" // connections of other pages and programs
+	deadLane   = "$dead"  // the dead-letter topics
 )
 
 // maxSteps bounds the steps the diagram keeps.
@@ -38,7 +39,8 @@ type step struct {
 	Seq       uint64
 	MessageID string
 	Attempt   int
-	Time      int64 // Unix ms, the broker's
+	Time      int64  // Unix ms, the broker's
+	Client    string // the lane of the client it concerns, if any
 }
 
 // Row states: what a panel's row of a delivery says, in words.
@@ -73,6 +75,9 @@ type story struct {
 	rows     *fifo[rowKey, *rowState] // what the broker said of each row
 	acked    *fifo[string, []string]  // message → the panels that acked it
 	progress int                      // guide steps done, 0 to 4
+	// withholding says which panels withhold their acks: the guide's
+	// second step is about one of them, not about an ack on its way.
+	withholding map[string]bool
 }
 
 // maxRemembered bounds what the story remembers of messages: a page left
@@ -104,7 +109,7 @@ func (f *fifo[K, V]) put(k K, v V) {
 
 // newStory returns an empty story.
 func newStory() *story {
-	return &story{lanes: map[uint64]string{},
+	return &story{lanes: map[uint64]string{}, withholding: map[string]bool{},
 		authors: newFIFO[string, string](), rows: newFIFO[rowKey, *rowState](),
 		acked: newFIFO[string, []string]()}
 }
@@ -115,6 +120,11 @@ func (s *story) restart() {
 	s.steps, s.progress = nil, 0
 	s.rows = newFIFO[rowKey, *rowState]()
 	s.acked = newFIFO[string, []string]()
+}
+
+// withhold records whether panel withholds its acks.
+func (s *story) withhold(panel string, on bool) {
+	s.withholding[panel] = on
 }
 
 // own says connection conn is panel's, from its authenticated reply.
@@ -180,14 +190,14 @@ func (s *story) apply(e event) {
 			author = otherLane
 		}
 		s.add(e, "publish", author, brokerLane, fmt.Sprintf(
-			"publish #%d", e.Seq), fmt.Sprintf("%s published %s #%d "+
-			"with QoS %d; the broker gave it seq %d", author, e.Topic,
-			e.Seq, e.QoS, e.Seq))
+			"publish %s #%d", e.Topic, e.Seq), fmt.Sprintf("%s published "+
+			"to %s with QoS %d; the broker gave it seq %d", author, e.Topic,
+			e.QoS, e.Seq))
 	case "committed":
 		s.add(e, "commit", brokerLane, brokerLane, fmt.Sprintf(
-			"#%d in the log", e.Seq), fmt.Sprintf("%s #%d is in the log: "+
-			"it survives a crash, and a QoS 1 publisher hears published",
-			e.Topic, e.Seq))
+			"%s #%d in the log", e.Topic, e.Seq), fmt.Sprintf("%s #%d is in "+
+			"the log: it survives a crash, and a QoS 1 publisher hears "+
+			"published", e.Topic, e.Seq))
 	case "delivered", "redelivered", "acked", "dead_lettered":
 		s.applyDelivery(e)
 	}
@@ -205,30 +215,34 @@ func (s *story) applyDelivery(e event) {
 		if e.QoS == 1 {
 			r.State = statePending
 		}
-		s.add(e, "deliver", brokerLane, lane, fmt.Sprintf("deliver #%d",
-			e.Seq), fmt.Sprintf("%s #%d to %s, attempt %d", e.Topic, e.Seq,
-			lane, e.Attempt))
+		s.add(e, "deliver", brokerLane, lane, fmt.Sprintf("deliver %s #%d",
+			e.Topic, e.Seq), fmt.Sprintf("%s #%d to %s, attempt %d", e.Topic,
+			e.Seq, lane, e.Attempt))
 	case "redelivered":
 		r.State = stateRetried
-		s.add(e, "retry", brokerLane, lane, fmt.Sprintf("retry #%d · "+
-			"attempt %d%s", e.Seq, e.Attempt, waited(r.Sent, e.Time)),
-			fmt.Sprintf("no ack from %s in time: the broker sends #%d "+
-				"again, to %s only", lane, e.Seq, lane))
+		s.add(e, "retry", brokerLane, lane, fmt.Sprintf("retry %s #%d · "+
+			"attempt %d%s", e.Topic, e.Seq, e.Attempt, waited(r.Sent,
+			e.Time)), fmt.Sprintf("no ack from %s in time: the broker "+
+			"sends %s #%d again, to %s only (it looks for overdue acks "+
+			"every fifth of the ack timeout, so a retry comes up to that "+
+			"much after it)", lane, e.Topic, e.Seq, lane))
 		r.Sent = e.Time
 	case "acked":
 		r.State = stateAcked
 		s.noteAck(e, lane)
-		s.add(e, "ack", lane, brokerLane, fmt.Sprintf("ack #%d", e.Seq),
-			fmt.Sprintf("%s acked #%d: the broker forgets its delivery "+
-				"to %s", lane, e.Seq, lane))
+		s.add(e, "ack", lane, brokerLane, fmt.Sprintf("ack %s #%d", e.Topic,
+			e.Seq), fmt.Sprintf("%s acked %s #%d: the broker forgets its "+
+			"delivery to %s", lane, e.Topic, e.Seq, lane))
 	case "dead_lettered":
 		r.State = stateDead
 		if r.AckSent {
 			r.State = stateTooLate
 		}
-		s.add(e, "dead", brokerLane, lane, fmt.Sprintf("✕ #%d → $dead%s",
-			e.Seq, waited(r.Sent, e.Time)), fmt.Sprintf("%s never acked #%d in %d attempts: it "+
-			"goes to $dead/%s", lane, e.Seq, e.Attempt, e.Topic))
+		s.add(e, "dead", brokerLane, deadLane, fmt.Sprintf("✕ %s #%d of %s → "+
+			"$dead/%s%s", e.Topic, e.Seq, lane, e.Topic, waited(r.Sent,
+			e.Time)), fmt.Sprintf("%s never acked %s #%d in %d "+
+			"attempts: it goes to $dead/%s", lane, e.Topic, e.Seq, e.Attempt,
+			e.Topic))
 	}
 	s.advance(e, lane)
 }
@@ -263,7 +277,8 @@ func (s *story) advance(e event, lane string) {
 }
 
 // ackedByAnother reports whether one panel acked e's message while
-// another still owes it: each subscriber acks for itself.
+// another, which withholds its acks, still owes it: each subscriber acks
+// for itself.
 func (s *story) ackedByAnother(e event) bool {
 	acked := s.acked.m[e.Topic+"\x00"+e.MessageID]
 	if len(acked) == 0 {
@@ -273,7 +288,9 @@ func (s *story) ackedByAnother(e event) bool {
 		r := s.rows.m[rowKey{panel, e.Topic, e.MessageID}]
 		owes := r != nil && (r.State == statePending ||
 			r.State == stateRetried)
-		if owes && !slices.Contains(acked, panel) {
+		// A panel whose automatic ack is on its way owes for a moment
+		// too: only one that withholds is the step's.
+		if owes && s.withholding[panel] && !slices.Contains(acked, panel) {
 			return true
 		}
 	}
@@ -283,9 +300,14 @@ func (s *story) ackedByAnother(e event) bool {
 // add appends a step, keeping the newest maxSteps.
 func (s *story) add(e event, kind, from, to, label, detail string) {
 	s.serial++
+	client := s.lane(e.Conn)
+	if e.Conn == 0 {
+		client = ""
+	}
 	s.steps = append(s.steps, step{Serial: s.serial, Kind: kind, From: from,
 		To: to, Label: label, Detail: detail, Topic: e.Topic, Seq: e.Seq,
-		MessageID: e.MessageID, Attempt: e.Attempt, Time: e.Time})
+		MessageID: e.MessageID, Attempt: e.Attempt, Time: e.Time,
+		Client: client})
 	if len(s.steps) > maxSteps {
 		s.steps = s.steps[len(s.steps)-maxSteps:]
 	}

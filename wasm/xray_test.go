@@ -94,6 +94,7 @@ func TestStory_FollowsTheGuidedRun(t *testing.T) {
 	s := newStory()
 	s.own(1, "alice")
 	s.own(2, "bob")
+	s.withhold("alice", true)
 	s.wrote("c-1", "carol")
 	m := event{Topic: "jobs", Seq: 1, QoS: 1, MessageID: "c-1"}
 	at := func(kind string, conn uint64, attempt int) event {
@@ -120,7 +121,7 @@ func TestStory_FollowsTheGuidedRun(t *testing.T) {
 	retry.Time = 400
 	s.apply(retry)
 	if label := s.steps[len(s.steps)-1].Label; label !=
-		"retry #1 · attempt 2 · 0.4 s later" {
+		"retry jobs #1 · attempt 2 · 0.4 s later" {
 		t.Fatalf("the retry says %q", label)
 	}
 	if s.progress != 3 || s.rows.m[rowKey{"alice", "jobs", "c-1"}].State !=
@@ -146,7 +147,7 @@ func TestStory_FollowsTheGuidedRun(t *testing.T) {
 	}
 	want := "publish:carol>broker commit:broker>broker " +
 		"deliver:broker>alice deliver:broker>bob ack:bob>broker " +
-		"retry:broker>alice dead:broker>alice"
+		"retry:broker>alice dead:broker>$dead"
 	if got := strings.Join(kinds, " "); got != want {
 		t.Fatalf("diagram:\n got %s\nwant %s", got, want)
 	}
@@ -187,5 +188,29 @@ func TestStory_ForgetsTheOldest(t *testing.T) {
 	if len(s.rows.m) != maxRemembered || s.rows.m[rowKey{"alice", "t",
 		"0"}] != nil || s.rows.m[rowKey{"alice", "t", "10"}] == nil {
 		t.Fatalf("%d rows remembered", len(s.rows.m))
+	}
+}
+
+// An ack that is merely on its way, while another panel's came first, is
+// not the guide's second step: only a panel that withholds makes it.
+func TestStory_StepTwoNeedsAPanelThatWithholds(t *testing.T) {
+	s := newStory()
+	s.own(1, "alice")
+	s.own(2, "bob")
+	m := event{Topic: "jobs", Seq: 1, QoS: 1, MessageID: "c-1"}
+	for _, e := range []struct {
+		kind string
+		conn uint64
+	}{{"published", 0}, {"delivered", 1}, {"delivered", 2}, {"acked", 2},
+		{"acked", 1}} {
+		m.Kind, m.Conn, m.Attempt = e.kind, e.conn, 1
+		s.apply(m)
+		if s.progress > 1 {
+			t.Fatalf("after %s from %d: progress %d, want at most 1",
+				e.kind, e.conn, s.progress)
+		}
+	}
+	if s.progress != 1 {
+		t.Fatalf("progress %d after two acks, want 1", s.progress)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/popsub/popsub"
 	"github.com/popsub/popsub/playground"
 )
 
@@ -325,11 +326,12 @@ func TestPlayground_SaysWhyItIsNotConnected(t *testing.T) {
 		contains(`#banner[data-state="unreachable"]`, "Cannot reach"))
 }
 
-// The tutorials the guide links to are served, compressed.
-func TestPlayground_ServesTheTutorials(t *testing.T) {
+// The tutorials the guide links to are pages, compressed, and the
+// page's own link leads to one.
+func TestPlayground_LinksToTheTutorialsAsPages(t *testing.T) {
 	wsURL, _, _ := startServe(t)
 	base := "http://" + strings.TrimPrefix(wsURL, "ws://")
-	request, _ := http.NewRequest("GET", base+"/docs/2-at-least-once.md", nil)
+	request, _ := http.NewRequest("GET", base+"/docs/2-at-least-once", nil)
 	request.Header.Set("Accept-Encoding", "gzip")
 	response, err := http.DefaultTransport.RoundTrip(request)
 	if err != nil {
@@ -338,9 +340,111 @@ func TestPlayground_ServesTheTutorials(t *testing.T) {
 	response.Body.Close()
 	if response.StatusCode != 200 ||
 		response.Header.Get("Content-Encoding") != "gzip" ||
-		!strings.HasPrefix(response.Header.Get("Content-Type"), "text/plain") {
+		!strings.HasPrefix(response.Header.Get("Content-Type"), "text/html") {
 		t.Fatalf("tutorial: %s %v", response.Status, response.Header)
 	}
+
+	chromium := browser(t)
+	page, _, _ := playgroundURL(t, strings.Repeat("playground-secret-", 2))
+	ctx, problems := startBrowser(t, chromium)
+	do(t, ctx, "open the page", chromedp.Navigate(page))
+	until(t, ctx, "the broker is reached", exists(`#banner[data-state="up"]`))
+	do(t, ctx, "follow the tutorials link",
+		chromedp.Click(css(`header a[href="/docs/1-first-message"]`)),
+		chromedp.WaitVisible(css("main h1")))
+	until(t, ctx, "tutorial 1 as a page", contains("h1", "First message"))
+	until(t, ctx, "with a way back to the playground",
+		exists(`nav a[href="/"]`))
+	until(t, ctx, "and its links to the next tutorial",
+		exists(`main a[href="/docs/2-at-least-once"]`))
+	if list := problems(); len(list) > 0 {
+		t.Fatalf("the console reported problems:\n%s", strings.Join(list, "\n"))
+	}
+}
+
+// Step 2 is done only when a panel that withholds its acks owes what
+// another acked: an automatic ack still on its way is not it. The race
+// is made to happen, three times over: alice's automatic acks wait a
+// second and a half, so bob's ack always comes first.
+func TestPlayground_StepTwoIsNotAnAckOnItsWay(t *testing.T) {
+	chromium := browser(t)
+	page, _, _ := playgroundURL(t, strings.Repeat("playground-secret-", 2))
+	ctx, _ := startBrowser(t, chromium)
+	do(t, ctx, "open the page", chromedp.Navigate(page))
+	until(t, ctx, "the broker is reached", exists(`#banner[data-state="up"]`))
+	for round := range 3 {
+		until(t, ctx, "bob subscribes", exists(`#bob-subs li[data-topic="jobs"]`))
+		until(t, ctx, "alice subscribes",
+			exists(`#alice-subs li[data-topic="jobs"]`))
+		until(t, ctx, "carol connects",
+			exists(`#carol-status[data-state="connected"]`))
+		_, err := chromedp.Run(ctx, chromedp.Evaluate[bool](
+			`window.popsubAckDelay = {alice: 1500}; true`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		do(t, ctx, "step 1", chromedp.Click(css("#step-1-do")))
+		until(t, ctx, "bob acked, alice's ack on its way", `document.querySelector(`+
+			`'#bob-messages li[data-state="acked"]') !== null && `+
+			`document.querySelector('#alice-messages li[data-state="acked"]') === null`)
+		until(t, ctx, "then alice's ack too",
+			exists(`#alice-messages li[data-state="acked"]`))
+		until(t, ctx, "step 1 is done", exists(`#step-1[data-state="done"]`))
+		state, err := chromedp.Run(ctx, chromedp.Evaluate[string](
+			`document.getElementById("step-2").dataset.state`))
+		if err != nil || state == "done" {
+			t.Fatalf("round %d: step 2 says %q after step 1 alone (%v)", round,
+				state, err)
+		}
+		do(t, ctx, "start over", chromedp.Click(css("#guide-reset")))
+		until(t, ctx, "the guide starts over",
+			exists(`#step-1[data-state="current"]`))
+	}
+}
+
+// A token that may not watch $sys/events gets the clients, and a banner
+// that names the grant it lacks and how to make one that has it.
+func TestPlayground_NamesTheGrantATokenLacks(t *testing.T) {
+	chromium := browser(t)
+	secret := strings.Repeat("playground-secret-", 2)
+	page, _, _ := playgroundURL(t, secret)
+	bare, _, _ := strings.Cut(page, "#")
+	plain, err := popsub.NewToken([]byte(secret), "alice", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, _ := startBrowser(t, chromium)
+	do(t, ctx, "open with an ordinary token",
+		chromedp.Navigate(bare+"#token="+plain))
+	until(t, ctx, "the banner names the grant",
+		contains(`#banner[data-state="no-grant"]`, "$sys/#"))
+	until(t, ctx, "and says how to make a token",
+		contains(`#banner`, "popsub token --sub NAME"))
+	until(t, ctx, "the clients still connect",
+		exists(`#alice-status[data-state="connected"]`))
+}
+
+// On a phone, a step's button brings the diagram into view, and a tap on
+// one of its lines says what the line means.
+func TestPlayground_PhoneShowsThePictureAfterAStep(t *testing.T) {
+	chromium := browser(t)
+	page, _, _ := playgroundURL(t, strings.Repeat("playground-secret-", 2))
+	ctx, _ := startBrowser(t, chromium)
+	do(t, ctx, "open the page on a phone", chromedp.EmulateViewport(390, 844),
+		chromedp.Navigate(page))
+	until(t, ctx, "the broker is reached", exists(`#banner[data-state="up"]`))
+	until(t, ctx, "carol connects", exists(`#carol-status[data-state="connected"]`))
+	until(t, ctx, "alice subscribes", exists(`#alice-subs li[data-topic="jobs"]`))
+	do(t, ctx, "step 1", chromedp.Click(css("#step-1-do")))
+	until(t, ctx, "the deliveries are drawn", exists(`#diagram g.deliver`))
+	until(t, ctx, "the diagram is in view", `(() => {
+		const box = document.getElementById("picture").getBoundingClientRect();
+		return box.top >= -1 && box.top < window.innerHeight / 3;
+	})()`)
+	until(t, ctx, "a delivery is drawn", exists(`#diagram g.deliver`))
+	do(t, ctx, "tap a delivery", chromedp.Click(css(`#diagram g.deliver`)))
+	until(t, ctx, "its meaning is written out",
+		contains("#picture-detail", "attempt 1"))
 }
 
 // startBrowser starts a headless Chromium for the test, at 1440×1200,

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -83,18 +84,20 @@ func serve(ctx context.Context, args []string, stdout,
 	}
 	cfg.options.Logger = logger
 
-	// The secret: configured, or random for this run with a ready token.
-	localToken := ""
-	if cfg.secret == "" {
+	// The secret: configured, or random for this run. Either way the
+	// playground's link carries a token for user local, signed with it.
+	random := cfg.secret == ""
+	switch {
+	case random:
 		cfg.options.Secret = randomSecret()
-		localToken, err = localClaims().Sign(cfg.options.Secret)
-		if err != nil {
-			return fmt.Errorf("make local token: %w", err)
-		}
-	} else if len(cfg.secret) < minSecretBytes {
+	case len(cfg.secret) < minSecretBytes:
 		return shortSecret(cfg.secretFrom, len(cfg.secret))
-	} else {
+	default:
 		cfg.options.Secret = []byte(cfg.secret)
+	}
+	localToken, err := localClaims().Sign(cfg.options.Secret)
+	if err != nil {
+		return fmt.Errorf("make local token: %w", err)
 	}
 
 	// The address first: a busy port must not leave a database behind.
@@ -116,11 +119,12 @@ func serve(ctx context.Context, args []string, stdout,
 		store.Close()
 		return err
 	}
-	printBanner(stdout, listener.Addr().String(), where, localToken)
+	printBanner(stdout, listener.Addr().String(), where, localToken, random)
 	ops.watch(broker)
 	page := playground.Settings{Clients: []string{"alice", "bob", "carol"},
-		AckTimeout: cfg.options.AckTimeout,
-		MaxRetries: cfg.options.MaxRetries}
+		AckTimeout:    cmp.Or(cfg.options.AckTimeout, popsub.DefaultAckTimeout),
+		MaxRetries:    cfg.options.MaxRetries,
+		RetryInterval: popsub.RetryInterval(cfg.options.AckTimeout)}
 	return serveUntilDone(ctx, listener, routes(broker, page, ops), broker,
 		ops, logger)
 }
@@ -364,11 +368,16 @@ func randomSecret() []byte {
 }
 
 // printBanner tells the user where the broker is and how to reach it.
-func printBanner(w io.Writer, addr, where, localToken string) {
+func printBanner(w io.Writer, addr, where, localToken string,
+	random bool) {
 	host := strings.Replace(addr, "0.0.0.0", "127.0.0.1", 1)
 	fmt.Fprintf(w, "popsub listening on http://%s (playground at /, "+
 		"WebSocket at ws://%s/ws, %s)\n", host, host, where)
-	if localToken == "" {
+	if !random {
+		// The link's token is signed with the configured secret: whoever
+		// can read this terminal could sign one anyway.
+		fmt.Fprintf(w, "open the playground: http://%s/#token=%s\n", host,
+			localToken)
 		return
 	}
 	fmt.Fprintf(w, "no secret configured: made a random one for this run.\n"+
@@ -418,7 +427,7 @@ func serveUntilDone(ctx context.Context, listener net.Listener,
 
 // routes serves the WebSocket at /ws, and at / for upgrade requests as
 // the original's clients expect; popsub.go as a page at /source; the
-// tutorials, as text, under /docs/ for the playground's links; /metrics,
+// tutorials and references as pages under /docs/; /metrics,
 // /healthz and /readyz for an operator's tools; other requests get the
 // playground.
 func routes(broker *popsub.Broker, settings playground.Settings,
@@ -429,10 +438,7 @@ func routes(broker *popsub.Broker, settings playground.Settings,
 	mux.Handle("/ws", broker)
 	mux.Handle("GET /source", playground.Document("text/html; charset=utf-8",
 		docs.SourcePage))
-	for name, text := range docs.Tutorials() {
-		mux.Handle("GET /docs/"+name, playground.Document(
-			"text/plain; charset=utf-8", text))
-	}
+	serveDocs(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 			broker.ServeHTTP(w, r)
@@ -441,4 +447,31 @@ func routes(broker *popsub.Broker, settings playground.Settings,
 		page.ServeHTTP(w, r)
 	})
 	return mux
+}
+
+// serveDocs serves the docs as HTML under /docs/, gzipped like every
+// other asset, each page at /docs/NAME and, for links made before they
+// were pages, at /docs/NAME.md. The pages are the binary's own, and the
+// tests render every one, so a failure here is a build's bug: the broker
+// serves on without its docs.
+func serveDocs(mux *http.ServeMux) {
+	pages, pictures, err := docs.Pages()
+	if err != nil {
+		return
+	}
+	for _, page := range pages {
+		where := "/docs/" + page.Name
+		html := playground.Document("text/html; charset=utf-8", page.HTML)
+		if page.Name == "" {
+			mux.Handle("GET /docs/{$}", html)
+			continue
+		}
+		mux.Handle("GET "+where, html)
+		mux.Handle("GET "+where+".md", http.RedirectHandler(where,
+			http.StatusMovedPermanently))
+	}
+	for name, picture := range pictures {
+		mux.Handle("GET /docs/"+name, playground.Document("image/png",
+			picture))
+	}
 }

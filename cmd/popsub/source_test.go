@@ -15,7 +15,8 @@ func TestSourcePage_FindsItsWayAround(t *testing.T) {
 	ctx, problems := startBrowser(t, chromium)
 
 	// The table of contents leads to a detail, folded on a first
-	// reading; one click on its summary opens it.
+	// reading, and opens it; a click on its summary folds it again, and
+	// another opens it.
 	frames := `details#reading-frames-by-hand`
 	err := chromedp.Do(ctx,
 		chromedp.Navigate(page),
@@ -35,8 +36,12 @@ func TestSourcePage_FindsItsWayAround(t *testing.T) {
 		}
 		return v
 	}
-	if open(frames) {
-		t.Fatal("the detail is open before anyone asked")
+	if !open(frames) {
+		t.Fatal("the contents' link landed on the detail's closed heading")
+	}
+	err = chromedp.Do(ctx, chromedp.Click(css(frames+` > summary`)))
+	if err != nil || open(frames) {
+		t.Fatalf("a click on the summary did not fold the detail: %v", err)
 	}
 	err = chromedp.Do(ctx, chromedp.Click(css(frames+` > summary`)))
 	if err != nil || !open(frames) {

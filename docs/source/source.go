@@ -457,7 +457,7 @@ a.anchor { text-decoration: none; float: right; }
 <ol>
 {{range .Parts}}<li{{if .Detail}} class="detail"{{end}}><a href="#{{.ID}}">{{.Title}}</a> <span class="time">{{.Minutes}} min{{if .Detail}} · detail{{end}}</span></li>
 {{end}}</ol>
-<p class="legend">Details (in italics) are folded: a first reading may skip them. Open one with a click.</p>
+<p class="legend">Details (in italics) are folded: a first reading may skip them. A link here opens one; so does a click on its heading.</p>
 </nav>
 <main id="main">
 {{range .Parts}}{{if .Detail}}<details class="part" id="{{.ID}}">
@@ -474,7 +474,7 @@ a.anchor { text-decoration: none; float: right; }
 <script>
 function reveal() {
   var target = document.getElementById(decodeURIComponent(location.hash.slice(1)));
-  var folded = target && target.parentElement.closest("details");
+  var folded = target && target.closest("details");
   if (folded && !folded.open) { folded.open = true; target.scrollIntoView(); }
 }
 addEventListener("hashchange", reveal);
