@@ -3,14 +3,14 @@ package popsub
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/popsub/popsub/xray"
+	"github.com/popsub/popsub/wire"
 	"testing"
 	"time"
 )
 
 // watch subscribes c to the x-ray feed, live only, and returns the
 // snapshot that a new watcher gets first.
-func watch(t *testing.T, c *client) xray.Event {
+func watch(t *testing.T, c *client) wire.Event {
 	t.Helper()
 	c.subscribe(EventsTopic, map[string]any{"last": 0})
 	e := nextEvent(t, c)
@@ -21,10 +21,10 @@ func watch(t *testing.T, c *client) xray.Event {
 }
 
 // nextEvent reads the next x-ray event from c.
-func nextEvent(t *testing.T, c *client) xray.Event {
+func nextEvent(t *testing.T, c *client) wire.Event {
 	t.Helper()
 	g := c.expect("message")
-	var e xray.Event
+	var e wire.Event
 	if err := json.Unmarshal(g.Payload, &e); err != nil {
 		t.Fatalf("event %s: %v", g.Payload, err)
 	}
@@ -38,7 +38,7 @@ func eventKey(kind, topic, id, client string, attempt int) string {
 
 // countEvents reads events from c into counts until one matches stop.
 func countEvents(t *testing.T, c *client, counts map[string]int,
-	stop func(xray.Event) bool) {
+	stop func(wire.Event) bool) {
 	t.Helper()
 	for {
 		e := nextEvent(t, c)
@@ -55,8 +55,8 @@ func TestEvents_EachTransitionEmitsExactlyOneEvent(t *testing.T) {
 	watcher := ts.dialWith("xray", Claims{Subscribe: []string{"$sys/#"}})
 	watch(t, watcher)
 	counts := map[string]int{}
-	is := func(kind, id string) func(xray.Event) bool {
-		return func(e xray.Event) bool { return e.Kind == kind && e.MessageID == id }
+	is := func(kind, id string) func(wire.Event) bool {
+		return func(e wire.Event) bool { return e.Kind == kind && e.MessageID == id }
 	}
 
 	alice := dialRaw(t, ts.url, "alice")
@@ -85,7 +85,7 @@ func TestEvents_EachTransitionEmitsExactlyOneEvent(t *testing.T) {
 	bob.publish("jobs", 5, 1, "j5")
 	bob.publish("jobs", 6, 1, "j6")
 	alice.expectClose(CloseSlowConsumer)
-	countEvents(t, watcher, counts, func(e xray.Event) bool {
+	countEvents(t, watcher, counts, func(e wire.Event) bool {
 		return e.Kind == "disconnected" && e.Client == "alice"
 	})
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/popsub/popsub/wire"
 )
 
 // This file holds the test harness: a broker on 127.0.0.1, clients that
@@ -127,23 +128,41 @@ var testStore func(t *testing.T, opts Options) Store
 func UseStore(f func(t *testing.T, opts Options) Store) { testStore = f }
 
 // Behaviour lists the tests of what clients see, which must hold on any
-// Store: engine_test.go runs them on JetStream.
+// Store: engine_test.go runs them again on NATS JetStream. Every test that
+// starts a broker on the run's engine (startBroker with no Store of its
+// own) is listed here, or in oneEngine with the reason it is not:
+// TestBehaviour_EveryTestIsListed holds the two lists to that.
 var Behaviour = map[string]func(*testing.T){
-	"AcksArePerSubscriber":        TestBroker_AcksArePerSubscriber,
-	"DeadLetters":                 TestBroker_DeadLetters,
-	"ReplayKeepsOriginalIdentity": TestBroker_ReplayKeepsOriginalIdentity,
-	"SubscribeOptions":            TestBroker_SubscribeOptions,
-	"ReplayHandOverHasNoGap":      TestBroker_ReplayHandOverHasNoGap,
-	"IdempotentPublish":           TestBroker_IdempotentPublish,
-	"SlowConsumers":               TestBroker_SlowConsumers,
-	"BadFramesGetErrors":          TestBroker_BadFramesGetErrors,
-	"Wildcards":                   TestBroker_Wildcards,
-	"AckForms":                    TestBroker_AckForms,
-	"Batches":                     TestBroker_Batches,
-	"Permissions":                 TestBroker_Permissions,
-	"Limits":                      TestBroker_Limits,
-	"BurstWithAStuckSubscriber":   TestBroker_BurstWithAStuckSubscriber,
-	"EventsForEachTransition":     TestEvents_EachTransitionEmitsExactlyOneEvent,
+	"TestBroker_AcksArePerSubscriber":               TestBroker_AcksArePerSubscriber,
+	"TestBroker_DeadLetters":                        TestBroker_DeadLetters,
+	"TestBroker_ReplayKeepsOriginalIdentity":        TestBroker_ReplayKeepsOriginalIdentity,
+	"TestBroker_SubscribeOptions":                   TestBroker_SubscribeOptions,
+	"TestBroker_ReplayHandOverHasNoGap":             TestBroker_ReplayHandOverHasNoGap,
+	"TestBroker_IdempotentPublish":                  TestBroker_IdempotentPublish,
+	"TestBroker_SlowConsumers":                      TestBroker_SlowConsumers,
+	"TestBroker_BadFramesGetErrors":                 TestBroker_BadFramesGetErrors,
+	"TestBroker_Wildcards":                          TestBroker_Wildcards,
+	"TestBroker_AckForms":                           TestBroker_AckForms,
+	"TestBroker_Batches":                            TestBroker_Batches,
+	"TestBroker_Permissions":                        TestBroker_Permissions,
+	"TestBroker_Limits":                             TestBroker_Limits,
+	"TestBroker_BurstWithAStuckSubscriber":          TestBroker_BurstWithAStuckSubscriber,
+	"TestEvents_EachTransitionEmitsExactlyOneEvent": TestEvents_EachTransitionEmitsExactlyOneEvent,
+	"TestEvents_NeedAGrant":                         TestEvents_NeedAGrant,
+	"TestEvents_SnapshotShowsPendingDeliveries":     TestEvents_SnapshotShowsPendingDeliveries,
+	"TestBroker_Authentication":                     TestBroker_Authentication,
+	"TestBroker_ShutdownClosesClientsWith1001":      TestBroker_ShutdownClosesClientsWith1001,
+	"TestBroker_TokenExpiry":                        TestBroker_TokenExpiry,
+	"TestBroker_LogsHoldNoSecrets":                  TestBroker_LogsHoldNoSecrets,
+	"TestBroker_NoLeaksAfterManyConnections":        TestBroker_NoLeaksAfterManyConnections,
+}
+
+// oneEngine names the tests that start a broker on the run's engine but
+// do not run again on JetStream, and why.
+var oneEngine = map[string]string{
+	"TestBroker_FloodsAreBounded": "it bounds the test process's heap, " +
+		"and on JetStream the NATS server runs in that process and " +
+		"holds the flood itself",
 }
 
 // openBolt opens a bbolt store or fails the test.
@@ -166,23 +185,9 @@ func token(t *testing.T, sub string) string {
 	return tok
 }
 
-// got is any frame the broker sends, with every field the tests look at.
-type got struct {
-	Type      string          `json:"type"`
-	Sub       string          `json:"sub"`
-	Code      string          `json:"code"`
-	Message   string          `json:"message"`
-	Topic     string          `json:"topic"`
-	Payload   json.RawMessage `json:"payload"`
-	Timestamp int64           `json:"timestamp"`
-	MessageID string          `json:"message_id"`
-	QoS       int             `json:"qos"`
-	Seq       uint64          `json:"seq"`
-	Attempt   int             `json:"attempt"`
-	Recovered *bool           `json:"recovered"`
-	Duplicate bool            `json:"duplicate"`
-	Reason    string          `json:"reason"`
-}
+// got is any frame the broker sends: the protocol's own type, which a
+// test holds to the broker's encoders (wire_test.go).
+type got = wire.Received
 
 // client is one test client on a real WebSocket.
 type client struct {

@@ -33,7 +33,7 @@
 //
 // # Reading path
 //
-// The whole broker is this file, about 2,800 lines of code, 1,500 of them
+// The whole broker is this file, about 2,800 lines of code, 1,400 of them
 // on the first reading, which takes about 4 hours at 150 words of prose
 // and 8 lines of code a minute. You follow a message: options and
 // frames; the broker and its topics; the log, which gives a message its
@@ -105,7 +105,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
-	"github.com/popsub/popsub/xray"
+	"github.com/popsub/popsub/wire"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -119,7 +119,8 @@ import (
 // amount of memory. The protocol is the original's too: one JSON object
 // per text frame, with a "type". PopSub adds fields and frames and never
 // changes one. Incoming frames decode into one flat struct rather than a
-// type per frame, so you see the whole protocol in one place.
+// type per frame, so you see the whole protocol in one place: package
+// wire, which every Go client decodes with too.
 
 // Defaults for Options. A zero field in Options takes these values.
 const (
@@ -210,6 +211,9 @@ var (
 	// ErrInUse is what OpenBolt's error wraps when another process has
 	// the file open.
 	ErrInUse = errors.New("database is in use by another process")
+	// ErrDamaged is what a BoltStore's errors wrap when bbolt met a
+	// damaged page or a file cut short.
+	ErrDamaged = errors.New("damaged")
 )
 
 // Options configure a Broker. Only Secret and Store are required. For
@@ -280,7 +284,7 @@ type Options struct {
 	// "commit" event for each batch the log syncs; the command counts
 	// them for /metrics. It runs on the broker's goroutines, under its
 	// locks, and must only count.
-	OnEvent func(xray.Event)
+	OnEvent func(wire.Event)
 }
 
 // withDefaults returns a copy of o with every zero field set to its default.
@@ -373,26 +377,12 @@ func (m *Message) size() int {
 	return 2*(len(m.Payload)+len(m.ID)+len(m.Topic)) + 128
 }
 
-// frame is any frame a client sends. Pointers mark fields whose absence
-// means something different from their zero value: "after":0 asks for
-// everything after seq 0, a missing "after" asks for nothing special.
-type frame struct {
-	Type       string          `json:"type"`        // every frame
-	Token      string          `json:"token"`       // auth
-	Client     string          `json:"client"`      // auth: a display name
-	Batch      bool            `json:"batch"`       // auth: opt-in
-	Username   string          `json:"username"`    // login
-	Password   string          `json:"password"`    // login
-	Topic      string          `json:"topic"`       // most frames
-	Payload    json.RawMessage `json:"payload"`     // publish
-	MessageID  string          `json:"message_id"`  // publish, ack
-	MessageIDs []string        `json:"message_ids"` // ack, many at once
-	Seq        *uint64         `json:"seq"`         // ack, all up to seq
-	QoS        int             `json:"qos"`         // publish
-	After      *uint64         `json:"after"`       // subscribe
-	Last       *uint64         `json:"last"`        // subscribe
-	Durable    string          `json:"durable"`     // subscribe
-}
+// frame is any frame a client sends: wire.Frame, one flat struct whose
+// "type" says which frame it is, declared once, in package wire, for the
+// broker and for every Go client. Pointers mark fields whose absence
+// means something other than their zero value: "after":0 asks for
+// everything after seq 0, a missing "after" for nothing special.
+type frame = wire.Frame
 
 // reply is any frame the broker sends that is not a delivery. Deliveries
 // have their own hand-written encoder (appendDelivery), because they are
@@ -485,7 +475,7 @@ type Broker struct {
 	// publishes them; watchers counts $sys subscriptions (no events are
 	// made without one); dropped counts events lost to a full queue.
 	// See the x-ray, a detail.
-	events   chan xray.Event
+	events   chan wire.Event
 	watchers atomic.Int64
 	dropped  atomic.Int64
 }
@@ -552,7 +542,7 @@ func New(opts Options) (*Broker, error) {
 		topics: map[string]*topic{}, wildcards: map[*subscription]struct{}{},
 		connections: map[*connection]struct{}{},
 		durables:    map[string]*subscription{}, stop: make(chan struct{}),
-		events:  make(chan xray.Event, eventQueue),
+		events:  make(chan wire.Event, eventQueue),
 		hashing: make(chan struct{}, max(runtime.GOMAXPROCS(0)/2, 1)),
 		dummy:   sync.OnceValue(func() string { return dummyHash(opts.Users) })}
 	b.shared, _ = opts.Store.(SharedLog)
@@ -3401,18 +3391,6 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 	return retries, dead
 }
 
-// deadLetterPayload is the payload of a message on $dead/<topic>.
-type deadLetterPayload struct {
-	Topic      string          `json:"topic"`      // where it was published
-	MessageID  string          `json:"message_id"` // its id there
-	Seq        uint64          `json:"seq"`        // its seq there
-	Payload    json.RawMessage `json:"payload"`    // what it said
-	Reason     string          `json:"reason"`     // why it is here
-	Attempts   int             `json:"attempts"`   // deliveries tried
-	Subscriber string          `json:"subscriber"` // who did not ack
-	Client     string          `json:"client"`     // its client name
-}
-
 // deadLetter publishes an exhausted delivery to $dead/<topic>, with QoS 1
 // so that whoever watches dead letters gets them at least once. A dead
 // letter that is itself never acked is logged and dropped, not nested.
@@ -3425,7 +3403,7 @@ func (b *Broker) deadLetter(p *pending, c *connection) {
 	if strings.HasPrefix(m.Topic, deadPrefix) || len(dead) > maxTopicBytes {
 		return
 	}
-	payload, _ := json.Marshal(deadLetterPayload{
+	payload, _ := json.Marshal(wire.DeadLetter{
 		Topic: m.Topic, MessageID: m.ID, Seq: m.Seq, Payload: m.Payload,
 		Reason: "not acknowledged", Attempts: p.attempt,
 		Subscriber: c.subject, Client: c.client,
@@ -3634,7 +3612,7 @@ func (b *Broker) eventsLoop() {
 }
 
 // emit queues e if anyone watches. It never blocks and takes no lock.
-func (b *Broker) emit(e xray.Event) {
+func (b *Broker) emit(e wire.Event) {
 	if b.opts.OnEvent != nil {
 		b.opts.OnEvent(e)
 	}
@@ -3660,7 +3638,7 @@ func (b *Broker) noteMessage(kind string, c *connection, m *Message,
 	if b.watchers.Load() == 0 && b.opts.OnEvent == nil {
 		return
 	}
-	e := xray.Event{Kind: kind, Topic: m.Topic, Seq: m.Seq, MessageID: m.ID,
+	e := wire.Event{Kind: kind, Topic: m.Topic, Seq: m.Seq, MessageID: m.ID,
 		QoS: m.QoS}
 	if c != nil {
 		e.Conn, e.Client, e.Sub = c.id, c.client, c.subject
@@ -3677,7 +3655,7 @@ func (b *Broker) noteConnection(kind string, c *connection, reason string) {
 	if c.subject == "" {
 		return
 	}
-	b.emit(xray.Event{Kind: kind, Conn: c.id, Client: c.client, Sub: c.subject,
+	b.emit(wire.Event{Kind: kind, Conn: c.id, Client: c.client, Sub: c.subject,
 		Reason: reason})
 }
 
@@ -3691,12 +3669,12 @@ func (b *Broker) noteSubscription(kind string, s *subscription) {
 		}
 		b.watchers.Add(1)
 		if s.filter == EventsTopic {
-			b.emit(xray.Event{Kind: "snapshot", State: b.snapshot()})
+			b.emit(wire.Event{Kind: "snapshot", State: b.snapshot()})
 		}
 		return
 	}
 	c := s.conn
-	b.emit(xray.Event{Kind: kind, Conn: c.id, Client: c.client, Sub: c.subject,
+	b.emit(wire.Event{Kind: kind, Conn: c.id, Client: c.client, Sub: c.subject,
 		Topic: s.filter})
 }
 
@@ -3704,8 +3682,8 @@ func (b *Broker) noteSubscription(kind string, s *subscription) {
 // instant's picture: a message may be published between two topics'
 // heads. The events that follow it correct whatever it missed, and a
 // watcher needs no more than that.
-func (b *Broker) snapshot() *xray.State {
-	state := &xray.State{Topics: map[string]uint64{}}
+func (b *Broker) snapshot() *wire.State {
+	state := &wire.State{Topics: map[string]uint64{}}
 	for _, t := range b.topicList() {
 		if !strings.HasPrefix(t.name, "$sys/") {
 			t.mu.Lock()
@@ -3723,14 +3701,14 @@ func (b *Broker) snapshot() *xray.State {
 
 // state describes c, if it has authenticated, and adds its pending
 // entries to state.
-func (c *connection) state(state *xray.State) (xray.ConnectionState, bool) {
+func (c *connection) state(state *wire.State) (wire.ConnectionState, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.subject == "" {
-		return xray.ConnectionState{}, false
+		return wire.ConnectionState{}, false
 	}
 	// An empty list, not nil: a client reads [] where JSON would say null.
-	cs := xray.ConnectionState{Conn: c.id, Client: c.client, Sub: c.subject,
+	cs := wire.ConnectionState{Conn: c.id, Client: c.client, Sub: c.subject,
 		Subscriptions: []string{}}
 	for filter := range c.subscriptions {
 		cs.Subscriptions = append(cs.Subscriptions, filter)
@@ -3738,7 +3716,7 @@ func (c *connection) state(state *xray.State) (xray.ConnectionState, bool) {
 	for _, q := range c.unacked {
 		for _, p := range q.live() {
 			m := p.message
-			state.Pending = append(state.Pending, xray.Event{Kind: "pending",
+			state.Pending = append(state.Pending, wire.Event{Kind: "pending",
 				Conn: c.id, Client: c.client, Sub: c.subject, Topic: m.Topic,
 				Seq: m.Seq, MessageID: m.ID, QoS: m.QoS, Attempt: p.attempt,
 				Deadline: p.deadline.UnixMilli()})
@@ -4265,7 +4243,7 @@ func (c *committer) loop() {
 		}
 		c.broker.settleHeads(batch.Heads, fate.err == nil)
 		if hook := c.broker.opts.OnEvent; hook != nil {
-			hook(xray.Event{Kind: "commit", Messages: len(batch.Messages),
+			hook(wire.Event{Kind: "commit", Messages: len(batch.Messages),
 				Micros: time.Since(start).Microseconds()})
 		}
 		close(fate.done)
@@ -4426,12 +4404,17 @@ func (b *Broker) feed(m *Message) {
 // caller an error that names the file, never the process, and the
 // command's db check and db salvage read what is left.
 
-// Bucket and key names in the bbolt file.
+// The file's layout, which BoltStore writes and popsub db reads back
+// without a store (a damaged file may not open as one): a topics bucket
+// with a bucket per topic, holding the topic's records under LogBucket,
+// keyed by SeqKey, and its head under HeadKey; and a cursors bucket, from
+// a durable key to its position as a SeqKey. A record is what
+// encodeRecord makes; RecordIntact checks one.
 var (
-	topicsBucket  = []byte("topics")  // topic name → topic bucket
-	cursorsBucket = []byte("cursors") // durable key → position
-	logBucket     = []byte("log")     // in a topic bucket: seq → record
-	headKey       = []byte("head")    // in a topic bucket: newest seq
+	TopicsBucket  = []byte("topics")  // topic name → topic bucket
+	CursorsBucket = []byte("cursors") // durable key → position
+	LogBucket     = []byte("log")     // in a topic bucket: seq → record
+	HeadKey       = []byte("head")    // in a topic bucket: newest seq
 )
 
 // BoltStore is the Store kept in one bbolt file. bbolt allows one
@@ -4456,7 +4439,7 @@ func OpenBolt(path string, logger *slog.Logger) (_ *BoltStore,
 			db.Close()
 		}
 	}()
-	defer guard(path, &err)()
+	defer Guard(path, &err)()
 
 	// bbolt locks the file; without a timeout, a second broker on the
 	// same file would wait for the lock for ever, saying nothing.
@@ -4471,7 +4454,7 @@ func OpenBolt(path string, logger *slog.Logger) (_ *BoltStore,
 	// The two top buckets are made once, so that no reader need check
 	// for them.
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{topicsBucket, cursorsBucket} {
+		for _, name := range [][]byte{TopicsBucket, CursorsBucket} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
@@ -4485,20 +4468,19 @@ func OpenBolt(path string, logger *slog.Logger) (_ *BoltStore,
 	return &BoltStore{db: db, path: path, logger: logger}, nil
 }
 
-// guard turns a panic, or a fault on the file's memory map, into an
-// error that names the file and the way out: bbolt panics on a damaged
-// page and faults on a file cut short, and one bad page must cost the
-// caller an error, not the process. Use it as defer guard(path, &err)():
-// the call turns faults into panics on this goroutine, and the function
-// it returns, deferred, recovers them (recover works only there).
-func guard(path string, err *error) func() {
+// Guard turns a panic, or a fault on the file's memory map, into an
+// error that names the file and wraps ErrDamaged: bbolt panics on a
+// damaged page and faults on a file cut short, and one bad page must
+// cost the caller an error, not the process. Use it as defer
+// Guard(path, &err)(): the call turns faults into panics on this
+// goroutine, and the function it returns, deferred, recovers them
+// (recover works only there). popsub db reads with it too.
+func Guard(path string, err *error) func() {
 	old := debug.SetPanicOnFault(true)
 	return func() {
 		debug.SetPanicOnFault(old)
 		if v := recover(); v != nil {
-			*err = fmt.Errorf("%s is damaged (%v): 'popsub db check --db "+
-				"%[1]s' shows what is readable, 'popsub db salvage' copies "+
-				"it out", path, v)
+			*err = fmt.Errorf("%s is %w (%v)", path, ErrDamaged, v)
 		}
 	}
 }
@@ -4510,7 +4492,7 @@ func guard(path string, err *error) func() {
 // filled only when it commits, so each delete from the front of a freshly
 // filled page moved everything behind it.
 func (s *BoltStore) Commit(batch *Batch) (err error) {
-	defer guard(s.path, &err)()
+	defer Guard(s.path, &err)()
 	return s.db.Update(func(tx *bolt.Tx) error {
 		for topic, seq := range batch.Trims {
 			if err := trimLog(tx, topic, seq); err != nil {
@@ -4528,9 +4510,9 @@ func (s *BoltStore) Commit(batch *Batch) (err error) {
 		}
 		// A cursor is its key and an 8-byte position: the newest
 		// position wins, in the batch as on disk.
-		cursors := tx.Bucket(cursorsBucket)
+		cursors := tx.Bucket(CursorsBucket)
 		for key, position := range batch.Cursors {
-			if err := cursors.Put([]byte(key), seqKey(position)); err != nil {
+			if err := cursors.Put([]byte(key), SeqKey(position)); err != nil {
 				return fmt.Errorf("save cursor: %w", err)
 			}
 		}
@@ -4544,7 +4526,7 @@ func (s *BoltStore) Commit(batch *Batch) (err error) {
 // batch, that was most of an append's work.
 func appendMessages(tx *bolt.Tx, msgs []*Message,
 	trims map[string]uint64) error {
-	topics := tx.Bucket(topicsBucket)
+	topics := tx.Bucket(TopicsBucket)
 	// Records go into one arena, sized for the batch up front: bbolt
 	// keeps a reference to each value until the transaction commits, so
 	// none may be reused, and one allocation per batch beats one per
@@ -4562,7 +4544,7 @@ func appendMessages(tx *bolt.Tx, msgs []*Message,
 		if err != nil {
 			return fmt.Errorf("append %q: %w", name, err)
 		}
-		records, err := bucket.CreateBucketIfNotExists(logBucket)
+		records, err := bucket.CreateBucketIfNotExists(LogBucket)
 		if err != nil {
 			return fmt.Errorf("append %q: %w", name, err)
 		}
@@ -4587,10 +4569,10 @@ func appendMessages(tx *bolt.Tx, msgs []*Message,
 		}
 		// The head is written even when every record of the run was
 		// trimmed: seqs must go on from it after a restart.
-		if old := bucket.Get(headKey); len(old) == 8 {
-			head = max(head, binary.BigEndian.Uint64(old))
+		if old, ok := SeqOf(bucket.Get(HeadKey)); ok {
+			head = max(head, old)
 		}
-		if err := bucket.Put(headKey, seqKey(head)); err != nil {
+		if err := bucket.Put(HeadKey, SeqKey(head)); err != nil {
 			return err
 		}
 	}
@@ -4600,17 +4582,17 @@ func appendMessages(tx *bolt.Tx, msgs []*Message,
 // setHead sets topic's stored head, making its bucket if it has none:
 // a new topic's first block of seqs comes before its first message.
 func setHead(tx *bolt.Tx, topic string, head uint64) error {
-	bucket, err := tx.Bucket(topicsBucket).CreateBucketIfNotExists(
+	bucket, err := tx.Bucket(TopicsBucket).CreateBucketIfNotExists(
 		[]byte(topic))
 	if err != nil {
 		return err
 	}
-	return bucket.Put(headKey, seqKey(head))
+	return bucket.Put(HeadKey, SeqKey(head))
 }
 
 // trimLog deletes topic's records with seq <= upTo.
 func trimLog(tx *bolt.Tx, topic string, upTo uint64) error {
-	records := logOf(tx, topic)
+	records := LogOf(tx, topic)
 	if records == nil {
 		return nil
 	}
@@ -4627,13 +4609,13 @@ func trimLog(tx *bolt.Tx, topic string, upTo uint64) error {
 	return nil
 }
 
-// logOf returns topic's record bucket, or nil if it has none.
-func logOf(tx *bolt.Tx, topic string) *bolt.Bucket {
-	bucket := tx.Bucket(topicsBucket).Bucket([]byte(topic))
+// LogOf returns topic's record bucket, or nil if it has none.
+func LogOf(tx *bolt.Tx, topic string) *bolt.Bucket {
+	bucket := tx.Bucket(TopicsBucket).Bucket([]byte(topic))
 	if bucket == nil {
 		return nil
 	}
-	return bucket.Bucket(logBucket)
+	return bucket.Bucket(LogBucket)
 }
 
 // Read returns up to limit records of topic after seq, and no more once
@@ -4641,9 +4623,9 @@ func logOf(tx *bolt.Tx, topic string) *bolt.Bucket {
 // does not match.
 func (s *BoltStore) Read(topic string, after uint64,
 	limit, maxBytes int) (msgs []*Message, err error) {
-	defer guard(s.path, &err)()
+	defer Guard(s.path, &err)()
 	err = s.db.View(func(tx *bolt.Tx) error {
-		records := logOf(tx, topic)
+		records := LogOf(tx, topic)
 		if records == nil {
 			return nil
 		}
@@ -4651,7 +4633,7 @@ func (s *BoltStore) Read(topic string, after uint64,
 		// neighbours are still good, and replay steps over the gap.
 		cursor := records.Cursor()
 		size := 0
-		for k, v := cursor.Seek(seqKey(after + 1)); k != nil &&
+		for k, v := cursor.Seek(SeqKey(after + 1)); k != nil &&
 			len(msgs) < limit && size < maxBytes; k, v = cursor.Next() {
 			m, err := decodeRecord(v)
 			if err != nil {
@@ -4671,14 +4653,13 @@ func (s *BoltStore) Read(topic string, after uint64,
 // was trimmed empty still has its bucket and its head, so it is listed:
 // its next seq must not start again from 1.
 func (s *BoltStore) Topics() (heads map[string]uint64, err error) {
-	defer guard(s.path, &err)()
+	defer Guard(s.path, &err)()
 	heads = map[string]uint64{}
 	err = s.db.View(func(tx *bolt.Tx) error {
-		topics := tx.Bucket(topicsBucket)
+		topics := tx.Bucket(TopicsBucket)
 		return topics.ForEachBucket(func(name []byte) error {
-			head := topics.Bucket(name).Get(headKey)
-			if len(head) == 8 {
-				heads[string(name)] = binary.BigEndian.Uint64(head)
+			if head, ok := SeqOf(topics.Bucket(name).Get(HeadKey)); ok {
+				heads[string(name)] = head
 			}
 			return nil
 		})
@@ -4690,12 +4671,9 @@ func (s *BoltStore) Topics() (heads map[string]uint64, err error) {
 // asks only when the cursor is not in a batch it still holds.
 func (s *BoltStore) Cursor(key string) (position uint64, found bool,
 	err error) {
-	defer guard(s.path, &err)()
+	defer Guard(s.path, &err)()
 	err = s.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(cursorsBucket).Get([]byte(key))
-		if len(v) == 8 {
-			position, found = binary.BigEndian.Uint64(v), true
-		}
+		position, found = SeqOf(tx.Bucket(CursorsBucket).Get([]byte(key)))
 		return nil
 	})
 	return position, found, err
@@ -4734,16 +4712,18 @@ func encodeRecord(buffer []byte, m *Message) []byte {
 // write it guards.
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
+// RecordIntact reports whether record's checksum matches what it holds.
+func RecordIntact(record []byte) bool {
+	return len(record) >= 4 && crc32.Checksum(record[4:], castagnoli) ==
+		binary.BigEndian.Uint32(record)
+}
+
 // decodeRecord checks a record's CRC and decodes it.
 func decodeRecord(record []byte) (*Message, error) {
-	if len(record) < 4 {
-		return nil, errors.New("record too short")
-	}
-	body := record[4:]
-	if crc32.Checksum(body, castagnoli) !=
-		binary.BigEndian.Uint32(record) {
+	if !RecordIntact(record) {
 		return nil, errors.New("checksum mismatch")
 	}
+	body := record[4:]
 
 	// The Message gets its own copies of the bytes: bbolt's are valid
 	// only until the reading transaction ends. A frame has no newline of
@@ -4762,7 +4742,15 @@ func decodeRecord(record []byte) (*Message, error) {
 	return m, nil
 }
 
-// seqKey is seq as an 8-byte big-endian key, which sorts numerically.
-func seqKey(seq uint64) []byte {
+// SeqKey is seq as an 8-byte big-endian key, which sorts numerically.
+func SeqKey(seq uint64) []byte {
 	return binary.BigEndian.AppendUint64(nil, seq)
+}
+
+// SeqOf reads a SeqKey back, and reports false for anything else.
+func SeqOf(key []byte) (uint64, bool) {
+	if len(key) != 8 {
+		return 0, false
+	}
+	return binary.BigEndian.Uint64(key), true
 }

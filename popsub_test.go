@@ -17,6 +17,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/popsub/popsub/wire"
 )
 
 // These tests are the broker's specification. Each runs a real broker on
@@ -162,11 +163,11 @@ func TestBroker_DeadLetters(t *testing.T) {
 
 	dead := operator.expect("message")
 	operator.ack(dead)
-	var letter deadLetterPayload
+	var letter wire.DeadLetter
 	if err := json.Unmarshal(dead.Payload, &letter); err != nil {
 		t.Fatalf("dead letter payload %s: %v", dead.Payload, err)
 	}
-	want := deadLetterPayload{Topic: "jobs", MessageID: confirm.MessageID,
+	want := wire.DeadLetter{Topic: "jobs", MessageID: confirm.MessageID,
 		Seq: confirm.Seq, Payload: json.RawMessage(`{"n":1}`),
 		Reason: "not acknowledged", Attempts: 3, Subscriber: "worker"}
 	if fmt.Sprint(letter) != fmt.Sprint(want) {

@@ -192,10 +192,10 @@ func TestBoltStore_Faults(t *testing.T) {
 func corrupt(t *testing.T, store *BoltStore, topic string, seq uint64) {
 	t.Helper()
 	err := store.db.Update(func(tx *bolt.Tx) error {
-		records := logOf(tx, topic)
-		record := slices.Clone(records.Get(seqKey(seq)))
+		records := LogOf(tx, topic)
+		record := slices.Clone(records.Get(SeqKey(seq)))
 		record[len(record)-3] ^= 0x01
-		return records.Put(seqKey(seq), record)
+		return records.Put(SeqKey(seq), record)
 	})
 	if err != nil {
 		t.Fatal(err)

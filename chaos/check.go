@@ -343,7 +343,7 @@ func checkDurables(h *History, confirmed map[key]uint64) Line {
 	type letter struct{ subscriber, topic, id string }
 	dead := map[letter]bool{}
 	for _, d := range h.DeadLetters {
-		dead[letter{d.Subscriber, d.Topic, d.ID}] = true
+		dead[letter{d.Subscriber, d.Topic, d.MessageID}] = true
 	}
 	got := map[durable]map[string]bool{}
 	excused := map[durable]uint64{}

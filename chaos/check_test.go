@@ -3,6 +3,8 @@ package chaos
 import (
 	"strings"
 	"testing"
+
+	"github.com/popsub/popsub/wire"
 )
 
 // clean is a small history that keeps every promise: alice publishes
@@ -127,7 +129,8 @@ func TestCheck_ExcusesWhatItWasTold(t *testing.T) {
 		h := clean()
 		s := h.Subscriptions[0]
 		s.Deliveries = s.Deliveries[:2]
-		h.dead([]DeadLetter{{"jobs", "a-2", 2, "bob"}})
+		h.dead([]wire.DeadLetter{{Topic: "jobs", MessageID: "a-2", Seq: 2,
+			Subscriber: "bob"}})
 		if r := Check(h); !r.OK() || r.DeadLettered != 1 {
 			t.Fatalf("a dead-lettered value was held against bob:\n%s", r)
 		}

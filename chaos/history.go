@@ -18,6 +18,8 @@ package chaos
 import (
 	"sync"
 	"time"
+
+	"github.com/popsub/popsub/wire"
 )
 
 // A History is everything a run's clients saw. Its methods are safe for
@@ -35,17 +37,8 @@ type History struct {
 	// Final is each topic's log read from the start, after the run, in
 	// seq order.
 	Final map[string][]Stored
-	// DeadLetters are the runs' topics' dead letters, read after it.
-	DeadLetters []DeadLetter
-}
-
-// DeadLetter is one message of $dead/<topic>: a delivery that went
-// unacked through its last retry.
-type DeadLetter struct {
-	Topic      string `json:"topic"`      // where it was published
-	ID         string `json:"message_id"` // its id there
-	Seq        uint64 `json:"seq"`
-	Subscriber string `json:"subscriber"` // who did not ack it
+	// DeadLetters are the run's topics' dead letters, read after it.
+	DeadLetters []wire.DeadLetter
 }
 
 // Attempt is one publish frame sent.
@@ -172,7 +165,7 @@ func (h *History) stored(topic string, log []Stored) {
 }
 
 // dead records dead letters read after the run.
-func (h *History) dead(letters []DeadLetter) {
+func (h *History) dead(letters []wire.DeadLetter) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.DeadLetters = append(h.DeadLetters, letters...)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/popsub/popsub/wire"
 )
 
 // Dialer opens a WebSocket to the broker a client is to use now: through
@@ -28,19 +29,8 @@ type Client struct {
 	Pace time.Duration
 }
 
-// frame is any frame the broker sends, with the fields the clients use.
-type frame struct {
-	Type      string          `json:"type"`
-	Code      string          `json:"code"`
-	Topic     string          `json:"topic"`
-	MessageID string          `json:"message_id"`
-	Payload   json.RawMessage `json:"payload"`
-	QoS       int             `json:"qos"`
-	Seq       uint64          `json:"seq"`
-	Attempt   int             `json:"attempt"`
-	Recovered *bool           `json:"recovered"`
-	Duplicate bool            `json:"duplicate"`
-}
+// frame is any frame the broker sends: the protocol's own type.
+type frame = wire.Received
 
 // connect dials and authenticates, trying again with a growing backoff
 // until it succeeds or ctx ends.
@@ -343,9 +333,9 @@ func (c *Client) ReadDeadLetters(ctx context.Context, topic string) error {
 		log, err := readLog(ctx, ws, dead, "end-"+dead)
 		ws.CloseNow()
 		if err == nil {
-			var letters []DeadLetter
+			var letters []wire.DeadLetter
 			for _, m := range log {
-				var letter DeadLetter
+				var letter wire.DeadLetter
 				if json.Unmarshal([]byte(m.Value), &letter) == nil {
 					letters = append(letters, letter)
 				}

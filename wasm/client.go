@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall/js"
 	"time"
+
+	"github.com/popsub/popsub/wire"
 )
 
 // maxItems is how many deliveries a panel keeps on screen.
@@ -47,21 +49,9 @@ type row struct {
 	shown                        string // what state says now
 }
 
-// delivery is what a panel reads of a frame from the broker.
-type delivery struct {
-	Type      string          `json:"type"`
-	Topic     string          `json:"topic"`
-	Payload   json.RawMessage `json:"payload"`
-	MessageID string          `json:"message_id"`
-	QoS       int             `json:"qos"`
-	Seq       uint64          `json:"seq"`
-	Attempt   int             `json:"attempt"`
-	Code      string          `json:"code"`
-	Message   string          `json:"message"`
-	Duplicate bool            `json:"duplicate"`
-	Reason    string          `json:"reason"`
-	Recovered *bool           `json:"recovered"`
-}
+// delivery is any frame the broker sends a panel: the protocol's own
+// type.
+type delivery = wire.Received
 
 // newClient wires the panel called name, which subscribes to subs as
 // soon as it connects.

@@ -34,7 +34,7 @@ func main() {
 		}
 		p.clients = append(p.clients, newClient(p, name, subs...))
 	}
-	wire(p)
+	wireControls(p)
 	go p.watch()
 	for _, c := range p.clients {
 		go c.run()
@@ -44,9 +44,9 @@ func main() {
 	select {}
 }
 
-// wire connects the page's own controls: the token, the guide and the
+// wireControls connects the page's own controls: the token, the guide and the
 // diagram's replay.
-func wire(p *page) {
+func wireControls(p *page) {
 	setValue("token", p.token)
 	onSubmit("token-form", func() { p.setToken(value("token")) })
 	// Opening the newest link serve printed, in the same tab, changes

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	sysevents "github.com/popsub/popsub/xray"
+	"github.com/popsub/popsub/wire"
 )
 
 // This file is the x-ray's model: the broker's tables as the page knows
@@ -19,7 +19,7 @@ import (
 const maxDead = 50
 
 // event is one event from $sys/events, as the broker defines it.
-type event = sysevents.Event
+type event = wire.Event
 
 // connection is one broker connection as the x-ray shows it.
 type connection struct {
@@ -44,12 +44,7 @@ func (c *connection) name() string {
 type deadRow struct {
 	DeadTopic string `json:"-"` // $dead/<topic>
 	DeadSeq   uint64 `json:"-"` // its seq there
-	Topic     string `json:"topic"`
-	Seq       uint64 `json:"seq"`
-	MessageID string `json:"message_id"`
-	Attempts  int    `json:"attempts"`
-	Sub       string `json:"subscriber"`
-	Client    string `json:"client"`
+	wire.DeadLetter
 }
 
 // who names whoever did not ack: the client's name if it gave one.
@@ -57,7 +52,7 @@ func (d deadRow) who() string {
 	if d.Client != "" {
 		return d.Client
 	}
-	return d.Sub
+	return d.Subscriber
 }
 
 // xray is the broker's state as the page knows it.

@@ -3,7 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	sysevents "github.com/popsub/popsub/xray"
+	"github.com/popsub/popsub/wire"
 	"strings"
 	"testing"
 )
@@ -62,7 +62,7 @@ func TestXray_SnapshotReplacesState(t *testing.T) {
 // the broker replays it.
 func TestXray_DeadLettersComeFromTheirTopic(t *testing.T) {
 	x := newXray()
-	x.apply(event{Kind: "snapshot", State: &sysevents.State{Topics: map[string]uint64{
+	x.apply(event{Kind: "snapshot", State: &wire.State{Topics: map[string]uint64{
 		"jobs": 4, "$dead/jobs": 2}}})
 	if got := x.unreadDeadTopics(); len(got) != 1 || got[0] != "$dead/jobs" {
 		t.Fatalf("dead topics to read: %v", got)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/wire"
 )
 
 // clientFlags are the flags every client command shares.
@@ -84,15 +85,8 @@ func splitCommand(args []string, valued ...string) (string, []string) {
 	return "", args
 }
 
-// frame is what the client reads of any server frame.
-type frame struct {
-	Type      string `json:"type"`
-	Code      string `json:"code"`
-	Message   string `json:"message"`
-	MessageID string `json:"message_id"`
-	Topic     string `json:"topic"`
-	QoS       int    `json:"qos"`
-}
+// frame is any frame the broker sends: the protocol's own type.
+type frame = wire.Received
 
 // session is one authenticated connection.
 type session struct {

@@ -1,17 +1,15 @@
 package main
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"maps"
 	"os"
-	"runtime/debug"
 	"slices"
 	"time"
 
+	"github.com/popsub/popsub"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -21,18 +19,10 @@ import (
 // a fault becomes an error of that read alone): one bad page costs the
 // records on it, and nothing else. bbolt's own Tx.Check is not used: it
 // walks the file on a goroutine of its own, where a fault cannot be
-// caught, and a file cut short then takes the process down. The layout is the one popsub.go's
-// BoltStore writes: a "topics" bucket with a bucket per topic, holding
-// its records under "log" (8-byte big-endian seq → a CRC-32C, then the
-// record) and its "head"; and a "cursors" bucket (key → 8-byte seq).
-
-// Bucket and key names, as BoltStore writes them.
-var (
-	topicsName  = []byte("topics")
-	cursorsName = []byte("cursors")
-	logName     = []byte("log")
-	headName    = []byte("head")
-)
+// caught, and a file cut short then takes the process down. The layout
+// is the one popsub.go's BoltStore writes, read through what it exports
+// (TopicsBucket, LogOf, SeqKey, RecordIntact, Guard …), so that the
+// check can never drift from the store it checks.
 
 // dbUsage is printed for popsub db without a subcommand.
 const dbUsage = `usage: popsub db check --db FILE
@@ -134,14 +124,10 @@ func salvage(path, to string) (salvageReport, error) {
 	return report, copyAll(db, out, &report)
 }
 
-// guarded runs read, turning a panic or a memory fault into an error.
+// guarded runs read, turning a panic or a memory fault into an error, as
+// the store does.
 func guarded(read func() error) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if v := recover(); v != nil {
-			err = fmt.Errorf("damaged: %v", v)
-		}
-	}()
+	defer popsub.Guard("the file", &err)()
 	return read()
 }
 
@@ -164,7 +150,7 @@ func copyAll(db, out *bolt.DB, report *salvageReport) error {
 	var names [][]byte
 	err := guarded(func() error {
 		return db.View(func(tx *bolt.Tx) error {
-			topics := tx.Bucket(topicsName)
+			topics := tx.Bucket(popsub.TopicsBucket)
 			if topics == nil {
 				return errors.New("no topics bucket")
 			}
@@ -192,8 +178,7 @@ func copyTopic(db, out *bolt.DB, name []byte, report *salvageReport) error {
 	report.topics++
 	head, records := readHead(db, name), map[uint64][]byte{}
 	keep := func(seq uint64, value []byte) {
-		if len(value) < 4 || crc32.Checksum(value[4:], castagnoli) !=
-			binary.BigEndian.Uint32(value) {
+		if !popsub.RecordIntact(value) {
 			report.bad++
 			return
 		}
@@ -217,9 +202,6 @@ func copyTopic(db, out *bolt.DB, name []byte, report *salvageReport) error {
 	return writeTopic(out, name, head, records)
 }
 
-// castagnoli is the CRC-32 table of the records' checksums.
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
 // walkRun reads topic's records from seq from on, handing each to keep,
 // until the log ends (done) or a read fails; last is the last seq read.
 // Keys that do not climb count as damage too: a damaged page could
@@ -228,21 +210,18 @@ func walkRun(db *bolt.DB, topic []byte, from uint64,
 	keep func(uint64, []byte)) (last uint64, done bool, err error) {
 	err = guarded(func() error {
 		return db.View(func(tx *bolt.Tx) error {
-			log := logOf(tx, topic)
+			log := popsub.LogOf(tx, string(topic))
 			if log == nil {
 				done = true
 				return nil
 			}
 			c := log.Cursor()
-			for k, v := c.Seek(seqBytes(from)); ; k, v = c.Next() {
+			for k, v := c.Seek(popsub.SeqKey(from)); ; k, v = c.Next() {
 				if k == nil {
 					done = true
 					return nil
 				}
-				seq := uint64(0)
-				if len(k) == 8 {
-					seq = binary.BigEndian.Uint64(k)
-				}
+				seq, _ := popsub.SeqOf(k)
 				if seq < from || seq <= last && last != 0 {
 					return errors.New("keys out of order")
 				}
@@ -263,8 +242,8 @@ func skipDamage(db *bolt.DB, topic []byte, from uint64) uint64 {
 	readable := func(seq uint64) bool {
 		return guarded(func() error {
 			return db.View(func(tx *bolt.Tx) error {
-				if log := logOf(tx, topic); log != nil {
-					log.Cursor().Seek(seqBytes(seq))
+				if log := popsub.LogOf(tx, string(topic)); log != nil {
+					log.Cursor().Seek(popsub.SeqKey(seq))
 				}
 				return nil
 			})
@@ -296,10 +275,8 @@ func readHead(db *bolt.DB, topic []byte) uint64 {
 	var head uint64
 	guarded(func() error {
 		return db.View(func(tx *bolt.Tx) error {
-			if b := tx.Bucket(topicsName).Bucket(topic); b != nil {
-				if v := b.Get(headName); len(v) == 8 {
-					head = binary.BigEndian.Uint64(v)
-				}
+			if b := tx.Bucket(popsub.TopicsBucket).Bucket(topic); b != nil {
+				head, _ = popsub.SeqOf(b.Get(popsub.HeadKey))
 			}
 			return nil
 		})
@@ -307,24 +284,11 @@ func readHead(db *bolt.DB, topic []byte) uint64 {
 	return head
 }
 
-// logOf is a topic's log bucket, or nil.
-func logOf(tx *bolt.Tx, topic []byte) *bolt.Bucket {
-	if b := tx.Bucket(topicsName).Bucket(topic); b != nil {
-		return b.Bucket(logName)
-	}
-	return nil
-}
-
-// seqBytes is seq as a key.
-func seqBytes(seq uint64) []byte {
-	return binary.BigEndian.AppendUint64(nil, seq)
-}
-
 // writeTopic writes a topic's head and records into out.
 func writeTopic(out *bolt.DB, topic []byte, head uint64,
 	records map[uint64][]byte) error {
 	return out.Update(func(tx *bolt.Tx) error {
-		topics, err := tx.CreateBucketIfNotExists(topicsName)
+		topics, err := tx.CreateBucketIfNotExists(popsub.TopicsBucket)
 		if err != nil {
 			return err
 		}
@@ -332,17 +296,17 @@ func writeTopic(out *bolt.DB, topic []byte, head uint64,
 		if err != nil {
 			return err
 		}
-		log, err := bucket.CreateBucketIfNotExists(logName)
+		log, err := bucket.CreateBucketIfNotExists(popsub.LogBucket)
 		if err != nil {
 			return err
 		}
 		log.FillPercent = 1.0 // keys go in in order, as BoltStore's do
 		for _, seq := range slices.Sorted(maps.Keys(records)) {
-			if err := log.Put(seqBytes(seq), records[seq]); err != nil {
+			if err := log.Put(popsub.SeqKey(seq), records[seq]); err != nil {
 				return err
 			}
 		}
-		return bucket.Put(headName, seqBytes(head))
+		return bucket.Put(popsub.HeadKey, popsub.SeqKey(head))
 	})
 }
 
@@ -351,9 +315,9 @@ func copyCursors(db, out *bolt.DB, report *salvageReport) error {
 	cursors := map[string][]byte{}
 	err := guarded(func() error {
 		return db.View(func(tx *bolt.Tx) error {
-			if b := tx.Bucket(cursorsName); b != nil {
+			if b := tx.Bucket(popsub.CursorsBucket); b != nil {
 				return b.ForEach(func(k, v []byte) error {
-					if len(v) == 8 {
+					if _, ok := popsub.SeqOf(v); ok {
 						cursors[string(k)] = append([]byte(nil), v...)
 					}
 					return nil
@@ -370,7 +334,7 @@ func copyCursors(db, out *bolt.DB, report *salvageReport) error {
 		return nil
 	}
 	return out.Update(func(tx *bolt.Tx) error {
-		bucket, err := tx.CreateBucketIfNotExists(cursorsName)
+		bucket, err := tx.CreateBucketIfNotExists(popsub.CursorsBucket)
 		for key, value := range cursors {
 			if err == nil {
 				err = bucket.Put([]byte(key), value)

@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/popsub/popsub"
-	"github.com/popsub/popsub/xray"
+	"github.com/popsub/popsub/wire"
 )
 
 // This file is what an operator's tools see of a running broker:
@@ -77,7 +77,7 @@ func newOperations(store popsub.Store) *operations {
 }
 
 // observe counts one event. It runs on the broker's goroutines.
-func (o *operations) observe(e xray.Event) {
+func (o *operations) observe(e wire.Event) {
 	if counter := o.counters[e.Kind]; counter != nil {
 		counter.Inc()
 		return

@@ -33,42 +33,11 @@ const localTokenTTL = 24 * time.Hour
 
 // serveConfig is everything serve reads from flags and the environment.
 type serveConfig struct {
-	addr, db, secret, origins, logLevel string
-	secretFrom                          string // where secret came from
-	nats                                string // a NATS URL, or bbolt
-	natsReplicas                        int
-	options                             popsub.Options
-}
-
-// serveDefaults are serve's settings before the environment and flags:
-// the built-in defaults, overridden by the config file if there is one.
-type serveDefaults struct {
-	addr, db, secret, origins, logLevel, issuer, audience    string
-	nats                                                     string
-	natsReplicas                                             int
-	ackTimeout, ttl, authTimeout, pingInterval, writeTimeout time.Duration
-	maxRetries, maxMessages, maxFrame, maxInflight           int
-	outboxBytes, inflightBytes, maxConnections, maxLogBytes  int
-	publishRate                                              float64
-}
-
-// builtinDefaults are the package's defaults, for a run with no file.
-func builtinDefaults() serveDefaults {
-	return serveDefaults{
-		addr: "127.0.0.1:8080", db: "popsub.db", logLevel: "info",
-		natsReplicas: 1,
-		ackTimeout:   popsub.DefaultAckTimeout, ttl: popsub.DefaultTTL,
-		authTimeout:   popsub.DefaultAuthTimeout,
-		pingInterval:  popsub.DefaultPingInterval,
-		maxRetries:    popsub.DefaultMaxRetries,
-		maxMessages:   popsub.DefaultMaxMessages,
-		maxLogBytes:   popsub.DefaultMaxLogBytes,
-		maxFrame:      popsub.DefaultMaxFrameBytes,
-		outboxBytes:   popsub.DefaultOutboxBytes,
-		maxInflight:   popsub.DefaultMaxInflight,
-		inflightBytes: popsub.DefaultMaxInflightBytes,
-		writeTimeout:  popsub.DefaultWriteTimeout,
-	}
+	addr, db, secret, logLevel string
+	secretFrom                 string // where secret came from
+	nats                       string // a NATS URL, or bbolt
+	natsReplicas               int
+	options                    popsub.Options
 }
 
 // serve runs the broker until ctx ends, then shuts it down gracefully.
@@ -136,10 +105,14 @@ func openLog(cfg serveConfig, logger *slog.Logger) (popsub.Store, string,
 	error) {
 	if cfg.nats == "" {
 		store, err := popsub.OpenBolt(cfg.db, logger)
-		if errors.Is(err, popsub.ErrInUse) {
+		switch {
+		case errors.Is(err, popsub.ErrInUse):
 			err = fmt.Errorf("%w (perhaps by another popsub serve in this "+
 				"folder: stop it, or give this one a file of its own, such "+
 				"as --db popsub-2.db)", err)
+		case errors.Is(err, popsub.ErrDamaged):
+			err = fmt.Errorf("%w: 'popsub db check --db %s' shows what is "+
+				"readable, 'popsub db salvage' copies it out", err, cfg.db)
 		}
 		return store, "database " + cfg.db, err
 	}
@@ -186,26 +159,26 @@ func shortSecret(from string, length int) error {
 		"openssl rand -hex 32)", from, length, minSecretBytes)
 }
 
-// parseServe reads serve's settings. Precedence: a flag, then its
-// environment variable, then the config file, then the default.
+// parseServe reads serve's settings (settings.go). Precedence: a flag,
+// then its environment variable, then the config file, then the default.
 func parseServe(args []string, stderr io.Writer) (serveConfig, error) {
 	var cfg serveConfig
-	d := builtinDefaults()
+	settings := serveSettings(&cfg)
+	var file configFile
 	path := configPath(args)
 	if path != "" {
-		file, err := loadConfig(path)
-		if err != nil {
+		var err error
+		if file, err = loadConfig(path, settings); err != nil {
 			return cfg, err
 		}
-		if cfg.options.Users, err = file.users(); err != nil {
-			return cfg, err
-		}
-		d = file.defaults()
+		cfg.options.Users = file.users
 	}
-	fs, frame, errs := serveFlags(&cfg, d, stderr)
+	fs := newFlagSet("popsub serve", stderr)
+	errs := applySettings(settings, file.values, fs)
 	secret := secretFlag(fs, "secret", "POPSUB_SECRET", "token secret, at "+
 		"least 32 bytes; empty makes a random one")
 	fs.String("config", path, "TOML configuration file (POPSUB_CONFIG)")
+	fs.Usage = settingsUsage(fs)
 	if err := errors.Join(errs...); err != nil {
 		return cfg, err
 	}
@@ -217,10 +190,8 @@ func parseServe(args []string, stderr io.Writer) (serveConfig, error) {
 		return cfg, fmt.Errorf("serve takes no arguments, only flags "+
 			"(got %q); see popsub serve -h", positional)
 	}
-	cfg.secret, cfg.secretFrom = secret(d.secret), secretSource(fs, path)
-	cfg.options.MaxFrameBytes = int64(*frame)
-	cfg.options.OriginPatterns = splitList(cfg.origins)
-	if err := checkServe(cfg); err != nil {
+	cfg.secret, cfg.secretFrom = secret(file.secret), secretSource(fs, path)
+	if err := checkSettings(settings); err != nil {
 		return cfg, err
 	}
 	// The flag's 0 is "none"; the broker's zero is "the default".
@@ -228,113 +199,6 @@ func parseServe(args []string, stderr io.Writer) (serveConfig, error) {
 		cfg.options.MaxRetries = -1
 	}
 	return cfg, nil
-}
-
-// serveFlags declares serve's flags over the environment and d, and
-// returns any malformed environment values.
-func serveFlags(cfg *serveConfig, d serveDefaults,
-	stderr io.Writer) (*flag.FlagSet, *int, []error) {
-	o := &cfg.options
-	var errs []error
-	integer := func(name string, fallback int) int {
-		n, err := envInt(name, fallback)
-		errs = append(errs, err)
-		return n
-	}
-	duration := func(name string, fallback time.Duration) time.Duration {
-		v, err := envDuration(name, fallback)
-		errs = append(errs, err)
-		return v
-	}
-	fs := newFlagSet("popsub serve", stderr)
-	fs.StringVar(&cfg.addr, "addr", env("POPSUB_ADDR", d.addr),
-		"address to listen on (POPSUB_ADDR)")
-	fs.StringVar(&cfg.db, "db", env("POPSUB_DB", d.db),
-		"bbolt database file (POPSUB_DB)")
-	fs.StringVar(&cfg.nats, "nats", env("POPSUB_NATS", d.nats), "keep the "+
-		"log on NATS JetStream at this URL, shared by every broker "+
-		"using it, instead of --db (POPSUB_NATS)")
-	fs.IntVar(&cfg.natsReplicas, "nats-replicas", integer(
-		"POPSUB_NATS_REPLICAS", d.natsReplicas), "NATS servers keeping "+
-		"each topic, 3 on a cluster (POPSUB_NATS_REPLICAS)")
-	fs.DurationVar(&o.AckTimeout, "ack-timeout", duration(
-		"POPSUB_ACK_TIMEOUT", d.ackTimeout),
-		"wait for an ack before a retry (POPSUB_ACK_TIMEOUT)")
-	fs.IntVar(&o.MaxRetries, "max-retries", integer("POPSUB_MAX_RETRIES",
-		d.maxRetries), "retries before a dead letter, 0 for none "+
-		"(POPSUB_MAX_RETRIES)")
-	fs.IntVar(&o.MaxMessages, "max-messages", integer(
-		"POPSUB_MAX_MESSAGES", d.maxMessages),
-		"messages kept per topic (POPSUB_MAX_MESSAGES)")
-	fs.IntVar(&o.MaxLogBytes, "max-log-bytes", integer(
-		"POPSUB_MAX_LOG_BYTES", d.maxLogBytes),
-		"bytes kept per topic (POPSUB_MAX_LOG_BYTES)")
-	fs.DurationVar(&o.TTL, "ttl", duration("POPSUB_TTL", d.ttl),
-		"how long messages are kept (POPSUB_TTL)")
-	frame := fs.Int("max-frame", integer("POPSUB_MAX_FRAME", d.maxFrame),
-		"largest incoming frame in bytes (POPSUB_MAX_FRAME)")
-	fs.IntVar(&o.OutboxBytes, "outbox-bytes", integer("POPSUB_OUTBOX_BYTES",
-		d.outboxBytes), "bytes queued per connection (POPSUB_OUTBOX_BYTES)")
-	fs.IntVar(&o.MaxInflight, "max-inflight", integer(
-		"POPSUB_MAX_INFLIGHT", d.maxInflight),
-		"unacked QoS 1 deliveries per connection (POPSUB_MAX_INFLIGHT)")
-	fs.IntVar(&o.MaxInflightBytes, "max-inflight-bytes", integer(
-		"POPSUB_MAX_INFLIGHT_BYTES", d.inflightBytes), "their bytes, "+
-		"per connection (POPSUB_MAX_INFLIGHT_BYTES)")
-	fs.DurationVar(&o.WriteTimeout, "write-timeout", duration(
-		"POPSUB_WRITE_TIMEOUT", d.writeTimeout), "wait for a peer that "+
-		"does not read, then cut it off (POPSUB_WRITE_TIMEOUT)")
-	fs.DurationVar(&o.AuthTimeout, "auth-timeout", duration(
-		"POPSUB_AUTH_TIMEOUT", d.authTimeout),
-		"time a new connection has to authenticate (POPSUB_AUTH_TIMEOUT)")
-	fs.DurationVar(&o.PingInterval, "ping-interval", duration(
-		"POPSUB_PING_INTERVAL", d.pingInterval),
-		"how often connections are pinged (POPSUB_PING_INTERVAL)")
-	fs.IntVar(&o.MaxConnections, "max-connections", integer(
-		"POPSUB_MAX_CONNECTIONS", d.maxConnections),
-		"open connections allowed, 0 for no cap (POPSUB_MAX_CONNECTIONS)")
-	rate, err := envFloat("POPSUB_PUBLISH_RATE", d.publishRate)
-	errs = append(errs, err)
-	fs.Float64Var(&o.PublishRate, "publish-rate", rate, "publishes per "+
-		"second per connection, 0 for no cap (POPSUB_PUBLISH_RATE)")
-	fs.StringVar(&o.Issuer, "issuer", env("POPSUB_ISSUER", d.issuer),
-		"required token iss, if set (POPSUB_ISSUER)")
-	fs.StringVar(&o.Audience, "audience", env("POPSUB_AUDIENCE", d.audience),
-		"required token aud, if set (POPSUB_AUDIENCE)")
-	fs.StringVar(&cfg.origins, "origins", env("POPSUB_ORIGINS", d.origins),
-		"foreign browser origins allowed, comma-separated "+
-			"(POPSUB_ORIGINS)")
-	fs.StringVar(&cfg.logLevel, "log-level", env("POPSUB_LOG_LEVEL",
-		d.logLevel), "debug, info, warn or error (POPSUB_LOG_LEVEL)")
-	return fs, frame, errs
-}
-
-// checkServe rejects values that cannot work, naming the flag.
-func checkServe(cfg serveConfig) error {
-	o := cfg.options
-	for name, v := range map[string]int64{
-		"ack-timeout":  int64(o.AckTimeout),
-		"max-messages": int64(o.MaxMessages), "ttl": int64(o.TTL),
-		"max-log-bytes": int64(o.MaxLogBytes),
-		"max-frame":     o.MaxFrameBytes, "outbox-bytes": int64(o.OutboxBytes),
-		"max-inflight":       int64(o.MaxInflight),
-		"max-inflight-bytes": int64(o.MaxInflightBytes),
-		"write-timeout":      int64(o.WriteTimeout),
-		"auth-timeout":       int64(o.AuthTimeout),
-		"ping-interval":      int64(o.PingInterval),
-	} {
-		if v <= 0 {
-			return fmt.Errorf("--%s must be greater than zero", name)
-		}
-	}
-	if o.MaxConnections < 0 || o.PublishRate < 0 || o.MaxRetries < 0 {
-		return errors.New("--max-connections, --publish-rate and " +
-			"--max-retries may not be negative")
-	}
-	if o.AuthTimeout > 10*time.Second {
-		return errors.New("--auth-timeout must be at most 10s")
-	}
-	return nil
 }
 
 // newLogger returns a text logger at the named level.

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/popsub/popsub"
 	"github.com/popsub/popsub/cmd/popsub/jetstream/natstest"
+	"github.com/popsub/popsub/wire"
 )
 
 // This file holds the harness: NATS servers in the test process, PopSub
@@ -123,18 +124,8 @@ func (b *broker) kill() {
 	b.log.nc.Close()
 }
 
-// frame is what the tests read from a broker: any frame.
-type frame struct {
-	Type      string          `json:"type"`
-	Code      string          `json:"code"`
-	Topic     string          `json:"topic"`
-	MessageID string          `json:"message_id"`
-	Seq       uint64          `json:"seq"`
-	QoS       int             `json:"qos"`
-	Payload   json.RawMessage `json:"payload"`
-	Duplicate bool            `json:"duplicate"`
-	Recovered *bool           `json:"recovered"`
-}
+// frame is any frame the broker sends: the protocol's own type.
+type frame = wire.Received
 
 // client is one WebSocket client, authenticated as sub.
 type client struct {

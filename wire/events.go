@@ -1,8 +1,4 @@
-// Package xray defines the events a PopSub broker publishes about itself
-// on $sys/events. It has no dependencies, so that any client can decode
-// them, including the playground's, which is compiled to WebAssembly and
-// cannot import the broker (its store, bbolt, does not build there).
-package xray
+package wire
 
 // Event is one transition of the broker's state, as published on
 // $sys/events. Fields that do not apply to an event are left out.
