@@ -136,3 +136,29 @@ func TestToken_CarriesGrants(t *testing.T) {
 		t.Fatalf("claims %+v, %v", claims, err)
 	}
 }
+
+// A setting declared once answers to its flag, its variable and its key.
+func TestConfig_ASettingAnswersToItsFlagVariableAndKey(t *testing.T) {
+	path := writeConfig(t, "[broker]\nlogin_token_ttl = \"2h\"\n")
+	for _, tc := range []struct {
+		args []string
+		env  string
+		want time.Duration
+	}{
+		{nil, "", popsub.DefaultLoginTokenTTL},
+		{[]string{"--config", path}, "", 2 * time.Hour},
+		{[]string{"--config", path}, "3h", 3 * time.Hour},
+		{[]string{"--config", path, "--login-token-ttl", "4h"}, "3h",
+			4 * time.Hour},
+	} {
+		t.Setenv("POPSUB_LOGIN_TOKEN_TTL", tc.env)
+		if tc.env == "" {
+			os.Unsetenv("POPSUB_LOGIN_TOKEN_TTL")
+		}
+		cfg, err := parseServe(tc.args, io.Discard)
+		if err != nil || cfg.options.LoginTokenTTL != tc.want {
+			t.Errorf("%v with %q: LoginTokenTTL %v, %v; want %v", tc.args,
+				tc.env, cfg.options.LoginTokenTTL, err, tc.want)
+		}
+	}
+}

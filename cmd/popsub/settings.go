@@ -66,6 +66,9 @@ func serveSettings(c *serveConfig) []setting {
 		span("ping-interval", "broker.ping_interval",
 			popsub.DefaultPingInterval, "how often connections are pinged",
 			&o.PingInterval, positive),
+		span("login-token-ttl", "broker.login_token_ttl",
+			popsub.DefaultLoginTokenTTL, "how long a token from login is "+
+				"valid", &o.LoginTokenTTL, positive),
 		number("max-connections", "broker.max_connections", 0,
 			"open connections allowed, 0 for no cap", &o.MaxConnections,
 			notNegative),
