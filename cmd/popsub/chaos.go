@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -125,10 +126,12 @@ func chaosCommand(ctx context.Context, args []string, stdout,
 	}
 	report, err := run.workload(ctx)
 	if err != nil {
+		run.tell()
 		return err
 	}
 	fmt.Fprint(stdout, report)
 	if !report.OK() {
+		run.tell()
 		return fmt.Errorf("promises broken (rerun: popsub chaos --engine "+
 			"%s --seed %d)", cfg.engine, cfg.seed)
 	}
@@ -162,6 +165,8 @@ type process struct {
 	cmd     *exec.Cmd
 	address string    // where it listens, once ready
 	exited  chan bool // closed when cmd exits
+	// said is the last of what it printed, for a run that fails.
+	said []string
 }
 
 // start runs the process and waits until it says it is ready.
@@ -184,6 +189,7 @@ func (p *process) start(ctx context.Context) error {
 	}
 	go func() {
 		for lines.Scan() {
+			p.remember(lines.Text())
 		}
 		cmd.Wait()
 		close(exited)
@@ -197,6 +203,16 @@ func (p *process) start(ctx context.Context) error {
 	p.cmd, p.address, p.exited = cmd, address, exited
 	p.mu.Unlock()
 	return nil
+}
+
+// remember keeps one of the last lines the process printed.
+func (p *process) remember(line string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.said = append(p.said, line)
+	if len(p.said) > 10 {
+		p.said = p.said[1:]
+	}
 }
 
 // startRetrying starts the process, trying again for up to a minute: a
@@ -290,7 +306,7 @@ func (r *chaosRun) broker(i int) *process {
 				"--secret", chaosSecret, "--log-level", "error",
 				"--db", filepath.Join(r.dir, fmt.Sprint("broker-", i+1, ".db")),
 				"--ack-timeout", "1s", "--max-messages", "100000000",
-				"--max-log-bytes", "100000000000", "--ttl", "24h"}
+				"--max-log-bytes", fmt.Sprint(r.logBytes()), "--ttl", "24h"}
 			if r.cfg.engine == "nats" {
 				args = append(args, "--nats", r.natsURLs(),
 					"--nats-replicas", fmt.Sprint(r.cfg.replicas))
@@ -304,6 +320,20 @@ func (r *chaosRun) broker(i int) *process {
 			}
 			return strings.Fields(rest)[0], true
 		}}
+}
+
+// logBytes is how many bytes each topic's log may keep: everything the
+// run can publish, at 256 bytes a message, but at least 64 MiB. Not
+// more: JetStream sets aside each stream's limit on its disk.
+func (r *chaosRun) logBytes() int64 {
+	rate := r.cfg.rate
+	if rate == 0 {
+		rate = 20_000 // the most one publisher manages here
+	}
+	perTopic := rate * float64(r.cfg.publishers) *
+		(r.cfg.duration + r.cfg.drainTime).Seconds() * 256 /
+		float64(r.cfg.topics)
+	return max(64<<20, int64(perTopic))
 }
 
 // startNATS starts one NATS server, or a cluster of three, each on a
@@ -378,6 +408,17 @@ func freePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// tell prints the last words of every server, for a run that failed.
+func (r *chaosRun) tell() {
+	for _, p := range append(slices.Clone(r.nats), r.brokers...) {
+		p.mu.Lock()
+		for _, line := range p.said {
+			fmt.Fprintf(r.out, "%s: %s\n", p.name, line)
+		}
+		p.mu.Unlock()
+	}
 }
 
 // stopAll stops every process and proxy.
@@ -590,8 +631,12 @@ func (r *chaosRun) killOnNewTopic(ctx context.Context) {
 	topic := fmt.Sprint("fresh-", len(r.fresh)+1)
 	r.fresh = append(r.fresh, topic)
 	watcher := r.pinned("watch-"+topic, i)
-	err := watcher.OnFirstDelivery(ctx, topic, "first-"+topic, b.kill)
+	wait, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	err := watcher.OnFirstDelivery(wait, topic, "first-"+topic, b.kill)
 	if err != nil {
+		fmt.Fprintf(r.out, "%s  %s delivered nothing on %s in a minute\n",
+			r.clock(), b.name, topic)
 		return
 	}
 	r.restart(ctx, b, "kill-new-topic", "kill -9 on "+topic+"'s first "+
@@ -605,7 +650,12 @@ func (r *chaosRun) killTwice(ctx context.Context) {
 	r.restart(ctx, b, "kill-twice", "kill -9, and again on the first "+
 		"delivery after")
 	watcher := r.pinned(fmt.Sprint("watch-", r.rand.Uint64()), i)
-	if watcher.OnFirstDelivery(ctx, "topic-1", "", b.kill) == nil {
+	wait, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if watcher.OnFirstDelivery(wait, "topic-1", "", b.kill) != nil {
+		fmt.Fprintf(r.out, "%s  %s delivered nothing on topic-1 in a "+
+			"minute\n", r.clock(), b.name)
+	} else {
 		r.restart(ctx, b, "kill-again", "killed again, on the first "+
 			"delivery since")
 	}
