@@ -142,16 +142,50 @@ func TestBroker_TokenExpiry(t *testing.T) {
 		c.expectError("auth_failed")
 		c.expectClose(CloseAuthFailed)
 	})
-	t.Run("a fresh auth for another subject is refused", func(t *testing.T) {
+	t.Run("a fresh auth for another subject is refused, and the session "+
+		"keeps its token", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			ps := startPipeBroker(t, Options{})
+			ps := startPipeBroker(t, Options{PingInterval: 2 * time.Hour})
 			defer ps.stop()
 			c := ps.dial("alice")
 			c.authenticate(tokenUntil(t, "alice", time.Now().Add(time.Hour)))
 			c.send(map[string]any{"type": "auth",
-				"token": tokenUntil(t, "mallory", time.Now().Add(time.Hour))})
+				"token": tokenUntil(t, "mallory", time.Now().Add(2*time.Hour))})
+			if g := c.expectError("auth_failed"); !strings.Contains(
+				g.Message, "another subject") {
+				t.Fatalf("refusal says %q", g.Message)
+			}
+			c.send(map[string]any{"type": "auth", "token": "not-a-token"})
 			c.expectError("auth_failed")
-			c.expectClose(CloseAuthFailed)
+			c.quiet()
+
+			// Alice's own hour still runs, and ends as it would have.
+			time.Sleep(59 * time.Minute)
+			c.quiet()
+			time.Sleep(time.Minute) // an hour since: the leeway is left
+			c.quiet()
+			c.expectError("token_expired")
+			c.expectClose(CloseTokenExpired)
+		})
+	})
+	t.Run("a fresh token's grants take effect at once", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			ps := startPipeBroker(t, Options{PingInterval: 2 * time.Hour})
+			defer ps.stop()
+			c := ps.dial("alice")
+			narrow := Claims{Publish: []string{"alice/#"}}
+			narrow.Subject, narrow.ExpiresAt = "alice",
+				jwtTime(time.Now().Add(time.Hour))
+			tok, err := narrow.Sign(testSecret)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.authenticate(tok)
+			c.send(map[string]any{"type": "publish", "topic": "news",
+				"payload": 1})
+			c.expectError("forbidden")
+			c.authenticate(tokenUntil(t, "alice", time.Now().Add(time.Hour)))
+			c.publish("news", 1, 1, "")
 		})
 	})
 }
@@ -645,5 +679,53 @@ func TestBroker_PanicCostsOnlyThatConnection(t *testing.T) {
 		"the unlucky connection to leave the count")
 	if !strings.Contains(logs.String(), "panic serving a connection") {
 		t.Fatalf("the panic was not logged:\n%s", logs.String())
+	}
+}
+
+// TestBroker_BearerTokenAtTheUpgrade checks that a client that can set
+// headers may authenticate with its upgrade request, and that a bad
+// token there is refused as a bad auth frame would be.
+func TestBroker_BearerTokenAtTheUpgrade(t *testing.T) {
+	ts := startBroker(t, Options{})
+	header := func(token string) *websocket.DialOptions {
+		return &websocket.DialOptions{HTTPHeader: http.Header{
+			"Authorization": {"Bearer " + token}}}
+	}
+	alice := dialRawWith(t, ts.url, "alice", header(token(t, "alice")))
+	if g := alice.expect("authenticated"); g.Sub != "alice" {
+		t.Fatalf("authenticated as %q", g.Sub)
+	}
+	alice.subscribe("news", nil)
+	alice.publish("news", 1, 0, "n-1")
+	alice.expect("message")
+
+	mallory := dialRawWith(t, ts.url, "mallory", header("not-a-token"))
+	mallory.expectError("auth_failed")
+	mallory.expectClose(CloseAuthFailed)
+}
+
+// TestBroker_RefusedPublishNamesItsMessageID checks that every refusal of
+// a publish names the publisher's message_id, so a client with several
+// publishes in flight knows which one was refused.
+func TestBroker_RefusedPublishNamesItsMessageID(t *testing.T) {
+	ts := startBroker(t, Options{PublishRate: 1})
+	c := ts.dialWith("sensor", Claims{Publish: []string{"sensors/#"}})
+	c.send(map[string]any{"type": "publish", "topic": "chat", "payload": 1,
+		"qos": 1, "message_id": "m-1"})
+	if g := c.expectError("forbidden"); g.MessageID != "m-1" {
+		t.Errorf("forbidden names %q, want m-1", g.MessageID)
+	}
+	c.send(map[string]any{"type": "publish", "topic": "sensors/a",
+		"payload": 1, "qos": 1, "message_id": "m-2"})
+	c.expect("published")
+	c.send(map[string]any{"type": "publish", "topic": "sensors/a",
+		"payload": 1, "qos": 1, "message_id": "m-3"})
+	if g := c.expectError("rate_limited"); g.MessageID != "m-3" {
+		t.Errorf("rate_limited names %q, want m-3", g.MessageID)
+	}
+	c.send(map[string]any{"type": "publish", "topic": "sensors/+",
+		"payload": 1, "message_id": "m-4"})
+	if g := c.expectError("invalid_topic"); g.MessageID != "m-4" {
+		t.Errorf("invalid_topic names %q, want m-4", g.MessageID)
 	}
 }

@@ -133,6 +133,8 @@ func UseStore(f func(t *testing.T, opts Options) Store) { testStore = f }
 // own) is listed here, or in oneEngine with the reason it is not:
 // TestBehaviour_EveryTestIsListed holds the two lists to that.
 var Behaviour = map[string]func(*testing.T){
+	"TestBroker_BearerTokenAtTheUpgrade":            TestBroker_BearerTokenAtTheUpgrade,
+	"TestBroker_RefusedPublishNamesItsMessageID":    TestBroker_RefusedPublishNamesItsMessageID,
 	"TestBroker_AcksArePerSubscriber":               TestBroker_AcksArePerSubscriber,
 	"TestBroker_DeadLetters":                        TestBroker_DeadLetters,
 	"TestBroker_ReplayKeepsOriginalIdentity":        TestBroker_ReplayKeepsOriginalIdentity,

@@ -33,7 +33,7 @@
 //
 // # Reading path
 //
-// The whole broker is this file, about 2,800 lines of code, 1,400 of them
+// The whole broker is this file, about 2,800 lines of code, 1,500 of them
 // on the first reading, which takes about 4 hours at 150 words of prose
 // and 8 lines of code a minute. You follow a message: options and
 // frames; the broker and its topics; the log, which gives a message its
@@ -829,9 +829,11 @@ type connection struct {
 	// frames for one write (see heldConn).
 	socket *heldConn
 	// remote is the peer's address, for logs; id numbers the connection
-	// in x-ray events.
+	// in x-ray events. bearer is a token from the upgrade request's
+	// Authorization header, which stands for the auth frame.
 	remote string
 	id     uint64
+	bearer string
 
 	// subject is the token's subject, and client the name the client gave
 	// in its auth frame; both set at auth under mu, then read-only.
@@ -915,13 +917,23 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// A connection registers before it authenticates, so that Shutdown
 	// and the connection count see it from its first moment.
 	c := b.newConnection(ws, r.RemoteAddr)
-	c.socket = hijack.socket
+	c.socket, c.bearer = hijack.socket, BearerToken(r)
 	if !b.register(c) {
 		b.open.Add(-1)
 		ws.Close(websocket.StatusGoingAway, "server shutting down")
 		return
 	}
 	go c.serve()
+}
+
+// BearerToken returns the token of a request's "Authorization: Bearer"
+// header, or "".
+func BearerToken(r *http.Request) string {
+	scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimSpace(token)
 }
 
 // newConnection prepares the state of a freshly upgraded connection.
@@ -1049,6 +1061,12 @@ func (c *connection) authenticate() bool {
 	// a close frame, and the client deserves to hear 4001. c.authTimer
 	// starts it; c.login answers a login frame, stopping the timer while
 	// the broker hashes the password (both in Logins, a detail).
+	// A client that can set headers may send its token with the upgrade
+	// (Authorization: Bearer), as on every HTTP path; it is then
+	// answered as if its first frame had been auth.
+	if c.bearer != "" {
+		return c.accept(frame{Token: c.bearer})
+	}
 	deadline := c.authTimer()
 	defer deadline.timer.Stop()
 	// Only two frames are understood before auth. Anything else, even a
@@ -1218,15 +1236,21 @@ func unmarshalFrame(data []byte) (frame, error) {
 }
 
 // reauthenticate accepts a fresh token for the same subject, as the
-// original allowed: the session is extended and takes the new grants.
-// Subscriptions made under the old grants stay.
+// original allowed: the session is extended and takes the new grants at
+// once. Subscriptions made under the old grants stay. A client refreshes
+// its token this way before it expires, without reconnecting.
 func (c *connection) reauthenticate(f frame) {
-	// Another subject's token is refused like a bad one: a connection is
-	// one identity for its whole life, or durable keys would mix.
+	// A bad token, or another subject's, is refused and changes nothing:
+	// the session goes on with the token it has. A connection is one
+	// identity for its whole life, or durable keys would mix.
 	claims, err := c.broker.verify(f.Token)
-	if err != nil || claims.Subject != c.subject {
-		c.closeWith(errorReply("auth_failed", "authentication failed"),
-			CloseAuthFailed, "authentication failed")
+	switch {
+	case err != nil:
+		c.reply(errorReply("auth_failed", "authentication failed"))
+		return
+	case claims.Subject != c.subject:
+		c.reply(errorReply("auth_failed", "the token is for another "+
+			"subject; a connection keeps its own"))
 		return
 	}
 	c.claims = claims
@@ -2806,14 +2830,19 @@ func (c *connection) publish(f frame) {
 	m, problem := newMessage(f)
 	switch {
 	case problem.Type != "":
-		c.reply(problem)
-		return
 	case !allowed(c.claims.Publish, m.Topic):
-		c.reply(topicError("forbidden", "token may not publish to "+m.Topic,
-			m.Topic))
-		return
+		problem = topicError("forbidden", "token may not publish to "+
+			m.Topic, m.Topic)
 	case !c.allowPublish():
-		c.reply(topicError("rate_limited", "publishing too fast", m.Topic))
+		problem = topicError("rate_limited", "publishing too fast", m.Topic)
+	}
+	if problem.Type != "" {
+		// A refusal names the publisher's message_id, so a client with
+		// many publishes in flight knows which one it was.
+		if problem.Code != "invalid_message_id" {
+			problem.MessageID = f.MessageID
+		}
+		c.reply(problem)
 		return
 	}
 	// The reader waits here while the log's queue is full: it reads no
