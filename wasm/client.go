@@ -40,6 +40,9 @@ type client struct {
 	order   []rowKey // rows, oldest first
 	sent    int      // messages published, for their ids
 	resumed bool     // connected before: the next connection resumes
+	// refreshing is true while an auth frame with a new token awaits
+	// its answer on the open connection.
+	refreshing bool
 }
 
 // row is one delivery in a panel's list.
@@ -150,6 +153,45 @@ func (c *client) drop(code int, reason string) {
 	if s != nil {
 		s.close(code, reason)
 	}
+}
+
+// refresh sends token on the open connection, to replace the one in use
+// without reconnecting, and reports whether there was a connection.
+func (c *client) refresh(token string) bool {
+	c.mu.Lock()
+	s := c.sock
+	c.refreshing = s != nil
+	c.mu.Unlock()
+	sent := s != nil && s.send(map[string]any{"type": "auth",
+		"token": token, "client": c.name}) == nil
+	if !sent {
+		c.mu.Lock()
+		c.refreshing = false
+		c.mu.Unlock()
+	}
+	return sent
+}
+
+// refreshed handles the answer to a refresh: authenticated, or refused,
+// and then the panel reconnects with the new token, as a new identity.
+func (c *client) refreshed(d delivery) bool {
+	c.mu.Lock()
+	was := c.refreshing
+	c.refreshing = false
+	c.mu.Unlock()
+	switch {
+	case !was:
+		return false
+	case d.Type == "authenticated":
+		c.note("the new token replaced the old one in place: its grants " +
+			"apply now, on the same connection")
+	default:
+		c.note("the broker kept this connection's token (" + d.Message +
+			"): reconnecting with the new one")
+		c.status("connecting", "connecting with the new token…")
+		c.drop(4000, "token changed")
+	}
+	return true
 }
 
 // reset starts the client over as the page loaded it: connected, acking
@@ -270,6 +312,10 @@ func (c *client) closed(info closeInfo) time.Duration {
 
 // handle shows one frame from the broker.
 func (c *client) handle(d delivery) {
+	if (d.Type == "authenticated" || d.Code == "auth_failed") &&
+		c.refreshed(d) {
+		return
+	}
 	switch d.Type {
 	case "message":
 		c.showMessage(d)

@@ -61,11 +61,13 @@ func (p *page) setToken(token string) {
 	case p.retry <- struct{}{}:
 	default:
 	}
+	// Each connected panel replaces its token in place, keeping its
+	// connection and subscriptions; one the broker refuses it for
+	// (another user's token) reconnects with it instead (c.handle).
 	for _, c := range p.clients {
-		if c.isWanted() {
-			c.status("connecting", "reconnecting with the new token…")
+		if !c.refresh(token) && c.isWanted() {
+			c.status("connecting", "connecting with the new token…")
 		}
-		c.drop(4000, "token changed")
 	}
 }
 

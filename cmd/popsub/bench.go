@@ -340,7 +340,7 @@ func benchDial(ctx context.Context, c benchConfig, name string, i int,
 	if len(c.urls) > 0 {
 		target = c.urls[i%len(c.urls)]
 	}
-	return dialAuthenticated(ctx, target, map[string]any{"token": token,
+	return dialAuthenticated(ctx, target, nil, map[string]any{"token": token,
 		"batch": batch, "client": name})
 }
 

@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -20,13 +23,17 @@ import (
 // clientFlags are the flags every client command shares.
 type clientFlags struct {
 	url           string
+	ca            string              // a PEM file of certificates to trust
 	token, secret func(string) string // read after parsing; see secretFlag
 }
 
 // add registers the shared flags on fs.
 func (f *clientFlags) add(fs *flag.FlagSet) {
 	fs.StringVar(&f.url, "url", env("POPSUB_URL", "ws://127.0.0.1:8080"),
-		"the broker's WebSocket URL (POPSUB_URL)")
+		"the broker's WebSocket URL, ws:// or wss:// (POPSUB_URL)")
+	fs.StringVar(&f.ca, "ca", env("POPSUB_CA", ""), "trust the "+
+		"certificates in this PEM file too, for a wss:// broker with a "+
+		"self-signed one (POPSUB_CA)")
 	f.token = secretFlag(fs, "token", "POPSUB_TOKEN",
 		"token to authenticate with")
 	f.secret = secretFlag(fs, "secret", "POPSUB_SECRET",
@@ -49,7 +56,7 @@ func (f *clientFlags) credentials() (string, error) {
 // The command may come after the shared flags (client --url U pub …).
 func clientCommand(ctx context.Context, args []string, stdout,
 	stderr io.Writer) error {
-	command, rest := splitCommand(args, "url", "token", "secret", "qos",
+	command, rest := splitCommand(args, "url", "ca", "token", "secret", "qos",
 		"id", "after", "last", "durable", "count")
 	switch command {
 	case "sub":
@@ -93,13 +100,41 @@ type session struct {
 	ws *websocket.Conn
 }
 
+// dialOptions are the WebSocket library's options for the flags: with
+// --ca, a client that trusts its certificates beside the system's.
+func (f *clientFlags) dialOptions() (*websocket.DialOptions, error) {
+	if f.ca == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(f.ca)
+	if err != nil {
+		return nil, fmt.Errorf("--ca: %w", err)
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--ca %s holds no PEM certificate", f.ca)
+	}
+	transport := &http.Transport{TLSClientConfig: &tls.Config{
+		RootCAs: pool, MinVersion: tls.VersionTLS12}}
+	return &websocket.DialOptions{
+		HTTPClient: &http.Client{Transport: transport}}, nil
+}
+
 // connect dials the broker and authenticates.
 func connect(ctx context.Context, f clientFlags) (*session, error) {
 	tok, err := f.credentials()
 	if err != nil {
 		return nil, err
 	}
-	ws, err := dialAuthenticated(ctx, f.url, map[string]any{"token": tok})
+	options, err := f.dialOptions()
+	if err != nil {
+		return nil, err
+	}
+	ws, err := dialAuthenticated(ctx, f.url, options,
+		map[string]any{"token": tok})
 	if err != nil {
 		return nil, err
 	}
@@ -110,10 +145,16 @@ func connect(ctx context.Context, f clientFlags) (*session, error) {
 // given fields (token, and batch or client if wanted), returning once
 // the broker has said "authenticated". The bench uses it too.
 func dialAuthenticated(ctx context.Context, url string,
-	auth map[string]any) (*websocket.Conn, error) {
+	options *websocket.DialOptions, auth map[string]any) (*websocket.Conn,
+	error) {
 	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	ws, _, err := websocket.Dial(dialCtx, url, nil)
+	ws, _, err := websocket.Dial(dialCtx, url, options)
+	var unknown x509.UnknownAuthorityError
+	if errors.As(err, &unknown) {
+		return nil, fmt.Errorf("connect to %s: %w (a self-signed "+
+			"certificate? trust it with --ca FILE)", url, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", url, err)
 	}

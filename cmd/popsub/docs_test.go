@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub"
 	"github.com/popsub/popsub/cmd/popsub/jetstream/natstest"
@@ -32,7 +33,12 @@ import (
 //   - "sh run": $ popsub … commands, each followed by its output (a
 //     failing command prints "popsub: " and its error); "$ export
 //     NAME=value" sets a variable for the commands after it, and the
-//     value may be $(popsub …).
+//     value may be $(popsub …). Any other command (curl, node, echo)
+//     runs in bash, in the tutorial's folder, with those variables.
+//   - "browser": a page in Chromium, one step a line: open URL, type
+//     "TEXT" into SELECTOR, click "LABEL" (a button's text), see
+//     "TEXT" in SELECTOR (waits until it is there). $NAME in a line is
+//     the variable's value.
 //   - "toml file=NAME" (or any "LANG file=NAME"): the block is written to
 //     NAME in the working folder, for the commands after it.
 //   - "json frames": a session of named clients over WebSockets:
@@ -99,6 +105,8 @@ type docServer struct {
 	// natsBin is the folder go install put nats-server in; nats is the
 	// address the NATS server listens on, once started.
 	natsBin, nats string
+	// page is the browser the "browser" blocks drive, once started.
+	page context.Context
 }
 
 // otherServer is a second broker of a file, beside the default one.
@@ -189,9 +197,12 @@ func (s *docServer) run(f fence) {
 	s.t.Helper()
 	where := fmt.Sprintf("line %d", f.line)
 	if _, name, ok := strings.Cut(f.info, " file="); ok {
-		text := strings.Join(f.lines, "\n") + "\n"
-		if err := os.WriteFile(filepath.Join(s.dir, name), []byte(text),
-			0o600); err != nil {
+		// A file may name the broker's address, which stands for the
+		// test server's, as in the commands.
+		text := s.localize(strings.Join(f.lines, "\n") + "\n")
+		path := filepath.Join(s.dir, name)
+		os.MkdirAll(filepath.Dir(path), 0o700)
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 			s.t.Fatal(err)
 		}
 		return
@@ -211,6 +222,9 @@ func (s *docServer) run(f fence) {
 	case "json frames":
 		s.ensure()
 		s.frames(f.lines, where)
+	case "browser":
+		s.ensure()
+		s.browse(f.lines, where)
 	case "sh", "bash", "console", "json", "":
 		if len(f.lines) > 0 {
 			s.t.Errorf("%s: a %q block must be marked runnable (sh run, "+
@@ -461,16 +475,19 @@ func (s *docServer) start(args, expected []string, where string) {
 	banner, stop := startServeLines(s.t, all)
 	s.stop = stop
 	s.address, s.token = "", ""
+	socket := "ws://"
 	for _, line := range banner {
-		rest, ok := strings.CutPrefix(line, "popsub listening on http://")
+		rest, ok := strings.CutPrefix(line, "popsub listening on ")
 		if ok {
-			s.address = strings.Fields(rest)[0]
+			scheme, address, _ := strings.Cut(strings.Fields(rest)[0], "://")
+			s.address = address
+			socket = strings.Replace(scheme, "http", "ws", 1) + "://"
 		}
 		if _, token, ok := strings.Cut(line, "#token="); ok {
 			s.token = token
 		}
 	}
-	os.Setenv("POPSUB_URL", "ws://"+s.address)
+	os.Setenv("POPSUB_URL", socket+s.address)
 	if s.token != "" {
 		os.Setenv("POPSUB_TOKEN", s.token)
 	}
@@ -583,15 +600,23 @@ func (s *docServer) command(line string, expected []string, where string) {
 	s.match(where+": $ "+line, expected, got)
 }
 
-// output runs a popsub command line and returns its standard output.
+// output runs a command line and returns what it printed: a popsub
+// command in this process, anything else in bash.
 func (s *docServer) output(line string) (string, error) {
 	line = s.localize(line)
 	args := words(s.t, line)
-	if len(args) > 2 && args[0] == "go" && args[1] == "run" {
+	if len(args) > 2 && args[0] == "go" && args[1] == "run" &&
+		args[2] == "./cmd/popsub" {
 		args = append([]string{"popsub"}, args[3:]...)
 	}
 	if len(args) == 0 || args[0] != "popsub" {
-		s.t.Fatalf("only popsub commands run here, not %q", line)
+		return s.bash(line), nil
+	}
+	for i, arg := range args {
+		if name, ok := strings.CutPrefix(arg, "$"); ok &&
+			regexp.MustCompile(`^[A-Z_]+$`).MatchString(name) {
+			args[i] = os.Getenv(name)
+		}
 	}
 	// The reader's terminal shows both streams, one after the other.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -599,6 +624,60 @@ func (s *docServer) output(line string) (string, error) {
 	var terminal bytes.Buffer
 	err := run(ctx, args[1:], &terminal, &terminal)
 	return terminal.String(), err
+}
+
+// bash runs a command line that is not popsub's in the tutorial's
+// folder, with the variables exported so far, and returns what it
+// printed on both streams. Its exit status is not checked: curl
+// --max-time ends with one, and a command that went wrong prints
+// something other than what the doc shows.
+func (s *docServer) bash(line string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	command := exec.CommandContext(ctx, "bash", "-c", line)
+	command.Dir = s.dir
+	out, _ := command.CombinedOutput()
+	return string(out)
+}
+
+// browse runs a "browser" block's steps in Chromium: a page the reader
+// opens, types into, clicks and reads. One browser serves the file, so
+// a block may go on with the page the one before opened.
+func (s *docServer) browse(lines []string, where string) {
+	if s.page == nil {
+		// A self-signed certificate is the tutorial's, and the reader
+		// accepts it with a click; Chromium is told to, up front.
+		s.page, _ = startBrowser(s.t, browser(s.t),
+			chromedp.Flag("ignore-certificate-errors", true))
+	}
+	step := regexp.MustCompile(`^(open|type|click|see) ` +
+		`(?:"([^"]*)"(?: (?:into|in) (\S+))?|(\S+))$`)
+	for _, line := range lines {
+		line = os.ExpandEnv(s.localize(strings.TrimSpace(line)))
+		m := step.FindStringSubmatch(line)
+		if m == nil {
+			s.t.Fatalf("%s: a browser step is open URL, type \"TEXT\" "+
+				"into SELECTOR, click \"LABEL\" or see \"TEXT\" in "+
+				"SELECTOR, not %q", where, line)
+		}
+		what := where + ": " + line
+		switch verb, text, selector := m[1], m[2], m[3]; verb {
+		case "open":
+			do(s.t, s.page, what, chromedp.Navigate(m[4]))
+		case "type":
+			until(s.t, s.page, what, exists(selector))
+			do(s.t, s.page, what, chromedp.SendKeys(css(selector), text))
+		case "click":
+			until(s.t, s.page, what, fmt.Sprintf(`(() => {
+				const b = [...document.querySelectorAll("button")]
+					.find((b) => b.textContent.trim() === %q);
+				if (b) b.click();
+				return !!b;
+			})()`, text))
+		case "see":
+			until(s.t, s.page, what, contains(selector, text))
+		}
+	}
 }
 
 // match compares printed lines with the expected ones, "…" matching

@@ -42,7 +42,8 @@ const framesWait = 20 * time.Second
 
 // framesSession is one run of frame lines against a broker.
 type framesSession struct {
-	url string
+	url     string
+	options *websocket.DialOptions // how to dial url; nil: the defaults
 	// token returns the token of a named connection.
 	token func(name string) (string, error)
 	// strict compares as the tutorials need: only a message id, a token
@@ -92,9 +93,14 @@ func framesCommand(ctx context.Context, args []string, stdin io.Reader,
 	if _, err := parseInterleaved(fs, args); err != nil {
 		return err
 	}
+	options, err := cf.dialOptions()
+	if err != nil {
+		return err
+	}
 	s := newFramesSession(cf.url, func(name string) (string, error) {
 		return tokenOf(name, cf.token(""))
 	}, stdout)
+	s.options = options
 	defer s.close()
 	problems := 0
 	lines := bufio.NewScanner(stdin)
@@ -240,7 +246,7 @@ func (s *framesSession) client(ctx context.Context, name string,
 	}
 	dial, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	ws, _, err := websocket.Dial(dial, s.url, nil)
+	ws, _, err := websocket.Dial(dial, s.url, s.options)
 	if err != nil {
 		return nil, fmt.Errorf("%s cannot connect to %s: %w", name, s.url,
 			err)

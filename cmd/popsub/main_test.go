@@ -40,9 +40,9 @@ func startServe(t *testing.T, extra ...string) (string, string,
 			break
 		}
 		line := strings.TrimSpace(lines.Text())
-		if rest, ok := strings.CutPrefix(line, "popsub listening on "+
-			"http://"); ok {
-			url = "ws://" + strings.Fields(rest)[0]
+		if rest, ok := strings.CutPrefix(line, "popsub listening on "); ok {
+			// http://host … or https://host …: ws:// or wss://.
+			url = "ws" + strings.TrimPrefix(strings.Fields(rest)[0], "http")
 		}
 		if strings.HasPrefix(line, "try: ") {
 			_, token, _ = strings.Cut(line, " --token ")

@@ -287,6 +287,20 @@ func TestPlayground_SaysWhyItIsNotConnected(t *testing.T) {
 			exists(`#`+name+`-status[data-state="connected"]`))
 	}
 
+	// A fresh token for the same user replaces the old one in place:
+	// the panels keep their connections.
+	fresh := localClaims()
+	fresh.ID = "fresh"
+	refreshed, err := fresh.Sign([]byte(secret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	paste(refreshed)
+	for _, name := range []string{"alice", "bob", "carol"} {
+		until(t, ctx, name+" takes it in place",
+			contains("#"+name+"-note", "replaced the old one in place"))
+	}
+
 	// Bob withholds his acks on a wildcard; with one delivery in flight
 	// allowed, Carol's second message finds no room, and a wildcard has
 	// no log to fall back on: 4008. He reconnects by himself.
@@ -450,8 +464,8 @@ func TestPlayground_PhoneShowsThePictureAfterAStep(t *testing.T) {
 // startBrowser starts a headless Chromium for the test, at 1440×1200,
 // and returns its context and a func that lists its console's errors.
 // It ends with the test.
-func startBrowser(t *testing.T, chromium string) (context.Context,
-	func() []string) {
+func startBrowser(t *testing.T, chromium string,
+	extra ...chromedp.ExecAllocatorOption) (context.Context, func() []string) {
 	// The timeout sits on the parent of the browser's context, as
 	// chromedp asks: a deadline on the context that starts the browser
 	// would kill it mid-test.
@@ -462,6 +476,7 @@ func startBrowser(t *testing.T, chromium string) (context.Context,
 		chromedp.Flag("disable-quic", true),
 		chromedp.Flag("disable-component-update", true),
 		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1440, 1200))
+	options = append(options, extra...)
 	allocator, cancelAllocator := chromedp.NewExecAllocator(parent,
 		options...)
 	t.Cleanup(cancelAllocator)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -13,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -21,6 +23,8 @@ import (
 	"github.com/popsub/popsub"
 	"github.com/popsub/popsub/cmd/popsub/jetstream"
 	"github.com/popsub/popsub/docs"
+	"github.com/popsub/popsub/gateway"
+	"github.com/popsub/popsub/jsclient"
 	"github.com/popsub/popsub/playground"
 )
 
@@ -37,6 +41,8 @@ type serveConfig struct {
 	secretFrom                 string // where secret came from
 	nats                       string // a NATS URL, or bbolt
 	natsReplicas               int
+	tlsCert, tlsKey            string // PEM files; both or neither
+	pages                      string // a folder served at /pages/
 	options                    popsub.Options
 }
 
@@ -70,8 +76,12 @@ func serve(ctx context.Context, args []string, stdout,
 	}
 
 	// The address first: a busy port must not leave a database behind.
+	// With a certificate, the same port speaks TLS: https and wss.
 	listener, err := listen(cfg.addr)
 	if err != nil {
+		return err
+	}
+	if listener, err = withTLS(listener, cfg.tlsCert, cfg.tlsKey); err != nil {
 		return err
 	}
 	store, where, err := openLog(cfg, logger)
@@ -88,14 +98,28 @@ func serve(ctx context.Context, args []string, stdout,
 		store.Close()
 		return err
 	}
-	printBanner(stdout, listener.Addr().String(), where, localToken, random)
+	if cfg.pages != "" {
+		where += ", the pages of " + cfg.pages + " at /pages/"
+	}
+	printBanner(stdout, scheme{tls: cfg.tlsCert != ""},
+		listener.Addr().String(), where, localToken, random)
 	ops.watch(broker)
 	page := playground.Settings{Clients: []string{"alice", "bob", "carol"},
 		AckTimeout:    cmp.Or(cfg.options.AckTimeout, popsub.DefaultAckTimeout),
 		MaxRetries:    cfg.options.MaxRetries,
 		RetryInterval: popsub.RetryInterval(cfg.options.AckTimeout)}
-	return serveUntilDone(ctx, listener, routes(broker, page, ops), broker,
-		ops, logger)
+	// A publish body may fill the frame but for the frame around it.
+	topics := gateway.New(broker, gateway.Options{Logger: logger,
+		MaxBody: cmp.Or(cfg.options.MaxFrameBytes,
+			popsub.DefaultMaxFrameBytes) - 1024,
+		WriteTimeout: 2 * cmp.Or(cfg.options.WriteTimeout,
+			popsub.DefaultWriteTimeout)})
+	handler := routes(broker, topics, page, ops)
+	if cfg.pages != "" {
+		handler = withPages(handler, cfg.pages)
+	}
+	return serveUntilDone(ctx, listener, handler, broker, ops, logger,
+		topics.Close)
 }
 
 // openLog opens the log serve was asked for: a bbolt file, or with
@@ -121,6 +145,30 @@ func openLog(cfg serveConfig, logger *slog.Logger) (popsub.Store, string,
 		Replicas: cfg.natsReplicas, MaxMessages: o.MaxMessages,
 		MaxBytes: int64(o.MaxLogBytes), MaxAge: o.TTL, Logger: logger})
 	return store, "log on NATS JetStream at " + cfg.nats, err
+}
+
+// withTLS wraps listener in TLS with the certificate in certFile and its
+// key in keyFile, or returns it as it is when both are empty.
+func withTLS(listener net.Listener, certFile, keyFile string) (net.Listener,
+	error) {
+	if certFile == "" && keyFile == "" {
+		return listener, nil
+	}
+	if certFile == "" || keyFile == "" {
+		listener.Close()
+		return nil, errors.New("--tls-cert and --tls-key go together: " +
+			"give both, or neither for plain http")
+	}
+	certificate, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		listener.Close()
+		return nil, fmt.Errorf("load TLS certificate: %w", err)
+	}
+	// HTTP/2 stays off: a WebSocket upgrade needs HTTP/1.1.
+	return tls.NewListener(listener, &tls.Config{
+			Certificates: []tls.Certificate{certificate},
+			MinVersion:   tls.VersionTLS12, NextProtos: []string{"http/1.1"}}),
+		nil
 }
 
 // listen opens addr, or says what to do when it cannot.
@@ -231,24 +279,46 @@ func randomSecret() []byte {
 	return []byte(hex.EncodeToString(secret))
 }
 
+// scheme names the URL schemes a broker serves: http and ws, or with
+// TLS https and wss.
+type scheme struct{ tls bool }
+
+// page is the scheme of the broker's pages.
+func (s scheme) page() string {
+	if s.tls {
+		return "https"
+	}
+	return "http"
+}
+
+// socket is the scheme of the broker's WebSocket.
+func (s scheme) socket() string {
+	if s.tls {
+		return "wss"
+	}
+	return "ws"
+}
+
 // printBanner tells the user where the broker is and how to reach it.
-func printBanner(w io.Writer, addr, where, localToken string,
+func printBanner(w io.Writer, s scheme, addr, where, localToken string,
 	random bool) {
 	host := strings.Replace(addr, "0.0.0.0", "127.0.0.1", 1)
-	fmt.Fprintf(w, "popsub listening on http://%s (playground at /, "+
-		"WebSocket at ws://%s/ws, %s)\n", host, host, where)
+	fmt.Fprintf(w, "popsub listening on %s://%s (playground at /, "+
+		"WebSocket at %s://%s/ws, %s)\n", s.page(), host, s.socket(), host,
+		where)
 	if !random {
 		// The link's token is signed with the configured secret: whoever
 		// can read this terminal could sign one anyway.
-		fmt.Fprintf(w, "open the playground: http://%s/#token=%s\n", host,
-			localToken)
+		fmt.Fprintf(w, "open the playground: %s://%s/#token=%s\n", s.page(),
+			host, localToken)
 		return
 	}
 	fmt.Fprintf(w, "no secret configured: made a random one for this run.\n"+
-		"open the playground: http://%s/#token=%s\n"+
+		"open the playground: %s://%s/#token=%s\n"+
 		"token for user \"local\" (valid 24h):\n  %s\n"+
-		"try: %s client --url ws://%s --token %s\n",
-		host, localToken, localToken, commandName(), host, localToken)
+		"try: %s client --url %s://%s --token %s\n",
+		s.page(), host, localToken, localToken, commandName(), s.socket(),
+		host, localToken)
 }
 
 // commandName is how the user ran this command, for a line they may copy:
@@ -261,17 +331,21 @@ func commandName() string {
 }
 
 // serveUntilDone serves HTTP until ctx ends, then closes clients with
-// 1001, flushes the log and closes the database.
+// 1001, flushes the log and closes the database. onShutdown runs as the
+// shutdown begins: it ends the streams, which would otherwise keep their
+// requests, and so the shutdown, waiting.
 func serveUntilDone(ctx context.Context, listener net.Listener,
 	handler http.Handler, broker *popsub.Broker, ops *operations,
-	logger *slog.Logger) error {
+	logger *slog.Logger, onShutdown func()) error {
 	server := &http.Server{Handler: handler,
 		ReadHeaderTimeout: 10 * time.Second}
+	server.RegisterOnShutdown(onShutdown)
 	failed := make(chan error, 1)
 	go func() { failed <- server.Serve(listener) }()
 
 	select {
 	case err := <-failed:
+		onShutdown()
 		broker.Shutdown(context.Background())
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
@@ -290,16 +364,19 @@ func serveUntilDone(ctx context.Context, listener net.Listener,
 }
 
 // routes serves the WebSocket at /ws, and at / for upgrade requests as
-// the original's clients expect; popsub.go as a page at /source; the
+// the original's clients expect; HTTP publish and Server-Sent Events at
+// /topics/{topic}; the JavaScript client at /popsub.js; popsub.go as a page at /source; the
 // tutorials and references as pages under /docs/; /metrics,
 // /healthz and /readyz for an operator's tools; other requests get the
 // playground.
-func routes(broker *popsub.Broker, settings playground.Settings,
-	ops *operations) http.Handler {
+func routes(broker *popsub.Broker, topics *gateway.Gateway,
+	settings playground.Settings, ops *operations) http.Handler {
 	page := playground.Handler(settings)
 	mux := http.NewServeMux()
 	ops.register(mux)
 	mux.Handle("/ws", broker)
+	mux.Handle("/topics/{topic...}", topics)
+	mux.Handle("GET /popsub.js", javascriptClient())
 	mux.Handle("GET /source", playground.Document("text/html; charset=utf-8",
 		docs.SourcePage))
 	serveDocs(mux)
@@ -311,6 +388,47 @@ func routes(broker *popsub.Broker, settings playground.Settings,
 		page.ServeHTTP(w, r)
 	})
 	return mux
+}
+
+// pageKinds are the files --pages serves, by extension: what a page
+// needs, and nothing a folder may also hold by accident, such as a
+// config file with a secret in it, or the database.
+var pageKinds = map[string]bool{".html": true, ".js": true, ".mjs": true,
+	".css": true, ".svg": true, ".png": true, ".jpg": true, ".ico": true,
+	".webp": true, ".woff2": true}
+
+// withPages serves the pages in folder at /pages/, beside handler. The
+// pages share the broker's origin, so their sockets need no --origins.
+func withPages(handler http.Handler, folder string) http.Handler {
+	files := http.StripPrefix("/pages/", http.FileServerFS(os.DirFS(folder)))
+	mux := http.NewServeMux()
+	mux.Handle("/", handler)
+	mux.HandleFunc("GET /pages/{path...}", func(w http.ResponseWriter,
+		r *http.Request) {
+		path := r.PathValue("path")
+		hidden := strings.HasPrefix(path, ".") ||
+			strings.Contains(path, "/.")
+		if hidden || !pageKinds[strings.ToLower(filepath.Ext(path))] {
+			http.Error(w, "--pages serves pages (.html, .js, .css, "+
+				"pictures), not "+path, http.StatusNotFound)
+			return
+		}
+		files.ServeHTTP(w, r)
+	})
+	return mux
+}
+
+// javascriptClient serves popsub.js, gzipped and revalidated like the
+// other assets, to pages of any origin: a module script from another
+// origin is fetched with CORS, and popsub.js holds nothing secret. Its
+// sockets are another matter: --origins decides.
+func javascriptClient() http.Handler {
+	module := playground.Document("text/javascript; charset=utf-8",
+		jsclient.Source)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Access-Control-Allow-Origin", "*")
+		module.ServeHTTP(w, r)
+	})
 }
 
 // serveDocs serves the docs as HTML under /docs/, gzipped like every

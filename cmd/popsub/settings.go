@@ -27,6 +27,13 @@ func serveSettings(c *serveConfig) []setting {
 			&c.addr, nil),
 		text("db", "server.db", "popsub.db", "bbolt database file", &c.db,
 			nil),
+		text("pages", "server.pages", "", "serve this folder's pages "+
+			"(.html, .js, .css, pictures) at /pages/, for an app of your "+
+			"own", &c.pages, nil),
+		text("tls-cert", "server.tls_cert", "", "serve https and wss with "+
+			"this PEM certificate (with --tls-key)", &c.tlsCert, nil),
+		text("tls-key", "server.tls_key", "", "the certificate's PEM "+
+			"private key", &c.tlsKey, nil),
 		text("nats", "server.nats", "", "keep the log on NATS JetStream at "+
 			"this URL, shared by every broker using it, instead of --db",
 			&c.nats, nil),

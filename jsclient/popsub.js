@@ -1,0 +1,612 @@
+// popsub.js: the PopSub client for browsers and Node, one ES module with
+// no dependencies. The broker serves it at /popsub.js.
+//
+//   import {connect} from "/popsub.js";
+//   const c = await connect("ws://127.0.0.1:8080/ws", {token});
+//   await c.subscribe("chat", (m) => console.log(m.payload), {after: 0});
+//   const {seq} = await c.publish("chat", "hello", {qos: 1});
+//   c.close();
+//
+// What it does for you, so a page or a script need not:
+//
+//   - reconnects after a drop, with backoff and jitter, and resumes each
+//     subscription after the last seq it handled (or from its durable
+//     cursor), saying so with a "gap" event when the broker no longer
+//     has what came between (recovered:false);
+//   - sends a QoS 1 publish again, with the same message_id, until the
+//     broker confirms it: its dedup makes that safe, and the promise
+//     resolves once, with the seq;
+//   - acks each QoS 1 delivery once its handler returns (or its promise
+//     resolves), or leaves that to message.ack();
+//   - refreshes its token in place, without reconnecting, when given a
+//     way to get a new one (getToken), before the old one expires;
+//   - names close codes: 4008 "cut_off", 4003 "token_expired", 4001
+//     "auth_failed", 1001 "going_away".
+//
+// In Node 20, start with --experimental-websocket (Node 22 has
+// WebSocket built in), or pass a WebSocket class as options.WebSocket.
+// The protocol it speaks is docs/protocol.md.
+
+/** Close codes by name. */
+export const closeCodes = Object.freeze({
+  1000: "normal",
+  1001: "going_away",
+  1006: "dropped",
+  1008: "policy",
+  1009: "too_large",
+  1011: "server_error",
+  4001: "auth_failed",
+  4003: "token_expired",
+  4008: "cut_off",
+});
+
+/**
+ * An error the broker answered with, or the client's own.
+ * code is the protocol's error code (forbidden, rate_limited, …).
+ */
+export class PopsubError extends Error {
+  /** @param {string} code @param {string} message @param {object} [frame] */
+  constructor(code, message, frame) {
+    super(message ? `${code}: ${message}` : code);
+    this.name = "PopsubError";
+    /** @type {string} */ this.code = code;
+    /** @type {object|undefined} */ this.frame = frame;
+  }
+}
+
+/**
+ * @typedef {object} ConnectOptions
+ * @property {string} [token] the JWT to authenticate with
+ * @property {() => (string|Promise<string>)} [getToken] returns a fresh
+ *   token: called before the current one expires, and to reconnect after
+ *   the broker refused or expired it
+ * @property {string} [client] a name for this client in the broker's logs
+ * @property {number} [minDelay] first reconnect delay in ms (250)
+ * @property {number} [maxDelay] longest reconnect delay in ms (10000)
+ * @property {number} [refreshBefore] ms before expiry to refresh (60000)
+ * @property {typeof WebSocket} [WebSocket] the WebSocket class to use
+ */
+
+/**
+ * @typedef {object} SubscribeOptions
+ * @property {number} [after] replay only seqs after this one
+ * @property {number} [last] replay only the newest N (0: live only)
+ * @property {string} [durable] resume from this name's cursor on the broker
+ * @property {"auto"|"manual"} [ack] auto (default) acks a QoS 1 delivery
+ *   once its handler returns; manual leaves it to message.ack()
+ */
+
+/**
+ * @typedef {object} Message
+ * @property {string} topic
+ * @property {any} payload
+ * @property {number} seq its place in its topic's log
+ * @property {string} messageId
+ * @property {number} qos
+ * @property {number} timestamp Unix ms, set by the broker
+ * @property {number} attempt 1, then 2, 3, … on each retry
+ * @property {() => void} ack acks it (a QoS 0 delivery needs none)
+ */
+
+/**
+ * @typedef {object} Confirm
+ * @property {string} topic
+ * @property {number} seq
+ * @property {string} messageId
+ * @property {boolean} duplicate the broker had it already
+ */
+
+/**
+ * Connects and authenticates. It resolves once the broker answers
+ * "authenticated", and rejects if the first attempt fails; after that
+ * the client reconnects by itself until close().
+ * @param {string} url ws://host:port/ws, wss://…, or the broker's http(s) URL
+ * @param {ConnectOptions} options
+ * @returns {Promise<Client>}
+ */
+export async function connect(url, options = {}) {
+  const client = new Client(url, options);
+  await client.opened;
+  return client;
+}
+
+/** A connection to the broker that survives drops. */
+export class Client {
+  #url;
+  #options;
+  #token;
+  #WebSocket;
+  /** @type {WebSocket|null} */ #ws = null;
+  #authenticated = false;
+  #closed = false;
+  #attempt = 0;
+  #retryTimer = null;
+  #refreshTimer = null;
+  /** @type {Map<string, Subscription>} by topic */ #subscriptions = new Map();
+  /** @type {Map<string, object>} by topic and message_id */ #publishes = new Map();
+  /** @type {Array<{resolve: Function, reject: Function}>} */ #refreshes = [];
+  /** @type {Map<string, Array<Function>>} */ #listeners = new Map();
+  #firstOpen; // connect's promise, settled by the first attempt
+
+  /** @param {string} url @param {ConnectOptions} options */
+  constructor(url, options = {}) {
+    this.#url = socketURL(url);
+    this.#options = {minDelay: 250, maxDelay: 10000, refreshBefore: 60000,
+      ...options};
+    this.#token = options.token;
+    this.#WebSocket = options.WebSocket || globalThis.WebSocket;
+    if (!this.#WebSocket) {
+      throw new PopsubError("no_websocket", "this runtime has no " +
+        "WebSocket: run Node 20 with --experimental-websocket, or pass " +
+        "options.WebSocket");
+    }
+    /** The connection number the broker gave, for its logs. */
+    this.conn = 0;
+    /** Resolves on the first authentication, rejects if it fails. */
+    this.opened = new Promise((resolve, reject) => {
+      this.#firstOpen = {resolve, reject};
+    });
+    this.opened.catch(() => {});
+    this.#dial();
+  }
+
+  /**
+   * Listens for an event: "open" ({conn, reconnected}), "close" ({code,
+   * name, reason, reconnecting, delay}), "gap" ({topic, after, seq}),
+   * "refresh" ({sub, conn}), "error" (a PopsubError no call is waiting
+   * for). Returns a function that stops listening.
+   * @param {string} name @param {(event: object) => void} listener
+   */
+  on(name, listener) {
+    const list = this.#listeners.get(name) || [];
+    list.push(listener);
+    this.#listeners.set(name, list);
+    return () => list.splice(list.indexOf(listener) >>> 0, 1);
+  }
+
+  #emit(name, event) {
+    for (const listener of this.#listeners.get(name) || []) {
+      try { listener(event); } catch (err) { console.error(err); }
+    }
+  }
+
+  /** Whether the client is connected and authenticated now. */
+  get connected() { return this.#authenticated; }
+
+  // # Connecting, and reconnecting
+
+  #dial() {
+    const ws = new this.#WebSocket(this.#url);
+    this.#ws = ws;
+    ws.addEventListener("open", () => this.#authenticate(ws));
+    ws.addEventListener("message", (e) => this.#receive(ws, e.data));
+    ws.addEventListener("close", (e) => this.#dropped(ws, e.code, e.reason));
+    ws.addEventListener("error", () => {}); // a close event follows
+  }
+
+  async #authenticate(ws) {
+    if (!this.#token && this.#options.getToken) {
+      this.#token = await this.#options.getToken();
+    }
+    this.#send(ws, {type: "auth", token: this.#token || "",
+      client: this.#options.client});
+  }
+
+  // Called with the broker's first "authenticated" on a socket.
+  #welcome(ws, frame) {
+    const reconnected = this.#attempt > 0 || this.conn !== 0;
+    this.#authenticated = true;
+    this.#attempt = 0;
+    this.conn = frame.conn;
+    this.#scheduleRefresh();
+    // Subscriptions first, then the publishes the broker never confirmed,
+    // each with its own message_id: a repeat is confirmed as duplicate.
+    for (const sub of this.#subscriptions.values()) sub._resubscribe(ws);
+    for (const entry of this.#publishes.values()) this.#send(ws, entry.frame);
+    this.#firstOpen.resolve(this);
+    this.#emit("open", {conn: frame.conn, reconnected});
+  }
+
+  #dropped(ws, code, reason) {
+    if (ws !== this.#ws) return;
+    const wasAuthenticated = this.#authenticated;
+    this.#authenticated = false;
+    this.#ws = null;
+    clearTimeout(this.#refreshTimer);
+    for (const r of this.#refreshes.splice(0)) {
+      r.reject(new PopsubError("closed", "the connection closed"));
+    }
+    const name = closeCodes[code] || String(code);
+    // A refused or expired token is final unless there is a way to get
+    // another one; the first attempt's failure goes to connect's caller.
+    const tokenProblem = code === 4001 || code === 4003;
+    let reconnecting = !this.#closed &&
+      (!tokenProblem || !!this.#options.getToken);
+    if (!wasAuthenticated && this.conn === 0) {
+      reconnecting = false;
+      this.#firstOpen.reject(new PopsubError(name, reason ||
+        "could not connect to " + this.#url));
+    }
+    if (tokenProblem) this.#token = undefined;
+    const delay = reconnecting ? this.#backoff() : 0;
+    this.#emit("close", {code, name, reason, reconnecting, delay});
+    if (reconnecting) {
+      this.#retryTimer = setTimeout(() => this.#dial(), delay);
+    } else if (!this.#closed) {
+      this.#fail(new PopsubError(name, reason || "connection closed"));
+    }
+  }
+
+  // Equal jitter: half the doubled delay, plus up to as much again, so
+  // that many clients dropped at once do not return at once.
+  #backoff() {
+    const {minDelay, maxDelay} = this.#options;
+    const ceiling = Math.min(maxDelay, minDelay * 2 ** this.#attempt++);
+    return ceiling / 2 + Math.random() * ceiling / 2;
+  }
+
+  #fail(err) {
+    this.#closed = true;
+    for (const entry of this.#publishes.values()) entry.reject(err);
+    this.#publishes.clear();
+  }
+
+  /** Closes the connection for good; unconfirmed publishes reject. */
+  close() {
+    this.#closed = true;
+    clearTimeout(this.#retryTimer);
+    clearTimeout(this.#refreshTimer);
+    this.#fail(new PopsubError("closed", "the client was closed"));
+    if (this.#ws) this.#ws.close(1000, "");
+  }
+
+  // # Tokens refreshed in place
+
+  #scheduleRefresh() {
+    clearTimeout(this.#refreshTimer);
+    const exp = expiryOf(this.#token);
+    if (!this.#options.getToken || !exp) return;
+    const wait = Math.max(0, exp - Date.now() - this.#options.refreshBefore);
+    // setTimeout holds at most 2^31-1 ms (24.8 days).
+    this.#refreshTimer = setTimeout(() => this.#refresh(),
+      Math.min(wait, 2 ** 31 - 1));
+  }
+
+  async #refresh() {
+    try {
+      await this.setToken(await this.#options.getToken());
+    } catch (err) {
+      this.#emit("error", err);
+      // Try again in a while; the session lasts until the old token ends.
+      this.#refreshTimer = setTimeout(() => this.#refresh(),
+        Math.max(1000, this.#options.refreshBefore / 4));
+    }
+  }
+
+  /**
+   * Replaces the token on the open connection, without reconnecting:
+   * its grants and expiry take effect at once. Resolves once the broker
+   * answers "authenticated"; rejects if it refuses the token, and the
+   * connection then goes on with the old one.
+   * @param {string} token
+   */
+  setToken(token) {
+    this.#token = token;
+    const ws = this.#ws;
+    if (!ws || !this.#authenticated) return Promise.resolve();
+    return new Promise((resolve, reject) => {
+      this.#refreshes.push({resolve, reject});
+      this.#send(ws, {type: "auth", token, client: this.#options.client});
+    });
+  }
+
+  // # Frames from the broker
+
+  #receive(ws, data) {
+    if (ws !== this.#ws) return;
+    let frame;
+    try { frame = JSON.parse(data); } catch { return; }
+    switch (frame.type) {
+      case "authenticated":
+        return this.#authenticated ? this.#refreshed(frame)
+          : this.#welcome(ws, frame);
+      case "message":
+        return this.#deliver(ws, frame);
+      case "published":
+        return this.#confirmed(frame);
+      case "subscribed":
+      case "unsubscribed":
+        return this.#subscriptions.get(frame.topic)?._reply(frame);
+      case "error":
+        return this.#refused(frame);
+    }
+  }
+
+  #refreshed(frame) {
+    this.#scheduleRefresh();
+    this.#refreshes.shift()?.resolve();
+    this.#emit("refresh", {sub: frame.sub, conn: frame.conn});
+  }
+
+  #deliver(ws, frame) {
+    for (const sub of this.#subscriptions.values()) {
+      if (covers(sub.topic, frame.topic)) sub._deliver(ws, frame);
+    }
+  }
+
+  #confirmed(frame) {
+    const key = frame.topic + "\u0000" + frame.message_id;
+    const entry = this.#publishes.get(key);
+    if (!entry) return;
+    this.#publishes.delete(key);
+    entry.resolve({topic: frame.topic, seq: frame.seq,
+      messageId: frame.message_id, duplicate: !!frame.duplicate});
+  }
+
+  #refused(frame) {
+    const err = new PopsubError(frame.code, frame.message, frame);
+    // A refused publish names its message_id; a refused subscribe, its
+    // topic; a refused refresh is an auth_failed on an open session.
+    const key = frame.topic + "\u0000" + frame.message_id;
+    if (frame.message_id && this.#publishes.has(key)) {
+      const entry = this.#publishes.get(key);
+      this.#publishes.delete(key);
+      return entry.reject(err);
+    }
+    if (frame.code === "auth_failed" && this.#refreshes.length > 0) {
+      return this.#refreshes.shift().reject(err);
+    }
+    const sub = frame.topic && this.#subscriptions.get(frame.topic);
+    if (sub && sub._refused(err)) return;
+    if (frame.code === "auth_failed" && !this.#authenticated) return;
+    this.#emit("error", err);
+  }
+
+  #send(ws, frame) {
+    if (ws && ws.readyState === 1) ws.send(JSON.stringify(frame));
+  }
+
+  // # Publishing
+
+  /**
+   * Publishes payload, any JSON value, to topic. QoS 0 (the default)
+   * resolves once sent, and rejects if the client is not connected. QoS
+   * 1 resolves with the broker's confirm once the message is on disk,
+   * sending it again after each reconnect until then.
+   * @param {string} topic @param {any} payload
+   * @param {{qos?: 0|1, messageId?: string}} [options]
+   * @returns {Promise<Confirm|undefined>}
+   */
+  publish(topic, payload, {qos = 0, messageId} = {}) {
+    if (this.#closed) {
+      return Promise.reject(new PopsubError("closed", "the client is closed"));
+    }
+    const frame = {type: "publish", topic, payload, qos,
+      message_id: messageId || newID()};
+    if (qos === 0) {
+      if (!this.#authenticated) {
+        return Promise.reject(new PopsubError("not_connected",
+          "a QoS 0 publish is not kept while the client reconnects; " +
+          "use qos: 1"));
+      }
+      this.#send(this.#ws, frame);
+      return Promise.resolve(undefined);
+    }
+    return new Promise((resolve, reject) => {
+      this.#publishes.set(topic + "\u0000" + frame.message_id,
+        {frame, resolve, reject});
+      if (this.#authenticated) this.#send(this.#ws, frame);
+    });
+  }
+
+  // # Subscribing
+
+  /**
+   * Subscribes to topic (or a filter with + and #) and calls onMessage
+   * for each delivery. Resolves once the broker answers "subscribed".
+   * @param {string} topic
+   * @param {(message: Message) => (void|Promise<void>)} onMessage
+   * @param {SubscribeOptions} [options]
+   * @returns {Promise<Subscription>}
+   */
+  subscribe(topic, onMessage, options = {}) {
+    const old = this.#subscriptions.get(topic);
+    if (old) old._end(new PopsubError("replaced", "subscribed again"));
+    const sub = new Subscription(this, topic, onMessage, options,
+      (ws, frame) => this.#send(ws, frame), (name, e) => this.#emit(name, e),
+      () => this.#subscriptions.delete(topic));
+    this.#subscriptions.set(topic, sub);
+    if (this.#authenticated) sub._resubscribe(this.#ws);
+    return sub.ready;
+  }
+
+  /** @param {Subscription} sub */
+  _unsubscribe(sub) {
+    if (this.#subscriptions.get(sub.topic) !== sub) return Promise.resolve();
+    this.#subscriptions.delete(sub.topic);
+    this.#send(this.#ws, {type: "unsubscribe", topic: sub.topic});
+    return Promise.resolve();
+  }
+}
+
+/** One subscription, which outlives the sockets under it. */
+export class Subscription {
+  #send;
+  #emit;
+  #forget;
+  #handler;
+  #options;
+  #pendingReply = null;
+  /** per topic: the highest seq seen, and the seqs not yet handled */
+  #seen = new Map();
+  #open = new Map();
+  #baseline = 0;
+  #subscribedOnce = false;
+  #asked; // the after of the last subscribe frame, for a gap event
+
+  constructor(client, topic, handler, options, send, emit, forget) {
+    this.client = client;
+    /** @type {string} */ this.topic = topic;
+    this.#handler = handler;
+    this.#options = {ack: "auto", ...options};
+    this.#send = send;
+    this.#emit = emit;
+    this.#forget = forget;
+    this.wildcard = /[+#]/.test(topic);
+    this.ready = new Promise((resolve, reject) => {
+      this.#pendingReply = {resolve, reject};
+    });
+    this.ready.catch(() => {});
+  }
+
+  /** Stops the subscription; a durable cursor stays on the broker. */
+  unsubscribe() { return this.client._unsubscribe(this); }
+
+  /**
+   * The seq to resume after on this topic: everything up to it was
+   * handled. undefined before the first delivery or reply.
+   */
+  get position() {
+    if (this.wildcard || !this.#subscribedOnce) return undefined;
+    const open = this.#open.get(this.topic);
+    if (open && open.size > 0) return Math.min(...open) - 1;
+    return Math.max(this.#baseline, this.#seen.get(this.topic) || 0);
+  }
+
+  // The subscribe frame: the options as given the first time, and after
+  // a reconnect the position reached (or the durable cursor).
+  _resubscribe(ws) {
+    const frame = {type: "subscribe", topic: this.topic};
+    const {after, last, durable} = this.#options;
+    const resuming = this.#subscribedOnce;
+    if (durable) {
+      frame.durable = durable;
+    } else if (resuming && !this.wildcard) {
+      frame.after = this.position;
+    } else if (after !== undefined) {
+      frame.after = after;
+    } else if (last !== undefined) {
+      frame.last = last;
+    }
+    this.#asked = frame.after;
+    // What comes after the resume point comes again, unacked or not: the
+    // old socket's acks may not have arrived. A durable cursor may be
+    // further back still, so it starts afresh.
+    if (resuming) {
+      if (durable) this.#seen.clear();
+      else if (!this.wildcard) this.#seen.set(this.topic, frame.after);
+      this.#open.clear();
+    }
+    this.#send(ws, frame);
+  }
+
+  _reply(frame) {
+    if (frame.type === "unsubscribed") {
+      if (frame.reason) this._end(new PopsubError("unsubscribed", frame.reason));
+      return;
+    }
+    if (!this.#subscribedOnce && !this.wildcard) {
+      // Where this subscription starts, for a resume before any delivery.
+      const {after, last} = this.#options;
+      this.#baseline = after ?? (last !== undefined
+        ? Math.max(0, (frame.seq || 0) - last) : 0);
+    }
+    this.#subscribedOnce = true;
+    if (frame.recovered === false) {
+      this.#emit("gap", {topic: this.topic, after: this.#asked,
+        seq: frame.seq});
+    }
+    this.#pendingReply?.resolve(this);
+    this.#pendingReply = null;
+  }
+
+  _refused(err) {
+    if (!this.#pendingReply) return false;
+    this._end(err);
+    return true;
+  }
+
+  _end(err) {
+    this.#forget();
+    this.#pendingReply?.reject(err);
+    this.#pendingReply = null;
+  }
+
+  _deliver(ws, frame) {
+    // A delivery this subscription already handled comes again when two
+    // overlapping subscriptions both match, and at a resume's hand-over.
+    const seen = this.#seen.get(frame.topic) || 0;
+    if (frame.attempt === 1 && frame.seq <= seen) return;
+    this.#seen.set(frame.topic, Math.max(seen, frame.seq));
+    const open = this.#open.get(frame.topic) || new Set();
+    this.#open.set(frame.topic, open);
+    open.add(frame.seq);
+
+    let acked = false;
+    const ack = () => {
+      if (acked) return;
+      acked = true;
+      open.delete(frame.seq);
+      if (frame.qos === 1) {
+        this.#send(ws, {type: "ack", topic: frame.topic,
+          message_id: frame.message_id});
+      }
+    };
+    /** @type {Message} */
+    const message = {topic: frame.topic, payload: frame.payload,
+      seq: frame.seq, messageId: frame.message_id, qos: frame.qos,
+      timestamp: frame.timestamp, attempt: frame.attempt, ack};
+    const manual = this.#options.ack === "manual" && frame.qos === 1;
+    let result;
+    try {
+      result = this.#handler(message);
+    } catch (err) {
+      // An auto-acked handler that throws leaves the message unacked:
+      // the broker sends it again after its ack timeout.
+      console.error(err);
+      return;
+    }
+    if (manual) return;
+    Promise.resolve(result).then(ack, (err) => console.error(err));
+  }
+}
+
+// # Helpers
+
+/** socketURL turns http(s)://host into ws(s)://host/ws. */
+function socketURL(url) {
+  const u = new URL(url, globalThis.location?.href);
+  if (u.protocol === "http:") u.protocol = "ws:";
+  if (u.protocol === "https:") u.protocol = "wss:";
+  if (u.pathname === "/" || u.pathname === "") u.pathname = "/ws";
+  return u.toString();
+}
+
+/** expiryOf returns a JWT's exp in Unix ms, or 0 if it has none. */
+export function expiryOf(token) {
+  try {
+    const part = token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
+    const claims = JSON.parse(atob(part + "=".repeat((4 - part.length % 4) % 4)));
+    return typeof claims.exp === "number" ? claims.exp * 1000 : 0;
+  } catch {
+    return 0;
+  }
+}
+
+/** covers reports whether a subscription's filter covers a topic. */
+export function covers(filter, topic) {
+  if (filter === topic) return true;
+  if (topic.startsWith("$") && /^[+#]/.test(filter)) return false;
+  const f = filter.split("/"), t = topic.split("/");
+  for (let i = 0; i < f.length; i++) {
+    if (f[i] === "#") return true;
+    if (i >= t.length || (f[i] !== "+" && f[i] !== t[i])) return false;
+  }
+  return f.length === t.length;
+}
+
+/** newID returns a random message id. */
+function newID() {
+  if (globalThis.crypto?.randomUUID) return globalThis.crypto.randomUUID();
+  return Date.now().toString(36) + Math.random().toString(36).slice(2);
+}
