@@ -18,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/chromedp/chromedp"
 )
 
 // selfSigned writes a self-signed certificate for 127.0.0.1 and
@@ -198,4 +200,40 @@ func TestServe_PagesServesOnlyPages(t *testing.T) {
 			t.Errorf("GET /pages/%s: %s, want %d", name, res.Status, want)
 		}
 	}
+}
+
+// The playground over TLS: the page comes over https, and its clients
+// connect over wss.
+func TestPlayground_OverTLS(t *testing.T) {
+	chromium := browser(t)
+	cert, key := selfSigned(t)
+	url, token, _ := startServe(t, "--tls-cert", cert, "--tls-key", key)
+	page := "https" + strings.TrimPrefix(url, "wss") + "/#token=" + token
+	ctx, _ := startBrowser(t, chromium,
+		chromedp.Flag("ignore-certificate-errors", true))
+	do(t, ctx, "open the playground", chromedp.Navigate(page))
+	until(t, ctx, "the x-ray is connected", exists(`#banner[data-state="up"]`))
+	until(t, ctx, "alice connects",
+		exists(`#alice-status[data-state="connected"]`))
+}
+
+func TestServe_TLSFromTheConfigFileAndTheEnvironment(t *testing.T) {
+	cert, key := selfSigned(t)
+	t.Run("the config file", func(t *testing.T) {
+		config := filepath.Join(t.TempDir(), "popsub.toml")
+		os.WriteFile(config, []byte("[server]\ntls_cert = '"+cert+
+			"'\ntls_key = '"+key+"'\n"), 0o600)
+		url, _, _ := startServe(t, "--config", config)
+		if !strings.HasPrefix(url, "wss://") {
+			t.Fatalf("serve listens on %s, want wss://", url)
+		}
+	})
+	t.Run("the environment", func(t *testing.T) {
+		t.Setenv("POPSUB_TLS_CERT", cert)
+		t.Setenv("POPSUB_TLS_KEY", key)
+		url, _, _ := startServe(t)
+		if !strings.HasPrefix(url, "wss://") {
+			t.Fatalf("serve listens on %s, want wss://", url)
+		}
+	})
 }
