@@ -152,7 +152,7 @@ func TestBroker_TokenExpiry(t *testing.T) {
 			c.send(map[string]any{"type": "auth",
 				"token": tokenUntil(t, "mallory", time.Now().Add(2*time.Hour))})
 			if g := c.expectError("auth_failed"); !strings.Contains(
-				g.Message, "another subject") {
+				g.Message, "another subject's") {
 				t.Fatalf("refusal says %q", g.Message)
 			}
 			c.send(map[string]any{"type": "auth", "token": "not-a-token"})

@@ -1,6 +1,7 @@
 package popsub
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -133,6 +134,7 @@ func UseStore(f func(t *testing.T, opts Options) Store) { testStore = f }
 // own) is listed here, or in oneEngine with the reason it is not:
 // TestBehaviour_EveryTestIsListed holds the two lists to that.
 var Behaviour = map[string]func(*testing.T){
+	"TestGroups_OnTheRunsEngine":                    TestGroups_OnTheRunsEngine,
 	"TestBroker_BearerTokenAtTheUpgrade":            TestBroker_BearerTokenAtTheUpgrade,
 	"TestBroker_RefusedPublishNamesItsMessageID":    TestBroker_RefusedPublishNamesItsMessageID,
 	"TestBroker_AcksArePerSubscriber":               TestBroker_AcksArePerSubscriber,
@@ -162,10 +164,19 @@ var Behaviour = map[string]func(*testing.T){
 // oneEngine names the tests that start a broker on the run's engine but
 // do not run again on JetStream, and why.
 var oneEngine = map[string]string{
+	"TestGroups_ShareMessagesEachAckedOnce":                   groupsRefused,
+	"TestGroups_AMemberThatDoesNotAckLosesItsJobsToTheOthers": groupsRefused,
+	"TestGroups_AMemberThatLeavesHandsOnItsJobsAtOnce":        groupsRefused,
+	"TestGroups_EachGroupAndEachSubscriberGetsEverything":     groupsRefused,
+	"TestGroups_RefusedWhereTheyCannotWork":                   groupsRefused,
 	"TestBroker_FloodsAreBounded": "it bounds the test process's heap, " +
 		"and on JetStream the NATS server runs in that process and " +
 		"holds the flood itself",
 }
+
+// groupsRefused is why the work queue tests run on bbolt only: a shared
+// log refuses groups, which TestGroups_OnTheRunsEngine checks there.
+const groupsRefused = "groups are refused on a shared log"
 
 // openBolt opens a bbolt store or fails the test.
 func openBolt(t *testing.T, path string) *BoltStore {
@@ -562,9 +573,28 @@ func jwtTime(at time.Time) *jwt.NumericDate {
 	return jwt.NewNumericDate(at)
 }
 
-// countGoroutines is runtime.NumGoroutine, named for the test.
+// countGoroutines counts the goroutines of this process but the NATS
+// server's.
 func countGoroutines() int {
-	return runtime.NumGoroutine()
+	// On JetStream the NATS server runs in this process, shared by every
+	// test, and starts and ends goroutines of its own on its own time:
+	// they are not the broker's to leak, and are not counted.
+	stacks := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(stacks, true)
+		if n < len(stacks) {
+			stacks = stacks[:n]
+			break
+		}
+		stacks = make([]byte, 2*len(stacks))
+	}
+	count := 0
+	for _, stack := range bytes.Split(stacks, []byte("\n\n")) {
+		if !bytes.Contains(stack, []byte("github.com/nats-io/nats-server")) {
+			count++
+		}
+	}
+	return count
 }
 
 // waitFor polls cond for up to ten seconds: for states that settle after

@@ -33,8 +33,8 @@
 //
 // # Reading path
 //
-// The whole broker is this file, about 2,800 lines of code, 1,500 of them
-// on the first reading, which takes about 4 hours at 150 words of prose
+// The whole broker is this file, about 3,000 lines of code, 1,500 of them
+// on the first reading, which takes about 4.5 hours at 150 words of prose
 // and 8 lines of code a minute. You follow a message: options and
 // frames; the broker and its topics; the log, which gives a message its
 // seq and then makes it durable; connecting; the outbox and
@@ -92,6 +92,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"reflect"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -308,23 +309,14 @@ func (o Options) withDefaults() Options {
 }
 
 // check refuses a negative limit: MaxRetries is the one whose negative
-// means something.
+// means something. Every number in Options is a limit, so a new one is
+// checked without a line of its own.
 func (o Options) check() error {
-	for name, value := range map[string]float64{
-		"AckTimeout": float64(o.AckTimeout), "TTL": float64(o.TTL),
-		"MaxMessages": float64(o.MaxMessages), "PublishRate": o.PublishRate,
-		"MaxLogBytes":      float64(o.MaxLogBytes),
-		"MaxFrameBytes":    float64(o.MaxFrameBytes),
-		"OutboxBytes":      float64(o.OutboxBytes),
-		"MaxInflight":      float64(o.MaxInflight),
-		"MaxInflightBytes": float64(o.MaxInflightBytes),
-		"WriteTimeout":     float64(o.WriteTimeout),
-		"AuthTimeout":      float64(o.AuthTimeout),
-		"PingInterval":     float64(o.PingInterval),
-		"MaxConnections":   float64(o.MaxConnections),
-		"LoginTokenTTL":    float64(o.LoginTokenTTL),
-	} {
-		if value < 0 {
+	fields := reflect.ValueOf(o)
+	for i := range fields.NumField() {
+		name, v := fields.Type().Field(i).Name, fields.Field(i)
+		if name != "MaxRetries" && (v.CanInt() && v.Int() < 0 ||
+			v.CanFloat() && v.Float() < 0) {
 			return fmt.Errorf("popsub: Options.%s is negative", name)
 		}
 	}
@@ -448,6 +440,8 @@ type Broker struct {
 	connections map[*connection]struct{}
 	// durables maps a durable key to the one subscription that owns it.
 	durables map[string]*subscription
+	// groups maps a work queue's cursor key to the group (Work queues).
+	groups map[string]*group
 	// closing is set by Shutdown; no connection registers after it.
 	closing bool
 
@@ -542,6 +536,7 @@ func New(opts Options) (*Broker, error) {
 		topics: map[string]*topic{}, wildcards: map[*subscription]struct{}{},
 		connections: map[*connection]struct{}{},
 		durables:    map[string]*subscription{}, stop: make(chan struct{}),
+		groups:  map[string]*group{},
 		events:  make(chan wire.Event, eventQueue),
 		hashing: make(chan struct{}, max(runtime.GOMAXPROCS(0)/2, 1)),
 		dummy:   sync.OnceValue(func() string { return dummyHash(opts.Users) })}
@@ -917,23 +912,17 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// A connection registers before it authenticates, so that Shutdown
 	// and the connection count see it from its first moment.
 	c := b.newConnection(ws, r.RemoteAddr)
-	c.socket, c.bearer = hijack.socket, BearerToken(r)
+	c.socket = hijack.socket
+	scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	if strings.EqualFold(scheme, "Bearer") {
+		c.bearer = strings.TrimSpace(token)
+	}
 	if !b.register(c) {
 		b.open.Add(-1)
 		ws.Close(websocket.StatusGoingAway, "server shutting down")
 		return
 	}
 	go c.serve()
-}
-
-// BearerToken returns the token of a request's "Authorization: Bearer"
-// header, or "".
-func BearerToken(r *http.Request) string {
-	scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !strings.EqualFold(scheme, "Bearer") {
-		return ""
-	}
-	return strings.TrimSpace(token)
 }
 
 // newConnection prepares the state of a freshly upgraded connection.
@@ -1244,13 +1233,9 @@ func (c *connection) reauthenticate(f frame) {
 	// the session goes on with the token it has. A connection is one
 	// identity for its whole life, or durable keys would mix.
 	claims, err := c.broker.verify(f.Token)
-	switch {
-	case err != nil:
-		c.reply(errorReply("auth_failed", "authentication failed"))
-		return
-	case claims.Subject != c.subject:
-		c.reply(errorReply("auth_failed", "the token is for another "+
-			"subject; a connection keeps its own"))
+	if err != nil || claims.Subject != c.subject {
+		c.reply(errorReply("auth_failed", "token refused (invalid, or "+
+			"another subject's): the connection keeps its own"))
 		return
 	}
 	c.claims = claims
@@ -2398,6 +2383,10 @@ type subscription struct {
 	// durable is the cursor of a durable subscription, or nil: a
 	// durableCursor (a detail) knows the seqs sent and still unacked.
 	durable *durableCursor
+	// group is the work queue a member subscription belongs to, or nil.
+	// A group's own feed, which reads the topic for all its members, is
+	// a subscription too, with a group and no conn (Work queues).
+	group *group
 }
 
 // subscribe answers a subscribe frame.
@@ -2410,9 +2399,9 @@ func (c *connection) subscribe(f frame) {
 		c.reply(topicError("invalid_topic", msg, f.Topic))
 		return
 	}
-	if f.After != nil && f.Last != nil {
-		c.reply(topicError("bad_frame", "use after or last, not both",
-			f.Topic))
+	if f.After != nil && f.Last != nil || f.Durable != "" && f.Group != "" {
+		c.reply(topicError("bad_frame",
+			"use after or last, and durable or group, not both", f.Topic))
 		return
 	}
 	if !allowed(c.claims.Subscribe, f.Topic) {
@@ -2424,8 +2413,17 @@ func (c *connection) subscribe(f frame) {
 		c.subscribeWildcard(f)
 		return
 	}
-	if strings.ContainsRune(f.Durable, 0) || len(f.Durable) > 256 {
-		c.reply(topicError("bad_frame", "invalid durable name", f.Topic))
+	// A NUL separates a cursor key's parts, so no name may hold one.
+	if strings.ContainsRune(f.Durable+f.Group, 0) ||
+		max(len(f.Durable), len(f.Group)) > 256 {
+		c.reply(topicError("bad_frame", "invalid durable or group name",
+			f.Topic))
+		return
+	}
+	// A group shares the topic among its members, each message to one
+	// (c.subscribeGroup, in Work queues, a detail).
+	if f.Group != "" {
+		c.subscribeGroup(f)
 		return
 	}
 	c.subscribeTopic(f)
@@ -2433,7 +2431,7 @@ func (c *connection) subscribe(f frame) {
 
 // subscribeWildcard adds a live-only filter subscription.
 func (c *connection) subscribeWildcard(f frame) {
-	if f.Durable != "" || f.After != nil || f.Last != nil {
+	if f.Durable != "" || f.Group != "" || f.After != nil || f.Last != nil {
 		c.reply(topicError("bad_frame",
 			"wildcard subscriptions are live only", f.Topic))
 		return
@@ -2514,7 +2512,7 @@ func (c *connection) subscribeTopic(f frame) {
 	}
 	c.reply(r)
 	b.noteSubscription("subscribed", s)
-	go s.replay(start, false)
+	go s.replay(b, start, false)
 }
 
 // startAfter turns after or last into the seq replay starts after, and
@@ -2581,7 +2579,12 @@ func (b *Broker) unsubscribe(s *subscription) {
 	// It is safe to call twice (a takeover racing a disconnect): every
 	// step below is idempotent.
 	//
-	// First no new deliveries: out of the topic and the wildcard table.
+	// First no new deliveries: out of the topic, the wildcard table and,
+	// for a work queue's member, its group (s.group.leave, in Work
+	// queues).
+	if s.group != nil {
+		s.group.leave(s)
+	}
 	if s.topic != nil {
 		s.topic.mu.Lock()
 		delete(s.topic.subscribers, s)
@@ -2595,10 +2598,10 @@ func (b *Broker) unsubscribe(s *subscription) {
 	b.mu.Unlock()
 
 	// Then no retries: cancel (which stops a replayer) and drop pending
-	// entries, under the same lock track takes, so none sneaks in after.
+	// entries, under the same lock record takes, so none sneaks in after.
 	c := s.conn
+	var left []pending
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	select {
 	case <-s.cancel:
 	default:
@@ -2611,11 +2614,18 @@ func (b *Broker) unsubscribe(s *subscription) {
 				return false
 			}
 			c.inflightBytes -= p.message.size()
+			left = append(left, p)
 			return true
 		})
 		if len(q.live()) == 0 {
 			delete(c.unacked, topic)
 		}
+	}
+	c.mu.Unlock()
+	// A departed member's deliveries go to the others at once, as their
+	// next attempts (g.place, in Work queues).
+	if s.group != nil {
+		s.group.place(left, nil)
 	}
 }
 
@@ -2637,8 +2647,11 @@ func (b *Broker) unsubscribe(s *subscription) {
 // other than key are guarded by the connection's mu.
 type durableCursor struct {
 	// key is the token's sub, the durable name and the topic, separated
-	// by NUL (which topics may not contain); immutable.
+	// by NUL (which topics may not contain); immutable. A work queue's
+	// members share their group's cursor (Work queues), so mu guards it
+	// too, inside their connections' locks.
 	key string
+	mu  sync.Mutex
 	// sent is the newest seq queued to the subscriber.
 	sent uint64
 	// unacked lists the QoS 1 seqs delivered and not yet acked, in
@@ -2693,7 +2706,7 @@ func (b *Broker) takeOver(old *subscription) {
 // is the highest seq with everything up to it acked (or sent, for QoS 0):
 // an ack out of order moves nothing until the gap below it closes, so a
 // resumed subscription may see some acked messages again, never miss an
-// unacked one. The caller holds c.mu.
+// unacked one. The caller holds c.mu and d.mu.
 func (c *connection) saveCursor(d *durableCursor) {
 	position := d.sent
 	if len(d.unacked) > 0 {
@@ -3014,7 +3027,10 @@ func (b *Broker) sequenced(t *topic, m *Message, last uint64) {
 // The caller holds t.mu, which keeps seq order.
 func (b *Broker) fanOut(t *topic, m *Message, last uint64) {
 	// Replaying subscriptions are skipped: their replayer will read the
-	// message from the store, or from the topic's unsynced list.
+	// message from the store, or from the topic's unsynced list. s.offer
+	// queues the message to the subscriber's connection if it has room
+	// (or, for a work queue's feed, to one member with room, in Work
+	// queues), and reports whether it did.
 	//
 	// One encoding serves every subscriber: the bytes are never mutated,
 	// so a hundred outboxes can hold the same slice. One clock read
@@ -3024,8 +3040,8 @@ func (b *Broker) fanOut(t *topic, m *Message, last uint64) {
 	// here was sent: each subscriber goes back to the log, to hear it.
 	gap := m.Seq > last+1
 	for s := range t.subscribers {
-		if s.live && (gap || !s.conn.deliver(s, m, m.frame, 1, deadline)) {
-			s.fallBehind(last)
+		if s.live && (gap || !s.offer(m, m.frame, 1, deadline)) {
+			s.fallBehind(b, last)
 		}
 	}
 
@@ -3046,11 +3062,11 @@ func (b *Broker) fanOut(t *topic, m *Message, last uint64) {
 // reads on from the log after seq: its outbox or its in-flight window
 // had no room for the newest message. The caller holds s.topic.mu, as
 // fan-out does.
-func (s *subscription) fallBehind(after uint64) {
+func (s *subscription) fallBehind(b *Broker, after uint64) {
 	// Fan-out goes in seq order, so the subscriber has everything up to
 	// after and nothing past it.
 	s.live = false
-	go s.replay(after, true)
+	go s.replay(b, after, true)
 }
 
 // # Confirms (detail)
@@ -3220,10 +3236,11 @@ func (c *connection) deliver(s *subscription, m *Message, frame []byte,
 	defer c.mu.Unlock()
 
 	// A subscription ended a moment ago gets nothing more: nobody would
-	// ever clear its pending entries.
+	// ever clear its pending entries. A group's member that left has no
+	// room, so the group hands the message to another.
 	select {
 	case <-s.cancel:
-		return true
+		return s.group == nil
 	default:
 	}
 	if !c.windowHas(m, share) ||
@@ -3251,29 +3268,37 @@ func (c *connection) record(s *subscription, m *Message,
 	deadline time.Time) {
 	var p *pending
 	if m.QoS == 1 {
-		q := c.unacked[m.Topic]
-		if q == nil {
-			q = &pendingQueue{}
-			c.unacked[m.Topic] = q
-		}
-		var added bool
-		p, added = q.add(pending{subscription: s, message: m, attempt: 1,
+		p = c.owe(pending{subscription: s, message: m, attempt: 1,
 			deadline: deadline})
-		if added {
-			c.inflight++
-			c.inflightBytes += m.size()
-		}
 	}
 	c.broker.noteMessage("delivered", c, m, p)
 	// A durable subscription's deliveries come in seq order (replay,
 	// then live), so appending keeps unacked sorted.
 	if d := s.durable; d != nil {
+		d.mu.Lock()
 		d.sent = m.Seq
 		if m.QoS == 1 {
 			d.unacked = append(d.unacked, m.Seq)
 		}
 		c.saveCursor(d)
+		d.mu.Unlock()
 	}
+}
+
+// owe adds p to c's pending deliveries and returns where it went. The
+// caller holds c.mu.
+func (c *connection) owe(p pending) *pending {
+	q := c.unacked[p.message.Topic]
+	if q == nil {
+		q = &pendingQueue{}
+		c.unacked[p.message.Topic] = q
+	}
+	at, added := q.add(p)
+	if added {
+		c.inflight++
+		c.inflightBytes += p.message.size()
+	}
+	return at
 }
 
 // ack answers an ack frame. Three forms clear this connection's pending
@@ -3336,10 +3361,12 @@ func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 		// Acks mostly come in order, so the seq is usually first in
 		// unacked and the search stops at once.
 		if d := p.subscription.durable; d != nil {
+			d.mu.Lock()
 			if at := slices.Index(d.unacked, p.message.Seq); at >= 0 {
 				d.unacked = slices.Delete(d.unacked, at, at+1)
 			}
 			c.saveCursor(d)
+			d.mu.Unlock()
 		}
 	}
 	c.inflight -= j - i
@@ -3373,14 +3400,19 @@ func (c *connection) redeliver(now time.Time) {
 	// c.mu is released: dead-lettering publishes, which takes a topic's
 	// lock, and topic comes before connection in the lock order.
 	c.mu.Lock()
-	retries, dead := c.overdue(now)
+	retries, dead, moves := c.overdue(now)
 	c.mu.Unlock()
 
 	// A retry never waits. One that finds the outbox full is not sent,
 	// and counts as an attempt all the same: a subscriber that has not
-	// drained its outbox for a whole ack timeout is not reading it.
+	// drained its outbox for a whole ack timeout is not reading it. A
+	// group member's retry goes to another member if one has room
+	// (c.move, in Work queues).
 	for _, data := range retries {
 		c.outbox.push(data)
+	}
+	for _, p := range moves {
+		c.move(p)
 	}
 	for i := range dead {
 		c.broker.deadLetter(&dead[i], c)
@@ -3388,11 +3420,12 @@ func (c *connection) redeliver(now time.Time) {
 }
 
 // overdue walks c's pending deliveries once. Each overdue one gets its
-// next attempt and a retry frame, or, past the last retry, is settled as
-// dead_lettered (which frees a durable cursor too) and returned among
-// dead. Emptied topic tables are dropped here. The caller holds c.mu.
+// next attempt and a retry frame (or, in a group, is returned among
+// moves), or, past the last retry, is settled as dead_lettered (which
+// frees a durable cursor too) and returned among dead. Emptied topic
+// tables are dropped here. The caller holds c.mu.
 func (c *connection) overdue(now time.Time) (retries [][]byte,
-	dead []pending) {
+	dead, moves []pending) {
 	for topic, q := range c.unacked {
 		live := q.live()
 		if len(live) == 0 {
@@ -3403,6 +3436,8 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 			case now.Before(p.deadline):
 			case p.attempt > c.broker.opts.MaxRetries:
 				dead = append(dead, *p)
+			case p.subscription.group != nil:
+				moves = append(moves, *p)
 			default:
 				p.attempt++
 				p.deadline = now.Add(c.broker.opts.AckTimeout)
@@ -3417,7 +3452,7 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 		i, _ := slices.BinarySearchFunc(q.live(), p.message.Seq, bySeq)
 		c.settle(q, i, i+1, "dead_lettered")
 	}
-	return retries, dead
+	return retries, dead, moves
 }
 
 // deadLetter publishes an exhausted delivery to $dead/<topic>, with QoS 1
@@ -3464,10 +3499,10 @@ func (b *Broker) deadLetter(p *pending, c *connection) {
 
 // replay sends the log after seq start, then turns s live. It runs on its
 // own goroutine and ends early if s or its connection ends. behind says
-// that s was live, and may not skip a message.
-func (s *subscription) replay(after uint64, behind bool) {
+// that s was live, and may not skip a message. s.cutOff cuts the
+// subscriber off with 4008: its connection, or a work queue's members.
+func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 	// stuck remembers the synced seq seen after the last empty read.
-	b := s.conn.broker
 	var stuck uint64
 	for {
 		// The store first; past its end, the messages not on disk yet.
@@ -3475,7 +3510,7 @@ func (s *subscription) replay(after uint64, behind bool) {
 			b.opts.OutboxBytes/2)
 		if err != nil {
 			b.logger.Error("replay read", "topic", s.filter, "err", err)
-			s.conn.cutOff("log unreadable")
+			s.cutOff("log unreadable")
 			return
 		}
 		if len(msgs) == 0 {
@@ -3483,11 +3518,11 @@ func (s *subscription) replay(after uint64, behind bool) {
 		}
 		if behind && (s.topic.trimmedPast(after+1) ||
 			len(msgs) > 0 && msgs[0].Seq > after+1) {
-			s.conn.cutOff("fell behind the log")
+			s.cutOff("fell behind the log")
 			return
 		}
 		for _, m := range msgs {
-			if !s.conn.deliverReplay(s, m, behind) {
+			if !s.deliverReplay(b, m, behind) {
 				return
 			}
 			after = m.Seq
@@ -3500,7 +3535,7 @@ func (s *subscription) replay(after uint64, behind bool) {
 		// moment ago (read again) or with nothing to read (a corrupt
 		// record, or seqs skipped after a crash or a failed commit).
 		// Seeing the same synced seq twice means the second: skip past.
-		live, newest := s.goLive(after)
+		live, newest := s.goLive(after, nil, nil, time.Time{})
 		if live {
 			return
 		}
@@ -3544,8 +3579,10 @@ func (t *topic) synced() uint64 {
 
 // goLive turns s live if nothing after seq was given out; otherwise it
 // returns the newest seq on disk. Under t.mu no fan-out can run, so nothing
-// falls between replay and live.
-func (s *subscription) goLive(after uint64) (bool, uint64) {
+// falls between replay and live. With m, seq's message, goes out first,
+// as live traffic, if it has room.
+func (s *subscription) goLive(after uint64, m *Message, frame []byte,
+	deadline time.Time) (bool, uint64) {
 	t := s.topic
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -3555,17 +3592,16 @@ func (s *subscription) goLive(after uint64) (bool, uint64) {
 
 	// A subscription ended during replay is no longer in the topic, and
 	// must not come back to life.
-	if _, subscribed := t.subscribers[s]; subscribed {
-		s.live = true
-	}
-	return true, after
+	_, subscribed := t.subscribers[s]
+	s.live = subscribed && (m == nil || s.offer(m, frame, 1, deadline))
+	return s.live || !subscribed, after
 }
 
 // deliverReplay queues one replayed message once there is room, and
-// reports false if the subscription or the connection ended first, or,
-// for a subscription that fell behind, if the message after m left the
-// log meanwhile.
-func (c *connection) deliverReplay(s *subscription, m *Message,
+// reports false if m, the newest, turned s live, if the subscription or
+// the connection ended first, or, for a subscription that fell behind,
+// if the message after m left the log meanwhile.
+func (s *subscription) deliverReplay(b *Broker, m *Message,
 	behind bool) bool {
 	frame := appendDelivery(nil, m, 1)
 	for {
@@ -3574,26 +3610,288 @@ func (c *connection) deliverReplay(s *subscription, m *Message,
 			return false
 		default:
 		}
-		deadline := time.Now().Add(c.broker.opts.AckTimeout)
-		if c.deliver(s, m, frame, 2, deadline) {
+		deadline := time.Now().Add(b.opts.AckTimeout)
+		if live, _ := s.goLive(m.Seq, m, frame, deadline); live {
+			return false
+		}
+		if s.offer(m, frame, 2, deadline) {
 			return true
 		}
 		if behind && s.topic.trimmedPast(m.Seq+1) {
-			c.cutOff("fell behind the log")
+			s.cutOff("fell behind the log")
 			return false
 		}
 
 		// No room: wait for the writer or an ack to make some. The poll
-		// covers a wake-up taken by another replayer on this connection.
+		// covers a wake-up taken by another replayer on this connection,
+		// and a group's feed, which has no connection (nil channels
+		// never fire) and polls its members.
+		var room, done chan struct{}
+		if s.conn != nil {
+			room, done = s.conn.room, s.conn.done
+		}
 		select {
-		case <-c.room:
+		case <-room:
 		case <-time.After(10 * time.Millisecond):
 		case <-s.cancel:
 			return false
-		case <-c.done:
+		case <-done:
 			return false
 		}
 	}
+}
+
+// # Work queues (detail)
+//
+// A subscribe frame with a group name makes the connection a member of
+// that group on the topic: each message goes to one member, not to all,
+// as NATS queue groups and MQTT's shared subscriptions do. The group is
+// one reader of the topic, a feed that replays and turns live as any
+// subscription does, so everything above holds for it: the hand-over,
+// falling back to the log, retention. Where a plain subscription queues
+// a message to its connection, the feed offers it to the members in
+// turn, starting one further each time, and the first with room takes
+// it. Round-robin among members with room, rather than least-loaded: it
+// needs no count kept per member, and a member without room (its
+// in-flight window is full because it does not ack) is skipped anyway,
+// so the slow get less without anyone measuring them.
+//
+// The member that took a QoS 1 message owes its ack. A retry goes to
+// another member with room, as the next attempt; a member that leaves,
+// or is cut off, hands its unacked deliveries to the others at once.
+// The group keeps one cursor on disk, not one per member: the highest
+// seq with everything up to it acked, by whichever member, as a durable
+// subscription's. A cursor per member would have a restarted member
+// redo what another acked. Groups need the broker's own log: on a shared
+// log each broker would hand the same message to a member of its own.
+
+// group is a work queue: one topic's messages shared by its members.
+type group struct {
+	broker *Broker
+	// feed reads the topic for the group; its conn is nil.
+	feed *subscription
+	// members are the member subscriptions, replaced whole under
+	// broker.mu and read without a lock; turn says where an offer starts.
+	// joining counts subscriptions between their reply and their join,
+	// under broker.mu: while any is, the group goes on with no members.
+	members atomic.Pointer[[]*subscription]
+	turn    atomic.Uint64
+	joining int
+
+	// cursor is the group's place in the log, which every member's
+	// subscription shares as its durable cursor: deliveries and acks move
+	// it as they move a durable subscription's. Its key is NUL, the
+	// group's name, NUL, the topic, which no durable key can be (they
+	// start with a token's subject).
+	cursor durableCursor
+}
+
+// subscribeGroup answers a subscribe frame with a group. The reply is
+// queued before s joins, so that it comes before any delivery.
+func (c *connection) subscribeGroup(f frame) {
+	if c.broker.shared != nil {
+		c.reply(topicError("bad_frame",
+			"groups need the broker's own log, not a shared one", f.Topic))
+		return
+	}
+	// A failed join joins too, and leaves at once, so that the group
+	// counts nobody as joining it any more.
+	s := c.newSubscription(f.Topic, c.broker.topic(f.Topic), "")
+	r, start, err := c.broker.prepareJoin(s, f)
+	if err != nil {
+		r, start = topicError("store_failed", err.Error(), f.Topic), nil
+	}
+	c.reply(r)
+	s.group.join(s, start)
+	if err != nil {
+		c.dropSubscription(s)
+		return
+	}
+	c.broker.noteSubscription("subscribed", s)
+}
+
+// prepareJoin finds or starts s's group and returns the subscribed reply.
+// A new group's feed is registered, not live: it will start after the
+// stored cursor, or where f asks (new messages only, by default), and
+// start is where, or nil for a group already under way.
+func (b *Broker) prepareJoin(s *subscription, f frame) (reply, *uint64,
+	error) {
+	t := s.topic
+	key := strings.Join([]string{"", f.Group, t.name}, "\x00")
+	b.mu.Lock()
+	g := b.groups[key]
+	first := g == nil
+	if first {
+		g = &group{broker: b, cursor: durableCursor{key: key}}
+		g.feed = &subscription{filter: t.name, topic: t, group: g,
+			cancel: make(chan struct{})}
+		g.members.Store(&[]*subscription{})
+		b.groups[key] = g
+	}
+	g.joining++
+	s.group, s.durable = g, &g.cursor
+	b.mu.Unlock()
+
+	// The cursor, read through the committer, wins over after and last.
+	after, last, position, found, err := f.After, f.Last, uint64(0), false,
+		error(nil)
+	if first {
+		if position, found, err = b.log.cursor(key); found {
+			after, last = &position, nil
+		} else if after == nil {
+			last = cmp.Or(last, new(uint64))
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	head := t.head
+	r := reply{Type: "subscribed", Topic: t.name, Seq: &head}
+	if !first || err != nil {
+		return r, nil, err
+	}
+	start, recovered := t.startAfter(after, last)
+	if !recovered {
+		r.Recovered = &recovered
+	}
+	g.cursor.sent, g.cursor.saved = start, position
+	t.subscribers[g.feed] = struct{}{}
+	return r, &start, nil
+}
+
+// join makes s a member, and the first member starts the feed at start.
+// A subscription ended meanwhile leaves at once.
+func (g *group) join(s *subscription, start *uint64) {
+	g.broker.mu.Lock()
+	members := append(slices.Clone(g.list()), s)
+	g.members.Store(&members)
+	g.joining--
+	g.broker.mu.Unlock()
+	if start != nil {
+		go g.feed.replay(g.broker, *start, false)
+	}
+	select {
+	case <-s.cancel:
+		g.leave(s)
+	default:
+	}
+}
+
+// list returns the group's members.
+func (g *group) list() []*subscription { return *g.members.Load() }
+
+// leave takes s out of its group. The last member's leaving, with nobody
+// joining, ends the group's feed; its cursor stays on disk for the next
+// member.
+func (g *group) leave(s *subscription) {
+	b := g.broker
+	b.mu.Lock()
+	members := slices.DeleteFunc(slices.Clone(g.list()),
+		func(m *subscription) bool { return m == s })
+	g.members.Store(&members)
+	key := g.cursor.key
+	last := len(members) == 0 && g.joining == 0 && b.groups[key] == g
+	if last {
+		delete(b.groups, key)
+	}
+	b.mu.Unlock()
+	if last {
+		g.feed.topic.mu.Lock()
+		delete(g.feed.topic.subscribers, g.feed)
+		g.feed.topic.mu.Unlock()
+		close(g.feed.cancel)
+	}
+}
+
+// offer queues m to s if there is room: to its connection, or, for a
+// group's feed, to the first member with room, starting one further
+// along the members than the last offer did.
+func (s *subscription) offer(m *Message, frame []byte, share int,
+	deadline time.Time) bool {
+	if s.conn != nil {
+		return s.conn.deliver(s, m, frame, share, deadline)
+	}
+	members := s.group.list()
+	start := s.group.turn.Add(1)
+	for i := range uint64(len(members)) {
+		member := members[(start+i)%uint64(len(members))]
+		if member.conn.deliver(member, m, frame, share, deadline) {
+			return true
+		}
+	}
+	return false
+}
+
+// cutOff cuts off the subscriber: its connection, or a group's members.
+func (s *subscription) cutOff(why string) {
+	subscribers := []*subscription{s}
+	if s.conn == nil {
+		subscribers = s.group.list()
+	}
+	for _, subscriber := range subscribers {
+		subscriber.conn.cutOff(why)
+	}
+}
+
+// move takes a member's overdue delivery p from c, and places it with
+// the group again.
+func (c *connection) move(p pending) {
+	c.mu.Lock()
+	if q := c.unacked[p.message.Topic]; q != nil {
+		n := q.drop(func(e pending) bool {
+			return e.message == p.message && e.subscription == p.subscription
+		})
+		c.inflight -= n
+		c.inflightBytes -= n * p.message.size()
+	}
+	c.mu.Unlock()
+	p.subscription.group.place([]pending{p}, c)
+}
+
+// place gives each of list, as its next attempt, to another member than
+// avoid with room, in turn, due for its retry an ack timeout from now.
+// When none has room, the member whose turn it is takes it over its
+// bounds: the deliveries moved were a departed member's, or avoid's,
+// whose window they leave, so the group's memory stays within its
+// members' windows together.
+// With no member left, the cursor keeps them for the next one.
+func (g *group) place(list []pending, avoid *connection) {
+	members := g.list()
+	for _, p := range list {
+		if len(members) == 0 {
+			return
+		}
+		p.attempt++
+		p.deadline = time.Now().Add(g.broker.opts.AckTimeout)
+		at := int(g.turn.Add(1)) % len(members)
+		turn := append(slices.Clone(members[at:]), members[:at]...)
+		if !slices.ContainsFunc(turn, func(s *subscription) bool {
+			return s.conn != avoid && s.conn.take(s, p, false)
+		}) {
+			turn[0].conn.take(turn[0], p, true)
+		}
+	}
+}
+
+// take queues p's message to member s as attempt p.attempt, if it has
+// room or must take it anyway, and makes the delivery s's to ack. Forced
+// into a full outbox the frame is dropped, as a retry's is, and the
+// retry loop sends it again.
+func (c *connection) take(s *subscription, p pending, must bool) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-s.cancel:
+		return false
+	default:
+	}
+	frame := appendDelivery(nil, p.message, p.attempt)
+	if (!must && !c.windowHas(p.message, 1)) ||
+		(!c.outbox.push(frame) && !must) {
+		return false
+	}
+	p.subscription = s
+	c.broker.noteMessage("redelivered", c, p.message, c.owe(p))
+	return true
 }
 
 // # The x-ray (detail)

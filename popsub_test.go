@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -287,6 +288,42 @@ func TestBroker_ReplayHandOverHasNoGap(t *testing.T) {
 	wantSeqs(t, subscriber.messages(total), span(1, total))
 	wg.Wait()
 	subscriber.quiet()
+}
+
+func TestBroker_ReplayHandsOverTheWholeWindow(t *testing.T) {
+	// Replay may use half the window; live traffic, all of it. The
+	// newest message is the hand-over: once the subscriber has it, the
+	// next one comes live, so a window of two holds both.
+	// A read after the first waits until the test ends: replay that
+	// read on past the newest message would miss the hand-over.
+	store := &gatedStore{memoryStore: newMemoryStore(),
+		gate: make(chan struct{})}
+	ts := startBroker(t, Options{MaxInflight: 2, Store: store})
+	t.Cleanup(func() { close(store.gate) })
+	publisher := ts.dial("publisher")
+	publisher.publish("jobs", 1, 1, "j-1")
+	late := ts.dial("late")
+	late.subscribe("jobs", nil)
+	wantSeqs(t, late.messages(1), []uint64{1})
+	publisher.publish("jobs", 2, 1, "j-2")
+	wantSeqs(t, late.messages(1), []uint64{2})
+}
+
+// gatedStore is a memoryStore whose reads after the first wait for gate
+// to close.
+type gatedStore struct {
+	*memoryStore
+	reads atomic.Int32
+	gate  chan struct{}
+}
+
+// Read waits for the gate unless it is the first.
+func (g *gatedStore) Read(topic string, after uint64, limit,
+	maxBytes int) ([]*Message, error) {
+	if g.reads.Add(1) > 1 {
+		<-g.gate
+	}
+	return g.memoryStore.Read(topic, after, limit, maxBytes)
 }
 
 // headNow reads t.head under its lock (tests only).

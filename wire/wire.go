@@ -31,6 +31,7 @@ type Frame struct {
 	After      *uint64         `json:"after,omitempty"`       // subscribe
 	Last       *uint64         `json:"last,omitempty"`        // subscribe
 	Durable    string          `json:"durable,omitempty"`     // subscribe
+	Group      string          `json:"group,omitempty"`       // subscribe: a work queue
 }
 
 // Received is any frame the broker sends: a delivery ("message"), a
