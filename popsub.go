@@ -3788,10 +3788,9 @@ func (g *group) leave(s *subscription) {
 	members := slices.DeleteFunc(slices.Clone(g.list()),
 		func(m *subscription) bool { return m == s })
 	g.members.Store(&members)
-	key := g.cursor.key
-	last := len(members) == 0 && g.joining == 0 && b.groups[key] == g
+	last := len(members) == 0 && g.joining == 0 && b.groups[g.cursor.key] == g
 	if last {
-		delete(b.groups, key)
+		delete(b.groups, g.cursor.key)
 	}
 	b.mu.Unlock()
 	if last {
@@ -3848,7 +3847,8 @@ func (c *connection) move(p pending) {
 }
 
 // place gives each of list, as its next attempt, to another member than
-// avoid with room, in turn, due for its retry an ack timeout from now.
+// avoid with room, in turn, due for its retry an ack timeout from now;
+// the x-ray hears that it moved from the member that owed it.
 // When none has room, the member whose turn it is takes it over its
 // bounds: the deliveries moved were a departed member's, or avoid's,
 // whose window they leave, so the group's memory stays within its
@@ -3860,6 +3860,7 @@ func (g *group) place(list []pending, avoid *connection) {
 		if len(members) == 0 {
 			return
 		}
+		g.broker.noteMessage("moved", p.subscription.conn, p.message, &p)
 		p.attempt++
 		p.deadline = time.Now().Add(g.broker.opts.AckTimeout)
 		at := int(g.turn.Add(1)) % len(members)

@@ -32,7 +32,7 @@ type client struct {
 	conn    uint64            // its number in the broker's events
 	wanted  bool              // the user wants it connected
 	wake    chan struct{}     // wanted became true
-	subs    map[string]string // filter → durable name, "" for none
+	subs    map[string]wish   // filter → how to subscribe again
 	lastSeq map[string]uint64 // topic → newest seq received
 	asked   map[string]string // filter → what its subscribe asked
 	resume  chan struct{}     // non-nil while reading is stopped
@@ -43,7 +43,15 @@ type client struct {
 	// refreshing is true while an auth frame with a new token awaits
 	// its answer on the open connection.
 	refreshing bool
+	// answered holds, per topic, a channel closed by the broker's next
+	// answer to a subscribe of it: subscribed, or an error.
+	answered map[string]chan struct{}
 }
+
+// wish is what a subscription asked for beyond its filter, so that a
+// new connection asks the same: a durable name, or a group to share the
+// topic with.
+type wish struct{ durable, group string }
 
 // row is one delivery in a panel's list.
 type row struct {
@@ -79,10 +87,11 @@ func newClient(p *page, name string, subs ...string) *client {
 // forget sets the subscriptions back to the first ones and empties the
 // list of deliveries. The caller holds c.mu, or c is new.
 func (c *client) forget() {
-	c.subs, c.lastSeq, c.asked = map[string]string{}, map[string]uint64{},
+	c.subs, c.lastSeq, c.asked = map[string]wish{}, map[string]uint64{},
 		map[string]string{}
+	c.answered = map[string]chan struct{}{}
 	for _, topic := range c.first {
-		c.subs[topic] = ""
+		c.subs[topic] = wish{}
 	}
 	c.rows, c.order, c.resumed = map[rowKey]*row{}, nil, false
 }
@@ -225,13 +234,18 @@ func (c *client) attach(s *socket, conn uint64) {
 	c.sock, c.conn = s, conn
 	var frames []map[string]any
 	var resumed []string
-	for filter, durable := range c.subs {
+	for filter, w := range c.subs {
 		frame := map[string]any{"type": "subscribe", "topic": filter}
 		seq := c.lastSeq[filter]
 		switch {
-		case durable != "":
-			frame["durable"] = durable
-			c.asked[filter] = "resuming durable " + durable
+		case w.group != "":
+			// The group's cursor, not this panel's seq, says where the
+			// group goes on.
+			frame["group"] = w.group
+			c.asked[filter] = "rejoining group " + w.group
+		case w.durable != "":
+			frame["durable"] = w.durable
+			c.asked[filter] = "resuming durable " + w.durable
 		case seq > 0:
 			frame["after"] = seq
 			c.asked[filter] = fmt.Sprintf("resuming after #%d", seq)
@@ -321,6 +335,7 @@ func (c *client) handle(d delivery) {
 		c.showMessage(d)
 	case "subscribed":
 		c.showSubscription(d)
+		c.answer(d.Topic)
 	case "unsubscribed":
 		c.hideSubscription(d.Topic)
 		if d.Reason != "" {
@@ -332,6 +347,7 @@ func (c *client) handle(d delivery) {
 				"there)"}[d.Duplicate]))
 	case "error":
 		c.note("error " + d.Code + ": " + d.Message)
+		c.answer(d.Topic)
 	}
 }
 
@@ -430,8 +446,9 @@ func (c *client) renderRows(s *story) {
 }
 
 // subscribe sends a subscribe frame from the panel's form, and remembers
-// it for the next connection.
-func (c *client) subscribe() {
+// it for the next connection. The channel it returns closes when the
+// broker answers, or at once if nothing was sent.
+func (c *client) subscribe() <-chan struct{} {
 	topic := value(c.id("sub-topic"))
 	frame := map[string]any{"type": "subscribe", "topic": topic}
 	n, err := strconv.ParseUint(value(c.id("sub-n")), 10, 64)
@@ -446,21 +463,53 @@ func (c *client) subscribe() {
 		asked = "replaying everything retained"
 	case err != nil:
 		c.note("give n, a number, for " + from)
-		return
+		return closed()
 	case from == "last":
 		frame["last"], asked = n, fmt.Sprintf("replaying the last %d", n)
 	default:
 		frame["after"], asked = n, fmt.Sprintf("replaying after #%d", n)
 	}
-	durable := value(c.id("sub-durable"))
-	if durable != "" {
-		frame["durable"] = durable
-		asked += ", or resuming durable " + durable
+	w := wish{durable: value(c.id("sub-durable")),
+		group: value(c.id("sub-group"))}
+	if w.durable != "" {
+		frame["durable"] = w.durable
+		asked += ", or resuming durable " + w.durable
 	}
+	if w.group != "" {
+		// Where to start matters only to a group's first member.
+		frame["group"] = w.group
+		asked = "one of group " + w.group + "; " + asked + ", if first"
+	}
+	answer := make(chan struct{})
 	c.mu.Lock()
-	c.subs[topic], c.asked[topic] = durable, asked
+	c.subs[topic], c.asked[topic] = w, asked
+	if old := c.answered[topic]; old != nil {
+		close(old)
+	}
+	c.answered[topic] = answer
 	c.mu.Unlock()
-	c.send(frame)
+	if !c.send(frame) {
+		c.answer(topic)
+	}
+	return answer
+}
+
+// answer closes the channel that waits for the broker's answer to a
+// subscribe of topic, if one does.
+func (c *client) answer(topic string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ch := c.answered[topic]; ch != nil {
+		close(ch)
+		delete(c.answered, topic)
+	}
+}
+
+// closed returns a closed channel: an answer that came at once.
+func closed() <-chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
 }
 
 // publish sends count publish frames from the panel's form. Each message

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strings"
 	"syscall/js"
+	"time"
 )
 
 // main wires the page and then waits for ever: the page's callbacks and
@@ -73,6 +74,7 @@ func wireControls(p *page) {
 		showPicture()
 		p.keepPictureInView()
 	})
+	on("share-do", "click", func() { go p.shareJobs() })
 	on("guide-reset", "click", func() { go p.startOver() })
 	on("picture-replay", "click", p.replay)
 	for _, event := range []string{"click", "focusin"} {
@@ -103,6 +105,34 @@ func explainStep(target js.Value) {
 	}
 	setText("picture-detail", step.Call("getAttribute",
 		"data-detail").String())
+}
+
+// shareJobs is the work-queue step: Alice, withholding her acks, and Bob
+// join group workers on jobs, and once the broker has answered both,
+// Carol publishes two jobs, one for each. Alice's moves to Bob after the
+// ack timeout.
+func (p *page) shareJobs() {
+	alice, bob, carol := p.clients[0], p.clients[1], p.clients[2]
+	setValue(alice.id("acks"), "withhold")
+	alice.acksChanged()
+	var answers []<-chan struct{}
+	for _, c := range []*client{alice, bob} {
+		setValue(c.id("sub-topic"), "jobs")
+		setValue(c.id("sub-from"), "new")
+		setValue(c.id("sub-durable"), "")
+		setValue(c.id("sub-group"), "workers")
+		answers = append(answers, c.subscribe())
+	}
+	for _, answer := range answers {
+		select {
+		case <-answer:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	carol.publishJob()
+	carol.publishJob()
+	showPicture()
+	p.keepPictureInView()
 }
 
 // publishJob publishes one QoS 1 job from the panel, as the guide's

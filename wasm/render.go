@@ -256,6 +256,8 @@ func renderGuide(progress int, x *xray, s *story) {
 		byID("step-"+strconv.Itoa(i)).Call("setAttribute", "data-state",
 			state)
 	}
+	byID("share").Call("setAttribute", "data-state",
+		map[bool]string{true: "done", false: "todo"}[s.shared])
 	setText("guide-hint", nextRetry(x, s))
 }
 

@@ -31,7 +31,7 @@ const maxSteps = 80
 // or a note on one lane when From equals To.
 type step struct {
 	Serial    int    // counts steps from 1, so the renderer knows the new
-	Kind      string // publish, commit, deliver, retry, ack, dead
+	Kind      string // publish, commit, deliver, retry, move, ack, dead
 	From, To  string // lanes
 	Label     string // the short text on the arrow
 	Detail    string // one sentence, for the tooltip and the reader
@@ -47,6 +47,7 @@ type step struct {
 const (
 	statePending  = "pending ack"
 	stateRetried  = "retried"
+	stateMoved    = "moved to another member"
 	stateAcked    = "acked"
 	stateDead     = "dead-lettered"
 	stateTooLate  = "ack too late"
@@ -74,7 +75,11 @@ type story struct {
 	authors  *fifo[string, string]    // message_id → the panel that published it
 	rows     *fifo[rowKey, *rowState] // what the broker said of each row
 	acked    *fifo[string, []string]  // message → the panels that acked it
+	moved    *fifo[string, string]    // message → the lane a group took it from
 	progress int                      // guide steps done, 0 to 4
+	// shared says a group moved a panel's delivery to another panel:
+	// the guide's work-queue step happened.
+	shared bool
 	// withholding says which panels withhold their acks: the guide's
 	// second step is about one of them, not about an ack on its way.
 	withholding map[string]bool
@@ -111,7 +116,7 @@ func (f *fifo[K, V]) put(k K, v V) {
 func newStory() *story {
 	return &story{lanes: map[uint64]string{}, withholding: map[string]bool{},
 		authors: newFIFO[string, string](), rows: newFIFO[rowKey, *rowState](),
-		acked: newFIFO[string, []string]()}
+		acked: newFIFO[string, []string](), moved: newFIFO[string, string]()}
 }
 
 // restart forgets the diagram, the rows and the guide's progress, for a
@@ -120,6 +125,7 @@ func (s *story) restart() {
 	s.steps, s.progress = nil, 0
 	s.rows = newFIFO[rowKey, *rowState]()
 	s.acked = newFIFO[string, []string]()
+	s.moved, s.shared = newFIFO[string, string](), false
 }
 
 // withhold records whether panel withholds its acks.
@@ -198,7 +204,7 @@ func (s *story) apply(e event) {
 			"%s #%d in the log", e.Topic, e.Seq), fmt.Sprintf("%s #%d is in "+
 			"the log: it survives a crash, and a QoS 1 publisher hears "+
 			"published", e.Topic, e.Seq))
-	case "delivered", "redelivered", "acked", "dead_lettered":
+	case "delivered", "redelivered", "moved", "acked", "dead_lettered":
 		s.applyDelivery(e)
 	}
 }
@@ -219,14 +225,17 @@ func (s *story) applyDelivery(e event) {
 			e.Topic, e.Seq), fmt.Sprintf("%s #%d to %s, attempt %d", e.Topic,
 			e.Seq, lane, e.Attempt))
 	case "redelivered":
-		r.State = stateRetried
-		s.add(e, "retry", brokerLane, lane, fmt.Sprintf("retry %s #%d · "+
-			"attempt %d%s", e.Topic, e.Seq, e.Attempt, waited(r.Sent,
-			e.Time)), fmt.Sprintf("no ack from %s in time: the broker "+
-			"sends %s #%d again, to %s only (it looks for overdue acks "+
-			"every fifth of the ack timeout, so a retry comes up to that "+
-			"much after it)", lane, e.Topic, e.Seq, lane))
-		r.Sent = e.Time
+		if s.applyRetry(e, lane, r) {
+			// A move is the work-queue step's, not the guide's retry.
+			return
+		}
+	case "moved":
+		r.State = stateMoved
+		s.moved.put(e.Topic+"\x00"+e.MessageID, lane)
+		s.add(e, "move", lane, lane, fmt.Sprintf("%s #%d moves on", e.Topic,
+			e.Seq), fmt.Sprintf("%s did not ack %s #%d in time, or left "+
+			"its group: the broker takes the delivery back, for another "+
+			"member, as attempt %d", lane, e.Topic, e.Seq, e.Attempt+1))
 	case "acked":
 		r.State = stateAcked
 		s.noteAck(e, lane)
@@ -245,6 +254,33 @@ func (s *story) applyDelivery(e event) {
 			e.Topic))
 	}
 	s.advance(e, lane)
+}
+
+// applyRetry folds a retry into the row: one to the subscriber that owes
+// the ack, or one that a group moved to this member from another, and
+// reports which.
+func (s *story) applyRetry(e event, lane string, r *rowState) bool {
+	label := fmt.Sprintf("retry %s #%d · attempt %d%s", e.Topic, e.Seq,
+		e.Attempt, waited(r.Sent, e.Time))
+	detail := fmt.Sprintf("no ack from %s in time: the broker sends %s "+
+		"#%d again, to %s only (it looks for overdue acks every fifth of "+
+		"the ack timeout, so a retry comes up to that much after it)",
+		lane, e.Topic, e.Seq, lane)
+	key := e.Topic + "\x00" + e.MessageID
+	from := s.moved.m[key]
+	moved := from != "" && from != lane
+	if moved {
+		s.moved.put(key, "")
+		s.shared = s.shared || from != otherLane && lane != otherLane
+		label = fmt.Sprintf("%s #%d from %s · attempt %d", e.Topic, e.Seq,
+			from, e.Attempt)
+		detail = fmt.Sprintf("%s, of the same group, did not ack %s #%d "+
+			"in time, or left: %s takes it over as attempt %d, and owes "+
+			"its ack now", from, e.Topic, e.Seq, lane, e.Attempt)
+	}
+	r.State, r.Sent = stateRetried, e.Time
+	s.add(e, "retry", brokerLane, lane, label, detail)
+	return moved
 }
 
 // noteAck remembers who acked a message, for the guide.

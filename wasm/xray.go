@@ -87,7 +87,7 @@ func (x *xray) apply(e event) {
 		if e.QoS == 1 {
 			x.pending[pendingKey(e)] = e
 		}
-	case "acked", "dead_lettered":
+	case "acked", "dead_lettered", "moved":
 		delete(x.pending, pendingKey(e))
 	default:
 		x.applyConnection(e)

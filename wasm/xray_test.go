@@ -153,6 +153,48 @@ func TestStory_FollowsTheGuidedRun(t *testing.T) {
 	}
 }
 
+func TestStory_AGroupMovesADelivery(t *testing.T) {
+	// Alice's delivery of a group's job moves to Bob: her row says so,
+	// the x-ray forgets her pending ack, Bob's retry names her, and the
+	// guide's retry step, about a subscriber retried alone, stays undone.
+	s, x := newStory(), newXray()
+	s.own(1, "alice")
+	s.own(2, "bob")
+	m := event{Topic: "jobs", Seq: 1, QoS: 1, MessageID: "c-1"}
+	for _, e := range []event{
+		{Kind: "delivered", Conn: 1, Attempt: 1},
+		{Kind: "moved", Conn: 1, Attempt: 1},
+		{Kind: "redelivered", Conn: 2, Attempt: 2},
+	} {
+		e.Topic, e.Seq, e.QoS, e.MessageID = m.Topic, m.Seq, m.QoS, m.MessageID
+		s.apply(e)
+		x.apply(e)
+	}
+	if r := s.rows.m[rowKey{"alice", "jobs", "c-1"}]; r.State != stateMoved {
+		t.Fatalf("alice's row: %+v", r)
+	}
+	if r := s.rows.m[rowKey{"bob", "jobs", "c-1"}]; r.State != stateRetried ||
+		r.Attempt != 2 {
+		t.Fatalf("bob's row: %+v", r)
+	}
+	if label := s.steps[len(s.steps)-1].Label; label !=
+		"jobs #1 from alice · attempt 2" {
+		t.Fatalf("bob's retry says %q", label)
+	}
+	if s.progress >= 3 || !s.shared {
+		t.Fatalf("progress %d, shared %v: want below 3, and shared",
+			s.progress, s.shared)
+	}
+	if len(x.pending) != 1 {
+		t.Fatalf("pending: %v, want bob's alone", x.pending)
+	}
+	for _, p := range x.pending {
+		if p.Conn != 2 {
+			t.Fatalf("pending: %v, want bob's alone", x.pending)
+		}
+	}
+}
+
 func TestStory_OthersAndOwnTopics(t *testing.T) {
 	s := newStory()
 	s.apply(event{Kind: "published", Topic: "jobs", Seq: 1, MessageID: "x"})

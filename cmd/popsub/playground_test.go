@@ -199,6 +199,70 @@ func TestPlayground_GuidedRun(t *testing.T) {
 	}
 }
 
+// The work-queue step, by its button: Alice and Bob join one group on
+// jobs, Carol's two jobs go one to each, and Alice's, whose ack she
+// withholds, moves to Bob as attempt 2, which the diagram, the rows, the
+// x-ray and the guide all show.
+func TestPlayground_WorkQueue(t *testing.T) {
+	chromium := browser(t)
+	page, _, _ := playgroundURL(t, strings.Repeat("playground-secret-", 2),
+		"--ack-timeout", "400ms")
+	ctx, problems := startBrowser(t, chromium)
+
+	do(t, ctx, "open the page", chromedp.EmulateViewport(1366, 900),
+		chromedp.Navigate(page))
+	for _, name := range []string{"alice", "bob"} {
+		until(t, ctx, name+" subscribes by herself",
+			exists(`#`+name+`-subs li[data-topic="jobs"]`))
+	}
+	until(t, ctx, "carol connects", exists(`#carol-status[data-state="connected"]`))
+	inView(t, ctx)
+
+	do(t, ctx, "share", chromedp.Click(css("#share-do")))
+	for _, name := range []string{"alice", "bob"} {
+		until(t, ctx, name+" is a member of workers",
+			contains(`#`+name+`-subs`, "group workers"))
+	}
+	until(t, ctx, "bob's job is acked", exists(
+		`#bob-messages li[data-attempt="1"][data-state="acked"]`))
+	until(t, ctx, "alice's job moves on", exists(
+		`#alice-messages li[data-state="moved-to-another-member"]`))
+	until(t, ctx, "and reaches bob as attempt 2", exists(
+		`#bob-messages li[data-attempt="2"][data-state="acked"]`))
+	until(t, ctx, "the diagram shows the move from alice", exists(
+		`#diagram g.move[data-lane="alice"]`))
+	until(t, ctx, "and bob's attempt 2", exists(
+		`#diagram g.retry[data-lane="bob"][data-attempt="2"]`))
+	until(t, ctx, "the guide marks the step done",
+		exists(`#share[data-state="done"]`))
+	until(t, ctx, "nobody owes an ack",
+		contains("#xray-pending-count", "0"))
+	if exists, _ := chromedp.Run(ctx, chromedp.Evaluate[bool](
+		`document.querySelector('#step-3[data-state="done"]') !== null`)); exists {
+		t.Fatal("the guide calls a move alice's retry")
+	}
+
+	// Each job went to one member: Alice has one row, Bob two.
+	counts, err := chromedp.Run(ctx, chromedp.Evaluate[[]int](`[
+		document.querySelectorAll("#alice-messages li").length,
+		document.querySelectorAll("#bob-messages li").length]`))
+	if err != nil || len(counts) != 2 || counts[0] != 1 || counts[1] != 2 {
+		t.Fatalf("rows: alice and bob have %v (%v), want [1 2]", counts, err)
+	}
+	if exists, _ := chromedp.Run(ctx, chromedp.Evaluate[bool](
+		`document.querySelector('#diagram g.retry[data-lane="alice"]') !== null`)); exists {
+		t.Fatal("the diagram shows a retry to alice, whose job moved")
+	}
+	inView(t, ctx)
+	shoot(t, ctx, "playground-work-queue.png")
+	do(t, ctx, "a phone's width", chromedp.EmulateViewport(390, 844))
+	until(t, ctx, "no horizontal scroll at 390 px",
+		`document.documentElement.scrollWidth <= window.innerWidth`)
+	if list := problems(); len(list) > 0 {
+		t.Fatalf("the console reported problems:\n%s", strings.Join(list, "\n"))
+	}
+}
+
 // inView checks that at 1366×900 the clients, the diagram and the pending
 // acks are on screen together, without scrolling.
 func inView(t *testing.T, ctx context.Context) {
