@@ -2608,7 +2608,8 @@ func (b *Broker) unsubscribe(s *subscription) {
 		close(s.cancel)
 		b.noteSubscription("unsubscribed", s)
 	}
-	for topic, q := range c.unacked {
+	// An emptied table stays, for the retry loop to drop, as settle's.
+	for _, q := range c.unacked {
 		c.inflight -= q.drop(func(p pending) bool {
 			if p.subscription != s {
 				return false
@@ -2617,9 +2618,6 @@ func (b *Broker) unsubscribe(s *subscription) {
 			left = append(left, p)
 			return true
 		})
-		if len(q.live()) == 0 {
-			delete(c.unacked, topic)
-		}
 	}
 	c.mu.Unlock()
 	// A departed member's deliveries go to the others at once, as their
@@ -3650,11 +3648,12 @@ func (s *subscription) deliverReplay(b *Broker, m *Message,
 // subscription does, so everything above holds for it: the hand-over,
 // falling back to the log, retention. Where a plain subscription queues
 // a message to its connection, the feed offers it to the members in
-// turn, starting one further each time, and the first with room takes
-// it. Round-robin among members with room, rather than least-loaded: it
-// needs no count kept per member, and a member without room (its
-// in-flight window is full because it does not ack) is skipped anyway,
-// so the slow get less without anyone measuring them.
+// turn, starting after the one that took the last message, and the
+// first with room takes it. Round-robin among members with room, rather
+// than least-loaded: it needs no count kept per member, and a member
+// without room (its in-flight window is full because it does not ack)
+// is skipped anyway, so the slow get less without anyone measuring
+// them.
 //
 // The member that took a QoS 1 message owes its ack. A retry goes to
 // another member with room, as the next attempt; a member that leaves,
@@ -3671,7 +3670,8 @@ type group struct {
 	// feed reads the topic for the group; its conn is nil.
 	feed *subscription
 	// members are the member subscriptions, replaced whole under
-	// broker.mu and read without a lock; turn says where an offer starts.
+	// broker.mu and read without a lock; turn is where the next offer
+	// starts, after the member that took the last message.
 	// joining counts subscriptions between their reply and their join,
 	// under broker.mu: while any is, the group goes on with no members.
 	members atomic.Pointer[[]*subscription]
@@ -3802,18 +3802,18 @@ func (g *group) leave(s *subscription) {
 }
 
 // offer queues m to s if there is room: to its connection, or, for a
-// group's feed, to the first member with room, starting one further
-// along the members than the last offer did.
+// group's feed, to the first member with room, starting at g.turn.
 func (s *subscription) offer(m *Message, frame []byte, share int,
 	deadline time.Time) bool {
 	if s.conn != nil {
 		return s.conn.deliver(s, m, frame, share, deadline)
 	}
 	members := s.group.list()
-	start := s.group.turn.Add(1)
+	start := s.group.turn.Load()
 	for i := range uint64(len(members)) {
 		member := members[(start+i)%uint64(len(members))]
 		if member.conn.deliver(member, m, frame, share, deadline) {
+			s.group.turn.Store(start + i + 1)
 			return true
 		}
 	}
