@@ -3753,7 +3753,10 @@ func (b *Broker) prepareJoin(s *subscription, f frame) (reply, *uint64,
 	if !recovered {
 		r.Recovered = &recovered
 	}
-	g.cursor.sent, g.cursor.saved = start, position
+	// Saved at once: a group whose members all leave before a delivery
+	// must resume here, not at a newer head.
+	g.cursor.sent, g.cursor.saved = start, start
+	b.log.saveCursor(key, start)
 	t.subscribers[g.feed] = struct{}{}
 	return r, &start, nil
 }

@@ -290,6 +290,31 @@ func TestGroups_ResumeAfterARestartWithoutRedoingAckedWork(t *testing.T) {
 	}
 }
 
+func TestGroups_KeepTheirPlaceWhenEveryMemberHasLeft(t *testing.T) {
+	// The only member joins and leaves before any job; two jobs come
+	// while the group has nobody. The next member gets both: the group's
+	// place was on disk from its first join, not from its first
+	// delivery.
+	ts := startBroker(t, Options{AckTimeout: time.Minute})
+	publisher := ts.dial("publisher")
+	publisher.publish("jobs", "before", 1, "")
+	first := join(ts.dial("first"), "jobs", "workers", false, nil)
+	first.c.send(map[string]any{"type": "ping"})
+	first.c.ws.CloseNow()
+	<-first.done
+	waitFor(t, func() bool { return ts.broker.open.Load() == 1 },
+		"the first member to leave")
+	publisher.publish("jobs", 1, 1, "")
+	publisher.publish("jobs", 2, 1, "")
+	next := join(ts.dial("next"), "jobs", "workers", true, nil)
+	waitUntil(t, "the two jobs", func() bool {
+		return len(next.deliveries()) == 2
+	}, next)
+	if got := seqs(next.deliveries()); !slices.Equal(got, []uint64{2, 3}) {
+		t.Errorf("the next member got seqs %v, want [2 3]", got)
+	}
+}
+
 func TestGroups_EachGroupAndEachSubscriberGetsEverything(t *testing.T) {
 	ts := startBroker(t, Options{})
 	a1 := join(ts.dial("a1"), "jobs", "a", true, nil)
