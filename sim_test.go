@@ -36,6 +36,13 @@ var (
 		"how many seeded schedules the simulation runs")
 	simSeed = flag.Uint64("sim.seed", 0,
 		"run only the simulation's schedule of this seed")
+	// simGroups adds a work queue of two members on each topic. Off by
+	// default: it still finds jobs no member gets after a crash (a
+	// member's unacked jobs placed while the group has no member, but
+	// another is joining, are held by nobody until the group starts
+	// again), which is a known bug, not yet fixed.
+	simGroups = flag.Bool("sim.groups", false,
+		"add a work queue to the simulation's workload (known to fail)")
 )
 
 func TestSimulation_PromisesHoldUnderFaults(t *testing.T) {
@@ -95,7 +102,8 @@ func simulate(t *testing.T, seed uint64) (chaos.Report, error) {
 	defer cancel()
 
 	// The workload: two topics, three publishers, and on each topic a
-	// durable subscriber and a plain one.
+	// durable subscriber and a plain one, and with -sim.groups a group
+	// of two members.
 	topics := []string{"jobs", "chat"}
 	stop := make(chan struct{})
 	var publishers, subscribers sync.WaitGroup
@@ -109,6 +117,20 @@ func simulate(t *testing.T, seed uint64) (chaos.Report, error) {
 			s := w.client(cmp.Or(durable, "s-"+topic))
 			subscribers.Go(func() {
 				s.Subscribe(ctx, topic, durable, "end-"+topic)
+			})
+		}
+		// The member that gets the marker ends the group a few seconds
+		// of fake time later: jobs moved from a member cut off at the end
+		// still come.
+		if !*simGroups {
+			continue
+		}
+		group, end := context.WithCancel(ctx)
+		finished := sync.OnceFunc(func() { time.AfterFunc(5*time.Second, end) })
+		for i := range 2 {
+			m := w.client(fmt.Sprintf("g%d-%s", i+1, topic))
+			subscribers.Go(func() {
+				m.Join(group, topic, "workers", "end-"+topic, finished)
 			})
 		}
 	}

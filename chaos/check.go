@@ -133,6 +133,7 @@ func Check(h *History) Report {
 		checkOrder(h),
 		checkGaps(h),
 		checkDurables(h, confirmed),
+		checkGroups(h, confirmed),
 		checkHealed(h),
 	}
 	return r
@@ -267,7 +268,8 @@ func checkOrder(h *History) Line {
 			case again && d.Attempt <= last:
 				l.violation("%s on %s: seq %d again at attempt %d",
 					s.Subscriber, s.Topic, d.Seq, d.Attempt)
-			case !again && d.Seq < newest:
+			// A group member's retry may be a seq moved from another.
+			case !again && d.Seq < newest && (s.Group == "" || d.Attempt == 1):
 				l.violation("%s on %s: seq %d after seq %d",
 					s.Subscriber, s.Topic, d.Seq, newest)
 			}
@@ -290,7 +292,8 @@ func checkGaps(h *History) Line {
 		name := s.Subscriber + "\x00" + s.Durable + "\x00" + s.Topic
 		known := s.Durable == "" || !resumed[name]
 		resumed[name] = s.Durable != ""
-		if s.Unrecovered || len(s.Deliveries) == 0 {
+		// A group member gets a share: checkGroups checks the whole.
+		if s.Unrecovered || len(s.Deliveries) == 0 || s.Group != "" {
 			continue
 		}
 		from := uint64(0)
@@ -373,6 +376,51 @@ func checkDurables(h *History, confirmed map[key]uint64) Line {
 				!dead[letter{d.subscriber, d.topic, k.id}] {
 				l.violation("%s (durable %q) on %s: never got %s (seq %d)",
 					d.subscriber, d.name, d.topic, k.id, confirmed[k])
+			}
+		}
+	}
+	return l
+}
+
+// checkGroups: after the drain, the members of each group together have
+// had every value confirmed on its topic after the group began (its first
+// reply's head), but those dead-lettered in a member's name: a message
+// goes to one member, and a member that leaves or does not ack hands it
+// to another.
+func checkGroups(h *History, confirmed map[key]uint64) Line {
+	l := Line{Invariant: "every group's members have every confirmed value"}
+	type group struct{ name, topic string }
+	start := map[group]uint64{}
+	got := map[group]map[string]bool{}
+	members := map[group]map[string]bool{}
+	excused := map[group]bool{}
+	for _, s := range h.Subscriptions {
+		if s.Group == "" || !s.Replied {
+			continue
+		}
+		g := group{s.Group, s.Topic}
+		if got[g] == nil {
+			got[g], members[g], start[g] = map[string]bool{},
+				map[string]bool{}, s.Head
+		}
+		members[g][s.Subscriber] = true
+		excused[g] = excused[g] || s.Unrecovered
+		for _, m := range s.Deliveries {
+			got[g][m.ID] = true
+		}
+	}
+	dead := map[key]string{}
+	for _, d := range h.DeadLetters {
+		dead[key{d.Topic, d.MessageID}] = d.Subscriber
+	}
+	for _, g := range slices.SortedFunc(maps.Keys(got), func(a, b group) int {
+		return cmp.Or(cmp.Compare(a.name, b.name), cmp.Compare(a.topic, b.topic))
+	}) {
+		for _, k := range sortedKeys(confirmed) {
+			if k.topic == g.topic && !got[g][k.id] && confirmed[k] > start[g] &&
+				!excused[g] && !members[g][dead[k]] {
+				l.violation("group %q on %s: no member got %s (seq %d)",
+					g.name, g.topic, k.id, confirmed[k])
 			}
 		}
 	}

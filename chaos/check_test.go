@@ -8,7 +8,8 @@ import (
 )
 
 // clean is a small history that keeps every promise: alice publishes
-// two values, bob reads them live and durably, the log keeps both.
+// two values, bob reads them live and durably, the group workers shares
+// them between two members, the log keeps both.
 func clean() *History {
 	h := &History{}
 	h.attempt(Attempt{"alice", "jobs", "a-1", "v1"})
@@ -21,6 +22,12 @@ func clean() *History {
 	h.delivered(s, Delivery{1, "a-1", "v1", 1})
 	h.delivered(s, Delivery{1, "a-1", "v1", 2})
 	h.delivered(s, Delivery{2, "a-2", "v2", 1})
+	for i, id := range []string{"a-1", "a-2"} {
+		s := h.subscribe(&Subscription{Subscriber: []string{"w1", "w2"}[i],
+			Topic: "jobs", Group: "workers"})
+		h.replied(s, 0, true)
+		h.delivered(s, Delivery{uint64(i + 1), id, "v" + id[2:], 1})
+	}
 	h.stored("jobs", []Stored{{1, "a-1", "v1"}, {2, "a-2", "v2"}})
 	h.Fault("kill", "broker-1")()
 	return h
@@ -42,7 +49,7 @@ func TestCheck_ACleanHistoryPasses(t *testing.T) {
 	if !r.OK() {
 		t.Fatalf("a clean history was refused:\n%s", r)
 	}
-	if r.Attempted != 2 || r.Confirmed != 2 || r.Deliveries != 3 ||
+	if r.Attempted != 2 || r.Confirmed != 2 || r.Deliveries != 5 ||
 		r.Redeliveries != 1 || r.Stored != 2 || r.Faults["kill"] != 1 {
 		t.Fatalf("counts are off:\n%s", r)
 	}
@@ -95,6 +102,16 @@ func TestCheck_FindsEachViolation(t *testing.T) {
 				s := h.Subscriptions[0]
 				s.Deliveries = s.Deliveries[:2]
 			}, "every durable subscriber has every confirmed value"},
+		{"a group whose members never got a confirmed value",
+			func(h *History) {
+				s := h.Subscriptions[2]
+				s.Deliveries = nil
+			}, "every group's members have every confirmed value"},
+		{"a group member's first attempts out of order", func(h *History) {
+			s := h.Subscriptions[1]
+			s.Deliveries = append(s.Deliveries, Delivery{2, "a-2", "v2", 2},
+				Delivery{1, "a-1", "v1", 1})
+		}, "each subscription's seqs come in order"},
 		{"a fault left in place", func(h *History) {
 			h.Fault("pause", "broker-1")
 		}, "every fault was healed"},
@@ -149,6 +166,7 @@ func TestCheck_ExcusesWhatItWasTold(t *testing.T) {
 			h.attempt(Attempt{"alice", "jobs", "a-3", "v3"})
 			h.confirm(Confirm{"alice", "jobs", "a-3", 16387, false})
 			h.delivered(again, Delivery{16387, "a-3", "v3", 1})
+			h.delivered(h.Subscriptions[1], Delivery{16387, "a-3", "v3", 1})
 			h.Final["jobs"] = append(h.Final["jobs"],
 				Stored{16387, "a-3", "v3"})
 			if r := Check(h); !r.OK() {

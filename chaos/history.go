@@ -65,6 +65,9 @@ type Subscription struct {
 	Topic      string
 	// Durable is the durable name, or "" for a plain subscription.
 	Durable string
+	// Group is the work queue it joined, or "": its deliveries are the
+	// group's share of the topic, not all of it.
+	Group string
 	// After is the "after" it sent, or nil: a plain subscription's
 	// first, from the oldest message kept, or a durable one's.
 	After *uint64

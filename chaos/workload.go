@@ -256,6 +256,26 @@ func (c *Client) Subscribe(ctx context.Context, topic, durable,
 	}
 }
 
+// Join reads topic as a member of group, acking every QoS 1 message,
+// and joins again after a dropped connection, until ctx ends: the group
+// shares the messages, so one member's marker is not the others'. The
+// member that gets the message until calls finished, which may end ctx
+// for them all.
+func (c *Client) Join(ctx context.Context, topic, group, until string,
+	finished func()) {
+	for ctx.Err() == nil {
+		ws, err := c.connect(ctx)
+		if err != nil {
+			return
+		}
+		s := &Subscription{Subscriber: c.Name, Topic: topic, Group: group}
+		if done, _ := c.read(ctx, ws, s, until); done {
+			finished()
+		}
+		ws.CloseNow()
+	}
+}
+
 // read subscribes with s on ws and reads until the connection drops (it
 // returns false and the newest seq seen) or the message until comes.
 func (c *Client) read(ctx context.Context, ws *websocket.Conn,
@@ -263,6 +283,9 @@ func (c *Client) read(ctx context.Context, ws *websocket.Conn,
 	request := map[string]any{"type": "subscribe", "topic": s.Topic}
 	if s.Durable != "" {
 		request["durable"] = s.Durable
+	}
+	if s.Group != "" {
+		request["group"] = s.Group
 	}
 	newest := uint64(0)
 	if s.After != nil {
