@@ -168,6 +168,7 @@ var oneEngine = map[string]string{
 	"TestGroups_AMemberThatDoesNotAckLosesItsJobsToTheOthers": groupsRefused,
 	"TestGroups_AMemberThatLeavesHandsOnItsJobsAtOnce":        groupsRefused,
 	"TestGroups_KeepTheirPlaceWhenEveryMemberHasLeft":         groupsRefused,
+	"TestGroups_AJobLeftWhileAMemberJoinsReachesIt":           groupsRefused,
 	"TestGroups_EachGroupAndEachSubscriberGetsEverything":     groupsRefused,
 	"TestGroups_RefusedWhereTheyCannotWork":                   groupsRefused,
 	"TestBroker_FloodsAreBounded": "it bounds the test process's heap, " +

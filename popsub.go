@@ -34,7 +34,7 @@
 // # Reading path
 //
 // The whole broker is this file, about 3,000 lines of code, 1,500 of them
-// on the first reading, which takes about 4.5 hours at 150 words of prose
+// on the first reading, which takes about 4 hours at 150 words of prose
 // and 8 lines of code a minute. You follow a message: options and
 // frames; the broker and its topics; the log, which gives a message its
 // seq and then makes it durable; connecting; the outbox and
@@ -534,9 +534,8 @@ func New(opts Options) (*Broker, error) {
 	opts = opts.withDefaults()
 	b := &Broker{opts: opts, logger: opts.Logger, store: opts.Store,
 		topics: map[string]*topic{}, wildcards: map[*subscription]struct{}{},
-		connections: map[*connection]struct{}{},
-		durables:    map[string]*subscription{}, stop: make(chan struct{}),
-		groups:  map[string]*group{},
+		connections: map[*connection]struct{}{}, groups: map[string]*group{},
+		durables: map[string]*subscription{}, stop: make(chan struct{}),
 		events:  make(chan wire.Event, eventQueue),
 		hashing: make(chan struct{}, max(runtime.GOMAXPROCS(0)/2, 1)),
 		dummy:   sync.OnceValue(func() string { return dummyHash(opts.Users) })}
@@ -913,10 +912,7 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// and the connection count see it from its first moment.
 	c := b.newConnection(ws, r.RemoteAddr)
 	c.socket = hijack.socket
-	scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-	if strings.EqualFold(scheme, "Bearer") {
-		c.bearer = strings.TrimSpace(token)
-	}
+	c.bearer = wire.BearerToken(r.Header.Get("Authorization"))
 	if !b.register(c) {
 		b.open.Add(-1)
 		ws.Close(websocket.StatusGoingAway, "server shutting down")
@@ -2471,6 +2467,16 @@ func (c *connection) newSubscription(filter string, t *topic,
 	return s
 }
 
+// ended reports whether s was unsubscribed: its cancel is closed.
+func (s *subscription) ended() bool {
+	select {
+	case <-s.cancel:
+		return true
+	default:
+		return false
+	}
+}
+
 // subscribeTopic subscribes to an exact topic: reply, replay, then live.
 func (c *connection) subscribeTopic(f frame) {
 	b := c.broker
@@ -2602,9 +2608,7 @@ func (b *Broker) unsubscribe(s *subscription) {
 	c := s.conn
 	var left []pending
 	c.mu.Lock()
-	select {
-	case <-s.cancel:
-	default:
+	if !s.ended() {
 		close(s.cancel)
 		b.noteSubscription("unsubscribed", s)
 	}
@@ -3236,10 +3240,8 @@ func (c *connection) deliver(s *subscription, m *Message, frame []byte,
 	// A subscription ended a moment ago gets nothing more: nobody would
 	// ever clear its pending entries. A group's member that left has no
 	// room, so the group hands the message to another.
-	select {
-	case <-s.cancel:
+	if s.ended() {
 		return s.group == nil
-	default:
 	}
 	if !c.windowHas(m, share) ||
 		!c.outbox.pushWithin(c.outbox.limit/share, frame) {
@@ -3405,12 +3407,12 @@ func (c *connection) redeliver(now time.Time) {
 	// and counts as an attempt all the same: a subscriber that has not
 	// drained its outbox for a whole ack timeout is not reading it. A
 	// group member's retry goes to another member if one has room
-	// (c.move, in Work queues).
+	// (g.place, in Work queues).
 	for _, data := range retries {
 		c.outbox.push(data)
 	}
 	for _, p := range moves {
-		c.move(p)
+		p.subscription.group.place([]pending{p}, c)
 	}
 	for i := range dead {
 		c.broker.deadLetter(&dead[i], c)
@@ -3449,6 +3451,14 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 		q := c.unacked[p.message.Topic]
 		i, _ := slices.BinarySearchFunc(q.live(), p.message.Seq, bySeq)
 		c.settle(q, i, i+1, "dead_lettered")
+	}
+	// A move leaves this member's window; the group places it after c.mu.
+	for _, p := range moves {
+		n := c.unacked[p.message.Topic].drop(func(e pending) bool {
+			return e.message == p.message && e.subscription == p.subscription
+		})
+		c.inflight -= n
+		c.inflightBytes -= n * p.message.size()
 	}
 	return retries, dead, moves
 }
@@ -3519,8 +3529,8 @@ func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 			s.cutOff("fell behind the log")
 			return
 		}
-		for _, m := range msgs {
-			if !s.deliverReplay(b, m, behind) {
+		for i, m := range msgs {
+			if !s.deliverReplay(b, m, behind, i == len(msgs)-1) {
 				return
 			}
 			after = m.Seq
@@ -3577,8 +3587,10 @@ func (t *topic) synced() uint64 {
 
 // goLive turns s live if nothing after seq was given out; otherwise it
 // returns the newest seq on disk. Under t.mu no fan-out can run, so nothing
-// falls between replay and live. With m, seq's message, goes out first,
-// as live traffic, if it has room.
+// falls between replay and live. With m, seq's message, it is the
+// hand-over: m goes out first, as live traffic, if it has room, so that
+// once the subscriber sees it, the next message comes by fan-out with
+// the whole window.
 func (s *subscription) goLive(after uint64, m *Message, frame []byte,
 	deadline time.Time) (bool, uint64) {
 	t := s.topic
@@ -3598,19 +3610,20 @@ func (s *subscription) goLive(after uint64, m *Message, frame []byte,
 // deliverReplay queues one replayed message once there is room, and
 // reports false if m, the newest, turned s live, if the subscription or
 // the connection ended first, or, for a subscription that fell behind,
-// if the message after m left the log meanwhile.
+// if the message after m left the log meanwhile. Only the last of a
+// read may be the newest, so only it takes the topic's lock to look.
 func (s *subscription) deliverReplay(b *Broker, m *Message,
-	behind bool) bool {
+	behind, last bool) bool {
 	frame := appendDelivery(nil, m, 1)
 	for {
-		select {
-		case <-s.cancel:
+		if s.ended() {
 			return false
-		default:
 		}
 		deadline := time.Now().Add(b.opts.AckTimeout)
-		if live, _ := s.goLive(m.Seq, m, frame, deadline); live {
-			return false
+		if last {
+			if live, _ := s.goLive(m.Seq, m, frame, deadline); live {
+				return false
+			}
 		}
 		if s.offer(m, frame, 2, deadline) {
 			return true
@@ -3677,6 +3690,9 @@ type group struct {
 	members atomic.Pointer[[]*subscription]
 	turn    atomic.Uint64
 	joining int
+	// kept are unacked deliveries that found no member, for the next to
+	// join, under broker.mu (g.keep).
+	kept []pending
 
 	// cursor is the group's place in the log, which every member's
 	// subscription shares as its durable cursor: deliveries and acks move
@@ -3697,13 +3713,10 @@ func (c *connection) subscribeGroup(f frame) {
 	// A failed join joins too, and leaves at once, so that the group
 	// counts nobody as joining it any more.
 	s := c.newSubscription(f.Topic, c.broker.topic(f.Topic), "")
-	r, start, err := c.broker.prepareJoin(s, f)
-	if err != nil {
-		r, start = topicError("store_failed", err.Error(), f.Topic), nil
-	}
+	r, start, ok := c.broker.prepareJoin(s, f)
 	c.reply(r)
 	s.group.join(s, start)
-	if err != nil {
+	if !ok {
 		c.dropSubscription(s)
 		return
 	}
@@ -3713,9 +3726,10 @@ func (c *connection) subscribeGroup(f frame) {
 // prepareJoin finds or starts s's group and returns the subscribed reply.
 // A new group's feed is registered, not live: it will start after the
 // stored cursor, or where f asks (new messages only, by default), and
-// start is where, or nil for a group already under way.
+// start is where, or nil for a group already under way. A cursor that
+// cannot be read makes the reply an error, and the last result false.
 func (b *Broker) prepareJoin(s *subscription, f frame) (reply, *uint64,
-	error) {
+	bool) {
 	t := s.topic
 	key := strings.Join([]string{"", f.Group, t.name}, "\x00")
 	b.mu.Lock()
@@ -3746,8 +3760,11 @@ func (b *Broker) prepareJoin(s *subscription, f frame) (reply, *uint64,
 	defer t.mu.Unlock()
 	head := t.head
 	r := reply{Type: "subscribed", Topic: t.name, Seq: &head}
-	if !first || err != nil {
-		return r, nil, err
+	if err != nil {
+		return topicError("store_failed", err.Error(), t.name), nil, false
+	}
+	if !first {
+		return r, nil, true
 	}
 	start, recovered := t.startAfter(after, last)
 	if !recovered {
@@ -3758,24 +3775,23 @@ func (b *Broker) prepareJoin(s *subscription, f frame) (reply, *uint64,
 	g.cursor.sent, g.cursor.saved = start, start
 	b.log.saveCursor(key, start)
 	t.subscribers[g.feed] = struct{}{}
-	return r, &start, nil
+	return r, &start, true
 }
 
 // join makes s a member, and the first member starts the feed at start.
 // A subscription ended meanwhile leaves at once.
 func (g *group) join(s *subscription, start *uint64) {
 	g.broker.mu.Lock()
-	members := append(slices.Clone(g.list()), s)
+	members, kept := append(slices.Clone(g.list()), s), g.kept
 	g.members.Store(&members)
-	g.joining--
+	g.joining, g.kept = g.joining-1, nil
 	g.broker.mu.Unlock()
+	g.place(kept, nil)
 	if start != nil {
 		go g.feed.replay(g.broker, *start, false)
 	}
-	select {
-	case <-s.cancel:
+	if s.ended() {
 		g.leave(s)
-	default:
 	}
 }
 
@@ -3834,46 +3850,47 @@ func (s *subscription) cutOff(why string) {
 	}
 }
 
-// move takes a member's overdue delivery p from c, and places it with
-// the group again.
-func (c *connection) move(p pending) {
-	c.mu.Lock()
-	if q := c.unacked[p.message.Topic]; q != nil {
-		n := q.drop(func(e pending) bool {
-			return e.message == p.message && e.subscription == p.subscription
-		})
-		c.inflight -= n
-		c.inflightBytes -= n * p.message.size()
-	}
-	c.mu.Unlock()
-	p.subscription.group.place([]pending{p}, c)
-}
-
 // place gives each of list, as its next attempt, to another member than
 // avoid with room, in turn, due for its retry an ack timeout from now;
-// the x-ray hears that it moved from the member that owed it.
-// When none has room, the member whose turn it is takes it over its
-// bounds: the deliveries moved were a departed member's, or avoid's,
-// whose window they leave, so the group's memory stays within its
-// members' windows together.
-// With no member left, the cursor keeps them for the next one.
+// the x-ray hears that it moved from the member that owed it. When none
+// has room, the member whose turn it is takes it over its bounds: the
+// deliveries moved were a departed member's, or avoid's, whose window
+// they leave, so the group's memory stays within its members' windows
+// together. With no member, the group keeps them for the next to join
+// (g.keep): a group may live on with nobody in it while one is joining,
+// and nothing else would send them.
 func (g *group) place(list []pending, avoid *connection) {
-	members := g.list()
-	for _, p := range list {
+	for i := 0; i < len(list); {
+		p, members := list[i], g.list()
 		if len(members) == 0 {
-			return
+			if members = g.keep(list[i:]); len(members) == 0 {
+				return
+			}
 		}
 		g.broker.noteMessage("moved", p.subscription.conn, p.message, &p)
 		p.attempt++
 		p.deadline = time.Now().Add(g.broker.opts.AckTimeout)
 		at := int(g.turn.Add(1)) % len(members)
 		turn := append(slices.Clone(members[at:]), members[:at]...)
-		if !slices.ContainsFunc(turn, func(s *subscription) bool {
+		// A member that took nothing had just left: try the others again.
+		if slices.ContainsFunc(turn, func(s *subscription) bool {
 			return s.conn != avoid && s.conn.take(s, p, false)
-		}) {
-			turn[0].conn.take(turn[0], p, true)
+		}) || turn[0].conn.take(turn[0], p, true) {
+			i++
 		}
 	}
+}
+
+// keep holds list for the next member to join if the group has none;
+// if one joined meanwhile, it returns the members, to take them.
+func (g *group) keep(list []pending) []*subscription {
+	g.broker.mu.Lock()
+	defer g.broker.mu.Unlock()
+	if members := g.list(); len(members) > 0 {
+		return members
+	}
+	g.kept = append(g.kept, list...)
+	return nil
 }
 
 // take queues p's message to member s as attempt p.attempt, if it has
@@ -3883,14 +3900,9 @@ func (g *group) place(list []pending, avoid *connection) {
 func (c *connection) take(s *subscription, p pending, must bool) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	select {
-	case <-s.cancel:
-		return false
-	default:
-	}
 	frame := appendDelivery(nil, p.message, p.attempt)
-	if (!must && !c.windowHas(p.message, 1)) ||
-		(!c.outbox.push(frame) && !must) {
+	if s.ended() || !must && !c.windowHas(p.message, 1) ||
+		!c.outbox.push(frame) && !must {
 		return false
 	}
 	p.subscription = s

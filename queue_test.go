@@ -315,6 +315,41 @@ func TestGroups_KeepTheirPlaceWhenEveryMemberHasLeft(t *testing.T) {
 	}
 }
 
+func TestGroups_AJobLeftWhileAMemberJoinsReachesIt(t *testing.T) {
+	// The only member leaves with an unacked job while a second is
+	// between its reply and its join: the group lives on with nobody in
+	// it, keeps the job, and hands it to the second when it joins.
+	ts := startBroker(t, Options{AckTimeout: time.Minute})
+	first := join(ts.dial("first"), "jobs", "workers", false, nil)
+	ts.dial("publisher").publish("jobs", "job", 1, "j-1")
+	waitUntil(t, "the first member's job", func() bool {
+		return len(first.deliveries()) == 1
+	}, first)
+
+	second := ts.dial("second")
+	var c *connection
+	for _, each := range ts.broker.connectionList() {
+		if each.subject == "second" {
+			c = each
+		}
+	}
+	s := c.newSubscription("jobs", ts.broker.topic("jobs"), "")
+	r, start, ok := ts.broker.prepareJoin(s,
+		frame{Type: "subscribe", Topic: "jobs", Group: "workers"})
+	if !ok {
+		t.Fatalf("prepareJoin: %+v", r)
+	}
+	first.c.ws.CloseNow()
+	waitFor(t, func() bool {
+		return len(s.group.list()) == 0 &&
+			ts.broker.open.Load() == 2
+	}, "the first member to leave")
+	s.group.join(s, start)
+	if g := second.expect("message"); g.MessageID != "j-1" || g.Attempt != 2 {
+		t.Fatalf("the second member got %+v, want j-1 as attempt 2", g)
+	}
+}
+
 func TestGroups_EachGroupAndEachSubscriberGetsEverything(t *testing.T) {
 	ts := startBroker(t, Options{})
 	a1 := join(ts.dial("a1"), "jobs", "a", true, nil)

@@ -20,7 +20,8 @@ import (
 // This file is the simulation. A broker runs in fake time on a disk that
 // loses whatever it had not committed (crash_test.go's disk), its
 // clients on pipes; a seeded nemesis kills it (also on a new topic's
-// first delivery, and twice before a commit), cuts every connection,
+// first delivery, and twice before a commit), cuts every connection or
+// a random half of them (one work-queue member dies, the other stays),
 // and stalls them all, some for longer than the write timeout. The
 // clients and the checker are package chaos's, which `popsub chaos`
 // runs against real processes: a schedule that breaks a promise here
@@ -36,13 +37,6 @@ var (
 		"how many seeded schedules the simulation runs")
 	simSeed = flag.Uint64("sim.seed", 0,
 		"run only the simulation's schedule of this seed")
-	// simGroups adds a work queue of two members on each topic. Off by
-	// default: it still finds jobs no member gets after a crash (a
-	// member's unacked jobs placed while the group has no member, but
-	// another is joining, are held by nobody until the group starts
-	// again), which is a known bug, not yet fixed.
-	simGroups = flag.Bool("sim.groups", false,
-		"add a work queue to the simulation's workload (known to fail)")
 )
 
 func TestSimulation_PromisesHoldUnderFaults(t *testing.T) {
@@ -102,8 +96,7 @@ func simulate(t *testing.T, seed uint64) (chaos.Report, error) {
 	defer cancel()
 
 	// The workload: two topics, three publishers, and on each topic a
-	// durable subscriber and a plain one, and with -sim.groups a group
-	// of two members.
+	// durable subscriber, a plain one, and a work queue of two members.
 	topics := []string{"jobs", "chat"}
 	stop := make(chan struct{})
 	var publishers, subscribers sync.WaitGroup
@@ -122,9 +115,6 @@ func simulate(t *testing.T, seed uint64) (chaos.Report, error) {
 		// The member that gets the marker ends the group a few seconds
 		// of fake time later: jobs moved from a member cut off at the end
 		// still come.
-		if !*simGroups {
-			continue
-		}
 		group, end := context.WithCancel(ctx)
 		finished := sync.OnceFunc(func() { time.AfterFunc(5*time.Second, end) })
 		for i := range 2 {
@@ -174,7 +164,7 @@ func (w *world) nemesis(ctx context.Context, r *rand.Rand) []string {
 	for start := time.Now(); time.Since(start) < simRun; {
 		time.Sleep(200*time.Millisecond +
 			time.Duration(r.Int64N(int64(1800*time.Millisecond))))
-		switch r.IntN(6) {
+		switch r.IntN(7) {
 		case 0:
 			w.crash()
 		case 1:
@@ -190,6 +180,10 @@ func (w *world) nemesis(ctx context.Context, r *rand.Rand) []string {
 				"jobs", "", w.crash)
 		case 3:
 			w.cut()
+		case 6:
+			// Some connections, not all: one member of a work queue
+			// dies while the other stays, and its jobs must move.
+			w.cutSome(r)
 		case 4, 5:
 			// Half the stalls outlast the write timeout (10 s): their
 			// subscribers are cut off with 4008.
@@ -269,6 +263,24 @@ func (w *world) cut() {
 	w.conns = map[*simConn]struct{}{}
 	w.mu.Unlock()
 	for c := range conns {
+		c.Close()
+	}
+	healed()
+}
+
+// cutSome closes each connection with a chance of one in two.
+func (w *world) cutSome(r *rand.Rand) {
+	healed := w.history.Fault("cut", "some connections")
+	w.mu.Lock()
+	var some []*simConn
+	for c := range w.conns {
+		if r.IntN(2) == 0 {
+			some = append(some, c)
+			delete(w.conns, c)
+		}
+	}
+	w.mu.Unlock()
+	for _, c := range some {
 		c.Close()
 	}
 	healed()

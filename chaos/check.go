@@ -409,16 +409,26 @@ func checkGroups(h *History, confirmed map[key]uint64) Line {
 			got[g][m.ID] = true
 		}
 	}
-	dead := map[key]string{}
+	// A message may be dead-lettered for several subscribers at once.
+	type letter struct{ subscriber, topic, id string }
+	dead := map[letter]bool{}
 	for _, d := range h.DeadLetters {
-		dead[key{d.Topic, d.MessageID}] = d.Subscriber
+		dead[letter{d.Subscriber, d.Topic, d.MessageID}] = true
+	}
+	deadFor := func(g map[string]bool, k key) bool {
+		for member := range g {
+			if dead[letter{member, k.topic, k.id}] {
+				return true
+			}
+		}
+		return false
 	}
 	for _, g := range slices.SortedFunc(maps.Keys(got), func(a, b group) int {
 		return cmp.Or(cmp.Compare(a.name, b.name), cmp.Compare(a.topic, b.topic))
 	}) {
 		for _, k := range sortedKeys(confirmed) {
 			if k.topic == g.topic && !got[g][k.id] && confirmed[k] > start[g] &&
-				!excused[g] && !members[g][dead[k]] {
+				!excused[g] && !deadFor(members[g], k) {
 				l.violation("group %q on %s: no member got %s (seq %d)",
 					g.name, g.topic, k.id, confirmed[k])
 			}

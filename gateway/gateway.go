@@ -46,6 +46,7 @@ package gateway
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -498,7 +499,7 @@ type publishFrame struct {
 // publish answers a POST.
 func (g *Gateway) publish(w http.ResponseWriter, r *http.Request,
 	topic string) {
-	token := bearerToken(r)
+	token := wire.BearerToken(r.Header.Get("Authorization"))
 	if token == "" {
 		answer(w, http.StatusUnauthorized, refusal("unauthenticated",
 			"send the token as Authorization: Bearer TOKEN"))
@@ -712,7 +713,8 @@ func (g *Gateway) retire(p *publisher) {
 // stream answers a GET with a stream of events.
 func (g *Gateway) stream(w http.ResponseWriter, r *http.Request,
 	topic string) {
-	token := cmpString(bearerToken(r), r.URL.Query().Get("access_token"))
+	token := cmp.Or(wire.BearerToken(r.Header.Get("Authorization")),
+		r.URL.Query().Get("access_token"))
 	if token == "" {
 		answer(w, http.StatusUnauthorized, refusal("unauthenticated",
 			"send the token as Authorization: Bearer TOKEN, or, from "+
@@ -749,24 +751,6 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request,
 		timeout: g.opts.WriteTimeout, ids: !strings.ContainsAny(topic, "+#")}
 	s.start(reply)
 	g.pump(r.Context(), ws, s)
-}
-
-// bearerToken returns the token of a request's "Authorization: Bearer"
-// header, or "".
-func bearerToken(r *http.Request) string {
-	scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !strings.EqualFold(scheme, "Bearer") {
-		return ""
-	}
-	return strings.TrimSpace(token)
-}
-
-// cmpString returns the first of a and b that is not empty.
-func cmpString(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // subscribeFrame is the subscribe frame a stream sends.

@@ -9,7 +9,10 @@
 // same fields.
 package wire
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"strings"
+)
 
 // Frame is any frame a client sends, with "type" saying which. Pointers
 // mark fields whose absence means something else than their zero value:
@@ -77,4 +80,15 @@ type DeadLetter struct {
 	Attempts   int             `json:"attempts"`   // deliveries tried
 	Subscriber string          `json:"subscriber"` // the token's subject
 	Client     string          `json:"client"`     // its client name, if any
+}
+
+// BearerToken returns the token of an "Authorization: Bearer TOKEN"
+// header's value, or "": the broker's WebSocket upgrade and the HTTP
+// gateway read it alike.
+func BearerToken(authorization string) string {
+	scheme, token, _ := strings.Cut(authorization, " ")
+	if !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimSpace(token)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -302,7 +303,7 @@ func (r *chaosRun) broker(i int) *process {
 	return &process{name: fmt.Sprint("broker-", i+1),
 		args: func() []string {
 			self, _ := os.Executable()
-			args := []string{cmpString(r.cfg.popsub, self), "serve", "--addr", "127.0.0.1:0",
+			args := []string{cmp.Or(r.cfg.popsub, self), "serve", "--addr", "127.0.0.1:0",
 				"--secret", chaosSecret, "--log-level", "error",
 				"--db", filepath.Join(r.dir, fmt.Sprint("broker-", i+1, ".db")),
 				"--ack-timeout", "1s", "--max-messages", "100000000",
@@ -458,7 +459,7 @@ func (r *chaosRun) workload(ctx context.Context) (chaos.Report, error) {
 	}
 	for i, topic := range topics {
 		for j, durable := range []string{"d-" + topic, ""} {
-			s := r.client(cmpString(durable, "s-"+topic), 2*i+j+1)
+			s := r.client(cmp.Or(durable, "s-"+topic), 2*i+j+1)
 			subscribers.Go(func() {
 				s.Subscribe(ctx, topic, durable, "end-"+topic)
 			})
@@ -500,14 +501,6 @@ func (r *chaosRun) workload(ctx context.Context) (chaos.Report, error) {
 		}
 	}
 	return chaos.Check(r.history), nil
-}
-
-// cmpString returns a if it is not empty, else b.
-func cmpString(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // waitGroup waits for wg, or for ctx; it reports whether wg finished.
