@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/chromedp/chromedp"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/popsub/popsub/cmd/popsub/jetstream/natstest"
 )
@@ -112,12 +111,7 @@ func TestPlayground_ShowsWhatAnotherBrokerPublished(t *testing.T) {
 	page, _, _ := playgroundURL(t, secret, "--nats", nats)
 	ctx, problems := startBrowser(t, chromium)
 
-	do(t, ctx, "open the page", chromedp.EmulateViewport(1366, 900),
-		chromedp.Navigate(page))
-	for _, name := range []string{"alice", "bob"} {
-		until(t, ctx, name+" subscribes by herself",
-			exists(`#`+name+`-subs li[data-topic="jobs"]`))
-	}
+	openPlayground(t, ctx, page, 1366, 900)
 	token, err := localClaims().Sign([]byte(secret))
 	if err != nil {
 		t.Fatal(err)

@@ -101,14 +101,7 @@ func TestPlayground_GuidedRun(t *testing.T) {
 		"--ack-timeout", "400ms", "--max-retries", "1")
 	ctx, problems := startBrowser(t, chromium)
 
-	do(t, ctx, "open the page", chromedp.EmulateViewport(1366, 900),
-		chromedp.Navigate(page))
-	until(t, ctx, "the broker is reached", exists(`#banner[data-state="up"]`))
-	for _, name := range []string{"alice", "bob"} {
-		until(t, ctx, name+" connects and subscribes by herself",
-			exists(`#`+name+`-subs li[data-topic="jobs"]`))
-	}
-	until(t, ctx, "carol connects", exists(`#carol-status[data-state="connected"]`))
+	openPlayground(t, ctx, page, 1366, 900)
 
 	do(t, ctx, "step 1", chromedp.Click(css("#step-1-do")))
 	until(t, ctx, "step 1 is done", exists(`#step-1[data-state="done"]`))
@@ -209,13 +202,7 @@ func TestPlayground_WorkQueue(t *testing.T) {
 		"--ack-timeout", "400ms")
 	ctx, problems := startBrowser(t, chromium)
 
-	do(t, ctx, "open the page", chromedp.EmulateViewport(1366, 900),
-		chromedp.Navigate(page))
-	for _, name := range []string{"alice", "bob"} {
-		until(t, ctx, name+" subscribes by herself",
-			exists(`#`+name+`-subs li[data-topic="jobs"]`))
-	}
-	until(t, ctx, "carol connects", exists(`#carol-status[data-state="connected"]`))
+	openPlayground(t, ctx, page, 1366, 900)
 	inView(t, ctx)
 
 	do(t, ctx, "share", chromedp.Click(css("#share-do")))
@@ -261,6 +248,22 @@ func TestPlayground_WorkQueue(t *testing.T) {
 	if list := problems(); len(list) > 0 {
 		t.Fatalf("the console reported problems:\n%s", strings.Join(list, "\n"))
 	}
+}
+
+// openPlayground opens page at width×height and waits for the page as
+// it starts: the broker reached, Alice and Bob subscribed to jobs by
+// themselves, Carol connected.
+func openPlayground(t *testing.T, ctx context.Context, page string,
+	width, height int64) {
+	t.Helper()
+	do(t, ctx, "open the page", chromedp.EmulateViewport(width, height),
+		chromedp.Navigate(page))
+	until(t, ctx, "the broker is reached", exists(`#banner[data-state="up"]`))
+	for _, name := range []string{"alice", "bob"} {
+		until(t, ctx, name+" connects and subscribes by herself",
+			exists(`#`+name+`-subs li[data-topic="jobs"]`))
+	}
+	until(t, ctx, "carol connects", exists(`#carol-status[data-state="connected"]`))
 }
 
 // inView checks that at 1366×900 the clients, the diagram and the pending
@@ -508,11 +511,7 @@ func TestPlayground_PhoneShowsThePictureAfterAStep(t *testing.T) {
 	chromium := browser(t)
 	page, _, _ := playgroundURL(t, strings.Repeat("playground-secret-", 2))
 	ctx, _ := startBrowser(t, chromium)
-	do(t, ctx, "open the page on a phone", chromedp.EmulateViewport(390, 844),
-		chromedp.Navigate(page))
-	until(t, ctx, "the broker is reached", exists(`#banner[data-state="up"]`))
-	until(t, ctx, "carol connects", exists(`#carol-status[data-state="connected"]`))
-	until(t, ctx, "alice subscribes", exists(`#alice-subs li[data-topic="jobs"]`))
+	openPlayground(t, ctx, page, 390, 844)
 	do(t, ctx, "step 1", chromedp.Click(css("#step-1-do")))
 	until(t, ctx, "the deliveries are drawn", exists(`#diagram g.deliver`))
 	until(t, ctx, "the diagram is in view", `(() => {
