@@ -219,6 +219,7 @@ type frame struct {
 	wire.Received
 	raw   []byte
 	ended bool // the session ended; the frame says why
+	close int  // the close code it ended with, if one came
 }
 
 // errorFrame is an error frame of the gateway's own, its fields in the
@@ -421,7 +422,7 @@ func closed(err error) frame {
 		code = "closed"
 	}
 	f := refusal(code, close.Reason)
-	f.ended = true
+	f.ended, f.close = true, int(close.Code)
 	f.raw, _ = json.Marshal(errorFrame{"error", code, close.Reason,
 		int(close.Code)})
 	return f
@@ -841,7 +842,7 @@ func (g *Gateway) pump(ctx context.Context, ws *websocket.Conn,
 		case f := <-frames:
 			err = s.deliver(ctx, ws, f)
 		case f := <-ended:
-			s.end(f)
+			s.end(g.why(f))
 			return
 		case <-keepalive.C:
 			err = s.comment("keepalive")
@@ -852,6 +853,21 @@ func (g *Gateway) pump(ctx context.Context, ws *websocket.Conn,
 			return
 		}
 	}
+}
+
+// why returns the frame a stream's end event carries. Close closes the
+// sessions from this side, so a session it ends may read as a closed
+// connection rather than as the broker's 1001, whichever comes first;
+// either way the stream hears that the broker is going away.
+func (g *Gateway) why(f frame) frame {
+	g.mu.Lock()
+	shutdown := g.closed
+	g.mu.Unlock()
+	if shutdown && f.close == 0 {
+		return closed(websocket.CloseError{Code: websocket.StatusGoingAway,
+			Reason: "server shutting down"})
+	}
+	return f
 }
 
 // eventStream writes Server-Sent Events to one response.
