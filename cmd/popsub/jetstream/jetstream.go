@@ -236,12 +236,36 @@ func (l *Log) openBuckets() error {
 			return fmt.Errorf("%s has no JetStream: start nats-server "+
 				"with -js", l.opts.URL)
 		}
+		if err == nil {
+			err = answering(ctx, *kv)
+		}
 		if err != nil {
 			return fmt.Errorf("jetstream bucket %s_%s: %w", l.opts.Prefix,
 				name, err)
 		}
 	}
 	return nil
+}
+
+// answering waits until a bucket answers reads. A replicated bucket just
+// made, or one whose cluster is electing, has no leader for a moment,
+// and its reads hear no responders: a broker that started then failed
+// to load its topics.
+func answering(ctx context.Context, kv jetstream.KeyValue) error {
+	for {
+		_, err := kv.Get(ctx, "answering")
+		if !errors.Is(err, nats.ErrNoResponders) {
+			if errors.Is(err, jetstream.ErrKeyNotFound) {
+				return nil
+			}
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // streamKey maps a topic to a name valid as a stream name, a subject
