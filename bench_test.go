@@ -64,7 +64,7 @@ func BenchmarkFanOut(b *testing.B) {
 			var drained [][]byte
 			for b.Loop() {
 				t.mu.Lock()
-				broker.fanOut(t, m, m.Seq-1)
+				broker.fanOut(t, m, m.Seq-1, nil)
 				t.mu.Unlock()
 				for _, c := range connections {
 					drained = c.outbox.take(drained[:0])

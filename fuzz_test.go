@@ -121,17 +121,17 @@ func FuzzCovers(f *testing.F) {
 		f.Add(seed[0], seed[1])
 	}
 	f.Fuzz(func(t *testing.T, grant, topic string) {
-		covers(grant, topic)
+		Covers(grant, topic)
 		if validTopic(topic) != "" {
 			return
 		}
 
 		// Two properties any matcher must keep: a topic covers itself,
 		// and # covers every topic that is not the broker's own.
-		if !covers(topic, topic) {
+		if !Covers(topic, topic) {
 			t.Fatalf("%q does not cover itself", topic)
 		}
-		if !strings.HasPrefix(topic, "$") && !covers("#", topic) {
+		if !strings.HasPrefix(topic, "$") && !Covers("#", topic) {
 			t.Fatalf("# does not cover %q", topic)
 		}
 	})

@@ -87,8 +87,8 @@ func TestCovers_Grants(t *testing.T) {
 		{"+/#", "a/b", true},
 	}
 	for _, tc := range cases {
-		if got := covers(tc.grant, tc.filter); got != tc.want {
-			t.Errorf("covers(%q, %q) = %v, want %v", tc.grant, tc.filter,
+		if got := Covers(tc.grant, tc.filter); got != tc.want {
+			t.Errorf("Covers(%q, %q) = %v, want %v", tc.grant, tc.filter,
 				got, tc.want)
 		}
 	}

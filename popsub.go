@@ -34,14 +34,14 @@
 // # Reading path
 //
 // The whole broker is this file, about 3,000 lines of code, 1,500 of them
-// on the first reading, which takes about 4 hours at 150 words of prose
+// on the first reading, which takes about 4.5 hours at 150 words of prose
 // and 8 lines of code a minute. You follow a message: options and
 // frames; the broker and its topics; the log, which gives a message its
 // seq and then makes it durable; connecting; the outbox and
 // back-pressure; subscribing; publishing and fan-out; acknowledgements;
 // retries and dead letters; replay; shutdown; helpers. Sections marked
 // "(detail)" hold what you may skip the first time: logins, the
-// hand-written frame reader, the socket that holds a batch, the queues'
+// hand-written frame reader, the writer's own framing, the queues'
 // memory, durable cursors, topic rules, confirms, the delivery encoder,
 // the x-ray and, at the end, retention, the seqs reserved on disk, group
 // commit, the shared log and the bbolt store. Wherever the first reading
@@ -179,7 +179,7 @@ const (
 	replayChunk       = 256             // messages read from the log at a time
 	maxQueueMessages  = 4096            // messages waiting for the log
 	maxQueueBytes     = 1 << 20         // their bytes; see b.log.admit
-	heldBytes         = 64 << 10        // most a writer holds per write
+	heldBytes         = 64 << 10        // most a writer sends per write
 	deadPrefix        = "$dead/"        // dead letters of T go to $dead/T
 	// reserveAhead and reserveBlock size a topic's reservation of seqs
 	// (the log's section): a topic asks for its next block once fewer
@@ -620,8 +620,7 @@ func (b *Broker) loadTopics() error {
 		// restarted with a smaller cap still has the old, longer one.
 		// t.remember adds each message to the index (Retention).
 		for after := uint64(0); ; {
-			msgs, err := b.store.Read(name, after, replayChunk,
-				maxQueueBytes)
+			msgs, err := b.store.Read(name, after, replayChunk, maxQueueBytes)
 			if err != nil {
 				return fmt.Errorf("load topic %q: %w", name, err)
 			}
@@ -761,8 +760,7 @@ type Store interface {
 	Commit(batch *Batch) error
 	// Read returns up to limit messages of topic with seq > after, in
 	// seq order, and stops early once their payloads pass maxBytes.
-	Read(topic string, after uint64, limit, maxBytes int) ([]*Message,
-		error)
+	Read(topic string, after uint64, limit, maxBytes int) ([]*Message, error)
 	// Topics returns every stored topic with its head: the greatest seq
 	// appended to it, or the last one Batch.Heads set, if later. A head
 	// must survive the topic's log being trimmed empty.
@@ -819,9 +817,12 @@ type outcome struct {
 type connection struct {
 	broker *Broker
 	ws     *websocket.Conn
-	// socket is the TCP connection under ws, which holds a writer's
-	// frames for one write (see heldConn).
-	socket *heldConn
+	// socket is the TCP connection under ws, which the writer sends its
+	// own frames to, a batch a write (see sharedSocket).
+	socket *sharedSocket
+	// wake owes the writers that this reader's publishes filled a start,
+	// once it is about to read or wait (see wakeups).
+	wake wakeups
 	// remote is the peer's address, for logs; id numbers the connection
 	// in x-ray events. bearer is a token from the upgrade request's
 	// Authorization header, which stands for the auth frame.
@@ -897,9 +898,9 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	// Accept checks the Origin header: a page from another site, running
 	// in a user's browser, may not open a socket unless allowed. It takes
-	// the socket through a hijacker, which wraps it in a heldConn, a
-	// socket that can hold a batch of writes for one system call (One
-	// write per batch, a detail).
+	// the socket through a hijacker, which wraps it in a sharedSocket, a
+	// socket the library and the writer share, so that the writer can send
+	// a batch in one system call (One write per batch, a detail).
 	hijack := &hijacker{ResponseWriter: w, timeout: b.opts.WriteTimeout}
 	ws, err := websocket.Accept(hijack, r,
 		&websocket.AcceptOptions{OriginPatterns: b.opts.OriginPatterns})
@@ -911,7 +912,7 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// A connection registers before it authenticates, so that Shutdown
 	// and the connection count see it from its first moment.
 	c := b.newConnection(ws, r.RemoteAddr)
-	c.socket = hijack.socket
+	c.socket, hijack.socket.wake = hijack.socket, &c.wake
 	c.bearer = wire.BearerToken(r.Header.Get("Authorization"))
 	if !b.register(c) {
 		b.open.Add(-1)
@@ -988,6 +989,8 @@ func (c *connection) serve() {
 	// vanished mid-frame would otherwise keep a file descriptor open.
 	defer c.ws.CloseNow()
 	defer c.broker.unregister(c)
+	// A reader that leaves starts the writers its publishes owe.
+	defer c.wake.start()
 	defer c.recoverPanic()
 	if !c.authenticate() {
 		return
@@ -1120,7 +1123,7 @@ func (c *connection) refuse(code, text string) {
 // the writer goroutine starts, so it races with nothing.
 func (c *connection) writeNow(r reply) {
 	// A stranger who never reads the reply is bounded by the socket's
-	// write timeout (heldConn), like every other write.
+	// write timeout (sharedSocket), like every other write.
 	data, _ := json.Marshal(r)
 	c.ws.Write(context.Background(), websocket.MessageText, data)
 }
@@ -1283,8 +1286,7 @@ func (b *Broker) verify(token string) (*Claims, error) {
 	}
 	claims := &Claims{}
 	_, err := jwt.ParseWithClaims(token, claims,
-		func(*jwt.Token) (any, error) { return b.opts.Secret, nil },
-		options...)
+		func(*jwt.Token) (any, error) { return b.opts.Secret, nil }, options...)
 	if err != nil {
 		return nil, err
 	}
@@ -1434,8 +1436,7 @@ func (c *connection) login(f frame, deadline *authDeadline) reply {
 	if !known {
 		user.PasswordHash = b.dummy()
 	}
-	right, checked := c.verifyPassword(user, f.Password, addressKey,
-		deadline)
+	right, checked := c.verifyPassword(user, f.Password, addressKey, deadline)
 	switch {
 	case !checked:
 		// The connection is ending: its auth timeout, or no hash.
@@ -1790,15 +1791,13 @@ func (s *scanner) numberInto(field **uint64) bool {
 
 // space skips JSON's whitespace.
 func (s *scanner) space() {
-	for s.pos < len(s.data) {
-		switch s.data[s.pos] {
-		case ' ', '\t', '\n', '\r':
-			s.pos++
-		default:
-			return
-		}
+	for s.pos < len(s.data) && blank[s.data[s.pos]] {
+		s.pos++
 	}
 }
+
+// blank marks JSON's whitespace, for a lookup as fast as a switch.
+var blank = [256]bool{' ': true, '\t': true, '\n': true, '\r': true}
 
 // next consumes c, after any whitespace, if it comes next.
 func (s *scanner) next(c byte) bool {
@@ -1854,14 +1853,8 @@ func (s *scanner) number() (uint64, bool) {
 // of the data, at whitespace, or at the punctuation after a value.
 // Without it, "12a" would read as 12.
 func (s *scanner) end() bool {
-	if s.pos == len(s.data) {
-		return true
-	}
-	switch s.data[s.pos] {
-	case ' ', '\t', '\n', '\r', ',', '}', ']':
-		return true
-	}
-	return false
+	return s.pos == len(s.data) || blank[s.data[s.pos]] ||
+		strings.IndexByte(",}]", s.data[s.pos]) >= 0
 }
 
 // value reads any JSON value but null and returns its bytes. Its end is
@@ -1949,12 +1942,16 @@ type outbox struct {
 // then be as large as a frame can be. The first frames into an idle
 // outbox start a writer goroutine.
 func (o *outbox) push(frames ...[]byte) bool {
-	return o.pushWithin(o.limit, frames...)
+	return o.pushWithin(o.limit, nil, frames...)
 }
 
 // pushWithin is push with a lower limit, for a sender that may use only
-// part of the outbox.
-func (o *outbox) pushWithin(limit int, frames ...[]byte) bool {
+// part of the outbox. With wake (a publisher's fan-out), the writer is
+// not started here: wake.owe(o) owes it a start, which the publisher's
+// reader makes with wake.start() once it is about to read or wait, so
+// that a subscriber gets a read's worth of publishes in one write
+// (wakeups, in One write per batch). A nil wake starts it now.
+func (o *outbox) pushWithin(limit int, wake *wakeups, frames ...[]byte) bool {
 	size := 0
 	for _, frame := range frames {
 		size += len(frame)
@@ -1970,7 +1967,7 @@ func (o *outbox) pushWithin(limit int, frames ...[]byte) bool {
 	o.writing = true
 	o.mu.Unlock()
 	if idle {
-		go o.write()
+		wake.owe(o)
 	}
 	return true
 }
@@ -1996,13 +1993,11 @@ func (o *outbox) take(batch [][]byte) [][]byte {
 // the next frame instead would be simpler, and would cost every idle
 // connection a parked goroutine, whose stack (8 KiB once it has written)
 // was the biggest single item in an idle connection's memory. Each batch
-// goes out in one system call: c.socket.hold() gathers the socket's
-// writes, and c.socket.release() sends them as one (heldConn, in One
-// write per batch). After a failed write the outbox stays marked as
-// written, so no writer starts again: the reader is about to see the
-// socket closed. The batch and its buffer, writeBuffers, come from
-// writeBufferPool, and buffers.release() hands them back, so that a new
-// writer need not grow them.
+// goes out in one system call (One write per batch). After a failed
+// write the outbox stays marked as written, so no writer starts again:
+// the reader is about to see the socket closed. The batch and its
+// buffer, writeBuffers, come from writeBufferPool, and buffers.release()
+// hands them back, so that a new writer need not grow them.
 func (c *connection) writeLoop() {
 	buffers := writeBufferPool.Get().(*writeBuffers)
 	defer buffers.release()
@@ -2013,45 +2008,41 @@ func (c *connection) writeLoop() {
 			return
 		}
 		notify(c.room)
-		c.socket.hold()
 		buffers.joined, ok = c.writeBatch(buffers.batch, buffers.joined)
-		if err := c.socket.release(); err != nil && ok {
-			c.writeFailed(err)
-			ok = false
-		}
 	}
 }
 
-// writeBatch writes a batch of frames and reports false once the socket is
-// done with: a write failed, or a nil frame asked for the close. A client
-// that opted into batches gets runs of frames joined by newlines in one
-// WebSocket frame; every client gets the batch in one system call. The
-// buffer is reused; Write copies it out.
+// writeBatch writes a batch of frames and reports false once the socket
+// is done with: a write failed, or a nil frame asked for the close. A
+// client that opted into batches gets runs of frames joined by newlines
+// in one WebSocket frame. The batch is framed into buffer (appendFrame
+// writes one frame's header and payload) and c.send(buffer) sends it in
+// one system call per heldBytes, ending the connection if the socket
+// refuses; the buffer is reused.
 func (c *connection) writeBatch(batch [][]byte, buffer []byte) ([]byte, bool) {
+	buffer = buffer[:0]
 	for len(batch) > 0 {
-		data, n := batch[0], 1
-		if data == nil {
-			// A close waits for the peer's answer: its frame must leave
-			// now, not when the batch is released.
-			c.socket.release()
-			c.ws.Close(c.closeCode, c.closeWhy)
-			return buffer, false
+		n := 1
+		for c.batch && n < len(batch) && batch[n] != nil {
+			n++
 		}
-		if c.batch {
-			buffer = append(buffer[:0], data...)
-			for ; n < len(batch) && batch[n] != nil; n++ {
-				buffer = append(append(buffer, '\n'), batch[n]...)
+		if batch[0] == nil {
+			// A close waits for the peer's answer: what came before it
+			// leaves first.
+			if c.send(buffer) {
+				c.ws.Close(c.closeCode, c.closeWhy)
 			}
-			data = buffer
-		}
-		err := c.ws.Write(context.Background(), websocket.MessageText, data)
-		if err != nil {
-			c.writeFailed(err)
 			return buffer, false
 		}
-		batch = batch[n:]
+		buffer, batch = appendFrame(buffer, batch[:n]), batch[n:]
+		if len(buffer) >= heldBytes {
+			if !c.send(buffer) {
+				return buffer, false
+			}
+			buffer = buffer[:0]
+		}
 	}
-	return buffer, true
+	return buffer, c.send(buffer)
 }
 
 // writeFailed ends a connection whose socket refused a write. A write
@@ -2075,8 +2066,12 @@ func (c *connection) reply(r reply) {
 
 // enqueue queues frames, waiting for room or for the connection to end.
 // The poll covers a wake-up taken by another waiter on this connection.
+// Before it waits, c.wake.start() starts the writers this connection's
+// reader owes, its own among them perhaps: nothing waits for a writer
+// that nobody started.
 func (c *connection) enqueue(frames ...[]byte) bool {
 	for !c.outbox.push(frames...) {
+		c.wake.start()
 		select {
 		case <-c.room:
 		case <-time.After(10 * time.Millisecond):
@@ -2123,104 +2118,160 @@ func (c *connection) closeWith(last reply, code websocket.StatusCode,
 // them with one system call is what makes a delivery cheap, since a small
 // write costs about ten microseconds here and the frame itself a fraction
 // of one. The WebSocket library writes and flushes each frame on its own,
-// so the broker hands it a socket that can hold those writes (heldConn):
-// the writer holds it for a batch and releases it after, and every
-// client, batched or not, gets the batch in one write. Forking the
-// library to add a flush of our own was the alternative; the socket is
-// the seam the library already offers.
+// behind a lock taken with a select, and that was a fifth of the CPU of
+// a delivery at a steady rate. So the writer frames its deliveries itself
+// (appendFrame: a server's frame header is two to ten bytes) and sends
+// them straight to the socket, and the library is left the frames it
+// owns: pings, pongs, closes, and the replies before authentication.
+// Forking the library to add a batch write of its own was the
+// alternative; the socket is the seam the library already offers.
 
-// heldConn is a connection's socket, under the WebSocket library. The
-// library writes and flushes each frame on its own, which costs a system
-// call per frame, most of what a small delivery costs; while the writer
-// holds the socket, heldConn gathers those writes and sends them as one
-// when released, at most heldBytes at a time. Each write to the socket
-// has a deadline of WriteTimeout, so a peer that does not read cannot
-// hold a writer, or a close, for ever.
-type heldConn struct {
+// sharedSocket is a connection's socket, under the WebSocket library. Both
+// the library and the writer write to it, a whole frame or run of frames
+// at a time, so their frames never interleave. Each write has a deadline
+// of WriteTimeout, so a peer that does not read cannot hold a writer, or
+// a close, for ever.
+type sharedSocket struct {
 	net.Conn
 	// timeout is Options.WriteTimeout; immutable.
 	timeout time.Duration
 
-	// lock guards the fields below and orders writes to the socket: the
-	// library may write a ping or a close from another goroutine. It is
-	// a channel of one, not a mutex, because it is held across a write
+	// lock guards closed and orders writes to the socket. It is a
+	// channel of one, not a mutex, because it is held across a write
 	// that may wait for its deadline: a goroutine waiting on a channel
 	// lets testing/synctest's fake time pass, so the simulation can
 	// stall a socket (the library's own write lock is a channel too).
 	lock chan struct{}
-	// holding is set by hold and cleared by release.
-	holding bool
-	// held gathers writes while holding; from heldPool, nil otherwise.
-	held *[]byte
+	// closed is set once the library wrote a close frame: no data frame
+	// may follow it (RFC 6455, section 5.5.1).
+	closed bool
+	// wake is the reader's wakeups, started before each read; set
+	// before the reader starts.
+	wake *wakeups
 }
 
-// heldPool holds the buffers of sockets not being held, so that an idle
-// connection keeps none.
-var heldPool = sync.Pool{New: func() any { return new([]byte) }}
-
-// Write sends p, or gathers it while the socket is held. A write as big
-// as a held batch goes straight out, after what was gathered before it.
-func (h *heldConn) Write(p []byte) (int, error) {
+// Write sends a frame the library wrote. Every frame the library writes
+// here is small (a control frame, or a reply before authentication), so
+// its buffered writer hands it over in one Write, and p starts with the
+// frame's first byte.
+func (h *sharedSocket) Write(p []byte) (int, error) {
 	h.lock <- struct{}{}
 	defer func() { <-h.lock }()
-	if !h.holding {
-		return h.send(p)
-	}
-	if len(*h.held)+len(p) < heldBytes {
-		*h.held = append(*h.held, p...)
-		return len(p), nil
-	}
-	if err := h.sendHeld(); err != nil {
-		return 0, err
-	}
+	h.closed = h.closed || len(p) > 0 && p[0] == 0x88 // a final close
 	return h.send(p)
 }
 
-// hold starts gathering writes. Only the writer holds, once a batch.
-func (h *heldConn) hold() {
+// sendFrames sends frames the writer framed itself, unless the library
+// has closed the socket's write side.
+func (h *sharedSocket) sendFrames(framed []byte) error {
 	h.lock <- struct{}{}
 	defer func() { <-h.lock }()
-	h.holding, h.held = true, heldPool.Get().(*[]byte)
-}
-
-// release sends what was gathered and stops gathering.
-func (h *heldConn) release() error {
-	h.lock <- struct{}{}
-	defer func() { <-h.lock }()
-	if !h.holding {
-		return nil
+	if h.closed {
+		return net.ErrClosed
 	}
-	err := h.sendHeld()
-	heldPool.Put(h.held)
-	h.holding, h.held = false, nil
+	_, err := h.send(framed)
 	return err
 }
 
-// sendHeld sends what was gathered. The caller holds h.lock.
-func (h *heldConn) sendHeld() error {
-	if len(*h.held) == 0 {
-		return nil
-	}
-	_, err := h.send(*h.held)
-	*h.held = (*h.held)[:0]
-	return err
-}
-
-// send writes p to the socket, within the write timeout.
-func (h *heldConn) send(p []byte) (int, error) {
+// send writes p to the socket, within the write timeout. The caller
+// holds h.lock.
+func (h *sharedSocket) send(p []byte) (int, error) {
 	h.Conn.SetWriteDeadline(time.Now().Add(h.timeout))
 	return h.Conn.Write(p)
 }
 
+// appendFrame appends one WebSocket text frame holding frames, joined by
+// newlines: the header (RFC 6455, section 5.2) as a server sends it,
+// final and unmasked, then the payload.
+func appendFrame(buffer []byte, frames [][]byte) []byte {
+	size := len(frames) - 1
+	for _, frame := range frames {
+		size += len(frame)
+	}
+	switch {
+	case size < 126:
+		buffer = append(buffer, 0x81, byte(size))
+	case size < 1<<16:
+		buffer = append(buffer, 0x81, 126, byte(size>>8), byte(size))
+	default:
+		buffer = binary.BigEndian.AppendUint64(append(buffer, 0x81, 127),
+			uint64(size))
+	}
+	for i, frame := range frames {
+		if i > 0 {
+			buffer = append(buffer, '\n')
+		}
+		buffer = append(buffer, frame...)
+	}
+	return buffer
+}
+
+// send sends framed bytes, and ends the connection if the socket
+// refuses them.
+func (c *connection) send(framed []byte) bool {
+	err := c.socket.sendFrames(framed)
+	if err != nil {
+		c.writeFailed(err)
+	}
+	return err == nil
+}
+
+// Read reads the socket, first starting the writers the reader owes.
+// The library reads its socket only once it has handled every frame it
+// read before, so this is the end of one read's worth of publishes.
+func (h *sharedSocket) Read(p []byte) (int, error) {
+	h.wake.start()
+	return h.Conn.Read(p)
+}
+
+// wakeups are the writers a reader's publishes owe a start: the idle
+// outboxes its fan-out filled since it last read the socket. A writer
+// started at once, per push, wrote each delivery of a burst alone, a
+// system call each; started when the reader is about to read again, or
+// to wait, it finds everything one read's worth of publishes queued for
+// its subscriber, and nothing waits for a timer. nats-server's read loop
+// does the same (flushClients). Whoever waits for room in an outbox
+// starts them first (enqueue), since the outbox may be one of them. mu
+// is a leaf: a close's handshake reads the socket from another
+// goroutine.
+type wakeups struct {
+	mu       sync.Mutex
+	outboxes []*outbox // owed a writer, in the order they were filled
+}
+
+// owe starts o's writer, or, on w, owes it one. A nil w owes nothing.
+func (w *wakeups) owe(o *outbox) {
+	if w == nil {
+		go o.write()
+		return
+	}
+	w.mu.Lock()
+	w.outboxes = append(w.outboxes, o)
+	w.mu.Unlock()
+}
+
+// start starts every writer owed.
+func (w *wakeups) start() {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, o := range w.outboxes {
+		go o.write()
+	}
+	w.outboxes = slices.Delete(w.outboxes, 0, len(w.outboxes)) // cleared
+}
+
 // hijacker is the ResponseWriter that websocket.Accept sees: it wraps
-// the socket the library hijacks in a heldConn, and points the library's
+// the socket the library hijacks in a sharedSocket, and points the library's
 // buffered writer at it.
 type hijacker struct {
 	http.ResponseWriter
-	// timeout is Options.WriteTimeout, for the heldConn.
+	// timeout is Options.WriteTimeout, for the sharedSocket.
 	timeout time.Duration
-	// socket is the heldConn, once Accept has hijacked the connection.
-	socket *heldConn
+	// socket is the sharedSocket, once Accept has hijacked the connection.
+	socket *sharedSocket
 }
 
 // Hijack takes the connection from the HTTP server and wraps it.
@@ -2229,7 +2280,7 @@ func (h *hijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	h.socket = &heldConn{Conn: conn, timeout: h.timeout,
+	h.socket = &sharedSocket{Conn: conn, timeout: h.timeout,
 		lock: make(chan struct{}, 1)}
 	rw.Writer.Reset(h.socket)
 	return h.socket, rw, nil
@@ -2731,13 +2782,10 @@ func (c *connection) saveCursor(d *durableCursor) {
 
 // validTopic explains why name cannot be published to, or returns "".
 func validTopic(name string) string {
-	if msg := validFilter(name); msg != "" {
+	if msg := validFilter(name); msg != "" || !isWildcard(name) {
 		return msg
 	}
-	if isWildcard(name) {
-		return "wildcards are for subscriptions, not publishes"
-	}
-	return ""
+	return "wildcards are for subscriptions, not publishes"
 }
 
 // validFilter explains why filter cannot be subscribed to, or returns "".
@@ -2773,10 +2821,11 @@ func isWildcard(filter string) bool {
 	return strings.ContainsAny(filter, "+#")
 }
 
-// covers reports whether every topic that filter matches is also matched
+// Covers reports whether every topic that filter matches is also matched
 // by grant. For a plain topic as filter, that is "grant matches topic",
-// so one function routes messages and checks permissions.
-func covers(grant, filter string) bool {
+// so one function routes messages and checks permissions; a SharedLog
+// feeds a broker the topics its clients' filters cover.
+func Covers(grant, filter string) bool {
 	if strings.HasPrefix(filter, "$") && (strings.HasPrefix(grant, "+") ||
 		strings.HasPrefix(grant, "#")) {
 		return false
@@ -2803,10 +2852,6 @@ func covers(grant, filter string) bool {
 	}
 }
 
-// Covers reports whether a wildcard filter covers topic: a SharedLog
-// feeds a broker the topics its clients' filters cover.
-func Covers(filter, topic string) bool { return covers(filter, topic) }
-
 // allowed reports whether grants permit filter. No grants at all (nil)
 // means every ordinary topic; $-topics always need an explicit grant.
 func allowed(grants []string, filter string) bool {
@@ -2814,7 +2859,7 @@ func allowed(grants []string, filter string) bool {
 		return !strings.HasPrefix(filter, "$")
 	}
 	return slices.ContainsFunc(grants, func(grant string) bool {
-		return covers(grant, filter)
+		return Covers(grant, filter)
 	})
 }
 
@@ -2863,7 +2908,7 @@ func (c *connection) publish(f frame) {
 	// The reader waits here while the log's queue is full: it reads no
 	// further frames, and TCP pushes back on this publisher alone.
 	m.publisher = c.subject
-	seq, duplicate, stored := c.broker.publish(m, c.done)
+	seq, duplicate, stored := c.broker.publish(m, c.done, &c.wake)
 	if m.QoS == 0 || stored == nil {
 		return
 	}
@@ -2941,7 +2986,7 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 	}
 	// After Shutdown the committer admits nothing: publish returns no
 	// outcome, and the caller hears ErrClosed.
-	seq, _, stored := b.publish(m, ctx.Done())
+	seq, _, stored := b.publish(m, ctx.Done(), nil)
 	switch {
 	case stored == nil:
 		return 0, cmp.Or(ctx.Err(), ErrClosed)
@@ -2963,8 +3008,8 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 // closed, or the broker stopped, before there was room: then nothing
 // happened. On a shared log b.append hands m over instead, and the
 // outcome brings the log's seq.
-func (b *Broker) publish(m *Message, done <-chan struct{}) (uint64, bool,
-	*outcome) {
+func (b *Broker) publish(m *Message, done <-chan struct{},
+	wake *wakeups) (uint64, bool, *outcome) {
 	// The x-ray's events are about this broker's own connections, so
 	// even on a shared log they are sequenced and committed here.
 	if b.shared != nil && !strings.HasPrefix(m.Topic, "$sys/") {
@@ -2972,7 +3017,7 @@ func (b *Broker) publish(m *Message, done <-chan struct{}) (uint64, bool,
 	}
 	// The wait comes before the topic's lock: the committer takes that
 	// lock to hand messages over, and it is the committer that makes room.
-	if !b.log.admit(m.size(), done) {
+	if !b.log.admit(m.size(), done, wake) {
 		return 0, false, nil
 	}
 	t := b.topic(m.Topic)
@@ -3002,7 +3047,7 @@ func (b *Broker) publish(m *Message, done <-chan struct{}) (uint64, bool,
 	m.frame = appendDelivery(nil, m, 1)
 	stored := b.log.append(m)
 	t.unsynced = append(t.unsynced, m)
-	b.sequenced(t, m, m.Seq-1)
+	b.sequenced(t, m, m.Seq-1, wake)
 	b.askAhead(t)
 	return m.Seq, false, stored
 }
@@ -3010,10 +3055,10 @@ func (b *Broker) publish(m *Message, done <-chan struct{}) (uint64, bool,
 // sequenced indexes m, which has its seq and its frame, and fans it out
 // to those who have had everything up to last. t.remember adds m to the
 // topic's index. The caller holds t.mu.
-func (b *Broker) sequenced(t *topic, m *Message, last uint64) {
+func (b *Broker) sequenced(t *topic, m *Message, last uint64, wake *wakeups) {
 	t.remember(m)
 	b.noteMessage("published", nil, m, nil)
-	b.fanOut(t, m, last)
+	b.fanOut(t, m, last, wake)
 
 	// The count cap is applied here, as messages arrive: t.excess says
 	// how many of the oldest are over MaxMessages or MaxLogBytes, and
@@ -3027,7 +3072,7 @@ func (b *Broker) sequenced(t *topic, m *Message, last uint64) {
 // fanOut offers a new message to every live subscriber of t and every
 // matching wildcard subscription, which have had everything up to last.
 // The caller holds t.mu, which keeps seq order.
-func (b *Broker) fanOut(t *topic, m *Message, last uint64) {
+func (b *Broker) fanOut(t *topic, m *Message, last uint64, wake *wakeups) {
 	// Replaying subscriptions are skipped: their replayer will read the
 	// message from the store, or from the topic's unsynced list. s.offer
 	// queues the message to the subscriber's connection if it has room
@@ -3042,19 +3087,20 @@ func (b *Broker) fanOut(t *topic, m *Message, last uint64) {
 	// here was sent: each subscriber goes back to the log, to hear it.
 	gap := m.Seq > last+1
 	for s := range t.subscribers {
-		if s.live && (gap || !s.offer(m, m.frame, 1, deadline)) {
+		if s.live && (gap || !s.offer(m, m.frame, 1, deadline, wake)) {
 			s.fallBehind(b, last)
 		}
 	}
 
 	// Wildcards live in one table, read-locked: subscribing to a filter
-	// is rare, publishing is not. A wildcard spans logs, so it has none
-	// to fall back on: without room, it is cut off.
+	// is rare, publishing is not. Covers(filter, topic) is the match. A
+	// wildcard spans logs, so it has none to fall back on: without room,
+	// it is cut off.
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	for s := range b.wildcards {
-		if covers(s.filter, t.name) &&
-			(gap || !s.conn.deliver(s, m, m.frame, 1, deadline)) {
+		if Covers(s.filter, t.name) &&
+			(gap || !s.conn.deliver(s, m, m.frame, 1, deadline, wake)) {
 			s.conn.cutOff("fell behind")
 		}
 	}
@@ -3230,7 +3276,7 @@ type pending struct {
 // the connection's other subscriptions. It reports false, having changed
 // nothing, when there is no room. It never waits.
 func (c *connection) deliver(s *subscription, m *Message, frame []byte,
-	share int, deadline time.Time) bool {
+	share int, deadline time.Time, wake *wakeups) bool {
 	// The frame is queued under c.mu, before its pending entry is made:
 	// an ack, which takes c.mu too, cannot look for an entry before it
 	// exists.
@@ -3244,7 +3290,7 @@ func (c *connection) deliver(s *subscription, m *Message, frame []byte,
 		return s.group == nil
 	}
 	if !c.windowHas(m, share) ||
-		!c.outbox.pushWithin(c.outbox.limit/share, frame) {
+		!c.outbox.pushWithin(c.outbox.limit/share, wake, frame) {
 		return false
 	}
 	c.record(s, m, deadline)
@@ -3264,8 +3310,7 @@ func (c *connection) windowHas(m *Message, share int) bool {
 // record notes a delivery just queued to s: a pending entry if m is QoS
 // 1, retried at deadline, and the durable cursor's progress. The caller
 // holds c.mu.
-func (c *connection) record(s *subscription, m *Message,
-	deadline time.Time) {
+func (c *connection) record(s *subscription, m *Message, deadline time.Time) {
 	var p *pending
 	if m.QoS == 1 {
 		p = c.owe(pending{subscription: s, message: m, attempt: 1,
@@ -3481,7 +3526,7 @@ func (b *Broker) deadLetter(p *pending, c *connection) {
 		Subscriber: c.subject, Client: c.client,
 	})
 	b.publish(&Message{Topic: dead, ID: newID(), QoS: 1, Payload: payload},
-		b.stop)
+		b.stop, nil)
 }
 
 // # Replay
@@ -3603,7 +3648,7 @@ func (s *subscription) goLive(after uint64, m *Message, frame []byte,
 	// A subscription ended during replay is no longer in the topic, and
 	// must not come back to life.
 	_, subscribed := t.subscribers[s]
-	s.live = subscribed && (m == nil || s.offer(m, frame, 1, deadline))
+	s.live = subscribed && (m == nil || s.offer(m, frame, 1, deadline, nil))
 	return s.live || !subscribed, after
 }
 
@@ -3625,7 +3670,7 @@ func (s *subscription) deliverReplay(b *Broker, m *Message,
 				return false
 			}
 		}
-		if s.offer(m, frame, 2, deadline) {
+		if s.offer(m, frame, 2, deadline, nil) {
 			return true
 		}
 		if behind && s.topic.trimmedPast(m.Seq+1) {
@@ -3728,8 +3773,7 @@ func (c *connection) subscribeGroup(f frame) {
 // stored cursor, or where f asks (new messages only, by default), and
 // start is where, or nil for a group already under way. A cursor that
 // cannot be read makes the reply an error, and the last result false.
-func (b *Broker) prepareJoin(s *subscription, f frame) (reply, *uint64,
-	bool) {
+func (b *Broker) prepareJoin(s *subscription, f frame) (reply, *uint64, bool) {
 	t := s.topic
 	key := strings.Join([]string{"", f.Group, t.name}, "\x00")
 	b.mu.Lock()
@@ -3823,15 +3867,15 @@ func (g *group) leave(s *subscription) {
 // offer queues m to s if there is room: to its connection, or, for a
 // group's feed, to the first member with room, starting at g.turn.
 func (s *subscription) offer(m *Message, frame []byte, share int,
-	deadline time.Time) bool {
+	deadline time.Time, wake *wakeups) bool {
 	if s.conn != nil {
-		return s.conn.deliver(s, m, frame, share, deadline)
+		return s.conn.deliver(s, m, frame, share, deadline, wake)
 	}
 	members := s.group.list()
 	start := s.group.turn.Load()
 	for i := range uint64(len(members)) {
 		member := members[(start+i)%uint64(len(members))]
-		if member.conn.deliver(member, m, frame, share, deadline) {
+		if member.conn.deliver(member, m, frame, share, deadline, wake) {
 			s.group.turn.Store(start + i + 1)
 			return true
 		}
@@ -3947,7 +3991,7 @@ func (b *Broker) eventsLoop() {
 			// that falls behind reads on from the log.
 			payload, _ := json.Marshal(e)
 			b.publish(&Message{Topic: EventsTopic, ID: newID(),
-				Payload: payload}, b.stop)
+				Payload: payload}, b.stop, nil)
 		case <-b.stop:
 			return
 		}
@@ -4052,10 +4096,7 @@ func (c *connection) state(state *wire.State) (wire.ConnectionState, bool) {
 	}
 	// An empty list, not nil: a client reads [] where JSON would say null.
 	cs := wire.ConnectionState{Conn: c.id, Client: c.client, Sub: c.subject,
-		Subscriptions: []string{}}
-	for filter := range c.subscriptions {
-		cs.Subscriptions = append(cs.Subscriptions, filter)
-	}
+		Subscriptions: slices.AppendSeq([]string{}, maps.Keys(c.subscriptions))}
 	for _, q := range c.unacked {
 		for _, p := range q.live() {
 			m := p.message
@@ -4258,11 +4299,10 @@ func (b *Broker) trimExpired(now time.Time) {
 	cutoff := now.Add(-b.opts.TTL).UnixMilli()
 	for _, t := range b.topicList() {
 		t.mu.Lock()
-		n := 0
-		live := t.index.live()
-		for n < len(live) && live[n].timestamp < cutoff {
-			n++
-		}
+		live := t.index.live() // in timestamp order: they only grow
+		n := sort.Search(len(live), func(i int) bool {
+			return live[i].timestamp >= cutoff
+		})
 		if n > 0 {
 			b.log.trim(t.name, t.forget(n))
 		}
@@ -4441,7 +4481,7 @@ func (c *committer) reset() {
 // reader. An unbounded queue was simpler, and under a flood grew to
 // gigabytes, each commit slower than the last and every topic's
 // confirms behind it.
-func (c *committer) admit(size int, done <-chan struct{}) bool {
+func (c *committer) admit(size int, done <-chan struct{}, wake *wakeups) bool {
 	// Publishers wait their turn: Go's mutex hands itself to the longest
 	// waiter, so a flood cannot take every slot a commit frees while a
 	// bystander on another topic waits for one.
@@ -4452,6 +4492,7 @@ func (c *committer) admit(size int, done <-chan struct{}) bool {
 		c.reservedBytes+size > maxQueueBytes) && !c.stopped {
 		freed := c.freed
 		c.mu.Unlock()
+		wake.start()
 		select {
 		case <-freed:
 		case <-done:
@@ -4497,38 +4538,35 @@ func (c *committer) append(m *Message) *outcome {
 
 // trim queues deleting topic's log up to seq.
 func (c *committer) trim(topic string, seq uint64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.queued.Trims[topic] = max(c.queued.Trims[topic], seq)
-	notify(c.wake)
+	c.queue(func(q *Batch) { q.Trims[topic] = max(q.Trims[topic], seq) })
 }
 
 // setHead queues setting topic's stored head to head.
 func (c *committer) setHead(topic string, head uint64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.queued.Heads[topic] = head
-	notify(c.wake)
+	c.queue(func(q *Batch) { q.Heads[topic] = head })
 }
 
 // saveCursor queues a durable cursor's new position. Only the newest
 // position per cursor is kept: a thousand acks cost one write.
 func (c *committer) saveCursor(key string, position uint64) {
+	c.queue(func(q *Batch) { q.Cursors[key] = position })
+}
+
+// queue does work on the queued batch, under c.mu, and wakes the loop.
+func (c *committer) queue(work func(queued *Batch)) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.queued.Cursors[key] = position
+	work(c.queued)
 	notify(c.wake)
 }
 
 // barrier returns an outcome that completes once everything queued so far
 // is durable: a repeated publish is confirmed no sooner than the first.
-func (c *committer) barrier() *outcome {
+func (c *committer) barrier() (next *outcome) {
 	// The queued batch commits after any batch in progress, so its outcome
 	// covers everything queued before, even with nothing queued itself.
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	notify(c.wake)
-	return c.next
+	c.queue(func(*Batch) { next = c.next })
+	return next
 }
 
 // cursor reads a durable cursor, newest first: the queue, the batch being
@@ -4726,7 +4764,7 @@ func (b *Broker) feed(m *Message) {
 	defer t.mu.Unlock()
 	if m.Seq > t.head {
 		m.frame = appendDelivery(nil, m, 1)
-		b.sequenced(t, m, t.head)
+		b.sequenced(t, m, t.head, nil)
 		b.noteMessage("committed", nil, m, nil)
 		t.head = m.Seq
 	}
@@ -4771,8 +4809,7 @@ type BoltStore struct {
 
 // OpenBolt opens (or creates) the bbolt file at path. It fails within a
 // second if another process has the file open.
-func OpenBolt(path string, logger *slog.Logger) (_ *BoltStore,
-	err error) {
+func OpenBolt(path string, logger *slog.Logger) (_ *BoltStore, err error) {
 	// A damaged file is closed again, so that its lock goes with it. A
 	// panic inside bolt.Open leaves no DB to close: the lock then lasts
 	// as long as the process, which serve ends at once.
@@ -4842,8 +4879,7 @@ func (s *BoltStore) Commit(batch *Batch) (err error) {
 				return fmt.Errorf("trim %q: %w", topic, err)
 			}
 		}
-		err := appendMessages(tx, batch.Messages, batch.Trims)
-		if err != nil {
+		if err := appendMessages(tx, batch.Messages, batch.Trims); err != nil {
 			return err
 		}
 		for topic, head := range batch.Heads {
@@ -5073,8 +5109,7 @@ func decodeRecord(record []byte) (*Message, error) {
 	// its own, so one ends it.
 	m := &Message{}
 	if i := bytes.IndexByte(body, '\n'); i >= 0 {
-		err := json.Unmarshal(body[i+1:], &m.publisher)
-		if err != nil {
+		if err := json.Unmarshal(body[i+1:], &m.publisher); err != nil {
 			return nil, fmt.Errorf("decode record: %w", err)
 		}
 		body = body[:i]

@@ -670,8 +670,8 @@ func TestCovers_MatchesTopics(t *testing.T) {
 		{"a/+/c", "a//c", true},
 	}
 	for _, tc := range cases {
-		if got := covers(tc.filter, tc.topic); got != tc.want {
-			t.Errorf("covers(%q, %q) = %v, want %v", tc.filter, tc.topic,
+		if got := Covers(tc.filter, tc.topic); got != tc.want {
+			t.Errorf("Covers(%q, %q) = %v, want %v", tc.filter, tc.topic,
 				got, tc.want)
 		}
 	}

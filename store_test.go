@@ -259,7 +259,7 @@ func TestBroker_RetryScheduleInFakeTime(t *testing.T) {
 		// retry loop's one-second tick.
 		start := time.Now()
 		b.publish(&Message{Topic: "jobs", ID: "j", QoS: 1,
-			Payload: json.RawMessage(`1`)}, nil)
+			Payload: json.RawMessage(`1`)}, nil, nil)
 		for attempt := 1; attempt <= 6; attempt++ {
 			g := nextFrame(t, worker, wake)
 			due := time.Duration(attempt-1) * DefaultAckTimeout
@@ -296,7 +296,7 @@ func TestBroker_NegativeMaxRetriesMeansNone(t *testing.T) {
 		nextFrame(t, worker, wake)
 		synctest.Wait()
 		b.publish(&Message{Topic: "jobs", ID: "j", QoS: 1,
-			Payload: json.RawMessage(`1`)}, nil)
+			Payload: json.RawMessage(`1`)}, nil, nil)
 		if g := nextFrame(t, worker, wake); g.Attempt != 1 {
 			t.Fatalf("got attempt %d, want 1", g.Attempt)
 		}
@@ -334,7 +334,7 @@ func TestBroker_RetentionInFakeTime(t *testing.T) {
 		}
 		publish := func() {
 			b.publish(&Message{Topic: "t", ID: newID(),
-				Payload: json.RawMessage(`1`)}, nil)
+				Payload: json.RawMessage(`1`)}, nil, nil)
 		}
 		publish()
 		publish()

@@ -22,6 +22,8 @@ func runLatency(args []string) error {
 	rates := fs.String("rates", "1000,10000", "messages per second")
 	n := fs.Int("subscribers", 10, "subscribers")
 	duration := fs.Duration("duration", 5*time.Second, "publishing time")
+	only := fs.String("only", "", "measure only the servers whose name "+
+		"contains this")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -31,7 +33,7 @@ func runLatency(args []string) error {
 	}
 	fmt.Println("| server | msg/s | p50 | p90 | p99 | max | server CPU per delivery |")
 	fmt.Println("|---|---|---|---|---|---|---|")
-	for _, s := range setups(*popsub, self) {
+	for _, s := range setups(*popsub, self, *only) {
 		if strings.Contains(s.name, "batch") {
 			continue // one message a frame: batches add nothing here
 		}

@@ -27,8 +27,10 @@ type target interface {
 	close()
 }
 
-// popsubTarget speaks PopSub's protocol over raw WebSockets: one object
-// per frame, or, with batch, many lines a frame both ways.
+// popsubTarget speaks PopSub's protocol over raw WebSockets. The
+// publisher sends one publish per frame, as an outsider's client does;
+// with batch, subscribers opt into "batch":true and get many deliveries
+// a frame.
 type popsubTarget struct {
 	url, token string
 	batch      bool
@@ -37,8 +39,8 @@ type popsubTarget struct {
 	publisher  *websocket.Conn
 }
 
-// dial connects and authenticates.
-func (p *popsubTarget) dial() (*websocket.Conn, error) {
+// dial connects and authenticates, opting into batches if batch.
+func (p *popsubTarget) dial(batch bool) (*websocket.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	ws, _, err := websocket.Dial(ctx, p.url, nil)
@@ -47,7 +49,7 @@ func (p *popsubTarget) dial() (*websocket.Conn, error) {
 	}
 	ws.SetReadLimit(-1)
 	auth := fmt.Sprintf(`{"type":"auth","token":%q,"batch":%v}`, p.token,
-		p.batch)
+		batch)
 	if err := ws.Write(ctx, websocket.MessageText, []byte(auth)); err != nil {
 		return nil, err
 	}
@@ -63,7 +65,7 @@ func (p *popsubTarget) dial() (*websocket.Conn, error) {
 
 // subscribe subscribes live to bench and counts each delivery line.
 func (p *popsubTarget) subscribe(got func([]byte)) error {
-	ws, err := p.dial()
+	ws, err := p.dial(p.batch)
 	if err != nil {
 		return err
 	}
@@ -90,10 +92,10 @@ func (p *popsubTarget) subscribe(got func([]byte)) error {
 	return nil
 }
 
-// publish sends n publishes: n frames, or one frame of n lines.
+// publish sends n publishes, one frame each.
 func (p *popsubTarget) publish(n int, payload []byte) error {
 	if p.publisher == nil {
-		ws, err := p.dial()
+		ws, err := p.dial(false)
 		if err != nil {
 			return err
 		}
@@ -108,11 +110,6 @@ func (p *popsubTarget) publish(n int, payload []byte) error {
 	}
 	line := []byte(`{"type":"publish","topic":"bench","payload":` +
 		string(payload) + `}`)
-	if p.batch {
-		frame := bytes.Repeat(append(line, '\n'), n)
-		return p.publisher.Write(context.Background(), websocket.MessageText,
-			frame[:len(frame)-1])
-	}
 	for range n {
 		err := p.publisher.Write(context.Background(), websocket.MessageText,
 			line)

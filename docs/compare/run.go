@@ -29,6 +29,8 @@ func runAll(args []string) error {
 	window := fs.Int64("window", 2000, "most messages the publisher may "+
 		"be ahead of the slowest subscriber")
 	duration := fs.Duration("duration", 5*time.Second, "publishing time")
+	only := fs.String("only", "", "measure only the servers whose name "+
+		"contains this")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -38,7 +40,7 @@ func runAll(args []string) error {
 	}
 	fmt.Println("| server | subscribers | deliveries/s | server CPU per delivery |")
 	fmt.Println("|---|---|---|---|")
-	for _, s := range setups(*popsub, self) {
+	for _, s := range setups(*popsub, self, *only) {
 		for _, field := range strings.Split(*counts, ",") {
 			n, _ := strconv.Atoi(field)
 			rate, cpu, err := measure(s, n, *window, *duration)
@@ -51,9 +53,22 @@ func runAll(args []string) error {
 	return nil
 }
 
-// setups are the servers compared: PopSub one object per frame and with
-// batches, NATS with JetStream on file storage, and centrifuge.
-func setups(popsub, self string) []setup {
+// setups are the servers compared whose names contain only: PopSub with
+// one object per frame and with batch:true subscribers, NATS with
+// JetStream on file storage (ordered consumers, and plain subscribers),
+// and centrifuge.
+func setups(popsub, self, only string) []setup {
+	var chosen []setup
+	for _, s := range allSetups(popsub, self) {
+		if strings.Contains(s.name, only) {
+			chosen = append(chosen, s)
+		}
+	}
+	return chosen
+}
+
+// allSetups are every server compared.
+func allSetups(popsub, self string) []setup {
 	const secret = "compare-secret-of-at-least-32-bytes-long"
 	popsubSetup := func(batch bool) func(string, string) (*exec.Cmd,
 		target, error) {
@@ -72,7 +87,7 @@ func setups(popsub, self string) []setup {
 	}
 	return []setup{
 		{"PopSub, one object per frame", popsubSetup(false)},
-		{"PopSub, batch:true", popsubSetup(true)},
+		{"PopSub, batch:true subscribers", popsubSetup(true)},
 		{"NATS, JetStream file storage, ordered consumers", func(addr,
 			dir string) (*exec.Cmd,
 			target, error) {
