@@ -1,6 +1,7 @@
 package popsub
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,6 +75,75 @@ func BenchmarkFanOut(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/
 				float64(b.N*n), "ns/delivery")
 		})
+	}
+}
+
+// BenchmarkPublishOverSockets measures what a delivery costs end to end
+// over real WebSockets on 127.0.0.1, as an outsider's client sends it:
+// one publish per frame, QoS 0, at most 2,000 messages ahead of the
+// slowest subscriber. It covers the writer's framing and the coalescing
+// of one read's worth of publishes into one write per subscriber
+// (wakeups). The client shares the machine, so the figure is an upper
+// bound on the broker's own cost; popsub bench and docs/compare read the
+// server's CPU on its own.
+func BenchmarkPublishOverSockets(b *testing.B) {
+	for _, n := range []int{1, 10, 100} {
+		b.Run(fmt.Sprintf("subscribers=%d", n), func(b *testing.B) {
+			broker, err := New(Options{Secret: testSecret,
+				Store: newMemoryStore(), Logger: quietLogger})
+			if err != nil {
+				b.Fatal(err)
+			}
+			server := httptest.NewServer(broker)
+			defer server.Close()
+			defer broker.Shutdown(context.Background())
+			url := "ws" + strings.TrimPrefix(server.URL, "http")
+			received := make([]atomic.Int64, n)
+			for i := range n {
+				ws := dialBench(b, url)
+				defer ws.CloseNow()
+				writeFrame(b, ws, `{"type":"subscribe","topic":"bench"}`)
+				ws.Read(context.Background())
+				go countDeliveries(ws, &received[i])
+			}
+			publisher := dialBench(b, url)
+			defer publisher.CloseNow()
+			slowest := func() int64 {
+				low := received[0].Load()
+				for i := range received {
+					low = min(low, received[i].Load())
+				}
+				return low
+			}
+			publish := []byte(`{"type":"publish","topic":"bench",` +
+				`"payload":{"x":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}`)
+			sent := int64(0)
+			for b.Loop() {
+				for sent-slowest() >= 2000 {
+					time.Sleep(20 * time.Microsecond)
+				}
+				publisher.Write(context.Background(), websocket.MessageText,
+					publish)
+				sent++
+			}
+			for slowest() < sent {
+				time.Sleep(100 * time.Microsecond)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/
+				float64(b.N*n), "ns/delivery")
+		})
+	}
+}
+
+// countDeliveries counts the deliveries a subscriber reads until its
+// socket closes.
+func countDeliveries(ws *websocket.Conn, count *atomic.Int64) {
+	for {
+		_, data, err := ws.Read(context.Background())
+		if err != nil {
+			return
+		}
+		count.Add(int64(bytes.Count(data, []byte(`"type":"message"`))))
 	}
 }
 

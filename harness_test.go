@@ -148,6 +148,7 @@ var Behaviour = map[string]func(*testing.T){
 	"TestBroker_Wildcards":                          TestBroker_Wildcards,
 	"TestBroker_AckForms":                           TestBroker_AckForms,
 	"TestBroker_Batches":                            TestBroker_Batches,
+	"TestBroker_FramesEveryLengthRight":             TestBroker_FramesEveryLengthRight,
 	"TestBroker_Permissions":                        TestBroker_Permissions,
 	"TestBroker_Limits":                             TestBroker_Limits,
 	"TestBroker_BurstWithAStuckSubscriber":          TestBroker_BurstWithAStuckSubscriber,

@@ -836,6 +836,54 @@ func (c *client) objects(n int) ([]got, int) {
 	return list, frames
 }
 
+// TestBroker_FramesEveryLengthRight checks the writer's own framing at
+// the lengths where a WebSocket header changes shape (RFC 6455, 5.2): up
+// to 125 bytes the length is in the header's second byte, up to 65,535
+// in two more, and beyond in eight. The client is coder/websocket's,
+// which refuses a malformed frame; the test fails unless the deliveries
+// it read cross both boundaries, one object a frame and in runs.
+func TestBroker_FramesEveryLengthRight(t *testing.T) {
+	ts := startBroker(t, Options{MaxLogBytes: 64 << 20})
+	plain := ts.dial("plain")
+	plain.subscribe("s", nil)
+	batched := dialRaw(t, ts.url, "batched")
+	batched.send(map[string]any{"type": "auth", "token": token(t, "batched"),
+		"batch": true})
+	batched.expect("authenticated")
+	batched.subscribe("s", nil)
+	publisher := ts.dial("publisher")
+	var lengths []int
+	for n := range 80 {
+		lengths = append(lengths, n, 65_400+n)
+	}
+	// A one-letter message_id lets a delivery be under 126 bytes.
+	for _, n := range lengths {
+		publisher.publish("s", strings.Repeat("x", n), 0, "m")
+	}
+	seen := map[int]bool{}
+	for _, n := range lengths {
+		_, data, err := plain.ws.Read(context.Background())
+		var g got
+		if err != nil || json.Unmarshal(data, &g) != nil ||
+			string(g.Payload) != `"`+strings.Repeat("x", n)+`"` {
+			t.Fatalf("a payload of %d bytes came as %.80q (%v)", n, data, err)
+		}
+		seen[len(data)] = true
+	}
+	for _, size := range []int{125, 126, 65_535, 65_536} {
+		if !seen[size] {
+			t.Errorf("no delivery was %d bytes long: move the lengths", size)
+		}
+	}
+	list, _ := batched.objects(len(lengths))
+	for i, g := range list {
+		if len(g.Payload) != lengths[i]+2 {
+			t.Fatalf("in runs, delivery %d has %d bytes, want %d", i,
+				len(g.Payload), lengths[i]+2)
+		}
+	}
+}
+
 func TestBroker_Batches(t *testing.T) {
 	ts := startBroker(t, Options{})
 	plain := ts.dial("plain")
