@@ -30,6 +30,7 @@ import (
 	"os/signal"
 	"regexp"
 	"runtime/pprof"
+	"runtime/trace"
 	"strconv"
 	"strings"
 	"syscall"
@@ -72,6 +73,14 @@ func main() {
 			defer pprof.StopCPUProfile()
 		}
 	}
+	// POPSUB_TRACE=FILE records an execution trace of the same run, for
+	// where time goes while nothing is on a CPU (go tool trace).
+	if path := os.Getenv("POPSUB_TRACE"); path != "" && serving {
+		if f, err := os.Create(path); err == nil {
+			trace.Start(f)
+			defer trace.Stop()
+		}
+	}
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return
@@ -79,6 +88,7 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "popsub:", err)
 		pprof.StopCPUProfile()
+		trace.Stop()
 		os.Exit(1)
 	}
 }
