@@ -43,11 +43,7 @@ func BenchmarkAppendDelivery(b *testing.B) {
 func BenchmarkFanOut(b *testing.B) {
 	for _, n := range []int{1, 10, 100} {
 		b.Run(fmt.Sprintf("subscribers=%d", n), func(b *testing.B) {
-			broker, err := New(Options{Secret: testSecret,
-				Store: newMemoryStore(), Logger: quietLogger})
-			if err != nil {
-				b.Fatal(err)
-			}
+			broker := newBenchBroker(b)
 			defer broker.Shutdown(context.Background())
 			t := broker.topic("bench")
 			var connections []*connection
@@ -89,11 +85,7 @@ func BenchmarkFanOut(b *testing.B) {
 func BenchmarkPublishOverSockets(b *testing.B) {
 	for _, n := range []int{1, 10, 100} {
 		b.Run(fmt.Sprintf("subscribers=%d", n), func(b *testing.B) {
-			broker, err := New(Options{Secret: testSecret,
-				Store: newMemoryStore(), Logger: quietLogger})
-			if err != nil {
-				b.Fatal(err)
-			}
+			broker := newBenchBroker(b)
 			server := httptest.NewServer(broker)
 			defer server.Close()
 			defer broker.Shutdown(context.Background())
@@ -145,6 +137,16 @@ func countDeliveries(ws *websocket.Conn, count *atomic.Int64) {
 		}
 		count.Add(int64(bytes.Count(data, []byte(`"type":"message"`))))
 	}
+}
+
+// newBenchBroker starts a broker on a store in memory.
+func newBenchBroker(b *testing.B) *Broker {
+	broker, err := New(Options{Secret: testSecret, Store: newMemoryStore(),
+		Logger: quietLogger})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return broker
 }
 
 // BenchmarkPublishQoS1 measures publishes that wait for their confirm,

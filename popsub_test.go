@@ -846,10 +846,7 @@ func TestBroker_FramesEveryLengthRight(t *testing.T) {
 	ts := startBroker(t, Options{MaxLogBytes: 64 << 20})
 	plain := ts.dial("plain")
 	plain.subscribe("s", nil)
-	batched := dialRaw(t, ts.url, "batched")
-	batched.send(map[string]any{"type": "auth", "token": token(t, "batched"),
-		"batch": true})
-	batched.expect("authenticated")
+	batched := ts.dialBatched("batched")
 	batched.subscribe("s", nil)
 	publisher := ts.dial("publisher")
 	var lengths []int
@@ -884,14 +881,20 @@ func TestBroker_FramesEveryLengthRight(t *testing.T) {
 	}
 }
 
+// dialBatched connects sub as a client that opted into batches.
+func (ts *testServer) dialBatched(sub string) *client {
+	c := dialRaw(ts.t, ts.url, sub)
+	c.send(map[string]any{"type": "auth", "token": token(ts.t, sub),
+		"batch": true})
+	c.expect("authenticated")
+	return c
+}
+
 func TestBroker_Batches(t *testing.T) {
 	ts := startBroker(t, Options{})
 	plain := ts.dial("plain")
 	plain.subscribe("news", nil)
-	batched := dialRaw(t, ts.url, "batched")
-	batched.send(map[string]any{"type": "auth", "token": token(t, "batched"),
-		"batch": true})
-	batched.expect("authenticated")
+	batched := ts.dialBatched("batched")
 	batched.subscribe("news", nil)
 
 	t.Run("a batching client may send several objects a frame, one a line",
