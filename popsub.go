@@ -1974,17 +1974,18 @@ func (o *outbox) pushWithin(limit int, wake *wakeups, frames ...[]byte) bool {
 	return true
 }
 
-// take moves every queued frame into batch, in order, and returns it. An
-// empty batch means the outbox is idle: the writer must exit, and the
-// next push starts another.
-func (o *outbox) take(batch [][]byte) [][]byte {
+// take returns every queued frame, in order, and keeps the writer's
+// written batch, emptied, to queue the next ones in: the two arrays
+// change hands at each take, so a busy outbox grows neither. An empty
+// batch means the outbox is idle: the writer must exit, the next push
+// starts another, and the outbox lets a large array go.
+func (o *outbox) take(written [][]byte) [][]byte {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	batch = append(batch, o.frames...)
-	o.writing = len(batch) > 0
-	clear(o.frames)
-	o.frames, o.bytes = o.frames[:0], 0
-	if cap(o.frames) > 64 {
+	clear(written[:cap(written)])
+	batch := o.frames
+	o.frames, o.bytes, o.writing = written[:0], 0, len(batch) > 0
+	if !o.writing && cap(o.frames) > 64 {
 		o.frames = nil
 	}
 	return batch
@@ -4673,12 +4674,17 @@ func (c *committer) stop() {
 // (The array behind a list lets go of what it dropped when an append
 // next outgrows it.)
 func (b *Broker) markCommitted(msgs []*Message) {
-	for _, m := range msgs {
-		b.noteMessage("committed", nil, m, nil)
-		t := b.topic(m.Topic)
+	// A run of one topic's messages takes its lock once.
+	for run := 0; len(msgs) > 0; msgs = msgs[run:] {
+		t := b.topic(msgs[0].Topic)
+		for run = 1; run < len(msgs) && msgs[run].Topic == t.name; run++ {
+		}
 		t.mu.Lock()
-		t.unsynced = t.unsynced[1:]
+		t.unsynced = t.unsynced[run:]
 		t.mu.Unlock()
+		for _, m := range msgs[:run] {
+			b.noteMessage("committed", nil, m, nil)
+		}
 	}
 }
 
