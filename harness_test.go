@@ -149,6 +149,7 @@ var Behaviour = map[string]func(*testing.T){
 	"TestBroker_AckForms":                           TestBroker_AckForms,
 	"TestBroker_Batches":                            TestBroker_Batches,
 	"TestBroker_FramesEveryLengthRight":             TestBroker_FramesEveryLengthRight,
+	"TestBroker_OwnPublishComesBeforeItsConfirm":    TestBroker_OwnPublishComesBeforeItsConfirm,
 	"TestBroker_Permissions":                        TestBroker_Permissions,
 	"TestBroker_Limits":                             TestBroker_Limits,
 	"TestBroker_BurstWithAStuckSubscriber":          TestBroker_BurstWithAStuckSubscriber,

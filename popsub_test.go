@@ -836,6 +836,27 @@ func (c *client) objects(n int) ([]got, int) {
 	return list, frames
 }
 
+// TestBroker_OwnPublishComesBeforeItsConfirm is the original's demo,
+// tutorial 1's last command: subscribe live, publish at QoS 1 at once,
+// without waiting for "subscribed". A subscription with nothing to
+// replay is live before the reader reads the publish, so the message
+// always comes before its confirm; when it went live on a goroutine of
+// its own, a busy machine now and then sent the confirm first.
+func TestBroker_OwnPublishComesBeforeItsConfirm(t *testing.T) {
+	ts := startBroker(t, Options{})
+	for i := range 100 {
+		c := ts.dial(fmt.Sprint("demo-", i))
+		topic := fmt.Sprint("chat/", i%3)
+		c.send(map[string]any{"type": "subscribe", "topic": topic, "last": 0})
+		c.send(map[string]any{"type": "publish", "topic": topic, "qos": 1,
+			"payload": "hello"})
+		c.expect("subscribed")
+		c.expect("message")
+		c.expect("published")
+		c.ws.CloseNow()
+	}
+}
+
 // TestBroker_FramesEveryLengthRight checks the writer's own framing at
 // the lengths where a WebSocket header changes shape (RFC 6455, 5.2): up
 // to 125 bytes the length is in the header's second byte, up to 65,535
