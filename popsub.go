@@ -179,7 +179,7 @@ const (
 	replayChunk       = 256             // messages read from the log at a time
 	maxQueueMessages  = 4096            // messages waiting for the log
 	maxQueueBytes     = 1 << 20         // their bytes; see b.log.admit
-	heldBytes         = 64 << 10        // most a writer sends per write
+	writeChunk        = 64 << 10        // most a writer sends per write
 	deadPrefix        = "$dead/"        // dead letters of T go to $dead/T
 	// commitLinger is the longest a batch nobody waits for waits for
 	// company (committer.linger).
@@ -2009,7 +2009,7 @@ func (c *connection) writeLoop() {
 			return
 		}
 		notify(c.room)
-		buffers.joined, ok = c.writeBatch(buffers.batch, buffers.joined)
+		buffers.framed, ok = c.writeBatch(buffers.batch, buffers.framed)
 	}
 }
 
@@ -2018,15 +2018,11 @@ func (c *connection) writeLoop() {
 // client that opted into batches gets runs of frames joined by newlines
 // in one WebSocket frame. The batch is framed into buffer (appendFrame
 // writes one frame's header and payload) and c.send(buffer) sends it in
-// one system call per heldBytes, ending the connection if the socket
+// one system call per writeChunk, ending the connection if the socket
 // refuses; the buffer is reused.
 func (c *connection) writeBatch(batch [][]byte, buffer []byte) ([]byte, bool) {
 	buffer = buffer[:0]
 	for len(batch) > 0 {
-		n := 1
-		for c.batch && n < len(batch) && batch[n] != nil {
-			n++
-		}
 		if batch[0] == nil {
 			// A close waits for the peer's answer: what came before it
 			// leaves first.
@@ -2035,8 +2031,12 @@ func (c *connection) writeBatch(batch [][]byte, buffer []byte) ([]byte, bool) {
 			}
 			return buffer, false
 		}
+		n := 1
+		for c.batch && n < len(batch) && batch[n] != nil {
+			n++
+		}
 		buffer, batch = appendFrame(buffer, batch[:n]), batch[n:]
-		if len(buffer) >= heldBytes {
+		if len(buffer) >= writeChunk {
 			if !c.send(buffer) {
 				return buffer, false
 			}
@@ -2282,13 +2282,13 @@ func (h *hijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return h.socket, rw, nil
 }
 
-// writeBuffers are a writer's batch of frames and the buffer it joins
+// writeBuffers are a writer's batch of frames and the buffer it frames
 // them in. They are pooled, shared by every connection's writer: a writer
 // exits whenever its outbox empties, and growing new ones for each run
 // cost more CPU than the run's writes did.
 type writeBuffers struct {
 	batch  [][]byte
-	joined []byte
+	framed []byte
 }
 
 // writeBufferPool holds the writeBuffers of writers that have exited.
@@ -3006,7 +3006,9 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 // the outcome that says when m is durable; a nil outcome if done was
 // closed, or the broker stopped, before there was room: then nothing
 // happened. On a shared log b.append hands m over instead, and the
-// outcome brings the log's seq.
+// outcome brings the log's seq. wake is the publishing reader's
+// wakeups, which the fan-out owes the writers it fills (nil, from
+// inside the process: start them at once).
 func (b *Broker) publish(m *Message, done <-chan struct{},
 	wake *wakeups) (uint64, bool, *outcome) {
 	// The x-ray's events are about this broker's own connections, so
@@ -3052,8 +3054,8 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 }
 
 // sequenced indexes m, which has its seq and its frame, and fans it out
-// to those who have had everything up to last. t.remember adds m to the
-// topic's index. The caller holds t.mu.
+// to those who have had everything up to last, owing their writers to
+// wake. t.remember adds m to the topic's index. The caller holds t.mu.
 func (b *Broker) sequenced(t *topic, m *Message, last uint64, wake *wakeups) {
 	t.remember(m)
 	b.noteMessage("published", nil, m, nil)
@@ -3070,7 +3072,8 @@ func (b *Broker) sequenced(t *topic, m *Message, last uint64, wake *wakeups) {
 
 // fanOut offers a new message to every live subscriber of t and every
 // matching wildcard subscription, which have had everything up to last.
-// The caller holds t.mu, which keeps seq order.
+// The writers it fills are owed to wake (see pushWithin). The caller
+// holds t.mu, which keeps seq order.
 func (b *Broker) fanOut(t *topic, m *Message, last uint64, wake *wakeups) {
 	// Replaying subscriptions are skipped: their replayer will read the
 	// message from the store, or from the topic's unsynced list. s.offer
@@ -3265,8 +3268,9 @@ type pending struct {
 // pending entry if m is QoS 1, due for retry at deadline, and the durable
 // cursor's progress. share is the part of each bound the caller may use:
 // 1 for live traffic, 2 for replay, which leaves half to live traffic on
-// the connection's other subscriptions. It reports false, having changed
-// nothing, when there is no room. It never waits.
+// the connection's other subscriptions. A writer the frame makes due is
+// owed to wake, or started now if wake is nil (pushWithin). It reports
+// false, having changed nothing, when there is no room. It never waits.
 func (c *connection) deliver(s *subscription, m *Message, frame []byte,
 	share int, deadline time.Time, wake *wakeups) bool {
 	// The frame is queued under c.mu, before its pending entry is made:
@@ -3855,7 +3859,8 @@ func (g *group) leave(s *subscription) {
 }
 
 // offer queues m to s if there is room: to its connection, or, for a
-// group's feed, to the first member with room, starting at g.turn.
+// group's feed, to the first member with room, starting at g.turn. wake
+// is as for deliver.
 func (s *subscription) offer(m *Message, frame []byte, share int,
 	deadline time.Time, wake *wakeups) bool {
 	if s.conn != nil {
@@ -4479,9 +4484,10 @@ func (c *committer) reset() {
 // committer stopped, first. The queue holds at most maxQueueMessages and
 // maxQueueBytes (but always takes one message): a transaction stays
 // bounded, and a publisher faster than the disk waits here, in its own
-// reader. An unbounded queue was simpler, and under a flood grew to
-// gigabytes, each commit slower than the last and every topic's
-// confirms behind it.
+// reader, having first started the writers it owes (wake.start), so
+// that its subscribers do not wait with it. An unbounded queue was
+// simpler, and under a flood grew to gigabytes, each commit slower than
+// the last and every topic's confirms behind it.
 func (c *committer) admit(size int, done <-chan struct{}, wake *wakeups) bool {
 	// Publishers wait their turn: Go's mutex hands itself to the longest
 	// waiter, so a flood cannot take every slot a commit frees while a
