@@ -37,8 +37,6 @@ type operations struct {
 var counted = []struct{ kind, name, help string }{
 	{"published", "popsub_published_total", "messages given a seq"},
 	{"committed", "popsub_committed_total", "messages synced to the log"},
-	{"delivered", "popsub_delivered_total",
-		"deliveries queued to subscribers, first attempts"},
 	{"redelivered", "popsub_redelivered_total",
 		"QoS 1 retries, to the subscriber or to another member of its group"},
 	{"moved", "popsub_moved_total",
@@ -99,12 +97,18 @@ func (o *operations) observe(e wire.Event) {
 	}
 }
 
-// watch adds the gauges read from the broker at each scrape.
+// watch adds what is read from the broker at each scrape: the
+// deliveries, which the broker counts itself rather than reporting each
+// one (Broker.Delivered), and the bytes its outboxes hold.
 func (o *operations) watch(broker *popsub.Broker) {
-	o.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "popsub_outbox_bytes",
-		Help: "bytes queued for subscribers' sockets, all connections"},
-		func() float64 { return float64(broker.OutboxBytes()) }))
+	o.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "popsub_delivered_total",
+		Help: "deliveries queued to subscribers, first attempts"},
+		func() float64 { return float64(broker.Delivered()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "popsub_outbox_bytes",
+			Help: "bytes queued for subscribers' sockets, all connections"},
+			func() float64 { return float64(broker.OutboxBytes()) }))
 }
 
 // register adds the endpoints to mux.
