@@ -4020,8 +4020,8 @@ func (b *Broker) emit(e wire.Event) {
 func (b *Broker) noteMessage(kind string, c *connection, m *Message,
 	p *pending) {
 	// A delivery is counted (Delivered) and not reported unwatched: an
-	// event per delivery, for /metrics to count, cost a busy broker a
-	// tenth of its CPU with a hundred subscribers.
+	// event per delivery, for /metrics to count, cost a busy broker 6 %
+	// of its CPU with ten subscribers, and more with a hundred.
 	if b.watchers.Load() == 0 &&
 		(b.opts.OnEvent == nil || kind == "delivered") {
 		return
