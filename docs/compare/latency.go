@@ -15,8 +15,9 @@ import (
 // runLatency publishes at fixed rates and prints, for each server, the
 // time from publish to delivery at each subscriber, the server's CPU
 // per delivery, and this client's: the client shares the cores, and a
-// protocol that costs it more leaves the server less. Every message is published on its own, when it is due:
-// an open loop, as a sensor or a chat would publish, not a burst.
+// protocol that costs it more leaves the server less. Every message is
+// published on its own, when it is due: an open loop, as a sensor or a
+// chat would publish, not a burst.
 func runLatency(args []string) error {
 	fs := flag.NewFlagSet("compare latency", flag.ContinueOnError)
 	popsub := fs.String("popsub", "popsub", "the popsub binary")
