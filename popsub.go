@@ -5030,12 +5030,16 @@ func trimLog(tx *bolt.Tx, topic string, upTo uint64) error {
 	if records == nil {
 		return nil
 	}
-	// The oldest records are first, so the trim deletes from the front
-	// until it meets a seq it keeps. After a delete bbolt's cursor may
-	// skip the next key, so each step starts again from First.
+	// The oldest records are first, so the trim deletes from the last
+	// seq it drops back to the front: a Seek past it, then Prev, which
+	// after a Seek past the end is the last record. Backwards, because
+	// after a delete bbolt's cursor may skip the next key but never the
+	// one before; starting again from First after each delete, as this
+	// did, walked past every page the trim had emptied, so trimming n
+	// records cost n squared (BenchmarkTrim: 10 times slower at 4,096).
 	cursor := records.Cursor()
-	for k, _ := cursor.First(); k != nil &&
-		binary.BigEndian.Uint64(k) <= upTo; k, _ = cursor.First() {
+	cursor.Seek(SeqKey(upTo + 1))
+	for k, _ := cursor.Prev(); k != nil; k, _ = cursor.Prev() {
 		if err := cursor.Delete(); err != nil {
 			return err
 		}

@@ -178,6 +178,52 @@ func TestBoltStore_EachBatchKeepsItsOwnRecords(t *testing.T) {
 	}
 }
 
+// A trim deletes from the last seq it drops back to the first, across
+// many of bbolt's pages, over gaps in the seqs, and never a seq it keeps.
+func TestBoltStore_TrimsExactlyUpToItsSeq(t *testing.T) {
+	store := openBolt(t, filepath.Join(t.TempDir(), "popsub.db"))
+	defer store.Close()
+	var batch Batch
+	for seq := uint64(1); seq <= 5000; seq++ {
+		if seq%7 != 3 { // a gap every seventh seq
+			batch.Messages = append(batch.Messages, &Message{Topic: "t",
+				ID: fmt.Sprint(seq), Seq: seq, Payload: json.RawMessage(`1`)})
+		}
+	}
+	if err := store.Commit(&batch); err != nil {
+		t.Fatal(err)
+	}
+	for _, upTo := range []uint64{0, 1, 2, 3, 1000, 3001, 3003, 4999, 4999,
+		6000} {
+		if err := store.Commit(&Batch{Trims: map[string]uint64{
+			"t": upTo}}); err != nil {
+			t.Fatal(err)
+		}
+		msgs, err := store.Read("t", 0, 1<<20, 1<<30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		for seq := upTo + 1; seq <= 5000; seq++ {
+			if seq%7 != 3 {
+				want++
+			}
+		}
+		if len(msgs) != want || want > 0 && msgs[0].Seq <= upTo {
+			t.Fatalf("after a trim to %d: %d messages from seq %v, want %d",
+				upTo, len(msgs), firstSeqOf(msgs), want)
+		}
+	}
+}
+
+// firstSeqOf returns the first message's seq, or nil for none.
+func firstSeqOf(msgs []*Message) any {
+	if len(msgs) == 0 {
+		return nil
+	}
+	return msgs[0].Seq
+}
+
 func TestBoltStore_Faults(t *testing.T) {
 	t.Run("a second open of the same file fails with a clear error",
 		func(t *testing.T) {
