@@ -81,6 +81,12 @@ func main() {
 			defer trace.Stop()
 		}
 	}
+	// POPSUB_MEMPROFILE=FILE writes, when the server stops, where it
+	// allocated over its whole run (go tool pprof -sample_index=
+	// alloc_space reads it).
+	if path := os.Getenv("POPSUB_MEMPROFILE"); path != "" && serving {
+		defer writeAllocs(path)
+	}
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return
@@ -236,4 +242,13 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// writeAllocs writes the allocations profile to path, for
+// POPSUB_MEMPROFILE.
+func writeAllocs(path string) {
+	if f, err := os.Create(path); err == nil {
+		pprof.Lookup("allocs").WriteTo(f, 0)
+		f.Close()
+	}
 }
