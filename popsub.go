@@ -4857,7 +4857,8 @@ type BoltStore struct {
 	path   string       // its name, for errors
 	logger *slog.Logger // where corrupt records are reported
 	// arena holds the records of the batch being committed, kept for the
-	// next one (appendMessages); bbolt runs one Commit at a time.
+	// next one (appendMessages): as large as the largest batch, about a
+	// MiB, once per store. bbolt runs one Commit at a time.
 	arena []byte
 }
 
