@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -211,5 +212,42 @@ func TestServe_MaxRetriesZeroMeansNone(t *testing.T) {
 					cfg.options.MaxRetries, err)
 			}
 		})
+	}
+}
+
+// POPSUB_CPUPROFILE and POPSUB_MEMPROFILE, which performance.md's
+// figures come from, each leave a profile when serve stops on SIGINT.
+func TestServe_WritesItsProfilesWhenItStops(t *testing.T) {
+	bin := popsubBinary(t)
+	dir := t.TempDir()
+	cpu, allocs := filepath.Join(dir, "cpu.pprof"),
+		filepath.Join(dir, "allocs.pprof")
+	cmd := exec.Command(bin, "serve", "--addr", "127.0.0.1:0", "--db",
+		filepath.Join(dir, "popsub.db"), "--log-level", "error")
+	cmd.Env = append(os.Environ(), "POPSUB_CPUPROFILE="+cpu,
+		"POPSUB_MEMPROFILE="+allocs)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	lines := bufio.NewScanner(out)
+	for lines.Scan() && !strings.HasPrefix(lines.Text(), "popsub listening") {
+	}
+	go io.Copy(io.Discard, out)
+	cmd.Process.Signal(os.Interrupt)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("serve did not stop cleanly on SIGINT: %v", err)
+	}
+	for _, path := range []string{cpu, allocs} {
+		data, err := os.ReadFile(path)
+		// A profile is gzipped protobuf: it starts with gzip's magic.
+		if err != nil || !bytes.HasPrefix(data, []byte{0x1f, 0x8b}) {
+			t.Errorf("%s: %d bytes, %v; want a gzipped profile", path,
+				len(data), err)
+		}
 	}
 }
