@@ -1996,10 +1996,11 @@ func (o *outbox) take(written [][]byte) [][]byte {
 	return batch
 }
 
-// spareFrames holds the arrays of outboxes gone idle. A writer exits
-// whenever its outbox empties, and the next burst into an empty outbox
-// grew an array from nothing again: a quarter of what a busy broker
-// allocated, and the collections that come with it.
+// spareFrames holds the frame arrays nobody is using: those of outboxes
+// gone idle and of writers that exited, emptied. A writer exits whenever
+// its outbox empties, and the next burst into an empty outbox grew an
+// array from nothing again: a quarter of what a busy broker allocated,
+// and the collections that come with it.
 var spareFrames = sync.Pool{New: func() any { return new([][]byte) }}
 
 // writeLoop is the connection's only writer while frames are queued: it
@@ -2009,19 +2010,25 @@ var spareFrames = sync.Pool{New: func() any { return new([][]byte) }}
 // was the biggest single item in an idle connection's memory. Each batch
 // goes out in one system call (One write per batch). After a failed
 // write the outbox stays marked as written, so no writer starts again:
-// the reader is about to see the socket closed. The batch and its
-// buffer, writeBuffers, come from writeBufferPool, and buffers.release()
-// hands them back, so that a new writer need not grow them.
+// the reader is about to see the socket closed. The batch's array comes
+// from spareFrames and the buffer it is framed in from writeBufferPool,
+// and both go back when the writer exits, so that a new writer need not
+// grow them.
 func (c *connection) writeLoop() {
-	buffers := writeBufferPool.Get().(*writeBuffers)
-	defer buffers.release()
+	batch := *spareFrames.Get().(*[][]byte)
+	framed := writeBufferPool.Get().(*[]byte)
+	defer func() {
+		clear(batch) // the frames of a failed write
+		spareFrames.Put(new(batch[:0]))
+		writeBufferPool.Put(framed)
+	}()
 	for ok := true; ok; {
-		buffers.batch = c.outbox.take(buffers.batch[:0])
-		if len(buffers.batch) == 0 {
+		batch = c.outbox.take(batch[:0])
+		if len(batch) == 0 {
 			return
 		}
 		notify(c.room)
-		buffers.framed, ok = c.writeBatch(buffers.batch, buffers.framed)
+		*framed, ok = c.writeBatch(batch, *framed)
 	}
 }
 
@@ -2294,23 +2301,11 @@ func (h *hijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return h.socket, rw, nil
 }
 
-// writeBuffers are a writer's batch of frames and the buffer it frames
-// them in. They are pooled, shared by every connection's writer: a writer
-// exits whenever its outbox empties, and growing new ones for each run
-// cost more CPU than the run's writes did.
-type writeBuffers struct {
-	batch  [][]byte
-	framed []byte
-}
-
-// writeBufferPool holds the writeBuffers of writers that have exited.
-var writeBufferPool = sync.Pool{New: func() any { return new(writeBuffers) }}
-
-// release returns the buffers to the pool, holding no frame.
-func (w *writeBuffers) release() {
-	clear(w.batch[:cap(w.batch)])
-	writeBufferPool.Put(w)
-}
+// writeBufferPool holds the buffers writers frame their batches in,
+// shared by every connection's writer: a writer exits whenever its
+// outbox empties, and growing a new buffer for each run cost more CPU
+// than the run's writes did.
+var writeBufferPool = sync.Pool{New: func() any { return new([]byte) }}
 
 // # The queues (detail)
 //
