@@ -391,7 +391,11 @@ func (r *chaosRun) natsURLs() string {
 	return strings.Join(urls, ",")
 }
 
-// freePorts finds n ports free on 127.0.0.1 now.
+// freePorts finds n ports free on 127.0.0.1 now, below Linux's
+// ephemeral range (32768 and up). A port the kernel picked for a
+// listener on port 0 goes back to that range once closed, where an
+// outgoing connection may take it before a NATS node binds it, or
+// before a node killed with -9 binds it again.
 func freePorts(n int) ([]int, error) {
 	var ports []int
 	var listeners []net.Listener
@@ -400,13 +404,17 @@ func freePorts(n int) ([]int, error) {
 			l.Close()
 		}
 	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
+	for tries := 0; len(ports) < n; tries++ {
+		if tries == 1000 {
+			return nil, errors.New("no free ports on 127.0.0.1 " +
+				"between 20000 and 32000")
 		}
-		listeners = append(listeners, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		port := 20000 + rand.IntN(12000)
+		l, err := net.Listen("tcp", fmt.Sprint("127.0.0.1:", port))
+		if err == nil {
+			listeners = append(listeners, l)
+			ports = append(ports, port)
+		}
 	}
 	return ports, nil
 }

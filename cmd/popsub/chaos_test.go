@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -61,5 +62,30 @@ func TestChaos_RefusesWhatItCannotRun(t *testing.T) {
 		if err == nil {
 			t.Errorf("chaos %v ran, want an error", args)
 		}
+	}
+}
+
+// TestFreePorts_AreDistinctAndBelowTheEphemeralRange: the NATS nodes'
+// ports must be ones the kernel never hands out by itself, or a dial
+// elsewhere may take one before the node binds it.
+func TestFreePorts_AreDistinctAndBelowTheEphemeralRange(t *testing.T) {
+	ports, err := freePorts(6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]bool{}
+	for _, port := range ports {
+		if port < 20000 || port >= 32768 || seen[port] {
+			t.Fatalf("ports %v: want distinct ones in [20000, 32768)", ports)
+		}
+		seen[port] = true
+		l, err := net.Listen("tcp", fmt.Sprint("127.0.0.1:", port))
+		if err != nil {
+			t.Fatalf("port %d is not free: %v", port, err)
+		}
+		l.Close()
+	}
+	if len(ports) != 6 {
+		t.Fatalf("got %d ports, want 6", len(ports))
 	}
 }

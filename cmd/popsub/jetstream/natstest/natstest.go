@@ -7,8 +7,10 @@ package natstest
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
+	"slices"
 	"testing"
 	"time"
 
@@ -55,7 +57,9 @@ func Cluster(tb testing.TB) []*server.Server {
 	var routes []*url.URL
 	ports := make([]int, 3)
 	for i := range ports {
-		ports[i] = FreePort(tb)
+		for ports[i] == 0 || slices.Contains(ports[:i], ports[i]) {
+			ports[i] = FreePort(tb)
+		}
 		routes = append(routes, &url.URL{Scheme: "nats",
 			Host: fmt.Sprintf("127.0.0.1:%d", ports[i])})
 	}
@@ -101,13 +105,23 @@ func hasLeader(nodes []*server.Server) bool {
 	return false
 }
 
-// FreePort returns a port on 127.0.0.1 that was free a moment ago.
+// FreePort returns a port on 127.0.0.1 that was free a moment ago,
+// picked below Linux's ephemeral range (32768 and up). A port the kernel
+// picked itself, for a listener on port 0, goes back to that range, where
+// any outgoing connection or other listener may take it before the
+// caller binds it again: a node of Cluster then could not listen for
+// routes and never became ready (a CI run, with the other packages'
+// tests dialling beside it).
 func FreePort(tb testing.TB) int {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
+	for range 1000 {
+		port := 20000 + rand.IntN(12000)
+		l, err := net.Listen("tcp", fmt.Sprint("127.0.0.1:", port))
+		if err == nil {
+			l.Close()
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	tb.Fatal("no free port on 127.0.0.1 between 20000 and 32000")
+	return 0
 }
