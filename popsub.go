@@ -2038,8 +2038,8 @@ func (c *connection) writeLoop() {
 // in one WebSocket frame, under 4*writeChunk unless one frame is more.
 // The batch is framed into buffer (appendFrame writes one frame's header
 // and payload) and c.send(buffer) sends it in one system call per
-// writeChunk, ending the connection if the socket refuses; the buffer is
-// reused.
+// writeChunk, or per run, ending the connection if the socket refuses;
+// the buffer is reused.
 func (c *connection) writeBatch(batch [][]byte, buffer []byte) ([]byte, bool) {
 	buffer = buffer[:0]
 	for len(batch) > 0 {
