@@ -2054,7 +2054,7 @@ func (c *connection) writeBatch(batch [][]byte, buffer []byte) ([]byte, bool) {
 		// A run stops short of four writeChunks and is sent at once. A
 		// frame of a whole 4 MiB outbox held that much per writer; runs
 		// of one writeChunk cost a burst a fifth more CPU (performance.md).
-		n, size := 1, len(batch[0])
+		n, size := 1, len(batch[0])+1 // the run, and a newline to come
 		for c.batch && n < len(batch) && batch[n] != nil &&
 			size+len(batch[n]) < 4*writeChunk {
 			size, n = size+len(batch[n])+1, n+1
