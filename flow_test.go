@@ -1,8 +1,11 @@
 package popsub
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"net"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -174,6 +177,57 @@ func TestOutbox_AnIdleOutboxKeepsNoArrayAndReusesOneEmpty(t *testing.T) {
 		<-writes
 		if got := next.take(nil); len(got) != 1 || string(got[0]) != "b" {
 			t.Fatalf("after the array was pooled: took %q, want [b]", got)
+		}
+	}
+}
+
+// recordingConn is a socket that keeps what is written to it.
+type recordingConn struct {
+	net.Conn // nil: only Write and SetWriteDeadline are called
+	written  bytes.Buffer
+}
+
+func (r *recordingConn) Write(p []byte) (int, error) { return r.written.Write(p) }
+
+func (r *recordingConn) SetWriteDeadline(time.Time) error { return nil }
+
+// TestWriteBatch_JoinsRunsStrictlyUnderFourChunks: frames of 4 bytes,
+// joined by newlines, fill 4*writeChunk exactly at 52,429 of them, one
+// byte past what the protocol page promises; the writer must stop one
+// frame short, and lose or reorder none.
+func TestWriteBatch_JoinsRunsStrictlyUnderFourChunks(t *testing.T) {
+	socket := &recordingConn{}
+	c := &connection{batch: true, socket: &sharedSocket{Conn: socket,
+		timeout: time.Second, lock: make(chan struct{}, 1)}}
+	var batch [][]byte
+	for i := range 60000 {
+		batch = append(batch, fmt.Appendf(nil, "%04d", i%10000))
+	}
+	if _, ok := c.writeBatch(batch, nil); !ok {
+		t.Fatal("writeBatch failed")
+	}
+	var got [][]byte
+	for rest := socket.written.Bytes(); len(rest) > 0; {
+		size, header := uint64(rest[1]), 2
+		switch size {
+		case 126:
+			size, header = uint64(binary.BigEndian.Uint16(rest[2:])), 4
+		case 127:
+			size, header = binary.BigEndian.Uint64(rest[2:]), 10
+		}
+		if size >= 4*writeChunk {
+			t.Fatalf("a frame of %d bytes, want under %d", size, 4*writeChunk)
+		}
+		payload := rest[header : header+int(size)]
+		got = append(got, bytes.Split(payload, []byte("\n"))...)
+		rest = rest[header+int(size):]
+	}
+	if len(got) != len(batch) {
+		t.Fatalf("%d frames came out of %d", len(got), len(batch))
+	}
+	for i := range batch {
+		if !bytes.Equal(got[i], batch[i]) {
+			t.Fatalf("frame %d is %q, want %q", i, got[i], batch[i])
 		}
 	}
 }
