@@ -191,17 +191,17 @@ func (r *recordingConn) Write(p []byte) (int, error) { return r.written.Write(p)
 
 func (r *recordingConn) SetWriteDeadline(time.Time) error { return nil }
 
-// TestWriteBatch_JoinsRunsStrictlyUnderFourChunks: frames of 4 bytes,
-// joined by newlines, fill 4*writeChunk exactly at 52,429 of them, one
+// TestWriteBatch_JoinsRunsStrictlyUnderMaxJoined: frames of 2 bytes,
+// joined by newlines, fill maxJoined exactly at 174,763 of them, one
 // byte past what the protocol page promises; the writer must stop one
 // frame short, and lose or reorder none.
-func TestWriteBatch_JoinsRunsStrictlyUnderFourChunks(t *testing.T) {
+func TestWriteBatch_JoinsRunsStrictlyUnderMaxJoined(t *testing.T) {
 	socket := &recordingConn{}
 	c := &connection{batch: true, socket: &sharedSocket{Conn: socket,
 		timeout: time.Second, lock: make(chan struct{}, 1)}}
 	var batch [][]byte
-	for i := range 60000 {
-		batch = append(batch, fmt.Appendf(nil, "%04d", i%10000))
+	for i := range 200000 {
+		batch = append(batch, fmt.Appendf(nil, "%02d", i%100))
 	}
 	if _, ok := c.writeBatch(batch, nil); !ok {
 		t.Fatal("writeBatch failed")
@@ -215,8 +215,8 @@ func TestWriteBatch_JoinsRunsStrictlyUnderFourChunks(t *testing.T) {
 		case 127:
 			size, header = binary.BigEndian.Uint64(rest[2:]), 10
 		}
-		if size >= 4*writeChunk {
-			t.Fatalf("a frame of %d bytes, want under %d", size, 4*writeChunk)
+		if size >= maxJoined {
+			t.Fatalf("a frame of %d bytes, want under %d", size, maxJoined)
 		}
 		payload := rest[header : header+int(size)]
 		got = append(got, bytes.Split(payload, []byte("\n"))...)

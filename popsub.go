@@ -180,6 +180,7 @@ const (
 	maxQueueMessages  = 4096            // messages waiting for the log
 	maxQueueBytes     = 1 << 20         // their bytes; see b.log.admit
 	writeChunk        = 64 << 10        // most a writer sends per write
+	maxJoined         = 512 << 10       // a joined frame is shorter
 	deadPrefix        = "$dead/"        // dead letters of T go to $dead/T
 	// commitLinger is the longest a batch nobody waits for waits for
 	// company (committer.linger).
@@ -2035,7 +2036,7 @@ func (c *connection) writeLoop() {
 // writeBatch writes a batch of frames and reports false once the socket
 // is done with: a write failed, or a nil frame asked for the close. A
 // client that opted into batches gets runs of frames joined by newlines
-// in one WebSocket frame, under 4*writeChunk unless one frame is more.
+// in one WebSocket frame, under maxJoined unless one frame is more.
 // The batch is framed into buffer (appendFrame writes one frame's header
 // and payload) and c.send(buffer) sends it in one system call per
 // writeChunk, or per run, ending the connection if the socket refuses;
@@ -2051,12 +2052,12 @@ func (c *connection) writeBatch(batch [][]byte, buffer []byte) ([]byte, bool) {
 			}
 			return buffer, false
 		}
-		// A run stops short of four writeChunks and is sent at once. A
-		// frame of a whole 4 MiB outbox held that much per writer; runs
-		// of one writeChunk cost a burst a fifth more CPU (performance.md).
+		// A run stops short of maxJoined and is sent at once. A frame
+		// of a whole 4 MiB outbox held that much per writer; smaller
+		// runs cost a burst more CPU and readers (performance.md).
 		n, size := 1, len(batch[0])+1 // the run, and a newline to come
 		for c.batch && n < len(batch) && batch[n] != nil &&
-			size+len(batch[n]) < 4*writeChunk {
+			size+len(batch[n]) < maxJoined {
 			size, n = size+len(batch[n])+1, n+1
 		}
 		buffer, batch = appendFrame(buffer, batch[:n]), batch[n:]

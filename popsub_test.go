@@ -961,30 +961,30 @@ func TestBroker_Batches(t *testing.T) {
 			}
 			plain.messages(200)
 		})
-	t.Run("a run of deliveries stops short of 4 writeChunks", func(t *testing.T) {
-		// One read's worth of publishes reaches the writer at once: 600
-		// of 1 KiB were one frame of 660 KiB, held by the writer whole.
+	t.Run("a run of deliveries stops short of maxJoined", func(t *testing.T) {
+		// One read's worth of publishes reaches the writer at once: 900
+		// of 1 KiB were one frame of 990 KiB, held by the writer whole.
 		payload := strconv.Quote(strings.Repeat("x", 1024))
 		var frame bytes.Buffer
-		for range 600 {
+		for range 900 {
 			fmt.Fprintf(&frame, `{"type":"publish","topic":"news",`+
 				`"payload":%s}`+"\n", payload)
 		}
 		batched.sendRaw(websocket.MessageText, frame.Bytes())
-		for received := 0; received < 600; {
+		for received := 0; received < 900; {
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			_, data, err := batched.ws.Read(ctx)
 			cancel()
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(data) >= 4*writeChunk {
+			if len(data) >= maxJoined {
 				t.Fatalf("a frame of %d bytes, want under %d", len(data),
-					4*writeChunk)
+					maxJoined)
 			}
 			received += bytes.Count(data, []byte("\n")) + 1
 		}
-		plain.messages(600)
+		plain.messages(900)
 	})
 	t.Run("a frame of several objects is malformed without the opt-in",
 		func(t *testing.T) {
