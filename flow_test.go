@@ -185,9 +185,15 @@ func TestOutbox_AnIdleOutboxKeepsNoArrayAndReusesOneEmpty(t *testing.T) {
 type recordingConn struct {
 	net.Conn // nil: only Write and SetWriteDeadline are called
 	written  bytes.Buffer
+	empty    int // writes of nothing, each a wasted system call
 }
 
-func (r *recordingConn) Write(p []byte) (int, error) { return r.written.Write(p) }
+func (r *recordingConn) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		r.empty++
+	}
+	return r.written.Write(p)
+}
 
 func (r *recordingConn) SetWriteDeadline(time.Time) error { return nil }
 
@@ -203,8 +209,8 @@ func TestWriteBatch_JoinsRunsStrictlyUnderMaxJoined(t *testing.T) {
 	for i := range 200000 {
 		batch = append(batch, fmt.Appendf(nil, "%02d", i%100))
 	}
-	if _, ok := c.writeBatch(batch, nil); !ok {
-		t.Fatal("writeBatch failed")
+	if _, ok := c.writeBatch(batch, nil); !ok || socket.empty > 0 {
+		t.Fatalf("writeBatch: ok %v, %d empty writes", ok, socket.empty)
 	}
 	var got [][]byte
 	for rest := socket.written.Bytes(); len(rest) > 0; {

@@ -180,7 +180,7 @@ const (
 	maxQueueMessages  = 4096            // messages waiting for the log
 	maxQueueBytes     = 1 << 20         // their bytes; see b.log.admit
 	writeChunk        = 64 << 10        // most a writer sends per write
-	maxJoined         = 512 << 10       // a joined frame is shorter
+	maxJoined         = 512 << 10       // a batch frame stays under this
 	deadPrefix        = "$dead/"        // dead letters of T go to $dead/T
 	// commitLinger is the longest a batch nobody waits for waits for
 	// company (committer.linger).
@@ -2040,21 +2040,22 @@ func (c *connection) writeLoop() {
 // The batch is framed into buffer (appendFrame writes one frame's header
 // and payload) and c.send(buffer) sends it in one system call per
 // writeChunk, or per run, ending the connection if the socket refuses;
-// the buffer is reused.
+// nothing sends an empty buffer, and the buffer is reused.
 func (c *connection) writeBatch(batch [][]byte, buffer []byte) ([]byte, bool) {
 	buffer = buffer[:0]
 	for len(batch) > 0 {
 		if batch[0] == nil {
 			// A close waits for the peer's answer: what came before it
 			// leaves first.
-			if c.send(buffer) {
+			if len(buffer) == 0 || c.send(buffer) {
 				c.ws.Close(c.closeCode, c.closeWhy)
 			}
 			return buffer, false
 		}
 		// A run stops short of maxJoined and is sent at once. A frame
 		// of a whole 4 MiB outbox held that much per writer; smaller
-		// runs cost a burst more CPU and readers (performance.md).
+		// runs cost a burst more CPU and cut off more of its readers
+		// (performance.md).
 		n, size := 1, len(batch[0])+1 // the run, and a newline to come
 		for c.batch && n < len(batch) && batch[n] != nil &&
 			size+len(batch[n]) < maxJoined {
@@ -2068,7 +2069,7 @@ func (c *connection) writeBatch(batch [][]byte, buffer []byte) ([]byte, bool) {
 			buffer = buffer[:0]
 		}
 	}
-	return buffer, c.send(buffer)
+	return buffer, len(buffer) == 0 || c.send(buffer)
 }
 
 // writeFailed ends a connection whose socket refused a write. A write
