@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"strconv"
@@ -727,5 +728,134 @@ func TestBroker_RefusedPublishNamesItsMessageID(t *testing.T) {
 		"payload": 1, "message_id": "m-4"})
 	if g := c.expectError("invalid_topic"); g.MessageID != "m-4" {
 		t.Errorf("invalid_topic names %q, want m-4", g.MessageID)
+	}
+}
+
+// TestBroker_StrangersInEveryOrder sends seeded random frames from eight
+// connections at once, in orders no well-behaved client uses: frames
+// before auth, auth again, malformed JSON, fields of the wrong type,
+// subscribes, acks and unsubscribes for things never delivered, joined
+// frames, binary frames and abrupt closes (the gateway's test does the
+// same to HTTP publishes and streams). Meanwhile a witness publishes at QoS 1 on a topic of its own. The
+// broker must never panic (it logs "panic serving a connection" and
+// drops only that connection, which would hide the bug), must still
+// serve a new client, and the witness must read every confirmed message
+// once, in seq order, with no gap.
+func TestBroker_StrangersInEveryOrder(t *testing.T) {
+	var logs lockedBuffer
+	ts := startBroker(t, Options{AckTimeout: time.Minute,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	witness := ts.dial("witness")
+	witness.subscribe("witness", map[string]any{"last": 0})
+	publisher := ts.dial("witness-publisher")
+
+	var strangers sync.WaitGroup
+	for i := range 8 {
+		strangers.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(i), 23))
+			for range 12 {
+				strangerSession(ts, r)
+			}
+		})
+	}
+	const confirmed = 200
+	var first uint64
+	for i := range confirmed {
+		g := publisher.publish("witness", i, 1, "")
+		if i == 0 {
+			first = g.Seq
+		}
+	}
+	strangers.Wait()
+
+	for i, g := range witness.messages(confirmed) {
+		if g.Seq != first+uint64(i) || string(g.Payload) != strconv.Itoa(i) ||
+			g.Attempt != 1 {
+			t.Fatalf("witness delivery %d is seq %d, payload %s, attempt %d",
+				i, g.Seq, g.Payload, g.Attempt)
+		}
+	}
+	witness.quiet()
+	ts.dial("newcomer").quiet()
+	if strings.Contains(logs.String(), "panic") {
+		t.Fatalf("a stranger made the broker panic:\n%s", logs.String())
+	}
+}
+
+// strangerSession is one connection of random frames: it may never
+// authenticate, may never read, and may leave without a close.
+func strangerSession(ts *testServer, r *rand.Rand) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, ts.url, nil)
+	if err != nil {
+		ts.t.Errorf("stranger: dial: %v", err)
+		return
+	}
+	defer ws.CloseNow()
+	if r.IntN(5) > 0 {
+		go func() {
+			for {
+				if _, _, err := ws.Read(ctx); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	tok := token(ts.t, "stranger")
+	if r.IntN(4) > 0 {
+		ws.Write(ctx, websocket.MessageText,
+			[]byte(`{"type":"auth","token":"`+tok+`"}`))
+	}
+	for range r.IntN(60) {
+		typ := websocket.MessageText
+		if r.IntN(50) == 0 {
+			typ = websocket.MessageBinary
+		}
+		if ws.Write(ctx, typ, []byte(strangerFrame(r, tok))) != nil {
+			return // the broker closed it, as it may
+		}
+	}
+	if r.IntN(2) == 0 {
+		ws.Close(websocket.StatusNormalClosure, "")
+	}
+}
+
+// strangerFrame is one random frame, or several joined by newlines.
+func strangerFrame(r *rand.Rand, tok string) string {
+	pick := func(choices ...string) string { return choices[r.IntN(len(choices))] }
+	topic := pick("a", "a/b", "a/+", "#", "+/b", "$sys/events", "$dead/a",
+		"", "a//b", "a/#/b", " a", strings.Repeat("t", 300))
+	id := pick(`"m-1"`, `"m-2"`, `""`, `5`, `null`)
+	switch r.IntN(9) {
+	case 0:
+		return pick(`{"type":"auth","token":"`+tok+`"}`,
+			`{"type":"auth","token":"bad"}`, `{"type":"login"}`,
+			`{"type":"auth","token":"`+tok+`","batch":true}`)
+	case 1, 2:
+		return `{"type":"subscribe","topic":"` + topic + `"` + pick("",
+			`,"last":0`, `,"after":3`, `,"after":-1`, `,"last":"x"`,
+			`,"durable":"d"`, `,"group":"g"`, `,"group":"g","durable":"d"`,
+			`,"after":1,"last":1`) + `}`
+	case 3:
+		return `{"type":"unsubscribe","topic":"` + topic + `"}`
+	case 4, 5:
+		return `{"type":"publish","topic":"` + topic + `","payload":` +
+			pick(`1`, `{"k":[1]}`, `null`, `"`+strings.Repeat("z", 3000)+`"`,
+				`[`) + `,"qos":` + pick("0", "1", "2", `"1"`, "1.5") +
+			`,"message_id":` + id + `}`
+	case 6:
+		return pick(`{"type":"ack","message_id":`+id+`}`,
+			`{"type":"ack","topic":"`+topic+`","seq":`+strconv.Itoa(r.IntN(9)-2)+`}`,
+			`{"type":"ack","message_ids":["m-1",`+id+`],"topic":"a"}`)
+	case 7:
+		return pick(`{"type":"ping"}`, `{`, `[]`, `null`, ``, `{"type":1}`,
+			`{"type":"nope"}`, `{"type":"ping"} x`, `{"type":"ping"}{}`)
+	default:
+		frames := make([]string, 1+r.IntN(8))
+		for i := range frames {
+			frames[i] = strangerFrame(r, tok)
+		}
+		return strings.Join(frames, "\n")
 	}
 }

@@ -161,6 +161,7 @@ var Behaviour = map[string]func(*testing.T){
 	"TestBroker_TokenExpiry":                        TestBroker_TokenExpiry,
 	"TestBroker_LogsHoldNoSecrets":                  TestBroker_LogsHoldNoSecrets,
 	"TestBroker_NoLeaksAfterManyConnections":        TestBroker_NoLeaksAfterManyConnections,
+	"TestBroker_StrangersInEveryOrder":              TestBroker_StrangersInEveryOrder,
 }
 
 // oneEngine names the tests that start a broker on the run's engine but

@@ -7,12 +7,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,6 +38,29 @@ type server struct {
 	broker  *popsub.Broker
 	gateway *Gateway
 	events  chan wire.Event
+	// httpLog holds what net/http logged, such as a handler's panic,
+	// which it recovers from.
+	httpLog lockedLog
+}
+
+// lockedLog is a log for net/http that a test may read at any time.
+type lockedLog struct {
+	mu   sync.Mutex
+	text strings.Builder
+}
+
+// Write appends p.
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.text.Write(p)
+}
+
+// String returns everything logged so far.
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.text.String()
 }
 
 // start serves a broker with opts, the gateway with gopts, on 127.0.0.1.
@@ -63,7 +90,9 @@ func start(t *testing.T, opts popsub.Options, gopts Options) *server {
 	mux := http.NewServeMux()
 	mux.Handle("/ws", s.broker)
 	mux.Handle("/topics/{topic...}", s.gateway)
-	web := httptest.NewServer(mux)
+	web := httptest.NewUnstartedServer(mux)
+	web.Config.ErrorLog = log.New(&s.httpLog, "", 0)
+	web.Start()
 	s.url = web.URL
 	t.Cleanup(func() {
 		s.gateway.Close()
@@ -597,4 +626,90 @@ func refusing(t *testing.T) popsub.Store {
 		t.Fatal(err)
 	}
 	return refusingStore{store}
+}
+
+// TestGateway_StrangersInEveryOrder sends seeded random requests from
+// eight clients at once: every method, topics and filters with and
+// without grants, bad queries and bodies, no token, a bad one, tokens in
+// the header and the URL, odd Last-Event-IDs, and streams dropped after a
+// moment. Meanwhile a witness publishes on a topic of its own. No request
+// may get a 5xx but 503, the gateway must never panic (net/http would
+// recover and log it, and the client would only see a dropped
+// connection), and the witness's messages must all be there, in order.
+func TestGateway_StrangersInEveryOrder(t *testing.T) {
+	s := start(t, popsub.Options{}, Options{})
+	alice := token(t, "alice", nil, nil)
+	var strangers sync.WaitGroup
+	for i := range 8 {
+		strangers.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(i), 23))
+			for range 20 {
+				s.strangerRequest(r, alice)
+			}
+		})
+	}
+	const confirmed = 100
+	for i := range confirmed {
+		status, answer, _ := s.post("witness", "", alice, strconv.Itoa(i))
+		if status != http.StatusOK || answer.Seq != uint64(i+1) {
+			t.Fatalf("witness publish %d: %d %+v", i, status, answer)
+		}
+	}
+	strangers.Wait()
+
+	events := s.stream("witness", "?after=0&access_token="+alice, "")
+	if e := events.next(); e.name != "subscribed" || e.frame.Seq != confirmed {
+		t.Fatalf("first event %+v, want subscribed at %d", e, confirmed)
+	}
+	for i := range confirmed {
+		if e := events.next(); e.frame.Seq != uint64(i+1) ||
+			string(e.frame.Payload) != strconv.Itoa(i) {
+			t.Fatalf("witness event %+v, want seq %d", e, i+1)
+		}
+	}
+	if strings.Contains(s.httpLog.String(), "panic") {
+		t.Fatalf("a stranger made the gateway panic:\n%s", s.httpLog.String())
+	}
+}
+
+// strangerRequest sends one random request and reads its answer, or a
+// moment of its stream.
+func (s *server) strangerRequest(r *rand.Rand, good string) {
+	pick := func(choices ...string) string { return choices[r.IntN(len(choices))] }
+	ctx, cancel := context.WithTimeout(context.Background(),
+		time.Duration(20+r.IntN(200))*time.Millisecond)
+	defer cancel()
+	tok := pick("", "not-a-token", good)
+	url := s.url + "/topics/" + pick("a", "a/b", "a/+", "#", "$sys/events",
+		"$dead/a", "a//b", "%20a", "a%2Fb", strings.Repeat("t", 300)) +
+		pick("", "?qos=0", "?qos=1", "?qos=2", "?qos=x", "?message_id=h-1",
+			"?message_id=", "?after=1", "?after=-1", "?last=2", "?last=x",
+			"?after=1&last=1", "?durable=d", "?durable=",
+			"?access_token="+tok)
+	body := pick("", "1", `{"k":[1,2]}`, "{", `"s"`, "null", "1 2",
+		strings.Repeat("z", 2000))
+	request, err := http.NewRequestWithContext(ctx,
+		pick("GET", "GET", "POST", "POST", "PUT", "DELETE", "HEAD"), url,
+		strings.NewReader(body))
+	if err != nil {
+		s.t.Errorf("stranger: %v", err)
+		return
+	}
+	if tok != "" && r.IntN(2) == 0 {
+		request.Header.Set("Authorization", "Bearer "+tok)
+	}
+	if r.IntN(4) == 0 {
+		request.Header.Set("Last-Event-ID", pick("2", "x", "-3",
+			"99999999999999999999"))
+	}
+	response, err := http.DefaultClient.Do(request)
+	if err != nil {
+		return // the deadline, which ends a stream
+	}
+	defer response.Body.Close()
+	io.Copy(io.Discard, response.Body)
+	if response.StatusCode >= 500 &&
+		response.StatusCode != http.StatusServiceUnavailable {
+		s.t.Errorf("%s %s: %s", request.Method, url, response.Status)
+	}
 }
