@@ -749,12 +749,13 @@ func TestBroker_StrangersInEveryOrder(t *testing.T) {
 	witness.subscribe("witness", map[string]any{"last": 0})
 	publisher := ts.dial("witness-publisher")
 
+	tok := token(t, "stranger")
 	var strangers sync.WaitGroup
 	for i := range 8 {
 		strangers.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(i), 23))
 			for range 12 {
-				strangerSession(ts, r)
+				strangerSession(ts, r, tok)
 			}
 		})
 	}
@@ -782,9 +783,10 @@ func TestBroker_StrangersInEveryOrder(t *testing.T) {
 	}
 }
 
-// strangerSession is one connection of random frames: it may never
-// authenticate, may never read, and may leave without a close.
-func strangerSession(ts *testServer, r *rand.Rand) {
+// strangerSession is one connection of random frames, some carrying
+// tok: it may never authenticate, may never read, and may leave without
+// a close.
+func strangerSession(ts *testServer, r *rand.Rand, tok string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	ws, _, err := websocket.Dial(ctx, ts.url, nil)
@@ -802,7 +804,6 @@ func strangerSession(ts *testServer, r *rand.Rand) {
 			}
 		}()
 	}
-	tok := token(ts.t, "stranger")
 	if r.IntN(4) > 0 {
 		ws.Write(ctx, websocket.MessageText,
 			[]byte(`{"type":"auth","token":"`+tok+`"}`))
