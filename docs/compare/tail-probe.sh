@@ -15,7 +15,7 @@
 set -eu
 cd "$(dirname "$0")"
 rate=${1:-10000}
-[ $# -gt 0 ] && shift
+if [ $# -gt 0 ]; then shift; fi
 root=$(git rev-parse --show-toplevel)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
