@@ -736,11 +736,11 @@ func TestBroker_RefusedPublishNamesItsMessageID(t *testing.T) {
 // before auth, auth again, malformed JSON, fields of the wrong type,
 // subscribes, acks and unsubscribes for things never delivered, joined
 // frames, binary frames and abrupt closes (the gateway's test does the
-// same to HTTP publishes and streams). Meanwhile a witness publishes at QoS 1 on a topic of its own. The
-// broker must never panic (it logs "panic serving a connection" and
-// drops only that connection, which would hide the bug), must still
-// serve a new client, and the witness must read every confirmed message
-// once, in seq order, with no gap.
+// same to HTTP publishes and streams). Meanwhile a witness publishes at
+// QoS 1 on a topic of its own. The broker must never panic (it logs
+// "panic serving a connection" and drops only that connection, which
+// would hide the bug), must still serve a new client, and the witness
+// must read every confirmed message once, in seq order, with no gap.
 func TestBroker_StrangersInEveryOrder(t *testing.T) {
 	var logs lockedBuffer
 	ts := startBroker(t, Options{AckTimeout: time.Minute,

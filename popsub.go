@@ -179,7 +179,7 @@ const (
 	replayChunk       = 256             // messages read from the log at a time
 	maxQueueMessages  = 4096            // messages waiting for the log
 	maxQueueBytes     = 1 << 20         // their bytes; see b.log.admit
-	writeChunk        = 64 << 10        // most a writer sends per write
+	writeChunk        = 64 << 10        // a writer sends once it holds this
 	maxJoined         = 512 << 10       // a batch frame stays under this
 	deadPrefix        = "$dead/"        // dead letters of T go to $dead/T
 	// commitLinger is the longest a batch nobody waits for waits for
