@@ -33,7 +33,7 @@
 //
 // # Reading path
 //
-// The whole broker is this file, about 3,000 lines of code, 1,500 of them
+// The whole broker is this file, about 2,900 lines of code, 1,500 of them
 // on the first reading, which takes about 4.5 hours at 150 words of prose
 // and 8 lines of code a minute. You follow a message: options and
 // frames; the broker and its topics; the log, which gives a message its
@@ -41,8 +41,7 @@
 // back-pressure; subscribing; publishing and fan-out; acknowledgements;
 // retries and dead letters; replay; shutdown; helpers. Sections marked
 // "(detail)" hold what you may skip the first time: logins, the
-// hand-written frame reader, the writer's own framing, the queues'
-// memory, durable cursors, topic rules, confirms, the delivery encoder,
+// writer's own framing, the queues' memory, durable cursors, topic rules, confirms, the delivery encoder,
 // the x-ray and, at the end, retention, the seqs reserved on disk, group
 // commit, the shared log and the bbolt store. Wherever the first reading
 // calls into a detail, it says in a line what the call does, so you can
@@ -87,7 +86,6 @@ import (
 	"hash/crc32"
 	"log/slog"
 	"maps"
-	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -1168,6 +1166,19 @@ func (c *connection) read() (*bytes.Buffer, bool) {
 	return buffer, true
 }
 
+// readBufferPool holds the buffers frames are read into, shared by every
+// connection's reader: an idle connection holds none, and a busy one
+// takes one only while a frame is being read and handled.
+var readBufferPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// recycle hands a read buffer back to the pool. One that grew past 64 KiB
+// for a large frame is left to the garbage collector instead.
+func recycle(buffer *bytes.Buffer) {
+	if buffer.Cap() <= 64<<10 {
+		readBufferPool.Put(buffer)
+	}
+}
+
 // handle decodes one frame and answers it. A bad frame costs the client
 // an error frame, never its connection.
 func (c *connection) handle(data []byte) {
@@ -1202,11 +1213,12 @@ func (c *connection) handle(data []byte) {
 // decodeFrame parses one frame, or explains what is wrong with it. data
 // is valid UTF-8, and is not kept: the caller may reuse it.
 func decodeFrame(data []byte) (frame, reply) {
-	// The common shape is read by hand, in one pass (scanFrame);
-	// anything else by encoding/json. Unknown fields are ignored, as the
+	// The common shape is read by hand, in one pass: wire.Scan returns
+	// the frame encoding/json would decode, or false, and then
+	// encoding/json decodes it. Unknown fields are ignored, as the
 	// original did: a newer client may send fields this broker does not
 	// know yet.
-	f, ok := scanFrame(data)
+	f, ok := wire.Scan(data)
 	if !ok {
 		var err error
 		if f, err = unmarshalFrame(data); err != nil {
@@ -1681,227 +1693,6 @@ func (t *loginThrottle) forgetQuietest() {
 	for _, key := range keys[:len(keys)/10] {
 		delete(t.failures, key)
 	}
-}
-
-// # Reading frames by hand (detail)
-//
-// With one subscriber, decoding the publish frame with encoding/json was
-// a quarter of the broker's CPU per message: it validates the whole frame
-// byte by byte, then decodes it again through reflection. scanFrame reads
-// the shape clients actually send, a flat object of known keys with
-// plain strings, unsigned integers, booleans and any JSON payload, in one
-// pass, checking the payload as it goes: about 250 ns for a publish frame
-// against 1,100 ns, a microsecond a publish that a broker with one
-// subscriber per topic pays on every delivery. Anything else (an escape
-// in a string field, a null, a list, a float, an unknown key) makes it
-// give up, and encoding/json decodes the frame instead, and explains what
-// is wrong with a bad one. So the fast path never has to be right about
-// an error, only about a frame it accepts: fuzz tests check that it reads
-// every such frame exactly as encoding/json does, and accepts a payload
-// exactly when json.Valid does.
-
-// readBufferPool holds the buffers frames are read into, shared by every
-// connection's reader: an idle connection holds none, and a busy one
-// takes one only while a frame is being read and handled.
-var readBufferPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-// recycle hands a read buffer back to the pool. One that grew past 64 KiB
-// for a large frame is left to the garbage collector instead.
-func recycle(buffer *bytes.Buffer) {
-	if buffer.Cap() <= 64<<10 {
-		readBufferPool.Put(buffer)
-	}
-}
-
-// scanner reads one frame from data, at pos. Every method that reads a
-// token moves pos past it and reports whether it was what was wanted;
-// none of them allocates but for the strings it returns.
-type scanner struct {
-	data []byte // the frame, valid UTF-8; the reader's buffer
-	pos  int    // the next byte to read
-}
-
-// scanFrame decodes the common shape of a frame, or reports false. data
-// must be valid UTF-8, which connection.read checks.
-func scanFrame(data []byte) (frame, bool) {
-	// A frame is one object: keys and values separated by commas. An
-	// empty object is a frame too, with no type, which decodeFrame
-	// refuses as it would any other.
-	var f frame
-	s := scanner{data: data}
-	if !s.next('{') {
-		return f, false
-	}
-	if !s.next('}') {
-		for more := true; more; more = s.next(',') {
-			key, ok := s.text()
-			if !ok || !s.next(':') || !s.field(&f, string(key)) {
-				return f, false
-			}
-		}
-		if !s.next('}') {
-			return f, false
-		}
-	}
-	// Nothing but whitespace may follow the object.
-	s.space()
-	return f, s.pos == len(data)
-}
-
-// field reads the value of key into f. Only the keys of publish and ack
-// frames, the ones that come once per message, are read here; any other
-// (auth's token, subscribe's after) reports false, and its rare frame
-// goes to encoding/json.
-func (s *scanner) field(f *frame, key string) bool {
-	// The keys are matched exactly, as they are sent: encoding/json also
-	// takes "Type" for "type", and so such a frame goes to it.
-	switch key {
-	case "type":
-		return s.textInto(&f.Type)
-	case "topic":
-		return s.textInto(&f.Topic)
-	case "message_id":
-		return s.textInto(&f.MessageID)
-	case "seq":
-		return s.numberInto(&f.Seq)
-	case "qos":
-		n, ok := s.number()
-		f.QoS = int(n)
-		return ok && n <= math.MaxInt32
-	case "payload":
-		// A copy, as encoding/json makes: data is the reader's buffer.
-		value, ok := s.value()
-		f.Payload = bytes.Clone(value)
-		return ok
-	}
-	return false
-}
-
-// textInto reads a string into field.
-func (s *scanner) textInto(field *string) bool {
-	value, ok := s.text()
-	*field = string(value)
-	return ok
-}
-
-// numberInto reads an unsigned integer into field, which it allocates:
-// a field that is absent stays nil.
-func (s *scanner) numberInto(field **uint64) bool {
-	n, ok := s.number()
-	*field = &n
-	return ok
-}
-
-// space skips JSON's whitespace.
-func (s *scanner) space() {
-	for s.pos < len(s.data) && blank[s.data[s.pos]] {
-		s.pos++
-	}
-}
-
-// blank marks JSON's whitespace, for a lookup as fast as a switch.
-var blank = [256]bool{' ': true, '\t': true, '\n': true, '\r': true}
-
-// next consumes c, after any whitespace, if it comes next.
-func (s *scanner) next(c byte) bool {
-	s.space()
-	if s.pos < len(s.data) && s.data[s.pos] == c {
-		s.pos++
-		return true
-	}
-	return false
-}
-
-// text reads a string with no escapes and no control characters, and
-// returns its bytes, which are then exactly its value.
-func (s *scanner) text() ([]byte, bool) {
-	// A string with an escape would have to be unescaped, and a control
-	// character is an error to report: both are encoding/json's.
-	if !s.next('"') {
-		return nil, false
-	}
-	start := s.pos
-	for ; s.pos < len(s.data); s.pos++ {
-		switch c := s.data[s.pos]; {
-		case c == '"':
-			s.pos++
-			return s.data[start : s.pos-1], true
-		case c == '\\' || c < 0x20:
-			return nil, false
-		}
-	}
-	return nil, false
-}
-
-// number reads an unsigned integer in JSON's form: digits, with no
-// leading zero, and no sign, fraction or exponent (end refuses what
-// follows them); strconv refuses an overflow.
-func (s *scanner) number() (uint64, bool) {
-	// Digits first; whether they make a number JSON accepts is decided
-	// after, from what they are and what follows them.
-	s.space()
-	start := s.pos
-	for s.pos < len(s.data) && s.data[s.pos] >= '0' && s.data[s.pos] <= '9' {
-		s.pos++
-	}
-	digits := s.data[start:s.pos]
-	if len(digits) == 0 || digits[0] == '0' && len(digits) > 1 || !s.end() {
-		return 0, false
-	}
-	n, err := strconv.ParseUint(string(digits), 10, 64)
-	return n, err == nil
-}
-
-// end reports whether a number ended where a value may end: at the end
-// of the data, at whitespace, or at the punctuation after a value.
-// Without it, "12a" would read as 12.
-func (s *scanner) end() bool {
-	return s.pos == len(s.data) || blank[s.data[s.pos]] ||
-		strings.IndexByte(",}]", s.data[s.pos]) >= 0
-}
-
-// value reads any JSON value but null and returns its bytes. Its end is
-// found by a walk that knows only strings and brackets, and json.Valid
-// then checks what the walk found: the standard library's checker, in
-// one pass over the payload, stays the judge of what JSON is. null is
-// left to encoding/json, which gives a RawMessage its own meaning for it.
-// Checking every token by hand here saved a further 150 ns a publish,
-// and cost a hundred lines.
-func (s *scanner) value() ([]byte, bool) {
-	s.space()
-	start, depth := s.pos, 0
-	for ; s.pos < len(s.data); s.pos++ {
-		switch c := s.data[s.pos]; {
-		case c == '"':
-			s.skipString()
-		case c == '{' || c == '[':
-			depth++
-		case depth == 0 && (c == ',' || c == '}' || c == ']'):
-			return s.checked(start)
-		case c == '}' || c == ']':
-			depth--
-		}
-	}
-	return s.checked(start)
-}
-
-// skipString moves to the closing quote of the string that starts at
-// pos, past escaped quotes. What lies between, json.Valid checks.
-func (s *scanner) skipString() {
-	for s.pos++; s.pos < len(s.data) && s.data[s.pos] != '"'; s.pos++ {
-		if s.data[s.pos] == '\\' {
-			s.pos++
-		}
-	}
-}
-
-// checked returns the value from start to pos, and whether it is JSON
-// other than null.
-func (s *scanner) checked(start int) ([]byte, bool) {
-	// A backslash at the very end leaves pos one past it.
-	s.pos = min(s.pos, len(s.data))
-	value := bytes.TrimRight(s.data[start:s.pos], " \t\r\n")
-	return value, len(value) > 0 && value[0] != 'n' && json.Valid(value)
 }
 
 // # The outbox and back-pressure
