@@ -232,6 +232,86 @@ func BenchmarkLoginFlood(b *testing.B) {
 	}
 }
 
+// BenchmarkLoginBesideGuessers is alice logging in, on a fresh
+// connection from the same address, while eight sockets guess her
+// password, each guessing again as soon as it hears its answer and
+// reconnecting when it is closed: the time to her token, and how many of
+// her logins were refused. Run it with -benchtime=10x: each login costs
+// a real hash, a quarter of a second of a core.
+func BenchmarkLoginBesideGuessers(b *testing.B) {
+	hash, err := HashPassword("correct horse")
+	if err != nil {
+		b.Fatal(err)
+	}
+	broker, err := New(Options{Secret: testSecret, Store: newMemoryStore(),
+		Logger: quietLogger, Users: map[string]User{"alice": {
+			PasswordHash: hash}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	server := httptest.NewServer(broker)
+	defer server.Close()
+	defer broker.Shutdown(context.Background())
+	url := "ws" + strings.TrimPrefix(server.URL, "http") + "/ws"
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	for range 8 {
+		go guessOnOneSocket(ctx, url)
+	}
+	time.Sleep(2 * time.Second) // the guessing under way
+	login := `{"type":"login","username":"alice","password":"correct horse"}`
+	var waits []time.Duration
+	refused := 0
+	for b.Loop() {
+		alice := dialRawBench(b, url)
+		start := time.Now()
+		writeFrame(b, alice, login)
+		_, data, err := alice.Read(ctx)
+		if err != nil || !bytes.Contains(data, []byte("login_response")) {
+			refused++
+		}
+		waits = append(waits, time.Since(start))
+		alice.CloseNow()
+		time.Sleep(500 * time.Millisecond)
+	}
+	slices.Sort(waits)
+	ms := func(d time.Duration) float64 { return d.Seconds() * 1000 }
+	b.ReportMetric(ms(waits[len(waits)/2]), "p50-ms")
+	b.ReportMetric(ms(waits[len(waits)-1]), "max-ms")
+	b.ReportMetric(float64(refused), "refused")
+}
+
+// guessOnOneSocket guesses alice's password on one socket, again as soon
+// as each answer comes, and on a new socket when the broker closes it,
+// until ctx ends.
+func guessOnOneSocket(ctx context.Context, url string) {
+	guess := []byte(`{"type":"login","username":"alice","password":"x"}`)
+	for ctx.Err() == nil {
+		ws, _, err := websocket.Dial(ctx, url, nil)
+		if err != nil {
+			continue
+		}
+		for ctx.Err() == nil {
+			if ws.Write(ctx, websocket.MessageText, guess) != nil {
+				break
+			}
+			if _, _, err := ws.Read(ctx); err != nil {
+				break
+			}
+		}
+		ws.CloseNow()
+	}
+}
+
+// dialRawBench connects a client that has not authenticated.
+func dialRawBench(b *testing.B, url string) *websocket.Conn {
+	ws, _, err := websocket.Dial(context.Background(), url, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ws
+}
+
 // guessUntil guesses alice's password on one socket after another until
 // ctx ends, authenticating first if authenticated is set, and hanging up
 // 50 ms after each guess.

@@ -41,9 +41,10 @@
 // back-pressure; subscribing; publishing and fan-out; acknowledgements;
 // retries and dead letters; replay; shutdown; helpers. Sections marked
 // "(detail)" hold what you may skip the first time: logins, the
-// writer's own framing, the queues' memory, durable cursors, topic rules, confirms, the delivery encoder,
-// the x-ray and, at the end, retention, the seqs reserved on disk, group
-// commit, the shared log and the bbolt store. Wherever the first reading
+// writer's own framing, the queues' memory, durable cursors, topic
+// rules, confirms, the delivery encoder, the x-ray and, at the end,
+// retention, the seqs reserved on disk, group commit, the shared log and
+// the bbolt store. Wherever the first reading
 // calls into a detail, it says in a line what the call does, so you can
 // skip the detail and still follow every line. The page at /source folds
 // the details away.
@@ -153,6 +154,11 @@ const (
 	// DefaultMaxInflightBytes bounds the same window in payload bytes:
 	// a thousand deliveries of 512 KiB would otherwise pin 512 MiB.
 	DefaultMaxInflightBytes = 16 << 20
+	// DefaultGroupWindow is how many QoS 1 jobs one member of a work
+	// queue may hold unacked: a worker that acks within a millisecond
+	// still does 32,000 jobs a second, and one that never acks holds 32
+	// jobs an ack timeout, not its share of the queue.
+	DefaultGroupWindow = 32
 	// DefaultWriteTimeout is how long one write to a socket may wait for
 	// a peer that does not read before the peer is cut off: NATS's
 	// write deadline. Shorter would cut off a phone on a slow network.
@@ -255,6 +261,10 @@ type Options struct {
 	// MaxInflightBytes bounds the sizes of those deliveries, in bytes.
 	// Zero: DefaultMaxInflightBytes, 16 MiB.
 	MaxInflightBytes int
+	// GroupWindow is how many unacked QoS 1 jobs one member of a group
+	// may hold; the group offers more to the others. Zero:
+	// DefaultGroupWindow, 32.
+	GroupWindow int
 	// WriteTimeout is how long one socket write may wait for the peer
 	// before it is cut off. Zero: DefaultWriteTimeout, 10 s.
 	WriteTimeout time.Duration
@@ -303,6 +313,7 @@ func (o Options) withDefaults() Options {
 	o.OutboxBytes = cmp.Or(o.OutboxBytes, DefaultOutboxBytes)
 	o.MaxInflight = cmp.Or(o.MaxInflight, DefaultMaxInflight)
 	o.MaxInflightBytes = cmp.Or(o.MaxInflightBytes, DefaultMaxInflightBytes)
+	o.GroupWindow = cmp.Or(o.GroupWindow, DefaultGroupWindow)
 	o.WriteTimeout = cmp.Or(o.WriteTimeout, DefaultWriteTimeout)
 	o.AuthTimeout = cmp.Or(o.AuthTimeout, DefaultAuthTimeout)
 	o.PingInterval = cmp.Or(o.PingInterval, DefaultPingInterval)
@@ -460,12 +471,13 @@ type Broker struct {
 	// upgrade until unregister.
 	open atomic.Int64
 	// logins remembers recent login failures by user and by address;
-	// hashing holds a token per password hash under way, and dummy is
-	// the hash an unknown user is checked against, which dummyHash
-	// makes on first use (all three in Logins, a detail).
-	logins  loginThrottle
-	hashing chan struct{}
-	dummy   func() string
+	// hashing holds a token per password hash under way, retrying one
+	// for the guess of a connection that failed before, which waits for
+	// a hash; dummy is the hash an unknown user is checked against,
+	// which dummyHash makes on first use (all in Logins, a detail).
+	logins            loginThrottle
+	hashing, retrying chan struct{}
+	dummy             func() string
 	// events queues up to eventQueue x-ray events for b.eventsLoop, which
 	// publishes them; watchers counts $sys subscriptions (no events are
 	// made without one); dropped counts events lost to a full queue;
@@ -538,9 +550,12 @@ func New(opts Options) (*Broker, error) {
 		topics: map[string]*topic{}, wildcards: map[*subscription]struct{}{},
 		connections: map[*connection]struct{}{}, groups: map[string]*group{},
 		durables: map[string]*subscription{}, stop: make(chan struct{}),
-		events:  make(chan wire.Event, eventQueue),
-		hashing: make(chan struct{}, max(runtime.GOMAXPROCS(0)/2, 1)),
-		dummy:   sync.OnceValue(func() string { return dummyHash(opts.Users) })}
+		events:   make(chan wire.Event, eventQueue),
+		hashing:  make(chan struct{}, max(runtime.GOMAXPROCS(0)/2, 1)),
+		retrying: make(chan struct{}, 1),
+		dummy: sync.OnceValue(func() string {
+			return dummyHash(opts.Users)
+		})}
 	b.shared, _ = opts.Store.(SharedLog)
 
 	// The index of every stored topic is rebuilt before the first client
@@ -843,8 +858,9 @@ type connection struct {
 	// expiry closes the connection when the token runs out; a fresh auth
 	// frame resets it.
 	expiry *time.Timer
-	// batch is set when the client opted into several objects a frame.
-	batch bool
+	// batch is set when the client opted into several objects a frame;
+	// loginFailed once a login on it failed (Logins). The reader's alone.
+	batch, loginFailed bool
 	// tokens and refilled are the publish rate limit's bucket; the
 	// reader goroutine's alone.
 	tokens   float64
@@ -1085,7 +1101,7 @@ func (c *connection) authenticate() bool {
 // accept checks the auth frame's token and, if it is good, starts the
 // session: the subject, the grants, and a timer for the token's expiry.
 func (c *connection) accept(f frame) bool {
-	claims, err := c.broker.verify(f.Token)
+	claims, err := c.broker.Verify(f.Token)
 	if err != nil {
 		// The parser's error says what was wrong, never the token.
 		c.broker.logger.Info("auth failed", "remote", c.remote, "err", err)
@@ -1093,7 +1109,7 @@ func (c *connection) accept(f frame) bool {
 		return false
 	}
 	// The session lasts as long as the token, plus the same leeway that
-	// verify allowed, so a token accepted is never closed at once.
+	// Verify allowed, so a token accepted is never closed at once.
 	c.mu.Lock()
 	c.subject, c.client = claims.Subject, f.Client
 	c.mu.Unlock()
@@ -1248,7 +1264,7 @@ func (c *connection) reauthenticate(f frame) {
 	// A bad token, or another subject's, is refused and changes nothing:
 	// the session goes on with the token it has. A connection is one
 	// identity for its whole life, or durable keys would mix.
-	claims, err := c.broker.verify(f.Token)
+	claims, err := c.broker.Verify(f.Token)
 	if err != nil || claims.Subject != c.subject {
 		c.reply(errorReply("auth_failed", "token refused (invalid, or "+
 			"another subject's): the connection keeps its own"))
@@ -1284,10 +1300,10 @@ func (c *Claims) UnmarshalJSON(data []byte) error {
 	return json.Unmarshal(data, (*plain)(c))
 }
 
-// verify checks a token: HS256 only (so neither alg none nor an RSA key
+// Verify checks a token: HS256 only (so neither alg none nor an RSA key
 // passed off as an HMAC secret gets through), exp and sub required, and
 // iss and aud when the broker is configured with them.
-func (b *Broker) verify(token string) (*Claims, error) {
+func (b *Broker) Verify(token string) (*Claims, error) {
 	// The length cap comes before parsing: a forged token cannot make the
 	// parser decode megabytes of base64.
 	if len(token) == 0 || len(token) > maxTokenBytes {
@@ -1373,12 +1389,15 @@ func (c *connection) keepalive() {
 //     answers to one user's or one address's failures leave one at a
 //     time, each held twice as long as the one before, up to four
 //     seconds, however many sockets ask (loginThrottle).
-//   - A guess whose wrong answer would leave after its connection's
-//     auth timeout, behind the answers still held for its address, is
-//     not hashed at all: nobody would hear the answer. The address
-//     decides, not the user, so a stranger cannot lock a user out
-//     everywhere; someone behind the attacker's address waits until the
-//     flood's answers have left.
+//   - A connection's first login is always hashed, and before the
+//     guesses of connections that failed already: of those, one at a
+//     time waits for a hash (Broker.retrying). So a user who logs in
+//     while strangers guess her password, from her own address even,
+//     waits for the hashes under way and one more, not for the flood.
+//   - A further guess, on a connection that failed before, whose wrong
+//     answer would leave after its auth timeout, behind the answers
+//     still held for its address, is not hashed at all: nobody would
+//     hear the answer.
 //   - Hashes take turns, half the cores at most (Broker.hashing), so a
 //     flood from many addresses costs the broker part of the machine,
 //     never all of it. The time a hash takes is the broker's, not the
@@ -1468,6 +1487,7 @@ func (c *connection) login(f frame, deadline *authDeadline) reply {
 		return reply{Type: "login_response", Token: token}
 	}
 	b.logger.Info("login failed", "user", f.Username, "remote", c.remote)
+	c.loginFailed = true
 	c.waitUntil(b.logins.fail(time.Now(), userKey, addressKey))
 	return refused
 }
@@ -1489,21 +1509,26 @@ func (c *connection) waitUntil(at time.Time) {
 
 // verifyPassword waits for a turn to hash, then checks password against
 // user's hash, with the auth timeout paused. checked is false if the
-// connection ended first, or if by its turn a wrong answer to a guess
-// from address would come too late to be heard: that guess is not
-// worth a hash.
+// connection ended first, or if, on a connection that failed before, by
+// its turn a wrong answer to a guess from address would come too late
+// to be heard: that guess is not worth a hash.
 func (c *connection) verifyPassword(user User, password, address string,
 	deadline *authDeadline) (right, checked bool) {
-	b := c.broker
-	select {
-	case b.hashing <- struct{}{}:
-	case <-c.done:
+	// A connection that failed before queues for a hash only through
+	// the guesses' one place, so first logins pass it in the queue.
+	b, guessing := c.broker, c.loginFailed
+	if guessing && !c.enter(b.retrying) {
 		return false, false
-	case <-b.stop:
+	}
+	entered := c.enter(b.hashing)
+	if guessing {
+		<-b.retrying
+	}
+	if !entered {
 		return false, false
 	}
 	defer func() { <-b.hashing }()
-	if deadline != nil && b.logins.tooLate(address, deadline.at) {
+	if guessing && deadline != nil && b.logins.tooLate(address, deadline.at) {
 		return false, false
 	}
 	resume, ok := deadline.pause()
@@ -1514,8 +1539,21 @@ func (c *connection) verifyPassword(user User, password, address string,
 	return checkPassword(user.PasswordHash, password), true
 }
 
+// enter takes a place in turns, a channel whose capacity is the places,
+// unless the connection ends or the broker stops first; it reports
+// whether it got one.
+func (c *connection) enter(turns chan struct{}) bool {
+	select {
+	case turns <- struct{}{}:
+		return true
+	case <-c.done:
+	case <-c.broker.stop:
+	}
+	return false
+}
+
 // loginToken signs a token for a user who logged in, with the user's
-// grants and the broker's issuer and audience, so verify accepts it.
+// grants and the broker's issuer and audience, so Verify accepts it.
 func (b *Broker) loginToken(name string, user User) (string, error) {
 	now := time.Now()
 	claims := Claims{Publish: user.Publish, Subscribe: user.Subscribe}
@@ -2233,13 +2271,16 @@ type subscription struct {
 	// A group's own feed, which reads the topic for all its members, is
 	// a subscription too, with a group and no conn (Work queues).
 	group *group
+	// jobs counts a member's QoS 1 deliveries not yet acked, against
+	// GroupWindow. Guarded by conn.mu.
+	jobs int
 }
 
 // subscribe answers a subscribe frame.
 func (c *connection) subscribe(f frame) {
 	// Checks run from the cheapest to the most specific, and the first
 	// failure is the one reported. validFilter explains what is wrong
-	// with a filter, isWildcard says it has + or #, and allowed whether
+	// with a filter, isWildcard says it has + or #, and Allowed whether
 	// the token's grants cover it (Topic rules, a detail).
 	if msg := validFilter(f.Topic); msg != "" {
 		c.reply(topicError("invalid_topic", msg, f.Topic))
@@ -2250,7 +2291,7 @@ func (c *connection) subscribe(f frame) {
 			"use after or last, and durable or group, not both", f.Topic))
 		return
 	}
-	if !allowed(c.claims.Subscribe, f.Topic) {
+	if !Allowed(c.claims.Subscribe, f.Topic) {
 		c.reply(topicError("forbidden", "token may not subscribe to "+
 			f.Topic, f.Topic))
 		return
@@ -2655,9 +2696,9 @@ func Covers(grant, filter string) bool {
 	}
 }
 
-// allowed reports whether grants permit filter. No grants at all (nil)
+// Allowed reports whether grants permit filter. No grants at all (nil)
 // means every ordinary topic; $-topics always need an explicit grant.
-func allowed(grants []string, filter string) bool {
+func Allowed(grants []string, filter string) bool {
 	if grants == nil {
 		return !strings.HasPrefix(filter, "$")
 	}
@@ -2693,7 +2734,7 @@ func (c *connection) publish(f frame) {
 	m, problem := newMessage(f)
 	switch {
 	case problem.Type != "":
-	case !allowed(c.claims.Publish, m.Topic):
+	case !Allowed(c.claims.Publish, m.Topic):
 		problem = topicError("forbidden", "token may not publish to "+
 			m.Topic, m.Topic)
 	case !c.allowPublish():
@@ -3089,7 +3130,7 @@ func (c *connection) deliver(s *subscription, m *Message, frame []byte,
 	if s.ended() {
 		return s.group == nil
 	}
-	if !c.windowHas(m, share) ||
+	if !c.windowHas(s, m, share) ||
 		!c.outbox.pushWithin(c.outbox.limit/share, wake, frame) {
 		return false
 	}
@@ -3098,13 +3139,16 @@ func (c *connection) deliver(s *subscription, m *Message, frame []byte,
 }
 
 // windowHas reports whether share of the in-flight window has room for
-// m, by count and by bytes, if it is QoS 1. An empty window takes one
+// m, by count and by bytes, if it is QoS 1, and, for a group's member s,
+// whether s holds fewer than GroupWindow jobs. An empty window takes one
 // message, however large. The caller holds c.mu.
-func (c *connection) windowHas(m *Message, share int) bool {
+func (c *connection) windowHas(s *subscription, m *Message, share int) bool {
 	o := c.broker.opts
-	return m.QoS == 0 || c.inflight == 0 ||
-		c.inflight < max(o.MaxInflight/share, 1) &&
-			c.inflightBytes+m.size() <= o.MaxInflightBytes/share
+	if m.QoS == 0 || s.group != nil && s.jobs >= o.GroupWindow {
+		return m.QoS == 0
+	}
+	return c.inflight == 0 || c.inflight < max(o.MaxInflight/share, 1) &&
+		c.inflightBytes+m.size() <= o.MaxInflightBytes/share
 }
 
 // record notes a delivery just queued to s: a pending entry if m is QoS
@@ -3148,6 +3192,7 @@ func (c *connection) owe(p pending) *pending {
 	if added {
 		c.inflight++
 		c.inflightBytes += p.message.size()
+		p.subscription.jobs++
 	}
 	return at
 }
@@ -3208,6 +3253,7 @@ func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 	for k := i; k < j; k++ {
 		p := &live[k]
 		c.inflightBytes -= p.message.size()
+		p.subscription.jobs--
 		c.broker.noteMessage(kind, c, p.message, p)
 		// Acks mostly come in order, so the seq is usually first in
 		// unacked and the search stops at once.
@@ -3310,6 +3356,7 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 		})
 		c.inflight -= n
 		c.inflightBytes -= n * p.message.size()
+		p.subscription.jobs -= n
 	}
 	return retries, dead, moves
 }
@@ -3748,7 +3795,7 @@ func (c *connection) take(s *subscription, p pending, must bool) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	frame := appendDelivery(nil, p.message, p.attempt)
-	if s.ended() || !must && !c.windowHas(p.message, 1) ||
+	if s.ended() || !must && !c.windowHas(s, p.message, 1) ||
 		!c.outbox.push(frame) && !must {
 		return false
 	}

@@ -230,6 +230,48 @@ func TestGroups_AMemberThatDoesNotAckLosesItsJobsToTheOthers(t *testing.T) {
 	}
 }
 
+func TestGroups_AMemberThatDoesNotAckIsGivenNoMoreThanItsWindow(t *testing.T) {
+	// The ack timeout is a minute: nothing moves by retry in this test,
+	// so whatever the idle member holds, it was given.
+	var acks ackedBy
+	ts := startBroker(t, Options{AckTimeout: time.Minute, GroupWindow: 4,
+		OnEvent: acks.watch("jobs")})
+	idleClient := ts.dial("idle")
+	idle := join(idleClient, "jobs", "workers", false, nil)
+	busy := join(ts.dial("busy"), "jobs", "workers", true, nil)
+	publisher := ts.dial("publisher")
+	const n = 200
+	for i := range n {
+		publisher.send(map[string]any{"type": "publish", "topic": "jobs",
+			"payload": i, "qos": 1})
+	}
+	waitUntil(t, "every job the idle member does not hold acked",
+		func() bool {
+			acked, _ := acks.count()
+			return acked == n-4
+		}, idle, busy)
+	if got := len(idle.deliveries()); got != 4 {
+		t.Fatalf("the idle member holds %d jobs, want its window of 4", got)
+	}
+
+	// One ack makes room for one more job, and no more.
+	first := idle.deliveries()[0]
+	frame, _ := json.Marshal(map[string]any{"type": "ack",
+		"message_id": first.MessageID, "topic": "jobs"})
+	idleClient.ws.Write(context.Background(), websocket.MessageText, frame)
+	publisher.publish("jobs", "one more", 1, "")
+	publisher.publish("jobs", "and another", 1, "")
+	waitUntil(t, "both new jobs delivered", func() bool {
+		all := append(firstSeqs(idle.deliveries()),
+			firstSeqs(busy.deliveries())...)
+		return slices.Contains(all, n+1) && slices.Contains(all, n+2)
+	}, idle, busy)
+	if got := len(idle.deliveries()); got > 5 {
+		t.Errorf("after one ack the idle member holds %d jobs, want at "+
+			"most 5 in all", got)
+	}
+}
+
 func TestGroups_AMemberThatLeavesHandsOnItsJobsAtOnce(t *testing.T) {
 	// The ack timeout is a minute: anything that moves before it moved
 	// because its member left.

@@ -57,13 +57,18 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
+	"os"
+	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coder/websocket"
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub"
 	"github.com/popsub/popsub/wire"
 )
@@ -83,8 +88,19 @@ const (
 	DefaultIdle = 30 * time.Second
 	// DefaultMaxBody is the broker's default frame limit, 1 MiB.
 	DefaultMaxBody = 1 << 20
+	// DefaultMaxBodies bounds the bodies of every POST in flight
+	// together: what the broker's own queue for the log holds sixteen
+	// times over, so that a flood of large bodies costs at most this
+	// much, and a few copies of it on their way into the log.
+	DefaultMaxBodies = 16 << 20
+	// DefaultBodyTimeout is how long a POST's body may take to arrive:
+	// a second of a slow phone's upload of the largest body, ten times.
+	DefaultBodyTimeout = 10 * time.Second
+	// bodyWait is how long a POST waits for room in the bodies' budget
+	// before it hears 503.
+	bodyWait = time.Second
 	// maxPublishers bounds the open publisher sessions; a publisher past
-	// it gets a session for its one request.
+	// it gets a session for its requests alone.
 	maxPublishers = 1024
 	// retryMillis is what a stream tells EventSource to wait before it
 	// reconnects.
@@ -98,6 +114,13 @@ type Options struct {
 	// broker's MaxFrameBytes less room for the frame around the payload.
 	// A larger body is refused with 413.
 	MaxBody int64
+	// MaxBodies bounds the bytes of every POST body in flight together;
+	// a POST that finds no room for a second hears 503 with Retry-After.
+	// Zero: DefaultMaxBodies, 16 MiB.
+	MaxBodies int64
+	// BodyTimeout is how long a POST's body may take to arrive; a slower
+	// one is answered 408. Zero: DefaultBodyTimeout, 10 s.
+	BodyTimeout time.Duration
 	// Keepalive is how often an idle stream gets a ": keepalive" comment.
 	Keepalive time.Duration
 	// WriteTimeout bounds each write to a stream's reader; a reader that
@@ -108,29 +131,54 @@ type Options struct {
 	WriteTimeout time.Duration
 	// Idle is how long a publisher's session stays open between requests.
 	Idle time.Duration
+	// Origins lists the foreign origins whose pages may publish and
+	// stream, as the broker's OriginPatterns do for its WebSocket: host
+	// patterns such as "app.example.com" or "*.example.com" (path.Match),
+	// or whole origins with a scheme. Same-origin pages and clients that
+	// send no Origin (curl, servers) are always served. Nil: none.
+	Origins []string
 	// Logger receives the gateway's few log lines; nil means
 	// slog.Default().
 	Logger *slog.Logger
+}
+
+// Broker is what the gateway needs of a broker, which is normally a
+// *popsub.Broker: its WebSocket handler, of which every request's session
+// is a client, and its token check, which refuses a stranger before a
+// byte of its body is read.
+type Broker interface {
+	http.Handler
+	// Verify checks a token as the broker checks an auth frame's.
+	Verify(token string) (*popsub.Claims, error)
 }
 
 // Gateway serves POST and GET on /topics/{topic}. It is an http.Handler
 // for those two paths only; Close ends its streams and sessions.
 type Gateway struct {
 	opts     Options
+	broker   Broker
 	listener *pipeListener // the broker's end of every session
 	server   *http.Server  // serves the broker on listener
 	client   *http.Client  // dials the broker through listener
+	bodies   *budget       // room for POST bodies in flight
 
-	// mu guards publishers and streams, and closed.
+	// mu guards the maps below, and closed.
 	mu         sync.Mutex
 	publishers map[string]*publisher    // open sessions, by token and host
 	streams    map[*websocket.Conn]bool // open streams' sessions
-	closed     bool
+	// durables are the durable names an open stream holds, and
+	// takenOver those whose stream another session took over, when;
+	// both by subject, name and topic (see Streaming by GET).
+	durables  map[string]bool
+	takenOver map[string]time.Time
+	closed    bool
 }
 
-// New returns a gateway to broker, which is normally a *popsub.Broker.
-func New(broker http.Handler, opts Options) *Gateway {
+// New returns a gateway to broker.
+func New(broker Broker, opts Options) *Gateway {
 	opts.MaxBody = cmpOr(opts.MaxBody, DefaultMaxBody)
+	opts.MaxBodies = cmpOr(opts.MaxBodies, DefaultMaxBodies)
+	opts.BodyTimeout = cmpOr(opts.BodyTimeout, DefaultBodyTimeout)
 	opts.Keepalive = cmpOr(opts.Keepalive, DefaultKeepalive)
 	opts.WriteTimeout = cmpOr(opts.WriteTimeout, DefaultWriteTimeout)
 	opts.Idle = cmpOr(opts.Idle, DefaultIdle)
@@ -138,10 +186,12 @@ func New(broker http.Handler, opts Options) *Gateway {
 		opts.Logger = slog.Default()
 	}
 	l := &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
-	g := &Gateway{opts: opts, listener: l,
+	g := &Gateway{opts: opts, broker: broker, listener: l,
 		server:     &http.Server{Handler: broker},
+		bodies:     newBudget(opts.MaxBodies, bodyWait),
 		publishers: map[string]*publisher{},
-		streams:    map[*websocket.Conn]bool{}}
+		streams:    map[*websocket.Conn]bool{},
+		durables:   map[string]bool{}, takenOver: map[string]time.Time{}}
 	// Each dial is a fresh pipe: keep-alive would hand one request's
 	// pipe, and its client's address, to another.
 	g.client = &http.Client{Transport: &http.Transport{
@@ -159,22 +209,80 @@ func cmpOr[T int64 | time.Duration](value, otherwise T) T {
 	return value
 }
 
-// ServeHTTP publishes on POST and streams on GET.
+// ServeHTTP publishes on POST and streams on GET, and answers a CORS
+// preflight (OPTIONS) for the origins Options.Origins allows.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	topic := r.PathValue("topic")
 	if topic == "" {
 		topic = strings.TrimPrefix(r.URL.Path, "/topics/")
+	}
+	if !g.crossOrigin(w, r) {
+		refuse(w, refusal("forbidden_origin", "pages from "+
+			r.Header.Get("Origin")+" may not use this broker; the "+
+			"broker's --origins lists those that may"))
+		return
 	}
 	switch r.Method {
 	case http.MethodPost:
 		g.publish(w, r, topic)
 	case http.MethodGet:
 		g.stream(w, r, topic)
+	case http.MethodOptions:
+		w.Header().Set("Allow", "GET, POST, OPTIONS")
+		w.WriteHeader(http.StatusNoContent)
 	default:
-		w.Header().Set("Allow", "GET, POST")
+		w.Header().Set("Allow", "GET, POST, OPTIONS")
 		answer(w, http.StatusMethodNotAllowed, refusal("bad_request",
 			"use POST to publish or GET to subscribe"))
 	}
+}
+
+// # Other origins
+//
+// A page from another site, running in a user's browser, may publish and
+// stream only if its origin is listed in Options.Origins, as for the
+// broker's WebSocket: it is then answered with the CORS headers that let
+// the page read the answer, and its preflight is answered. Any other
+// foreign origin is refused with 403 before anything else happens, not
+// merely left unable to read the answer: a browser sends a simple POST
+// before it asks, and the publish would otherwise happen.
+
+// crossOrigin reports whether r may be served: it comes from no page,
+// from the broker's own origin, or from an allowed one, which then gets
+// the CORS headers.
+func (g *Gateway) crossOrigin(w http.ResponseWriter, r *http.Request) bool {
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return true
+	}
+	u, err := url.Parse(origin)
+	if err != nil || u.Host == "" {
+		return false
+	}
+	if strings.EqualFold(u.Host, r.Host) {
+		return true
+	}
+	if !slices.ContainsFunc(g.opts.Origins, func(pattern string) bool {
+		target := u.Host
+		if strings.Contains(pattern, "://") {
+			target = origin
+		}
+		ok, _ := path.Match(strings.ToLower(pattern), strings.ToLower(target))
+		return ok
+	}) {
+		return false
+	}
+	header := w.Header()
+	header.Set("Access-Control-Allow-Origin", origin)
+	header.Add("Vary", "Origin")
+	header.Set("Access-Control-Expose-Headers", "Retry-After")
+	if r.Method == http.MethodOptions {
+		header.Set("Access-Control-Allow-Methods", "GET, POST")
+		header.Set("Access-Control-Allow-Headers",
+			"Authorization, Content-Type, Last-Event-ID")
+		header.Set("Access-Control-Max-Age", "600")
+	}
+	return true
 }
 
 // Close ends every stream and closes every session. Streams hear an
@@ -202,15 +310,19 @@ func (g *Gateway) Close() {
 // statuses maps the broker's error codes to HTTP statuses; a code not
 // listed is a bad request.
 var statuses = map[string]int{
-	"unauthenticated": http.StatusUnauthorized,
-	"auth_failed":     http.StatusUnauthorized,
-	"token_expired":   http.StatusUnauthorized,
-	"forbidden":       http.StatusForbidden,
-	"too_large":       http.StatusRequestEntityTooLarge,
-	"rate_limited":    http.StatusTooManyRequests,
-	"store_failed":    http.StatusServiceUnavailable,
-	"unavailable":     http.StatusServiceUnavailable,
-	"internal":        http.StatusInternalServerError,
+	"unauthenticated":    http.StatusUnauthorized,
+	"auth_failed":        http.StatusUnauthorized,
+	"token_expired":      http.StatusUnauthorized,
+	"forbidden":          http.StatusForbidden,
+	"forbidden_origin":   http.StatusForbidden,
+	"durable_in_use":     http.StatusConflict,
+	"durable_taken_over": http.StatusConflict,
+	"timeout":            http.StatusRequestTimeout,
+	"too_large":          http.StatusRequestEntityTooLarge,
+	"rate_limited":       http.StatusTooManyRequests,
+	"store_failed":       http.StatusServiceUnavailable,
+	"unavailable":        http.StatusServiceUnavailable,
+	"internal":           http.StatusInternalServerError,
 }
 
 // frame is one frame from the broker, decoded and as it came, so that
@@ -256,7 +368,7 @@ func answer(w http.ResponseWriter, status int, f frame) {
 	switch status {
 	case http.StatusUnauthorized:
 		header.Set("WWW-Authenticate", `Bearer realm="popsub"`)
-	case http.StatusTooManyRequests:
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
 		header.Set("Retry-After", "1")
 	}
 	w.WriteHeader(status)
@@ -360,13 +472,26 @@ func (g *Gateway) open(r *http.Request, token, name string) (
 	reply, err := roundTrip(ctx, ws, hello)
 	if err != nil || reply.Type != "authenticated" {
 		ws.CloseNow()
+		// The gateway verified the token before it opened the session,
+		// so a session refused now was refused for being late: a broker
+		// too busy to answer in time, not a bad token.
+		if reply.Code == "auth_failed" || reply.Code == "unavailable" {
+			reply = refusal("unavailable", "the broker did not take the "+
+				"session in time; try again shortly")
+		}
 		return nil, reply, cmpErr(err, errRefused)
 	}
 	return ws, reply, nil
 }
 
-// errRefused says the broker answered a session's frame with an error.
-var errRefused = errors.New("gateway: refused")
+// Why a session or a stream ended.
+var (
+	// errRefused says the broker answered a session's frame with an
+	// error.
+	errRefused = errors.New("gateway: refused")
+	// errTakenOver says another session took a stream's durable name.
+	errTakenOver = errors.New("gateway: durable subscription taken over")
+)
 
 // cmpErr returns err, or otherwise when err is nil.
 func cmpErr(err, otherwise error) error {
@@ -436,79 +561,42 @@ func closed(err error) frame {
 // its answer anyway, and the answer is then the confirm with the seq.
 // With qos=0 the answer is 202 Accepted: the broker took the message,
 // and nothing says whether it reached the disk.
-
-// publisher is an open session that publishes for one token from one
-// host. Its lock makes requests on it take turns, so each request's
-// answer is the next frame that session gets. A goroutine reads the
-// session all the while, so the broker's keepalive pings are answered
-// between requests too.
-type publisher struct {
-	mu      sync.Mutex // held for one request
-	ws      *websocket.Conn
-	replies chan frame    // the reader's frames; closed when it ends
-	gone    chan struct{} // closed by retire: the reader stops
-	idle    *time.Timer   // retires the session after Options.Idle unused
-	key     string        // the publishers entry it is, or would be
-	ended   atomic.Bool   // the session failed; use another
-	once    sync.Once     // retires once
-}
-
-// read passes the session's frames to replies until the session ends,
-// the error frame that says why last.
-func (p *publisher) read() {
-	defer close(p.replies)
-	for {
-		f, err := next(context.Background(), p.ws)
-		if err != nil {
-			p.ended.Store(true)
-		}
-		select {
-		case p.replies <- f:
-		case <-p.gone:
-			return
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-// reply returns the session's next frame, or why there is none.
-func (p *publisher) reply(ctx context.Context) (frame, bool) {
-	select {
-	case f, ok := <-p.replies:
-		if !ok {
-			return refusal("unavailable", "the session ended"), false
-		}
-		return f, !f.ended
-	case <-ctx.Done():
-		p.ended.Store(true)
-		return refusal("unavailable", "no answer from the broker in "+
-			"time"), false
-	}
-}
-
-// publishFrame is the publish frame the gateway sends.
-type publishFrame struct {
-	Type      string          `json:"type"`
-	Topic     string          `json:"topic"`
-	Payload   json.RawMessage `json:"payload,omitempty"`
-	MessageID string          `json:"message_id"`
-	QoS       int             `json:"qos"`
-}
+//
+// A stranger is refused before a byte of its body is read: the token is
+// verified, and its grant for the topic checked, from the headers alone,
+// and a refusal closes the connection. Only then does the body take
+// room, from one budget for every request in flight (Options.MaxBodies):
+// a request that finds none waits a moment, then hears 503 with
+// Retry-After, so a flood of large bodies costs the budget, not the
+// machine. Reading the body has a deadline (Options.BodyTimeout), so a
+// body that never finishes holds its room for that long at most.
 
 // publish answers a POST.
 func (g *Gateway) publish(w http.ResponseWriter, r *http.Request,
 	topic string) {
 	token := wire.BearerToken(r.Header.Get("Authorization"))
-	if token == "" {
-		answer(w, http.StatusUnauthorized, refusal("unauthenticated",
-			"send the token as Authorization: Bearer TOKEN"))
+	if problem := g.authorize(token, "publish", topic); problem.Type != "" {
+		refuse(w, problem)
 		return
 	}
-	publish, problem := g.publishFrameOf(w, r, topic)
+	publish, problem := publishFrameOf(r, topic)
 	if problem.Type != "" {
-		answer(w, statusOf(problem), problem)
+		refuse(w, problem)
+		return
+	}
+	size, problem := g.bodySize(r)
+	if problem.Type != "" {
+		refuse(w, problem)
+		return
+	}
+	if !g.bodies.acquire(r.Context(), size) {
+		refuse(w, refusal("unavailable", "the broker has too many request "+
+			"bodies in flight; try again shortly"))
+		return
+	}
+	defer g.bodies.release(size)
+	if publish.Payload, problem = g.readBody(w, r); problem.Type != "" {
+		refuse(w, problem)
 		return
 	}
 	reply := g.publishOn(r, token, publish)
@@ -519,39 +607,105 @@ func (g *Gateway) publish(w http.ResponseWriter, r *http.Request,
 	answer(w, statusOf(reply), reply)
 }
 
-// publishFrameOf reads a POST's body and parameters into a publish
-// frame, or says what is wrong with them.
-func (g *Gateway) publishFrameOf(w http.ResponseWriter, r *http.Request,
-	topic string) (publishFrame, frame) {
+// authorize checks token, as the broker would, and its grant to act
+// ("publish" or "subscribe") on topic, and returns the refusal if any.
+func (g *Gateway) authorize(token, act, topic string) frame {
+	if token == "" {
+		return refusal("unauthenticated", "send the token as "+
+			"Authorization: Bearer TOKEN")
+	}
+	claims, err := g.broker.Verify(token)
+	switch {
+	case errors.Is(err, jwt.ErrTokenExpired):
+		return refusal("token_expired", "token expired")
+	case err != nil:
+		return refusal("auth_failed", "authentication failed")
+	}
+	grants := claims.Publish
+	if act == "subscribe" {
+		grants = claims.Subscribe
+	}
+	if !popsub.Allowed(grants, topic) {
+		return refusal("forbidden", "token may not "+act+" to "+topic)
+	}
+	return noProblem
+}
+
+// refuse answers a request the gateway will not serve, and closes its
+// connection: a stranger keeps no idle socket, and a body nobody read is
+// not read now.
+func refuse(w http.ResponseWriter, f frame) {
+	w.Header().Set("Connection", "close")
+	answer(w, statusOf(f), f)
+}
+
+// publishFrameOf reads a POST's parameters into a publish frame, or says
+// what is wrong with them.
+func publishFrameOf(r *http.Request, topic string) (publishFrame, frame) {
 	query := r.URL.Query()
 	publish := publishFrame{Type: "publish", Topic: topic, QoS: 1,
 		MessageID: query.Get("message_id")}
 	if q := query.Get("qos"); q != "" {
 		qos, err := strconv.Atoi(q)
-		if err != nil {
+		if err != nil || qos < 0 || qos > 1 {
 			return publish, refusal("invalid_qos", "qos must be 0 or 1")
 		}
 		publish.QoS = qos
 	}
-	// A message_id the caller did not give is made here, so that the
-	// answer to a QoS 0 publish can name it too.
+	if len(publish.MessageID) > maxMessageIDBytes {
+		return publish, refusal("invalid_message_id",
+			"message_id is longer than 256 bytes")
+	}
+	// A message_id the caller did not give is made here: every answer is
+	// matched to its request by it (see publisher).
 	if publish.MessageID == "" {
 		publish.MessageID = newID()
 	}
+	return publish, noProblem
+}
+
+// maxMessageIDBytes is the broker's limit on a message_id.
+const maxMessageIDBytes = 256
+
+// bodySize is the room a request's body needs: its Content-Length, or
+// the most a body may be when it does not say. A body that says it is
+// too large is refused unread.
+func (g *Gateway) bodySize(r *http.Request) (int64, frame) {
+	if r.ContentLength > g.opts.MaxBody {
+		return 0, refusal("too_large", fmt.Sprintf("the body is over %d "+
+			"bytes", g.opts.MaxBody))
+	}
+	if r.ContentLength < 0 {
+		return g.opts.MaxBody, noProblem
+	}
+	return r.ContentLength, noProblem
+}
+
+// readBody reads a POST's body within Options.BodyTimeout and returns it
+// as a payload, or says what is wrong with it.
+func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) (
+	json.RawMessage, frame) {
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Now().Add(g.opts.BodyTimeout))
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.opts.MaxBody))
+	rc.SetReadDeadline(time.Time{})
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
-		return publish, refusal("too_large", fmt.Sprintf("the body is "+
-			"over %d bytes", g.opts.MaxBody))
+		return nil, refusal("too_large", fmt.Sprintf("the body is over %d "+
+			"bytes", g.opts.MaxBody))
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return nil, refusal("timeout", fmt.Sprintf("the body did not "+
+			"arrive within %s", g.opts.BodyTimeout))
 	case err != nil:
-		return publish, refusal("bad_frame", "reading the body: "+err.Error())
+		return nil, refusal("bad_frame", "reading the body: "+err.Error())
+	case !utf8.Valid(body):
+		return nil, refusal("bad_frame", "the body must be UTF-8 text")
 	case len(bytes.TrimSpace(body)) > 0 && !json.Valid(body):
-		return publish, refusal("bad_frame", "the body must be one JSON "+
+		return nil, refusal("bad_frame", "the body must be one JSON "+
 			"value, such as \"hello\" or {\"n\":1}")
 	}
-	publish.Payload = bytes.TrimSpace(body)
-	return publish, noProblem
+	return bytes.TrimSpace(body), noProblem
 }
 
 // noProblem is the frame a check returns when it found nothing wrong.
@@ -564,6 +718,167 @@ func newID() string {
 	return hex.EncodeToString(b[:])
 }
 
+// budget is a number of bytes that requests take and give back, waiting
+// a moment for room when there is none.
+type budget struct {
+	mu    sync.Mutex
+	total int64         // bytes in all
+	room  int64         // bytes free; guarded by mu
+	freed chan struct{} // signalled, capacity one, when room grows
+	wait  time.Duration // how long acquire waits for room
+}
+
+// newBudget returns a budget of size bytes whose takers wait up to wait.
+func newBudget(size int64, wait time.Duration) *budget {
+	return &budget{total: size, room: size, freed: make(chan struct{}, 1),
+		wait: wait}
+}
+
+// acquire takes n bytes, waiting up to b.wait for room, and reports
+// whether it got them. A request larger than the whole budget gets it
+// when it is all free, so that no body the limits allow is refused for
+// ever.
+func (b *budget) acquire(ctx context.Context, n int64) bool {
+	timeout := time.NewTimer(b.wait)
+	defer timeout.Stop()
+	for {
+		b.mu.Lock()
+		if b.room >= n || b.room == b.total {
+			b.room -= n
+			b.mu.Unlock()
+			return true
+		}
+		b.mu.Unlock()
+		select {
+		case <-b.freed:
+		case <-timeout.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// release gives n bytes back and wakes a waiting request.
+func (b *budget) release(n int64) {
+	b.mu.Lock()
+	b.room += n
+	b.mu.Unlock()
+	select {
+	case b.freed <- struct{}{}:
+	default:
+	}
+}
+
+// Publishers: one session per token and host, shared by every request
+// on them. Requests do not take turns on it: each writes its publish as
+// it comes and waits for the answer that names its message_id (every
+// published and error frame does), so sixty-four requests on one token
+// are as fast as on sixty-four. A QoS 0 publish, which has no answer of
+// its own, is followed by a ping: the broker handles a session's frames
+// in order, so its pong, or an error naming the message first, answers
+// it. The order an HTTP publisher gets is the order its requests reach
+// the gateway: requests in flight at once have no order between them,
+// as on any HTTP server, and a request sent after another's answer
+// comes after it in the topic. The rate limit counts across every
+// request on the session, as it would on one socket.
+
+// publisher is an open session that publishes for one token from one
+// host. A goroutine reads the session all the while (read), so the
+// broker's keepalive pings are answered between requests too.
+type publisher struct {
+	ws  *websocket.Conn
+	key string // the publishers entry it is, or would be
+	// writing orders each request's frames, and so its place among the
+	// pongs: held while a request registers and writes.
+	writing sync.Mutex
+	// mu guards the fields below.
+	mu sync.Mutex
+	// waiting are the requests waiting for an answer, by topic and
+	// message_id, oldest first; pongs the QoS 0 requests in the order of
+	// their pings.
+	waiting map[string][]chan frame
+	pongs   []chan frame
+	// users counts requests under way; idle retires the session after
+	// Options.Idle with none.
+	users int
+	idle  *time.Timer
+	// ended is set once the session failed or was retired: new requests
+	// open another. done is closed when its reader ends, and why says
+	// why.
+	ended bool
+	done  chan struct{}
+	why   frame
+}
+
+// answerKey is how a request waits for its answer: topic and message_id.
+func answerKey(topic, id string) string { return topic + "\x00" + id }
+
+// read hands each answer to the request waiting for it until the
+// session ends; requests still waiting then hear why.
+func (p *publisher) read() {
+	for {
+		f, err := next(context.Background(), p.ws)
+		if err != nil {
+			p.mu.Lock()
+			p.ended, p.why = true, f
+			p.mu.Unlock()
+			close(p.done)
+			return
+		}
+		p.mu.Lock()
+		var to chan frame
+		if f.Type == "pong" && len(p.pongs) > 0 {
+			to, p.pongs = p.pongs[0], p.pongs[1:]
+		} else if queue := p.waiting[answerKey(f.Topic, f.MessageID)]; len(
+			queue) > 0 {
+			to = queue[0]
+			p.waiting[answerKey(f.Topic, f.MessageID)] = queue[1:]
+			if len(queue) == 1 {
+				delete(p.waiting, answerKey(f.Topic, f.MessageID))
+			}
+		}
+		p.mu.Unlock()
+		if to != nil {
+			to <- f // buffered: a request that gave up is not waited for
+		}
+	}
+}
+
+// send writes publish on the session and returns the channel its answer
+// comes on. A QoS 0 publish's pong comes on it too.
+func (p *publisher) send(ctx context.Context, publish publishFrame) (
+	chan frame, error) {
+	answers := make(chan frame, 2)
+	key := answerKey(publish.Topic, publish.MessageID)
+	data, _ := json.Marshal(publish)
+	p.writing.Lock()
+	defer p.writing.Unlock()
+	p.mu.Lock()
+	p.waiting[key] = append(p.waiting[key], answers)
+	if publish.QoS == 0 {
+		p.pongs = append(p.pongs, answers)
+	}
+	p.mu.Unlock()
+	if err := p.ws.Write(ctx, websocket.MessageText, data); err != nil {
+		return nil, err
+	}
+	if publish.QoS == 0 {
+		return answers, p.ws.Write(ctx, websocket.MessageText,
+			[]byte(`{"type":"ping"}`))
+	}
+	return answers, nil
+}
+
+// publishFrame is the publish frame the gateway sends.
+type publishFrame struct {
+	Type      string          `json:"type"`
+	Topic     string          `json:"topic"`
+	Payload   json.RawMessage `json:"payload,omitempty"`
+	MessageID string          `json:"message_id"`
+	QoS       int             `json:"qos"`
+}
+
 // publishOn publishes on the token's session and returns the broker's
 // answer.
 func (g *Gateway) publishOn(r *http.Request, token string,
@@ -573,34 +888,26 @@ func (g *Gateway) publishOn(r *http.Request, token string,
 		return reply
 	}
 	defer g.release(p)
-	data, _ := json.Marshal(publish)
 	ctx, cancel := context.WithTimeout(r.Context(), g.opts.WriteTimeout)
 	defer cancel()
-	if err := p.ws.Write(ctx, websocket.MessageText, data); err != nil {
-		p.ended.Store(true)
+	answers, err := p.send(ctx, publish)
+	if err != nil {
+		g.fail(p)
 		return closed(err)
 	}
-	// A QoS 0 publish has no answer of its own; the ping after it does,
-	// and any refusal of the publish comes before the pong, since the
-	// broker handles a session's frames in order.
-	if publish.QoS == 0 {
-		p.ws.Write(ctx, websocket.MessageText, []byte(`{"type":"ping"}`))
-	}
-	for {
-		reply, ok := p.reply(ctx)
-		switch {
-		case !ok:
-			return reply
-		case reply.Type == "pong":
+	select {
+	case reply := <-answers:
+		if reply.Type == "pong" {
 			return accepted(publish)
-		case reply.Type == "error" && publish.QoS == 0:
-			// Its pong follows; take it, so the next request starts
-			// clean.
-			p.reply(ctx)
-			return reply
-		case reply.Type == "published", reply.Type == "error":
-			return reply
 		}
+		return reply
+	case <-p.done:
+		return p.why
+	case <-ctx.Done():
+		// An answer that never came leaves the session's order in
+		// doubt: later requests open another.
+		g.fail(p)
+		return refusal("unavailable", "no answer from the broker in time")
 	}
 }
 
@@ -615,9 +922,9 @@ func accepted(publish publishFrame) frame {
 	return frame{Received: wire.Received{Type: "accepted"}, raw: raw}
 }
 
-// publisherFor returns the token's open session from r's host, locked
-// for one request, opening it if need be. On a refusal it returns nil
-// and the frame that says why.
+// publisherFor returns the token's open session from r's host, opening
+// it if need be, counted as in use until release. On a refusal it
+// returns nil and the frame that says why.
 func (g *Gateway) publisherFor(r *http.Request, token string) (*publisher,
 	frame) {
 	host, _, _ := net.SplitHostPort(r.RemoteAddr)
@@ -625,33 +932,27 @@ func (g *Gateway) publisherFor(r *http.Request, token string) (*publisher,
 	g.mu.Lock()
 	p := g.publishers[key]
 	g.mu.Unlock()
-	if p != nil {
-		p.mu.Lock()
-		if !p.ended.Load() {
-			p.idle.Stop()
-			return p, noProblem
-		}
-		p.mu.Unlock()
+	if p != nil && p.use() {
+		return p, noProblem
 	}
 
 	ws, reply, err := g.open(r, token, "http")
 	if err != nil {
 		return nil, reply
 	}
-	p = &publisher{ws: ws, key: key, replies: make(chan frame),
-		gone: make(chan struct{})}
-	p.idle = time.AfterFunc(g.opts.Idle, func() { g.retire(p) })
+	p = &publisher{ws: ws, key: key, waiting: map[string][]chan frame{},
+		done: make(chan struct{}), users: 1}
+	p.idle = time.AfterFunc(g.opts.Idle, func() { g.retireIdle(p) })
 	p.idle.Stop()
 	go p.read()
-	p.mu.Lock()
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
-		p.mu.Unlock()
 		go g.retire(p)
 		return nil, refusal("unavailable", "the broker is shutting down")
 	}
-	// A publisher past the bound gets this session for one request.
+	// A publisher past the bound gets this session for its requests
+	// alone; it closes when they end.
 	if old := g.publishers[key]; old != nil || len(g.publishers) <
 		maxPublishers {
 		g.publishers[key] = p
@@ -659,33 +960,69 @@ func (g *Gateway) publisherFor(r *http.Request, token string) (*publisher,
 	return p, noProblem
 }
 
-// release ends one request on p: the session waits for the next, or
-// closes if it failed or was not kept.
+// use counts one more request on p, unless p has ended.
+func (p *publisher) use() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return false
+	}
+	p.users++
+	p.idle.Stop()
+	return true
+}
+
+// release ends one request on p: with none left, the session waits for
+// the next, or closes if it failed or was not kept.
 func (g *Gateway) release(p *publisher) {
 	g.mu.Lock()
 	kept := g.publishers[p.key] == p
 	g.mu.Unlock()
-	defer p.mu.Unlock()
-	if p.ended.Load() || !kept {
-		g.retire(p)
-		return
+	p.mu.Lock()
+	p.users--
+	last, ended := p.users == 0, p.ended
+	if last && kept && !ended {
+		p.idle.Reset(g.opts.Idle)
 	}
-	p.idle.Reset(g.opts.Idle)
+	p.mu.Unlock()
+	if last && (ended || !kept) {
+		g.retire(p)
+	}
 }
 
-// retire closes p's session and forgets it. The close handshake goes on
-// in the background, so no request waits for it.
-func (g *Gateway) retire(p *publisher) {
+// fail marks p as failed: requests under way finish, new ones open
+// another session.
+func (g *Gateway) fail(p *publisher) {
+	p.mu.Lock()
+	p.ended = true
+	p.mu.Unlock()
 	g.mu.Lock()
 	if g.publishers[p.key] == p {
 		delete(g.publishers, p.key)
 	}
 	g.mu.Unlock()
-	p.once.Do(func() {
-		p.idle.Stop()
-		close(p.gone)
-		go p.ws.Close(websocket.StatusNormalClosure, "")
-	})
+}
+
+// retireIdle retires p after Options.Idle unused, unless a request took
+// it meanwhile.
+func (g *Gateway) retireIdle(p *publisher) {
+	p.mu.Lock()
+	busy := p.users > 0
+	if !busy {
+		p.ended = true
+	}
+	p.mu.Unlock()
+	if !busy {
+		g.retire(p)
+	}
+}
+
+// retire closes p's session and forgets it. The close handshake goes on
+// in the background, so no request waits for it.
+func (g *Gateway) retire(p *publisher) {
+	g.fail(p)
+	p.idle.Stop()
+	go p.ws.Close(websocket.StatusNormalClosure, "")
 }
 
 // # Streaming by GET
@@ -716,16 +1053,30 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request,
 	topic string) {
 	token := cmp.Or(wire.BearerToken(r.Header.Get("Authorization")),
 		r.URL.Query().Get("access_token"))
-	if token == "" {
-		answer(w, http.StatusUnauthorized, refusal("unauthenticated",
-			"send the token as Authorization: Bearer TOKEN, or, from "+
-				"EventSource, as ?access_token=TOKEN"))
+	if problem := g.authorize(token, "subscribe", topic); problem.Type != "" {
+		if problem.Code == "unauthenticated" {
+			problem = refusal("unauthenticated", "send the token as "+
+				"Authorization: Bearer TOKEN, or, from EventSource, as "+
+				"?access_token=TOKEN")
+		}
+		refuse(w, problem)
 		return
 	}
 	subscribe, problem := subscribeFrameOf(r, topic)
 	if problem.Type != "" {
 		answer(w, statusOf(problem), problem)
 		return
+	}
+	durable := ""
+	if subscribe.Durable != "" {
+		claims, _ := g.broker.Verify(token)
+		durable = strings.Join([]string{claims.Subject, subscribe.Durable,
+			topic}, "\x00")
+		if problem := g.own(durable, r); problem.Type != "" {
+			answer(w, statusOf(problem), problem)
+			return
+		}
+		defer g.disown(durable)
 	}
 	ws, reply, err := g.open(r, token, "sse")
 	if err != nil {
@@ -751,7 +1102,57 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request,
 	s := &eventStream{w: w, rc: http.NewResponseController(w),
 		timeout: g.opts.WriteTimeout, ids: !strings.ContainsAny(topic, "+#")}
 	s.start(reply)
-	g.pump(r.Context(), ws, s)
+	if g.pump(r.Context(), ws, s) == errTakenOver && durable != "" {
+		g.mu.Lock()
+		g.takenOver[durable] = time.Now()
+		g.mu.Unlock()
+	}
+}
+
+// A durable name has one owner at a time. The broker's rule is that the
+// newest claim wins, which suits a socket that reconnects after its old
+// connection died unnoticed; but EventSource reconnects by itself, a
+// second after any end, so two tabs on one name would take it from each
+// other every second, each seeing half the messages. So the gateway
+// refuses a second stream on a name an open stream holds (409,
+// durable_in_use), and a stream whose name another session took over
+// does not come back: its reconnect, which carries Last-Event-ID, is
+// refused for a minute (409, durable_taken_over), and EventSource stops.
+// A new page, which sends no Last-Event-ID, may claim the name again.
+
+// takenOverFor is how long a stream's reconnect is refused after another
+// session took its durable name over.
+const takenOverFor = time.Minute
+
+// own claims durable for r's stream, or says why it may not.
+func (g *Gateway) own(durable string, r *http.Request) frame {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for key, at := range g.takenOver {
+		if time.Since(at) > takenOverFor {
+			delete(g.takenOver, key)
+		}
+	}
+	_, taken := g.takenOver[durable]
+	switch {
+	case g.durables[durable]:
+		return refusal("durable_in_use", "another stream holds this "+
+			"durable subscription; close it first")
+	case taken && r.Header.Get("Last-Event-ID") != "":
+		return refusal("durable_taken_over", "another session took this "+
+			"durable subscription over; open the page again to take it "+
+			"back")
+	}
+	delete(g.takenOver, durable)
+	g.durables[durable] = true
+	return noProblem
+}
+
+// disown gives durable up when its stream ends.
+func (g *Gateway) disown(durable string) {
+	g.mu.Lock()
+	delete(g.durables, durable)
+	g.mu.Unlock()
 }
 
 // subscribeFrame is the subscribe frame a stream sends.
@@ -808,7 +1209,9 @@ func (g *Gateway) untrack(ws *websocket.Conn) {
 }
 
 // pump copies deliveries from the session to the stream until either
-// ends, acking each QoS 1 delivery once it is written.
+// ends, acking each QoS 1 delivery once it is written, and returns why
+// the stream ended: errTakenOver if another session took its durable
+// name.
 //
 // One goroutine reads the session and hands each frame over an
 // unbuffered channel, so that it reads no further than the stream has
@@ -817,7 +1220,7 @@ func (g *Gateway) untrack(ws *websocket.Conn) {
 // reads on from the log, and cuts the session off with 4008 if the log
 // drops what it has not sent).
 func (g *Gateway) pump(ctx context.Context, ws *websocket.Conn,
-	s *eventStream) {
+	s *eventStream) error {
 	frames := make(chan frame)
 	ended := make(chan frame, 1)
 	go func() {
@@ -843,14 +1246,14 @@ func (g *Gateway) pump(ctx context.Context, ws *websocket.Conn,
 			err = s.deliver(ctx, ws, f)
 		case f := <-ended:
 			s.end(g.why(f))
-			return
+			return nil
 		case <-keepalive.C:
 			err = s.comment("keepalive")
 		case <-ctx.Done():
-			return
+			return ctx.Err()
 		}
 		if err != nil {
-			return
+			return err
 		}
 	}
 }
@@ -910,7 +1313,7 @@ func (s *eventStream) deliver(ctx context.Context, ws *websocket.Conn,
 		// A durable subscription taken over by another session ends
 		// this stream.
 		s.event("", "unsubscribed", f)
-		return errRefused
+		return errTakenOver
 	default:
 		return s.event("", f.Type, f)
 	}

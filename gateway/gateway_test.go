@@ -54,8 +54,16 @@ func (f panicsFail) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// start serves a broker with opts, the gateway with gopts, on 127.0.0.1.
+// start serves a broker with opts, the gateway with gopts, on 127.0.0.1,
+// behind the door the command serves with.
 func start(t *testing.T, opts popsub.Options, gopts Options) *server {
+	t.Helper()
+	return startBehind(t, opts, gopts, DoorOptions{}, 0)
+}
+
+// startBehind is start with the door's options, and a cap on sockets.
+func startBehind(t *testing.T, opts popsub.Options, gopts Options,
+	door DoorOptions, sockets int) *server {
 	t.Helper()
 	store, err := popsub.OpenBolt(filepath.Join(t.TempDir(), "test.db"), nil)
 	if err != nil {
@@ -82,7 +90,10 @@ func start(t *testing.T, opts popsub.Options, gopts Options) *server {
 	mux.Handle("/ws", s.broker)
 	mux.Handle("/topics/{topic...}", s.gateway)
 	web := httptest.NewUnstartedServer(mux)
+	door.Logger = quiet
+	web.Config = NewServer(mux, door)
 	web.Config.ErrorLog = log.New(panicsFail{t}, "", 0)
+	web.Listener = Limit(web.Listener, sockets)
 	web.Start()
 	s.url = web.URL
 	t.Cleanup(func() {
@@ -156,6 +167,10 @@ func TestPublish_AnswersWithTheFrameAndAFittingStatus(t *testing.T) {
 	s := start(t, popsub.Options{PublishRate: 1}, Options{MaxBody: 64})
 	alice := token(t, "alice", nil, nil)
 	sensor := token(t, "sensor", []string{"sensors/#"}, nil)
+	claims := popsub.Claims{}
+	claims.Subject = "alice"
+	claims.ExpiresAt = jwt.NewNumericDate(time.Now().Add(-time.Minute))
+	expired, _ := claims.Sign(testSecret)
 
 	cases := []struct {
 		name, topic, query, token, body string
@@ -169,8 +184,12 @@ func TestPublish_AnswersWithTheFrameAndAFittingStatus(t *testing.T) {
 			"auth_failed"},
 		{"a topic outside the grant is 403", "chat", "", sensor, `1`, 403,
 			"forbidden"},
-		{"a body that is not JSON is 400", "chat", "", sensor, `{`, 400,
+		{"a body that is not JSON is 400", "sensors/a", "", sensor, `{`, 400,
 			"bad_frame"},
+		{"a body that is not UTF-8 is 400", "sensors/a", "", sensor,
+			"\"\xff\"", 400, "bad_frame"},
+		{"an expired token is 401", "chat", "", expired, `1`, 401,
+			"token_expired"},
 		{"a wildcard topic is 400", "sensors/+", "", sensor, `1`, 400,
 			"invalid_topic"},
 		{"a qos of 2 is 400", "sensors/a", "?qos=2", sensor, `1`, 400,

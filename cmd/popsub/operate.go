@@ -28,6 +28,9 @@ type operations struct {
 	subscriptions prometheus.Gauge
 	commitTime    prometheus.Histogram
 	commitSize    prometheus.Histogram
+	// handshakes counts TLS handshakes that failed, which the log sums
+	// up once a second.
+	handshakes prometheus.Counter
 
 	store    popsub.Store // asked by /readyz whether the log answers
 	stopping atomic.Bool  // set once a shutdown begins
@@ -70,8 +73,11 @@ func newOperations(store popsub.Store) *operations {
 	o.commitSize = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "popsub_commit_messages", Help: "messages in one batch",
 		Buckets: prometheus.ExponentialBuckets(1, 4, 7)})
+	o.handshakes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "popsub_tls_handshake_errors_total",
+		Help: "TLS handshakes that failed: scans, and clients that hung up"})
 	o.registry.MustRegister(o.connections, o.subscriptions, o.commitTime,
-		o.commitSize, collectors.NewGoCollector(),
+		o.commitSize, o.handshakes, collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return o
 }
@@ -96,6 +102,9 @@ func (o *operations) observe(e wire.Event) {
 		o.commitSize.Observe(float64(e.Messages))
 	}
 }
+
+// handshakeFailed counts a failed TLS handshake.
+func (o *operations) handshakeFailed() { o.handshakes.Inc() }
 
 // watch adds what is read from the broker at each scrape: the
 // deliveries, which the broker counts itself rather than reporting each

@@ -77,10 +77,23 @@ func serve(ctx context.Context, args []string, stdout,
 
 	// The address first: a busy port must not leave a database behind.
 	// With a certificate, the same port speaks TLS: https and wss.
+	// The pages' folder before anything is opened: a mistyped --pages
+	// is a mistake to hear about at once.
+	var pages *os.Root
+	if cfg.pages != "" {
+		if pages, err = os.OpenRoot(cfg.pages); err != nil {
+			return fmt.Errorf("--pages: %w", err)
+		}
+		defer pages.Close()
+	}
+
+	// --max-connections caps sockets of every kind, WebSocket or HTTP,
+	// here below TLS, as the broker caps its sessions.
 	listener, err := listen(cfg.addr)
 	if err != nil {
 		return err
 	}
+	listener = gateway.Limit(listener, cfg.options.MaxConnections)
 	if listener, err = withTLS(listener, cfg.tlsCert, cfg.tlsKey); err != nil {
 		return err
 	}
@@ -113,10 +126,11 @@ func serve(ctx context.Context, args []string, stdout,
 		MaxBody: cmp.Or(cfg.options.MaxFrameBytes,
 			popsub.DefaultMaxFrameBytes) - 1024,
 		WriteTimeout: 2 * cmp.Or(cfg.options.WriteTimeout,
-			popsub.DefaultWriteTimeout)})
+			popsub.DefaultWriteTimeout),
+		Origins: cfg.options.OriginPatterns})
 	handler := routes(broker, topics, page, ops)
-	if cfg.pages != "" {
-		handler = withPages(handler, cfg.pages)
+	if pages != nil {
+		handler = withPages(handler, pages)
 	}
 	return serveUntilDone(ctx, listener, handler, broker, ops, logger,
 		topics.Close)
@@ -337,8 +351,8 @@ func commandName() string {
 func serveUntilDone(ctx context.Context, listener net.Listener,
 	handler http.Handler, broker *popsub.Broker, ops *operations,
 	logger *slog.Logger, onShutdown func()) error {
-	server := &http.Server{Handler: handler,
-		ReadHeaderTimeout: 10 * time.Second}
+	server := gateway.NewServer(handler, gateway.DoorOptions{Logger: logger,
+		OnHandshakeError: ops.handshakeFailed})
 	server.RegisterOnShutdown(onShutdown)
 	failed := make(chan error, 1)
 	go func() { failed <- server.Serve(listener) }()
@@ -399,23 +413,46 @@ var pageKinds = map[string]bool{".html": true, ".js": true, ".mjs": true,
 
 // withPages serves the pages in folder at /pages/, beside handler. The
 // pages share the broker's origin, so their sockets need no --origins.
-func withPages(handler http.Handler, folder string) http.Handler {
-	files := http.StripPrefix("/pages/", http.FileServerFS(os.DirFS(folder)))
+// The folder is opened as an os.Root, so that no path, and no symbolic
+// link, leads out of it; a folder's address serves its index.html, and
+// a folder is never listed.
+func withPages(handler http.Handler, root *os.Root) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", handler)
+	mux.Handle("GET /pages", http.RedirectHandler("/pages/",
+		http.StatusMovedPermanently))
 	mux.HandleFunc("GET /pages/{path...}", func(w http.ResponseWriter,
 		r *http.Request) {
-		path := r.PathValue("path")
-		hidden := strings.HasPrefix(path, ".") ||
-			strings.Contains(path, "/.")
-		if hidden || !pageKinds[strings.ToLower(filepath.Ext(path))] {
-			http.Error(w, "--pages serves pages (.html, .js, .css, "+
-				"pictures), not "+path, http.StatusNotFound)
-			return
-		}
-		files.ServeHTTP(w, r)
+		servePage(w, r, root, r.PathValue("path"))
 	})
 	return mux
+}
+
+// servePage serves the file at name inside root, index.html for a
+// folder, if it is a page.
+func servePage(w http.ResponseWriter, r *http.Request, root *os.Root,
+	name string) {
+	if name == "" || strings.HasSuffix(name, "/") {
+		name += "index.html"
+	}
+	hidden := strings.HasPrefix(name, ".") || strings.Contains(name, "/.")
+	if hidden || !pageKinds[strings.ToLower(filepath.Ext(name))] {
+		http.Error(w, "--pages serves pages (.html, .js, .css, "+
+			"pictures), not "+name, http.StatusNotFound)
+		return
+	}
+	file, err := root.Open(name)
+	if err != nil {
+		http.Error(w, "no page "+name, http.StatusNotFound)
+		return
+	}
+	defer file.Close()
+	info, err := file.Stat()
+	if err != nil || info.IsDir() {
+		http.Error(w, "no page "+name, http.StatusNotFound)
+		return
+	}
+	http.ServeContent(w, r, name, info.ModTime(), file)
 }
 
 // javascriptClient serves popsub.js, gzipped and revalidated like the

@@ -64,6 +64,9 @@ func serveSettings(c *serveConfig) []setting {
 		number("max-inflight-bytes", "broker.max_inflight_bytes",
 			popsub.DefaultMaxInflightBytes, "their bytes, per connection",
 			&o.MaxInflightBytes, positive),
+		number("group-window", "broker.group_window",
+			popsub.DefaultGroupWindow, "unacked QoS 1 jobs per member of "+
+				"a work queue", &o.GroupWindow, positive),
 		span("write-timeout", "broker.write_timeout",
 			popsub.DefaultWriteTimeout, "wait for a peer that does not read, "+
 				"then cut it off", &o.WriteTimeout, positive),
@@ -77,8 +80,8 @@ func serveSettings(c *serveConfig) []setting {
 			popsub.DefaultLoginTokenTTL, "how long a token from login is "+
 				"valid", &o.LoginTokenTTL, positive),
 		number("max-connections", "broker.max_connections", 0,
-			"open connections allowed, 0 for no cap", &o.MaxConnections,
-			notNegative),
+			"open sockets allowed, WebSocket and HTTP, 0 for no cap",
+			&o.MaxConnections, notNegative),
 		number("publish-rate", "broker.publish_rate", 0.0, "publishes per "+
 			"second per connection, 0 for no cap", &o.PublishRate,
 			notNegative),
@@ -86,8 +89,9 @@ func serveSettings(c *serveConfig) []setting {
 			&o.Issuer, nil),
 		text("audience", "server.audience", "", "required token aud, if set",
 			&o.Audience, nil),
-		list("origins", "server.origins", "foreign browser origins allowed, "+
-			"comma-separated", &o.OriginPatterns),
+		list("origins", "server.origins", "foreign browser origins allowed "+
+			"to open a WebSocket, publish and stream, comma-separated",
+			&o.OriginPatterns),
 		text("log-level", "server.log_level", "info", "debug, info, warn or "+
 			"error", &c.logLevel, nil),
 	}

@@ -186,18 +186,35 @@ func TestServe_PagesServesOnlyPages(t *testing.T) {
 		"popsub.db": "data", ".env": "SECRET=x"} {
 		os.WriteFile(filepath.Join(site, name), []byte(text), 0o600)
 	}
+	// A link out of the folder leads nowhere; a folder's address serves
+	// its index.html, and a folder without one is not listed.
+	outside := t.TempDir()
+	os.WriteFile(filepath.Join(outside, "secret.html"), []byte("<p>x"),
+		0o600)
+	os.Symlink(filepath.Join(outside, "secret.html"),
+		filepath.Join(site, "leak.html"))
+	os.Symlink(outside, filepath.Join(site, "out"))
+	os.WriteFile(filepath.Join(site, "index.html"), []byte("<p>home"), 0o600)
+	os.Mkdir(filepath.Join(site, "empty"), 0o700)
+	os.WriteFile(filepath.Join(site, "empty", "x.js"), nil, 0o600)
 	url, _, _ := startServe(t, "--pages", site)
 	page := "http" + strings.TrimPrefix(url, "ws") + "/pages/"
 	for name, want := range map[string]int{"chat.html": 200, "app.js": 200,
 		"popsub.toml": 404, "popsub.db": 404, ".env": 404,
-		"../popsub.toml": 404} {
+		"../popsub.toml": 404, "leak.html": 404, "out/secret.html": 404,
+		"": 200, "index.html": 200, "empty/": 404, "empty": 404} {
 		res, err := http.Get(page + name)
 		if err != nil {
 			t.Fatal(err)
 		}
+		body, _ := io.ReadAll(res.Body)
 		res.Body.Close()
 		if res.StatusCode != want {
 			t.Errorf("GET /pages/%s: %s, want %d", name, res.Status, want)
+		}
+		index := name == "" || name == "index.html"
+		if index && string(body) != "<p>home" {
+			t.Errorf("GET /pages/%s: %q, want the index page", name, body)
 		}
 	}
 }
