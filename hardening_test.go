@@ -895,3 +895,51 @@ func strangerFrame(r *rand.Rand, tok string) string {
 		return strings.Join(frames, "\n")
 	}
 }
+
+func TestBroker_LargeFramesTakeTurnsForTheirPlaces(t *testing.T) {
+	// With frames of up to largeFramesBytes, the broker has one place
+	// for a large frame: while one publisher is halfway through sending
+	// one, another's large frame waits, and its small frames do not.
+	ts := startBroker(t, Options{MaxFrameBytes: largeFramesBytes})
+	b := ts.broker
+	if cap(b.largeFrames) != 1 {
+		t.Fatalf("%d places, want 1", cap(b.largeFrames))
+	}
+	payload := `"` + strings.Repeat("x", 2*largeFrame) + `"`
+	frame := []byte(`{"type":"publish","topic":"big","qos":1,` +
+		`"message_id":"half","payload":` + payload + `}`)
+	alice := ts.dial("alice")
+	writer, err := alice.ws.Writer(context.Background(),
+		websocket.MessageText)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The library sends what it has buffered only as its buffer fills:
+	// all but the last 100 bytes is well past largeFrame on the wire.
+	writer.Write(frame[:len(frame)-100])
+	waitFor(t, func() bool { return len(b.largeFrames) == 1 },
+		"alice's half frame to take the place")
+
+	bob := ts.dial("bob")
+	bob.publish("small", "fits", 1, "") // a small frame is not held up
+	bob.send(map[string]any{"type": "publish", "topic": "big", "qos": 1,
+		"message_id": "whole", "payload": json.RawMessage(payload)})
+	done := make(chan got, 1)
+	go func() { done <- bob.next() }()
+	select {
+	case g := <-done:
+		t.Fatalf("bob's large frame was handled while alice held the "+
+			"place: %+v", g)
+	case <-time.After(200 * time.Millisecond):
+	}
+	writer.Write(frame[len(frame)-100:])
+	writer.Close()
+	if g := alice.expect("published"); g.MessageID != "half" {
+		t.Fatalf("alice got %+v", g)
+	}
+	if g := <-done; g.Type != "published" || g.MessageID != "whole" {
+		t.Fatalf("bob got %+v, want the confirm of his large frame", g)
+	}
+	waitFor(t, func() bool { return len(b.largeFrames) == 0 },
+		"the place to be given back")
+}

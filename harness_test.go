@@ -162,18 +162,20 @@ var Behaviour = map[string]func(*testing.T){
 	"TestBroker_LogsHoldNoSecrets":                  TestBroker_LogsHoldNoSecrets,
 	"TestBroker_NoLeaksAfterManyConnections":        TestBroker_NoLeaksAfterManyConnections,
 	"TestBroker_StrangersInEveryOrder":              TestBroker_StrangersInEveryOrder,
+	"TestBroker_LargeFramesTakeTurnsForTheirPlaces": TestBroker_LargeFramesTakeTurnsForTheirPlaces,
 }
 
 // oneEngine names the tests that start a broker on the run's engine but
 // do not run again on JetStream, and why.
 var oneEngine = map[string]string{
-	"TestGroups_ShareMessagesEachAckedOnce":                   groupsRefused,
-	"TestGroups_AMemberThatDoesNotAckLosesItsJobsToTheOthers": groupsRefused,
-	"TestGroups_AMemberThatLeavesHandsOnItsJobsAtOnce":        groupsRefused,
-	"TestGroups_KeepTheirPlaceWhenEveryMemberHasLeft":         groupsRefused,
-	"TestGroups_AJobLeftWhileAMemberJoinsReachesIt":           groupsRefused,
-	"TestGroups_EachGroupAndEachSubscriberGetsEverything":     groupsRefused,
-	"TestGroups_RefusedWhereTheyCannotWork":                   groupsRefused,
+	"TestGroups_ShareMessagesEachAckedOnce":                      groupsRefused,
+	"TestGroups_AMemberThatDoesNotAckLosesItsJobsToTheOthers":    groupsRefused,
+	"TestGroups_AMemberThatLeavesHandsOnItsJobsAtOnce":           groupsRefused,
+	"TestGroups_KeepTheirPlaceWhenEveryMemberHasLeft":            groupsRefused,
+	"TestGroups_AJobLeftWhileAMemberJoinsReachesIt":              groupsRefused,
+	"TestGroups_EachGroupAndEachSubscriberGetsEverything":        groupsRefused,
+	"TestGroups_RefusedWhereTheyCannotWork":                      groupsRefused,
+	"TestGroups_AMemberThatDoesNotAckIsGivenNoMoreThanItsWindow": groupsRefused,
 	"TestBroker_FloodsAreBounded": "it bounds the test process's heap, " +
 		"and on JetStream the NATS server runs in that process and " +
 		"holds the flood itself",

@@ -85,6 +85,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
@@ -478,6 +479,10 @@ type Broker struct {
 	logins            loginThrottle
 	hashing, retrying chan struct{}
 	dummy             func() string
+	// largeFrames holds a token per large frame being read or handled,
+	// as many as largeFramesBytes holds frames of the full limit
+	// (Reading frames, a detail).
+	largeFrames chan struct{}
 	// events queues up to eventQueue x-ray events for b.eventsLoop, which
 	// publishes them; watchers counts $sys subscriptions (no events are
 	// made without one); dropped counts events lost to a full queue;
@@ -553,6 +558,8 @@ func New(opts Options) (*Broker, error) {
 		events:   make(chan wire.Event, eventQueue),
 		hashing:  make(chan struct{}, max(runtime.GOMAXPROCS(0)/2, 1)),
 		retrying: make(chan struct{}, 1),
+		largeFrames: make(chan struct{}, max(1,
+			largeFramesBytes/opts.MaxFrameBytes)),
 		dummy: sync.OnceValue(func() string {
 			return dummyHash(opts.Users)
 		})}
@@ -859,8 +866,9 @@ type connection struct {
 	// frame resets it.
 	expiry *time.Timer
 	// batch is set when the client opted into several objects a frame;
-	// loginFailed once a login on it failed (Logins). The reader's alone.
-	batch, loginFailed bool
+	// loginFailed once a login on it failed (Logins), large while the
+	// frame being read holds a place (Reading frames). The reader's alone.
+	batch, loginFailed, large bool
 	// tokens and refilled are the publish rate limit's bucket; the
 	// reader goroutine's alone.
 	tokens   float64
@@ -1027,7 +1035,7 @@ func (c *connection) serve() {
 			return
 		}
 		c.handleFrame(buffer.Bytes())
-		recycle(buffer)
+		c.recycle(buffer)
 	}
 }
 
@@ -1085,7 +1093,7 @@ func (c *connection) authenticate() bool {
 			return false
 		}
 		f, problem := decodeFrame(buffer.Bytes())
-		recycle(buffer)
+		c.recycle(buffer)
 		switch {
 		case problem.Type == "" && f.Type == "login":
 			c.writeNow(c.login(f, deadline))
@@ -1154,8 +1162,8 @@ func (c *connection) writeNow(r reply) {
 // it is buffered.
 //
 // The frame is read into a pooled buffer, which the caller hands back
-// with recycle once the frame is decoded. It is taken only once a frame has
-// begun to arrive, so an idle connection holds none.
+// with c.recycle once the frame is handled. It is taken only once a frame
+// has begun to arrive, so an idle connection holds none.
 func (c *connection) read() (*bytes.Buffer, bool) {
 	// Any read error (a close, a reset, a frame over the limit) ends the
 	// connection; the library has already sent whatever close applies.
@@ -1167,32 +1175,16 @@ func (c *connection) read() (*bytes.Buffer, bool) {
 		c.ws.Close(websocket.StatusUnsupportedData, "text frames only")
 		return nil, false
 	}
-	// readBufferPool shares the buffers among every connection's reader.
-	buffer := readBufferPool.Get().(*bytes.Buffer)
-	buffer.Reset()
-	if _, err := buffer.ReadFrom(reader); err != nil {
-		recycle(buffer)
-		return nil, false
-	}
-	if !utf8.Valid(buffer.Bytes()) {
-		recycle(buffer)
+	// c.readFrame reads the frame into a pooled buffer; one past 64 KiB
+	// first waits for one of the broker's places for large frames, which
+	// c.recycle gives back (Reading frames, a detail).
+	buffer, ok := c.readFrame(reader)
+	if ok && !utf8.Valid(buffer.Bytes()) {
+		c.recycle(buffer)
 		c.ws.Close(websocket.StatusInvalidFramePayloadData, "invalid UTF-8")
 		return nil, false
 	}
-	return buffer, true
-}
-
-// readBufferPool holds the buffers frames are read into, shared by every
-// connection's reader: an idle connection holds none, and a busy one
-// takes one only while a frame is being read and handled.
-var readBufferPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-// recycle hands a read buffer back to the pool. One that grew past 64 KiB
-// for a large frame is left to the garbage collector instead.
-func recycle(buffer *bytes.Buffer) {
-	if buffer.Cap() <= 64<<10 {
-		readBufferPool.Put(buffer)
-	}
+	return buffer, ok
 }
 
 // handle decodes one frame and answers it. A bad frame costs the client
@@ -1730,6 +1722,70 @@ func (t *loginThrottle) forgetQuietest() {
 	})
 	for _, key := range keys[:len(keys)/10] {
 		delete(t.failures, key)
+	}
+}
+
+// # Reading frames (detail)
+//
+// Each connection reads one frame at a time, so what a connection holds
+// while reading is bounded by the frame limit (1 MiB). What many
+// connections hold together needs a bound of its own: a thousand
+// publishers of 1 MiB frames, each held while its publish waits for room
+// in the log's queue, held gigabytes. So a frame may take its first
+// 64 KiB freely, and a larger one first waits for one of the broker's
+// places for large frames, as many as largeFramesBytes holds frames of
+// the full limit (64 with the defaults), until it has been handled.
+// The wait is TCP's push back on that publisher alone. A place is held
+// by one whole frame and needs nothing else to be given back, so the
+// places cannot deadlock, as byte-by-byte grants would, each reader
+// holding part of what it needs. Only an authenticated client can send
+// a frame over 8 KiB, and one that stalls halfway through a frame is
+// closed within two ping intervals, like any silent peer.
+
+// largeFrame is the size past which a frame needs a place, and
+// largeFramesBytes the bytes those places stand for, together.
+const (
+	largeFrame       = 64 << 10
+	largeFramesBytes = 64 << 20
+)
+
+// readBufferPool holds the buffers frames are read into, shared by every
+// connection's reader: an idle connection holds none, and a busy one
+// takes one only while a frame is being read and handled.
+var readBufferPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// readFrame reads the rest of a frame from r into a pooled buffer,
+// taking a place for a large frame (Broker.largeFrames) once it is past
+// largeFrame bytes. It reports false if the read failed or the
+// connection ended while it waited.
+func (c *connection) readFrame(r io.Reader) (*bytes.Buffer, bool) {
+	buffer := readBufferPool.Get().(*bytes.Buffer)
+	buffer.Reset()
+	_, err := buffer.ReadFrom(io.LimitReader(r, largeFrame+1))
+	if err == nil && buffer.Len() > largeFrame {
+		if c.large = c.enter(c.broker.largeFrames); !c.large {
+			c.recycle(buffer)
+			return nil, false
+		}
+		_, err = buffer.ReadFrom(r)
+	}
+	if err != nil {
+		c.recycle(buffer)
+		return nil, false
+	}
+	return buffer, true
+}
+
+// recycle hands a read buffer back to the pool, and its frame's place if
+// it took one. A buffer that grew past 64 KiB for a large frame is left
+// to the garbage collector instead.
+func (c *connection) recycle(buffer *bytes.Buffer) {
+	if c.large {
+		<-c.broker.largeFrames
+		c.large = false
+	}
+	if buffer.Cap() <= largeFrame {
+		readBufferPool.Put(buffer)
 	}
 }
 
@@ -4484,6 +4540,7 @@ func (c *committer) loop() {
 			c.broker.logger.Error("log commit", "err", fate.err,
 				"messages", len(batch.Messages))
 			c.broker.forgetFailed(batch.Messages)
+			c.retryCursors(batch.Cursors)
 		} else {
 			c.broker.markCommitted(batch.Messages)
 		}
@@ -4501,6 +4558,26 @@ func (c *committer) loop() {
 			return
 		}
 	}
+}
+
+// retryCursors queues again, for a batch a second from now, the cursor
+// moves of a batch that failed, unless a newer move of the same cursor
+// is queued already. A failed message has a publisher to send it again;
+// a cursor has only its subscriber's next ack, which may never come, and
+// a durable subscriber must not resume behind what it acked because the
+// log was away (NATS restarting, say) when its ack was committed.
+func (c *committer) retryCursors(cursors map[string]uint64) {
+	if len(cursors) == 0 {
+		return
+	}
+	c.mu.Lock()
+	for key, position := range cursors {
+		if _, newer := c.queued.Cursors[key]; !newer {
+			c.queued.Cursors[key] = position
+		}
+	}
+	c.mu.Unlock()
+	time.AfterFunc(time.Second, func() { notify(c.wake) })
 }
 
 // linger waits, at most commitLinger, until the queued batch is worth a

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -744,4 +745,43 @@ func TestBroker_ReplayReadsWhatTheDiskHasNotYet(t *testing.T) {
 	store.release()
 	pub.publish("t", "after", 1, "")
 	wantSeqs(t, sub.messages(1), []uint64{301})
+}
+
+// awayStore is a memoryStore that refuses every commit while away is
+// set, as a log on NATS does while NATS restarts.
+type awayStore struct {
+	*memoryStore
+	away    atomic.Bool
+	refused atomic.Int64 // commits refused while away
+}
+
+// Commit fails while the store is away.
+func (s *awayStore) Commit(batch *Batch) error {
+	if s.away.Load() {
+		s.refused.Add(1)
+		return errors.New("the log is away")
+	}
+	return s.memoryStore.Commit(batch)
+}
+
+func TestCommitter_RetriesACursorMoveThatFailed(t *testing.T) {
+	// A durable subscriber acks while the log is away, and then acks
+	// nothing more: once the log is back, its cursor must still get
+	// there, or it would resume behind what it acked.
+	store := &awayStore{memoryStore: newMemoryStore()}
+	ts := startBroker(t, Options{Store: store})
+	alice := ts.dial("alice")
+	alice.subscribe("orders", map[string]any{"durable": "billing"})
+	alice.publish("orders", "one", 1, "")
+	got := alice.expect("message")
+
+	store.away.Store(true)
+	alice.ack(got)
+	waitFor(t, func() bool { return store.refused.Load() > 0 },
+		"the ack's commit to be refused")
+	store.away.Store(false)
+	waitFor(t, func() bool {
+		position, _, _ := store.Cursor("alice\x00billing\x00orders")
+		return position == got.Seq
+	}, "the cursor to reach the log once it is back")
 }

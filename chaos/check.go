@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 )
 
 // A Report is what Check found: one line per invariant, and the counts
@@ -134,6 +135,7 @@ func Check(h *History) Report {
 		checkGaps(h),
 		checkDurables(h, confirmed),
 		checkGroups(h, confirmed),
+		checkAnswered(h),
 		checkHealed(h),
 	}
 	return r
@@ -437,6 +439,57 @@ func checkGroups(h *History, confirmed map[key]uint64) Line {
 	return l
 }
 
+// AnswerBound is how long a publish may wait for its answer, published
+// or an error, while nothing fails: what protocol.md promises on either
+// engine (on JetStream, the engine's own AnswerBound).
+const AnswerBound = 30 * time.Second
+
+// checkAnswered: every publish sent while nothing failed, and while
+// nothing failed for AnswerBound after it, was answered within it; and
+// no probe of the run stalled. A fault near a publish may cost it its
+// answer (its connection drops, and it is sent again): only the quiet
+// ones are held to the bound, which the drain after the last heal always
+// is.
+func checkAnswered(h *History) Line {
+	l := Line{Invariant: "every publish made while nothing failed was " +
+		"answered within " + AnswerBound.String()}
+	type sent struct{ publisher, topic, id string }
+	answers := map[sent][]time.Time{}
+	for _, c := range h.Confirms {
+		k := sent{c.Publisher, c.Topic, c.ID}
+		answers[k] = append(answers[k], c.At)
+	}
+	for _, r := range h.Refusals {
+		k := sent{r.Publisher, r.Topic, r.ID}
+		answers[k] = append(answers[k], r.At)
+	}
+	for _, a := range h.Attempts {
+		end := a.At.Add(AnswerBound)
+		if a.Unread || faultBetween(h, a.At, end) {
+			continue
+		}
+		if !slices.ContainsFunc(answers[sent{a.Publisher, a.Topic, a.ID}],
+			func(at time.Time) bool {
+				return !at.Before(a.At) && !at.After(end)
+			}) {
+			l.violation("%s's %s on %s, sent at %s, was not answered",
+				a.Publisher, a.ID, a.Topic, a.At.Format("15:04:05.000"))
+		}
+	}
+	for _, what := range h.Stalls {
+		l.violation("%s", what)
+	}
+	return l
+}
+
+// faultBetween reports whether a fault was under way at any moment from
+// start to end.
+func faultBetween(h *History, start, end time.Time) bool {
+	return slices.ContainsFunc(h.Faults, func(f *Fault) bool {
+		return !f.Start.After(end) && (!f.Healed || !f.End.Before(start))
+	})
+}
+
 // checkHealed: every fault the nemesis injected was undone.
 func checkHealed(h *History) Line {
 	l := Line{Invariant: "every fault was healed"}
@@ -462,7 +515,8 @@ func sortedKeys[V any](m map[key]V) []key {
 func (h *History) workload() *History {
 	own := func(topic string) bool { return strings.HasPrefix(topic, "$") }
 	w := &History{Subscriptions: h.Subscriptions, Faults: h.Faults,
-		Final: h.Final, DeadLetters: h.DeadLetters}
+		Final: h.Final, DeadLetters: h.DeadLetters, Refusals: h.Refusals,
+		Stalls: h.Stalls}
 	for _, a := range h.Attempts {
 		if !own(a.Topic) {
 			w.Attempts = append(w.Attempts, a)

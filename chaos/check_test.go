@@ -3,6 +3,7 @@ package chaos
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/popsub/popsub/wire"
 )
@@ -12,10 +13,10 @@ import (
 // them between two members, the log keeps both.
 func clean() *History {
 	h := &History{}
-	h.attempt(Attempt{"alice", "jobs", "a-1", "v1"})
-	h.attempt(Attempt{"alice", "jobs", "a-2", "v2"})
-	h.confirm(Confirm{"alice", "jobs", "a-1", 1, false})
-	h.confirm(Confirm{"alice", "jobs", "a-2", 2, false})
+	h.attempt(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-1", Value: "v1"})
+	h.attempt(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-2", Value: "v2"})
+	h.confirm(Confirm{Publisher: "alice", Topic: "jobs", ID: "a-1", Seq: 1, Duplicate: false})
+	h.confirm(Confirm{Publisher: "alice", Topic: "jobs", ID: "a-2", Seq: 2, Duplicate: false})
 	s := h.subscribe(&Subscription{Subscriber: "bob", Topic: "jobs",
 		Durable: "bob"})
 	h.replied(s, 0, true)
@@ -71,10 +72,11 @@ func TestCheck_FindsEachViolation(t *testing.T) {
 			func(h *History) {
 				s := h.Subscriptions[0]
 				s.Deliveries = append(s.Deliveries, Delivery{3, "a-3", "v3", 1})
-				h.attempt(Attempt{"alice", "jobs", "a-3", "v3"})
-				h.attempt(Attempt{"alice", "jobs", "a-4", "v4"})
+				h.attempt(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-3", Value: "v3"})
+				h.attempt(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-4", Value: "v4"})
 				h.Final["jobs"] = append(h.Final["jobs"],
 					Stored{3, "a-4", "v4"})
+				h.Fault("kill", "broker-1")() // what left them unanswered
 			}, "no seq names two values, across every crash"},
 		{"one message_id stored twice", func(h *History) {
 			h.Final["jobs"] = append(h.Final["jobs"], Stored{3, "a-2", "v2"})
@@ -115,6 +117,21 @@ func TestCheck_FindsEachViolation(t *testing.T) {
 		{"a fault left in place", func(h *History) {
 			h.Fault("pause", "broker-1")
 		}, "every fault was healed"},
+		{"a publish never answered while nothing failed", func(h *History) {
+			h.attempt(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-3",
+				Value: "v3"})
+		}, "every publish made while nothing failed was answered within 30s"},
+		{"a publish answered too late", func(h *History) {
+			h.attempt(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-3",
+				Value: "v3"})
+			h.Attempts[len(h.Attempts)-1].At = h.Attempts[0].At.Add(
+				-time.Minute)
+			h.refused(Refusal{Publisher: "alice", Topic: "jobs", ID: "a-3",
+				Code: "store_failed"})
+		}, "every publish made while nothing failed was answered within 30s"},
+		{"a probe that stalled", func(h *History) {
+			h.Stalled("nothing delivered on fresh-1")
+		}, "every publish made while nothing failed was answered within 30s"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -155,16 +172,17 @@ func TestCheck_ExcusesWhatItWasTold(t *testing.T) {
 	t.Run("a lost unconfirmed message, then its re-send at a new seq",
 		func(t *testing.T) {
 			h := clean()
-			h.attempt(Attempt{"alice", "jobs", "a-3", "v3"})
+			h.attempt(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-3", Value: "v3"})
 			s := h.Subscriptions[0]
 			h.delivered(s, Delivery{3, "a-3", "v3", 1})
+			h.Fault("kill", "broker-1")()
 			// The broker died before the disk had seq 3; after the
 			// restart seqs jump, and the re-send is stored at 16387.
 			again := h.subscribe(&Subscription{Subscriber: "bob",
 				Topic: "jobs", Durable: "bob"})
 			h.replied(again, 16386, true)
-			h.attempt(Attempt{"alice", "jobs", "a-3", "v3"})
-			h.confirm(Confirm{"alice", "jobs", "a-3", 16387, false})
+			h.attempt(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-3", Value: "v3"})
+			h.confirm(Confirm{Publisher: "alice", Topic: "jobs", ID: "a-3", Seq: 16387, Duplicate: false})
 			h.delivered(again, Delivery{16387, "a-3", "v3", 1})
 			h.delivered(h.Subscriptions[1], Delivery{16387, "a-3", "v3", 1})
 			h.Final["jobs"] = append(h.Final["jobs"],

@@ -34,6 +34,11 @@ type History struct {
 	Subscriptions []*Subscription
 	// Faults lists what the nemesis did.
 	Faults []*Fault
+	// Refusals lists every error reply that named a publish.
+	Refusals []Refusal
+	// Stalls lists what the run's own probes waited for in vain while
+	// nothing failed (a publish to a new topic that was never delivered).
+	Stalls []string
 	// Final is each topic's log read from the start, after the run, in
 	// seq order.
 	Final map[string][]Stored
@@ -47,6 +52,10 @@ type Attempt struct {
 	Topic     string
 	ID        string // its message_id
 	Value     string // its payload, a JSON string
+	// At is when it was sent; Unread is set when its sender does not
+	// read the answer (a probe that waits for the delivery instead).
+	At     time.Time
+	Unread bool
 }
 
 // Confirm is one "published" reply.
@@ -54,8 +63,15 @@ type Confirm struct {
 	Publisher string
 	Topic     string
 	ID        string
-	Seq       uint64 // the seq it names
-	Duplicate bool   // the reply said duplicate
+	Seq       uint64    // the seq it names
+	Duplicate bool      // the reply said duplicate
+	At        time.Time // when it came
+}
+
+// Refusal is one error reply that named a publish: store_failed, say.
+type Refusal struct {
+	Publisher, Topic, ID, Code string
+	At                         time.Time
 }
 
 // Subscription is one subscribe frame and what came of it, until its
@@ -110,6 +126,7 @@ type Fault struct {
 func (h *History) attempt(a Attempt) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	a.At = time.Now()
 	h.Attempts = append(h.Attempts, a)
 }
 
@@ -117,7 +134,24 @@ func (h *History) attempt(a Attempt) {
 func (h *History) confirm(c Confirm) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	c.At = time.Now()
 	h.Confirms = append(h.Confirms, c)
+}
+
+// refused records an error reply that named a publish.
+func (h *History) refused(r Refusal) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r.At = time.Now()
+	h.Refusals = append(h.Refusals, r)
+}
+
+// Stalled records that a probe of the run waited in vain, while nothing
+// failed, for what the broker promises within AnswerBound.
+func (h *History) Stalled(what string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.Stalls = append(h.Stalls, what)
 }
 
 // subscribe records a subscribe frame about to be sent, and returns the

@@ -182,10 +182,16 @@ func (p *publisher) session(ctx context.Context, ws *websocket.Conn) {
 		case f.Type == "error" && f.Code == "store_failed" &&
 			f.MessageID != "":
 			// Not stored: send it again, now, with the same id.
+			p.History.refused(Refusal{p.Name, f.Topic, f.MessageID, f.Code,
+				time.Time{}})
 			if p.publish(ctx, ws, f.MessageID) != nil {
 				return
 			}
 		case f.Type == "error":
+			if f.MessageID != "" {
+				p.History.refused(Refusal{p.Name, f.Topic, f.MessageID,
+					f.Code, time.Time{}})
+			}
 			due--
 		}
 	}
@@ -194,15 +200,16 @@ func (p *publisher) session(ctx context.Context, ws *websocket.Conn) {
 // publish records and sends one value, its id as its payload.
 func (p *publisher) publish(ctx context.Context, ws *websocket.Conn,
 	id string) error {
-	p.History.attempt(Attempt{p.Name, p.topic, id, id})
+	p.History.attempt(Attempt{Publisher: p.Name, Topic: p.topic, ID: id,
+		Value: id})
 	return send(ctx, ws, map[string]any{"type": "publish",
 		"topic": p.topic, "payload": id, "qos": 1, "message_id": id})
 }
 
 // confirmed records a confirm and forgets the value's id.
 func (p *publisher) confirmed(f frame) {
-	p.History.confirm(Confirm{p.Name, f.Topic, f.MessageID, f.Seq,
-		f.Duplicate})
+	p.History.confirm(Confirm{Publisher: p.Name, Topic: f.Topic,
+		ID: f.MessageID, Seq: f.Seq, Duplicate: f.Duplicate})
 	p.unconfirmed = slices.DeleteFunc(p.unconfirmed, func(id string) bool {
 		return id == f.MessageID
 	})
@@ -440,7 +447,8 @@ func (c *Client) OnFirstDelivery(ctx context.Context, topic, id string,
 			head := f.Seq
 			s.After = &head
 			if id != "" {
-				c.History.attempt(Attempt{c.Name, topic, id, id})
+				c.History.attempt(Attempt{Publisher: c.Name, Topic: topic,
+					ID: id, Value: id, Unread: true})
 				err = send(ctx, ws, map[string]any{"type": "publish",
 					"topic": topic, "payload": id, "qos": 1,
 					"message_id": id})

@@ -245,34 +245,35 @@ func (l *lockedLog) String() string {
 	return l.buf.String()
 }
 
-func TestDoor_BodiesInFlightShareOneBudget(t *testing.T) {
-	s := start(t, popsub.Options{}, Options{MaxBody: 100, MaxBodies: 150,
+func TestDoor_LargeBodiesInFlightShareOneBudget(t *testing.T) {
+	const large = smallBody + 100
+	s := start(t, popsub.Options{MaxFrameBytes: 4 * large}, Options{
+		MaxBody: 2 * large, MaxBodies: large + large/2,
 		BodyTimeout: 20 * time.Second})
 	alice := token(t, "alice", nil, nil)
+	body := `"` + strings.Repeat("x", large-2) + `"`
 
-	// A body that takes 100 bytes of room and is slow to come holds them.
-	slow := s.rawConn(postHead("chat", alice, 100) + `"`)
+	// A large body that is slow to come holds its room.
+	slow := s.rawConn(postHead("chat", alice, large) + `"`)
 	time.Sleep(100 * time.Millisecond) // let it take its room first
 
 	// The next large body finds no room: 503 with Retry-After, never 401.
-	status, answer, header := s.post("chat", "", alice,
-		`"`+strings.Repeat("x", 80)+`"`)
+	status, answer, header := s.post("chat", "", alice, body)
 	if status != 503 || answer.Code != "unavailable" ||
 		header.Get("Retry-After") == "" {
 		t.Fatalf("got %d %+v, want 503 unavailable with Retry-After", status,
 			answer)
 	}
-	// A small one fits beside it.
+	// A small one needs no room, and is not held up.
 	if status, answer, _ = s.post("chat", "", alice, `1`); status != 200 {
 		t.Fatalf("a small body: %d %+v, want 200", status, answer)
 	}
 	// Once the slow body is done, its room is free again.
-	io.WriteString(slow, strings.Repeat("x", 98)+`"`)
+	io.WriteString(slow, body[1:])
 	if res, body := response(t, slow); res.StatusCode != 200 {
 		t.Fatalf("the slow body: %s %s", res.Status, body)
 	}
-	status, answer, _ = s.post("chat", "", alice,
-		`"`+strings.Repeat("x", 80)+`"`)
+	status, answer, _ = s.post("chat", "", alice, body)
 	if status != 200 {
 		t.Fatalf("after the room came back: %d %+v, want 200", status,
 			answer)

@@ -99,6 +99,9 @@ const (
 	// bodyWait is how long a POST waits for room in the bodies' budget
 	// before it hears 503.
 	bodyWait = time.Second
+	// smallBody is the largest body that needs no room in the budget,
+	// as a frame needs none in the broker's up to 64 KiB.
+	smallBody = 64 << 10
 	// maxPublishers bounds the open publisher sessions; a publisher past
 	// it gets a session for its requests alone.
 	maxPublishers = 1024
@@ -564,11 +567,14 @@ func closed(err error) frame {
 //
 // A stranger is refused before a byte of its body is read: the token is
 // verified, and its grant for the topic checked, from the headers alone,
-// and a refusal closes the connection. Only then does the body take
-// room, from one budget for every request in flight (Options.MaxBodies):
-// a request that finds none waits a moment, then hears 503 with
-// Retry-After, so a flood of large bodies costs the budget, not the
-// machine. Reading the body has a deadline (Options.BodyTimeout), so a
+// and a refusal closes the connection. Only then does a body over 64 KiB
+// take room, from one budget for every request in flight
+// (Options.MaxBodies): a request that finds none waits a moment, then
+// hears 503 with Retry-After, so a flood of large bodies costs the
+// budget, not the machine, and a small publish is never queued behind
+// it. This is the broker's own rule for frames (popsub.go, Reading
+// frames), and each body, once read, is a frame the broker reads under
+// that rule too. Reading the body has a deadline (Options.BodyTimeout), so a
 // body that never finishes holds its room for that long at most.
 
 // publish answers a POST.
@@ -589,12 +595,14 @@ func (g *Gateway) publish(w http.ResponseWriter, r *http.Request,
 		refuse(w, problem)
 		return
 	}
-	if !g.bodies.acquire(r.Context(), size) {
-		refuse(w, refusal("unavailable", "the broker has too many request "+
-			"bodies in flight; try again shortly"))
-		return
+	if size > smallBody {
+		if !g.bodies.acquire(r.Context(), size) {
+			refuse(w, refusal("unavailable", "the broker has too many "+
+				"large request bodies in flight; try again shortly"))
+			return
+		}
+		defer g.bodies.release(size)
 	}
-	defer g.bodies.release(size)
 	if publish.Payload, problem = g.readBody(w, r); problem.Type != "" {
 		refuse(w, problem)
 		return

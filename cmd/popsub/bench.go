@@ -44,6 +44,8 @@ type benchConfig struct {
 	rate                                 float64
 	duration                             time.Duration
 	jsonOut, allowRemote, batch, noServe bool
+	flood                                string // benchflood.go
+	connections                          int
 }
 
 // benchResult is the summary, printed as text or as one JSON object.
@@ -99,6 +101,17 @@ func benchCommand(ctx context.Context, args []string, stdout,
 			return err
 		}
 	}
+	if cfg.flood != "" {
+		result, err := runFlood(ctx, cfg, server)
+		if err != nil {
+			return err
+		}
+		if cfg.jsonOut {
+			return json.NewEncoder(stdout).Encode(result)
+		}
+		printFlood(stdout, result)
+		return nil
+	}
 	var result benchResult
 	if cfg.idle > 0 {
 		result, err = runIdle(ctx, cfg, server)
@@ -149,6 +162,11 @@ func parseBench(args []string, stderr io.Writer) (benchConfig, error) {
 		"one subscription each and report server memory per connection")
 	fs.BoolVar(&c.batch, "batch", true, "several messages a frame: "+
 		"publishers send up to 64, subscribers take runs and ack many at once")
+	fs.StringVar(&c.flood, "flood", "", "instead, run one of the doors' "+
+		"floods ("+strings.Join(floods, ", ")+") with a bystander "+
+		"publishing beside it, and report the server's peak memory")
+	fs.IntVar(&c.connections, "connections", 1000, "the flood's "+
+		"connections")
 	fs.BoolVar(&c.jsonOut, "json", false, "print the summary as JSON")
 	fs.BoolVar(&c.allowRemote, "allow-remote", false, "allow a target that "+
 		"is not this machine")
@@ -167,6 +185,8 @@ func parseBench(args []string, stderr io.Writer) (benchConfig, error) {
 		return c, errors.New("--burst and --stuck may not be negative")
 	case c.brokers < 1 || c.brokers > 1 && c.nats == "":
 		return c, errors.New("--brokers above 1 share a log: give --nats")
+	case c.connections < 1 || c.connections > 20_000:
+		return c, errors.New("--connections: 1 to 20000")
 	case c.idle < 0 || c.idle > 100_000 || c.size < 16 || c.size > 1<<20:
 		return c, errors.New("--idle ≤ 100000, 16 ≤ --size ≤ 1 MiB")
 	}

@@ -578,7 +578,7 @@ func (r *chaosRun) nemesis(ctx context.Context) {
 	faults := []func(context.Context){r.kill, r.killOnNewTopic,
 		r.killTwice, r.pause, r.cut, r.stall}
 	if r.cfg.engine == "nats" {
-		faults = append(faults, r.killNATS)
+		faults = append(faults, r.killNATS, r.afterNATSRestart)
 	}
 	for start := time.Now(); time.Since(start) < r.cfg.duration; {
 		wait := r.cfg.every/2 + time.Duration(r.rand.Int64N(
@@ -628,16 +628,23 @@ func (r *chaosRun) restart(ctx context.Context, b *process, kind,
 // killOnNewTopic publishes to a brand-new topic and kills the broker the
 // moment it delivers the message, before its first commit.
 func (r *chaosRun) killOnNewTopic(ctx context.Context) {
-	i, b := r.anyBroker()
+	i, _ := r.anyBroker()
+	r.killOnNewTopicOf(ctx, i)
+}
+
+// killOnNewTopicOf is killOnNewTopic on broker i.
+func (r *chaosRun) killOnNewTopicOf(ctx context.Context, i int) {
+	b := r.brokers[i]
 	topic := fmt.Sprint("fresh-", len(r.fresh)+1)
 	r.fresh = append(r.fresh, topic)
 	watcher := r.pinned("watch-"+topic, i)
-	wait, cancel := context.WithTimeout(ctx, time.Minute)
+	wait, cancel := context.WithTimeout(ctx, chaos.AnswerBound)
 	defer cancel()
 	err := watcher.OnFirstDelivery(wait, topic, "first-"+topic, b.kill)
 	if err != nil {
-		fmt.Fprintf(r.out, "%s  %s delivered nothing on %s in a minute\n",
-			r.clock(), b.name, topic)
+		r.stalled(ctx, fmt.Sprintf("%s delivered nothing on %s, a new "+
+			"topic, within %v of its publish", b.name, topic,
+			chaos.AnswerBound))
 		return
 	}
 	r.restart(ctx, b, "kill-new-topic", "kill -9 on "+topic+"'s first "+
@@ -651,15 +658,25 @@ func (r *chaosRun) killTwice(ctx context.Context) {
 	r.restart(ctx, b, "kill-twice", "kill -9, and again on the first "+
 		"delivery after")
 	watcher := r.pinned(fmt.Sprint("watch-", r.rand.Uint64()), i)
-	wait, cancel := context.WithTimeout(ctx, time.Minute)
+	wait, cancel := context.WithTimeout(ctx, chaos.AnswerBound)
 	defer cancel()
 	if watcher.OnFirstDelivery(wait, "topic-1", "", b.kill) != nil {
-		fmt.Fprintf(r.out, "%s  %s delivered nothing on topic-1 in a "+
-			"minute\n", r.clock(), b.name)
+		r.stalled(ctx, fmt.Sprintf("%s delivered nothing on topic-1 "+
+			"within %v of its restart", b.name, chaos.AnswerBound))
 	} else {
 		r.restart(ctx, b, "kill-again", "killed again, on the first "+
 			"delivery since")
 	}
+}
+
+// stalled records, and prints, a probe that waited in vain while nothing
+// failed: a liveness violation, unless the run itself was ending.
+func (r *chaosRun) stalled(ctx context.Context, what string) {
+	if ctx.Err() != nil {
+		return
+	}
+	fmt.Fprintf(r.out, "%s  STALLED: %s\n", r.clock(), what)
+	r.history.Stalled(what)
 }
 
 // pause stops a broker with SIGSTOP for up to eight seconds.
@@ -711,6 +728,17 @@ func (r *chaosRun) killNATS(ctx context.Context) {
 		return
 	}
 	healed()
+}
+
+// afterNATSRestart is the schedule that once left a publish with no
+// answer at all: the NATS server killed and back, then a broker killed
+// and back, then a publish to a new topic on that broker, killed on its
+// first delivery. killOnNewTopicOf holds the publish to AnswerBound.
+func (r *chaosRun) afterNATSRestart(ctx context.Context) {
+	r.killNATS(ctx)
+	i, b := r.anyBroker()
+	r.restart(ctx, b, "kill", "kill -9, NATS restarted since its start")
+	r.killOnNewTopicOf(ctx, i)
 }
 
 // heal makes sure every server runs and no proxy stalls.

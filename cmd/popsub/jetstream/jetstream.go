@@ -158,6 +158,13 @@ const (
 	publishTimeout = popsub.DefaultWriteTimeout
 )
 
+// AnswerBound is how long a QoS 1 publish may wait for its answer,
+// published or store_failed, however NATS fails: making its topic's
+// stream (a request), waiting for room in the window of publishes in
+// flight and then for JetStream's answer (a publish timeout each), and
+// for this broker's feed (a request). protocol.md states it.
+const AnswerBound = 2*requestTimeout + 2*publishTimeout
+
 // Open connects to NATS, makes the two buckets if they are missing, and
 // returns a Log ready for popsub.New.
 func Open(opts Options) (*Log, error) {
@@ -425,8 +432,7 @@ func (l *Log) ackLoop() {
 		}
 		select {
 		case ack := <-p.future.Ok():
-			l.awaitFed(p.stream, ack.Sequence)
-			p.done(ack.Sequence, ack.Duplicate, nil)
+			l.answerWhenFed(p, ack)
 		case err := <-p.future.Err():
 			// A QoS 0 publisher hears nothing of it, so it is logged.
 			l.opts.Logger.Warn("publish not stored", "stream", p.stream.name,
@@ -437,6 +443,23 @@ func (l *Log) ackLoop() {
 			return
 		}
 	}
+}
+
+// answerWhenFed answers p once this broker has been fed its message,
+// or after a request timeout: at once if it has been, or else on a
+// goroutine of its own, so that one topic whose feed lags does not hold
+// up the answers to every other (at most one goroutine per publish in
+// flight, which the window bounds). The broker's confirmer still sends
+// each connection's confirms in publish order.
+func (l *Log) answerWhenFed(p pendingAck, ack *jetstream.PubAck) {
+	if p.stream.fed.Load() >= ack.Sequence {
+		p.done(ack.Sequence, ack.Duplicate, nil)
+		return
+	}
+	go func() {
+		l.awaitFed(p.stream, ack.Sequence)
+		p.done(ack.Sequence, ack.Duplicate, nil)
+	}()
 }
 
 // advance records that the broker has been fed seq, and wakes whoever
@@ -752,7 +775,7 @@ func (l *Log) learn(topic string) {
 	s.wanted = wanted
 	l.mu.Unlock()
 	if wanted {
-		l.follow(topic)
+		go l.follow(topic) // the watcher learns the next topic meanwhile
 	}
 }
 
@@ -801,14 +824,18 @@ func (l *Log) wantFilter(filter string) []string {
 	return covered
 }
 
-// want marks s wanted and follows it, unless it does already.
+// want marks s wanted and starts following it, unless it does already.
+// It does not wait: making a consumer is a request the client library
+// retries for as long as NATS refuses it, and a publisher, or a
+// subscriber, must not wait on that. Who needs the feed waits for it,
+// with a bound (awaitFed).
 func (l *Log) want(topic string, s *stream) {
 	l.mu.Lock()
 	already := s.wanted && s.following != nil
 	s.wanted = true
 	l.mu.Unlock()
 	if !already {
-		l.follow(topic)
+		go l.follow(topic)
 	}
 }
 
@@ -846,6 +873,14 @@ func (l *Log) follow(topic string) {
 		l.mu.Unlock()
 	}()
 
+	// Consume below makes the consumer, and retries until NATS makes it:
+	// say so if that takes longer than a request should.
+	slow := time.AfterFunc(requestTimeout, func() {
+		l.opts.Logger.Warn("following a topic is taking long: NATS does "+
+			"not make its consumer yet; its publishes are answered "+
+			"without waiting for the feed", "topic", topic)
+	})
+	defer slow.Stop()
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
 	consumer, err := l.js.OrderedConsumer(ctx, s.name,

@@ -1,11 +1,14 @@
 package jetstream
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/popsub/popsub"
 	"github.com/popsub/popsub/cmd/popsub/jetstream/natstest"
 )
@@ -304,5 +307,52 @@ func TestJetStream_ReadsAChunkInOneBatch(t *testing.T) {
 	got, err = a.log.Read("chunks", 10, 10, 1<<20)
 	if err != nil || len(got) != 0 {
 		t.Fatalf("read past the head: %v %v, want nothing", got, err)
+	}
+}
+
+// TestJetStream_APublishIsAnsweredWhenItsTopicCannotBeFollowed is the
+// regression test for a publish to a new topic that hung after NATS
+// restarted: the broker started following the topic on the publisher's
+// own goroutine, and the client library retries making a consumer for
+// ever, so while NATS would not make one, the publish got no answer at
+// all. Here NATS refuses this broker's consumers on one topic for good:
+// the publish must still be answered, within the bound protocol.md
+// states, and another topic must not wait behind it.
+func TestJetStream_APublishIsAnsweredWhenItsTopicCannotBeFollowed(t *testing.T) {
+	ns := natstest.Run(t, &server.Options{Host: "127.0.0.1", Port: -1,
+		JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true,
+		Users: []*server.User{{Username: "popsub", Password: "popsub",
+			Permissions: &server.Permissions{Publish: &server.SubjectPermission{
+				Allow: []string{">"},
+				Deny: []string{"$JS.API.CONSUMER.CREATE.popsub_stuck",
+					"$JS.API.CONSUMER.CREATE.popsub_stuck.>"}}}}}})
+	url := strings.Replace(ns.ClientURL(), "nats://",
+		"nats://popsub:popsub@", 1)
+	b := startBroker(t, url, popsub.Options{})
+	alice, bob := b.dial("alice"), b.dial("bob")
+
+	alice.send(map[string]any{"type": "publish", "topic": "stuck",
+		"message_id": "s-1", "payload": 1, "qos": 1})
+	answered := make(chan frame, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), AnswerBound)
+		defer cancel()
+		var f frame
+		if _, data, err := alice.ws.Read(ctx); err == nil {
+			json.Unmarshal(data, &f)
+		}
+		answered <- f
+	}()
+	// Bob's publish to another topic does not wait behind it.
+	bob.publish("fine", "f-1", 1)
+	select {
+	case f := <-answered:
+		t.Fatalf("alice's publish was answered (%+v) before bob's, on "+
+			"a topic that is followed", f)
+	default:
+	}
+	if f := <-answered; f.Type != "published" && f.Type != "error" {
+		t.Fatalf("alice's publish got %+v within %v, want an answer", f,
+			AnswerBound)
 	}
 }
