@@ -1016,7 +1016,9 @@ func (c *connection) serve() {
 	// vanished mid-frame would otherwise keep a file descriptor open.
 	defer c.ws.CloseNow()
 	defer c.broker.unregister(c)
-	// A reader that leaves starts the writers its publishes owe.
+	// A reader that leaves starts the writers its publishes owe;
+	// c.recoverPanic logs a panic here and lets the connection end
+	// (Mistakes and strangers, a detail).
 	defer c.wake.start()
 	defer c.recoverPanic()
 	if !c.authenticate() {
@@ -1052,17 +1054,6 @@ func (c *connection) handleFrame(data []byte) {
 		if len(bytes.TrimSpace(line)) > 0 {
 			c.handle(line)
 		}
-	}
-}
-
-// recoverPanic logs a panic on the reader's goroutine and lets serve end
-// the connection, as net/http did when this ran inside the handler: a bug
-// met by one client costs that client its connection, and every other
-// client keeps theirs. It must be deferred directly.
-func (c *connection) recoverPanic() {
-	if v := recover(); v != nil {
-		c.broker.logger.Error("panic serving a connection", "sub", c.subject,
-			"remote", c.remote, "panic", v, "stack", string(debug.Stack()))
 	}
 }
 
@@ -1228,6 +1219,7 @@ func decodeFrame(data []byte) (frame, reply) {
 	// know yet.
 	f, ok := wire.Scan(data)
 	if !ok {
+		// jsonError says what is wrong in the protocol's words.
 		var err error
 		if f, err = unmarshalFrame(data); err != nil {
 			return f, errorReply("bad_frame",
@@ -1250,8 +1242,10 @@ func unmarshalFrame(data []byte) (frame, error) {
 
 // reauthenticate accepts a fresh token for the same subject, as the
 // original allowed: the session is extended and takes the new grants at
-// once. Subscriptions made under the old grants stay. A client refreshes
-// its token this way before it expires, without reconnecting.
+// once. A subscription the new grants no longer allow ends at once,
+// with an unsubscribed frame that says why: a refresh to fewer grants is
+// how an application takes access away. A client refreshes its token
+// this way before it expires, without reconnecting.
 func (c *connection) reauthenticate(f frame) {
 	// A bad token, or another subject's, is refused and changes nothing:
 	// the session goes on with the token it has. A connection is one
@@ -1265,6 +1259,25 @@ func (c *connection) reauthenticate(f frame) {
 	c.claims = claims
 	c.expiry.Reset(untilExpiry(claims))
 	c.reply(reply{Type: "authenticated", Sub: c.subject, Conn: c.id})
+	c.revokeBeyond(claims.Subscribe)
+}
+
+// revokeBeyond ends each of c's subscriptions that grants do not allow,
+// telling the client which, and why.
+func (c *connection) revokeBeyond(grants []string) {
+	c.mu.Lock()
+	var revoked []*subscription
+	for filter, s := range c.subscriptions {
+		if !Allowed(grants, filter) {
+			revoked = append(revoked, s)
+		}
+	}
+	c.mu.Unlock()
+	for _, s := range revoked {
+		c.dropSubscription(s)
+		c.reply(reply{Type: "unsubscribed", Topic: s.filter,
+			Reason: "the new token does not allow it"})
+	}
 }
 
 // Claims are what a token says about its holder: who (sub), until when
@@ -1277,19 +1290,6 @@ type Claims struct {
 	// Subscribe lists the filters the holder may subscribe to; nil means
 	// every ordinary topic. $sys/… and $dead/… need an explicit grant.
 	Subscribe []string `json:"subscribe,omitempty"`
-}
-
-// UnmarshalJSON decodes claims, refusing an exp that is a string: RFC
-// 7519 makes it a number, and the JWT library would take "1796085975",
-// and with it a client's mistake, as a date.
-func (c *Claims) UnmarshalJSON(data []byte) error {
-	var probe struct{ Exp json.RawMessage }
-	if json.Unmarshal(data, &probe) == nil &&
-		bytes.HasPrefix(probe.Exp, []byte(`"`)) {
-		return errors.New("exp must be a number (RFC 7519)")
-	}
-	type plain Claims // without this method, so no recursion
-	return json.Unmarshal(data, (*plain)(c))
 }
 
 // Verify checks a token: HS256 only (so neither alg none nor an RSA key
@@ -1367,6 +1367,61 @@ func (c *connection) keepalive() {
 		c.ws.CloseNow()
 	}
 }
+
+// # Mistakes and strangers (detail)
+//
+// The first reading assumed a client that means well and a broker
+// without bugs. Three small defences cover the rest, each in one place
+// rather than at every call. A panic on a connection's reader costs that
+// client its connection and nobody else anything (recoverPanic). A
+// token's exp that is a JSON string is refused, where the JWT library
+// would take it (Claims.UnmarshalJSON): RFC 7519 makes it a number, and
+// a client's mistake is not to be read as a date. And a frame that does
+// not decode is answered in the protocol's words, "field seq must be a
+// whole number, 0 or more", not Go's (jsonError).
+
+// recoverPanic logs a panic on the reader's goroutine and lets serve end
+// the connection, as net/http did when this ran inside the handler: a bug
+// met by one client costs that client its connection, and every other
+// client keeps theirs. It must be deferred directly.
+func (c *connection) recoverPanic() {
+	if v := recover(); v != nil {
+		c.broker.logger.Error("panic serving a connection", "sub", c.subject,
+			"remote", c.remote, "panic", v, "stack", string(debug.Stack()))
+	}
+}
+
+// UnmarshalJSON decodes claims, refusing an exp that is a string: RFC
+// 7519 makes it a number, and the JWT library would take "1796085975",
+// and with it a client's mistake, as a date.
+func (c *Claims) UnmarshalJSON(data []byte) error {
+	var probe struct{ Exp json.RawMessage }
+	if json.Unmarshal(data, &probe) == nil &&
+		bytes.HasPrefix(probe.Exp, []byte(`"`)) {
+		return errors.New("exp must be a number (RFC 7519)")
+	}
+	type plain Claims // without this method, so no recursion
+	return json.Unmarshal(data, (*plain)(c))
+}
+
+// jsonError says what is wrong with a frame that did not decode, in the
+// protocol's words rather than Go's.
+func jsonError(err error) string {
+	var typeErr *json.UnmarshalTypeError
+	switch {
+	case !errors.As(err, &typeErr):
+		return err.Error()
+	case typeErr.Field == "":
+		return "a frame must be a JSON object"
+	}
+	return fmt.Sprintf("field %s must be %s, not %s", typeErr.Field,
+		kinds[typeErr.Type.String()], typeErr.Value)
+}
+
+// kinds names the frame's field types for jsonError.
+var kinds = map[string]string{"uint64": "a whole number, 0 or more",
+	"int": "a whole number", "string": "a string", "bool": "true or false",
+	"[]string": "a list of strings"}
 
 // # Logins and passwords (detail)
 //
@@ -4098,25 +4153,6 @@ func (b *Broker) shutdownOnce(ctx context.Context) error {
 func topicError(code, text, topic string) reply {
 	return reply{Type: "error", Code: code, Message: text, Topic: topic}
 }
-
-// jsonError says what is wrong with a frame that did not decode, in the
-// protocol's words rather than Go's.
-func jsonError(err error) string {
-	var typeErr *json.UnmarshalTypeError
-	switch {
-	case !errors.As(err, &typeErr):
-		return err.Error()
-	case typeErr.Field == "":
-		return "a frame must be a JSON object"
-	}
-	return fmt.Sprintf("field %s must be %s, not %s", typeErr.Field,
-		kinds[typeErr.Type.String()], typeErr.Value)
-}
-
-// kinds names the frame's field types for jsonError.
-var kinds = map[string]string{"uint64": "a whole number, 0 or more",
-	"int": "a whole number", "string": "a string", "bool": "true or false",
-	"[]string": "a list of strings"}
 
 // newID returns a random 128-bit message id in hex: unique without
 // coordination, even across restarts. An id is not a secret, so it comes

@@ -1052,3 +1052,33 @@ func TestUnacked_MatchesASortedList(t *testing.T) {
 			cap(q.items), widest)
 	}
 }
+
+func TestBroker_ARefreshToFewerGrantsEndsWhatTheyNoLongerAllow(t *testing.T) {
+	ts := startBroker(t, Options{})
+	alice := ts.dialWith("alice", Claims{Subscribe: []string{"a/#", "b/#"}})
+	alice.subscribe("a/x", nil)
+	alice.subscribe("b/y", nil)
+
+	// The refreshed token allows a/# only: b/y ends at once, and says why.
+	fewer := Claims{Subscribe: []string{"a/#"}}
+	fewer.Subject = "alice"
+	fewer.ExpiresAt = jwtTime(time.Now().Add(time.Hour))
+	tok, err := fewer.Sign(testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice.send(map[string]any{"type": "auth", "token": tok})
+	alice.expect("authenticated")
+	ended := alice.expect("unsubscribed")
+	if ended.Topic != "b/y" || ended.Reason == "" {
+		t.Fatalf("got %+v, want b/y unsubscribed with a reason", ended)
+	}
+
+	// What came after goes to a/x only.
+	bob := ts.dial("bob")
+	bob.publish("b/y", "revoked", 1, "")
+	bob.publish("a/x", "allowed", 1, "")
+	if g := alice.expect("message"); g.Topic != "a/x" {
+		t.Fatalf("alice got %+v, want only a/x's message", g)
+	}
+}

@@ -772,7 +772,7 @@ func TestCommitter_RetriesACursorMoveThatFailed(t *testing.T) {
 	ts := startBroker(t, Options{Store: store})
 	alice := ts.dial("alice")
 	alice.subscribe("orders", map[string]any{"durable": "billing"})
-	alice.publish("orders", "one", 1, "")
+	ts.dial("shop").publish("orders", "one", 1, "")
 	got := alice.expect("message")
 
 	store.away.Store(true)

@@ -12,14 +12,20 @@
 //   - reconnects after a drop, with backoff and jitter, and resumes each
 //     subscription after the last seq it handled (or from its durable
 //     cursor), saying so with a "gap" event when the broker no longer
-//     has what came between (recovered:false);
+//     has what came between (recovered:false); a connection that fails
+//     to open counts as a drop even where no close event follows (Node
+//     20 fires only "error" for a refused port or certificate), and one
+//     that goes silent (half-open) is noticed by its own pings;
 //   - sends a QoS 1 publish again, with the same message_id, until the
 //     broker confirms it: its dedup makes that safe, and the promise
 //     resolves once, with the seq;
 //   - acks each QoS 1 delivery once its handler returns (or its promise
 //     resolves), or leaves that to message.ack();
 //   - refreshes its token in place, without reconnecting, when given a
-//     way to get a new one (getToken), before the old one expires;
+//     way to get a new one (getToken), before the old one expires; a
+//     token the broker refuses is never used again, and a client is one
+//     subject for its whole life (a token for another is refused);
+//   - joins a work queue with subscribe's group option;
 //   - names close codes: 4008 "cut_off", 4003 "token_expired", 4001
 //     "auth_failed", 1001 "going_away".
 //
@@ -64,6 +70,8 @@ export class PopsubError extends Error {
  * @property {number} [minDelay] first reconnect delay in ms (250)
  * @property {number} [maxDelay] longest reconnect delay in ms (10000)
  * @property {number} [refreshBefore] ms before expiry to refresh (60000)
+ * @property {number} [pingInterval] ms between the client's own pings on
+ *   a quiet connection; one silent for two of them is dropped (20000)
  * @property {typeof WebSocket} [WebSocket] the WebSocket class to use
  */
 
@@ -72,6 +80,8 @@ export class PopsubError extends Error {
  * @property {number} [after] replay only seqs after this one
  * @property {number} [last] replay only the newest N (0: live only)
  * @property {string} [durable] resume from this name's cursor on the broker
+ * @property {string} [group] join this work queue: each message goes to
+ *   one member of the group (docs/9-work-queues.md)
  * @property {"auto"|"manual"} [ack] auto (default) acks a QoS 1 delivery
  *   once its handler returns; manual leaves it to message.ack()
  */
@@ -122,6 +132,9 @@ export class Client {
   #attempt = 0;
   #retryTimer = null;
   #refreshTimer = null;
+  #pingTimer = null;
+  #heard = 0; // when the socket last received anything, in ms
+  #subject = ""; // the subject the broker accepted first, for good
   /** @type {Map<string, Subscription>} by topic */ #subscriptions = new Map();
   /** @type {Map<string, object>} by topic and message_id */ #publishes = new Map();
   /** @type {Array<{resolve: Function, reject: Function}>} */ #refreshes = [];
@@ -132,7 +145,7 @@ export class Client {
   constructor(url, options = {}) {
     this.#url = socketURL(url);
     this.#options = {minDelay: 250, maxDelay: 10000, refreshBefore: 60000,
-      ...options};
+      pingInterval: 20000, ...options};
     this.#token = options.token;
     this.#WebSocket = options.WebSocket || globalThis.WebSocket;
     if (!this.#WebSocket) {
@@ -173,15 +186,33 @@ export class Client {
   /** Whether the client is connected and authenticated now. */
   get connected() { return this.#authenticated; }
 
+  /** The subject the broker accepted, for the client's whole life. */
+  get subject() { return this.#subject; }
+
   // # Connecting, and reconnecting
 
   #dial() {
-    const ws = new this.#WebSocket(this.#url);
+    let ws;
+    try {
+      ws = new this.#WebSocket(this.#url);
+    } catch (err) {
+      // A malformed URL, or a scheme the runtime refuses.
+      this.#firstOpen.reject(new PopsubError("bad_url", String(err)));
+      this.#fail(new PopsubError("bad_url", String(err)));
+      return;
+    }
     this.#ws = ws;
+    this.#heard = Date.now();
     ws.addEventListener("open", () => this.#authenticate(ws));
     ws.addEventListener("message", (e) => this.#receive(ws, e.data));
     ws.addEventListener("close", (e) => this.#dropped(ws, e.code, e.reason));
-    ws.addEventListener("error", () => {}); // a close event follows
+    // Browsers follow "error" with "close"; Node 20's WebSocket, on a
+    // refused port or an untrusted certificate, does not. So an error is
+    // a drop here, and the close that may follow finds it handled.
+    ws.addEventListener("error", () => {
+      this.#dropped(ws, 1006, "the connection failed");
+      try { ws.close(); } catch {}
+    });
   }
 
   async #authenticate(ws) {
@@ -194,11 +225,21 @@ export class Client {
 
   // Called with the broker's first "authenticated" on a socket.
   #welcome(ws, frame) {
+    // A client is one subject for its whole life: its subscriptions and
+    // durable cursors are that subject's.
+    if (this.#subject && frame.sub !== this.#subject) {
+      this.#fail(new PopsubError("another_subject", `the token is ` +
+        `${frame.sub}'s; this client is ${this.#subject}'s`));
+      ws.close(1000, "");
+      return;
+    }
+    this.#subject = frame.sub;
     const reconnected = this.#attempt > 0 || this.conn !== 0;
     this.#authenticated = true;
     this.#attempt = 0;
     this.conn = frame.conn;
     this.#scheduleRefresh();
+    this.#schedulePing(ws);
     // Subscriptions first, then the publishes the broker never confirmed,
     // each with its own message_id: a repeat is confirmed as duplicate.
     for (const sub of this.#subscriptions.values()) sub._resubscribe(ws);
@@ -213,6 +254,7 @@ export class Client {
     this.#authenticated = false;
     this.#ws = null;
     clearTimeout(this.#refreshTimer);
+    clearTimeout(this.#pingTimer);
     for (const r of this.#refreshes.splice(0)) {
       r.reject(new PopsubError("closed", "the connection closed"));
     }
@@ -251,11 +293,32 @@ export class Client {
     this.#publishes.clear();
   }
 
+  // A connection can go silent without a close: a laptop's lid, a NAT
+  // that forgot the flow. The broker's own pings cannot be seen from a
+  // page, so the client sends its own on a quiet connection, and drops
+  // one that has heard nothing for two intervals.
+  #schedulePing(ws) {
+    clearTimeout(this.#pingTimer);
+    const every = this.#options.pingInterval;
+    if (!every) return;
+    this.#pingTimer = setTimeout(() => {
+      if (ws !== this.#ws) return;
+      if (Date.now() - this.#heard > 2 * every) {
+        this.#dropped(ws, 1006, "no answer for " + 2 * every + " ms");
+        try { ws.close(); } catch {}
+        return;
+      }
+      if (Date.now() - this.#heard >= every) this.#send(ws, {type: "ping"});
+      this.#schedulePing(ws);
+    }, every);
+  }
+
   /** Closes the connection for good; unconfirmed publishes reject. */
   close() {
     this.#closed = true;
     clearTimeout(this.#retryTimer);
     clearTimeout(this.#refreshTimer);
+    clearTimeout(this.#pingTimer);
     this.#fail(new PopsubError("closed", "the client was closed"));
     if (this.#ws) this.#ws.close(1000, "");
   }
@@ -287,15 +350,25 @@ export class Client {
    * Replaces the token on the open connection, without reconnecting:
    * its grants and expiry take effect at once. Resolves once the broker
    * answers "authenticated"; rejects if it refuses the token, and the
-   * connection then goes on with the old one.
+   * connection then goes on with the old one, which is also the one a
+   * reconnect uses: a refused token is never used again. A token for
+   * another subject is refused here, without asking. While the client
+   * is not connected, the token is the one its next attempt uses.
    * @param {string} token
    */
   setToken(token) {
-    this.#token = token;
+    const sub = subjectOf(token);
+    if (this.#subject && sub && sub !== this.#subject) {
+      return Promise.reject(new PopsubError("another_subject",
+        `the token is ${sub}'s; this client is ${this.#subject}'s`));
+    }
     const ws = this.#ws;
-    if (!ws || !this.#authenticated) return Promise.resolve();
+    if (!ws || !this.#authenticated) {
+      this.#token = token;
+      return Promise.resolve();
+    }
     return new Promise((resolve, reject) => {
-      this.#refreshes.push({resolve, reject});
+      this.#refreshes.push({token, resolve, reject});
       this.#send(ws, {type: "auth", token, client: this.#options.client});
     });
   }
@@ -304,6 +377,7 @@ export class Client {
 
   #receive(ws, data) {
     if (ws !== this.#ws) return;
+    this.#heard = Date.now();
     let frame;
     try { frame = JSON.parse(data); } catch { return; }
     switch (frame.type) {
@@ -323,8 +397,10 @@ export class Client {
   }
 
   #refreshed(frame) {
+    const refresh = this.#refreshes.shift();
+    if (refresh) this.#token = refresh.token;
     this.#scheduleRefresh();
-    this.#refreshes.shift()?.resolve();
+    refresh?.resolve();
     this.#emit("refresh", {sub: frame.sub, conn: frame.conn});
   }
 
@@ -410,6 +486,12 @@ export class Client {
    * @returns {Promise<Subscription>}
    */
   subscribe(topic, onMessage, options = {}) {
+    const unknown = Object.keys(options).filter((k) =>
+      !["after", "last", "durable", "group", "ack"].includes(k));
+    if (unknown.length > 0) {
+      return Promise.reject(new PopsubError("bad_option", "subscribe " +
+        "knows after, last, durable, group and ack, not " + unknown));
+    }
     const old = this.#subscriptions.get(topic);
     if (old) old._end(new PopsubError("replaced", "subscribed again"));
     const sub = new Subscription(this, topic, onMessage, options,
@@ -477,9 +559,15 @@ export class Subscription {
   // a reconnect the position reached (or the durable cursor).
   _resubscribe(ws) {
     const frame = {type: "subscribe", topic: this.topic};
-    const {after, last, durable} = this.#options;
+    const {after, last, durable, group} = this.#options;
     const resuming = this.#subscribedOnce;
-    if (durable) {
+    if (group) {
+      // A group keeps its own place in the log: a member resumes where
+      // the group is, and its unacked jobs went to the others.
+      frame.group = group;
+      if (!resuming && after !== undefined) frame.after = after;
+      else if (!resuming && last !== undefined) frame.last = last;
+    } else if (durable) {
       frame.durable = durable;
     } else if (resuming && !this.wildcard) {
       frame.after = this.position;
@@ -493,7 +581,7 @@ export class Subscription {
     // old socket's acks may not have arrived. A durable cursor may be
     // further back still, so it starts afresh.
     if (resuming) {
-      if (durable) this.#seen.clear();
+      if (durable || group) this.#seen.clear();
       else if (!this.wildcard) this.#seen.set(this.topic, frame.after);
       this.#open.clear();
     }
@@ -571,6 +659,61 @@ export class Subscription {
   }
 }
 
+// # Following a topic over HTTP, with tokens that renew
+
+/**
+ * Follows topic with EventSource (Server-Sent Events, GET /topics/…),
+ * for a page that only reads. EventSource resumes by itself after a
+ * drop, but not after its token expires: the stream's last event says
+ * token_expired, and its own reconnect, with the old token in the URL,
+ * is refused. follow then asks getToken for a fresh one and opens the
+ * stream again after the last seq it saw. It returns a function that
+ * stops following.
+ * @param {string} base the broker's http(s) URL, "" for this page's
+ * @param {string} topic
+ * @param {{getToken: () => (string|Promise<string>),
+ *   onMessage: (m: object) => void, after?: number,
+ *   onGap?: (e: object) => void, onClose?: (e: object) => void}} options
+ * @returns {() => void}
+ */
+export function follow(base, topic, options) {
+  const {getToken, onMessage, onGap = () => {}, onClose = () => {}} =
+    options;
+  let after = options.after;
+  let source = null;
+  let stopped = false;
+  const open = async () => {
+    const token = await getToken();
+    if (stopped) return;
+    const query = new URLSearchParams({access_token: token});
+    if (after !== undefined) query.set("after", String(after));
+    source = new EventSource(`${base}/topics/${topic}?${query}`);
+    source.addEventListener("message", (e) => {
+      const m = JSON.parse(e.data);
+      if (m.seq) after = m.seq;
+      onMessage(m);
+    });
+    source.addEventListener("subscribed", (e) => {
+      const f = JSON.parse(e.data);
+      if (f.recovered === false) onGap(f);
+    });
+    source.addEventListener("closed", (e) => {
+      const f = JSON.parse(e.data);
+      onClose(f);
+      // An expired token: this stream's own reconnect would be refused.
+      if (f.code === "token_expired" || f.code === "auth_failed") {
+        source.close();
+        if (!stopped) open();
+      }
+    });
+  };
+  open();
+  return () => {
+    stopped = true;
+    source?.close();
+  };
+}
+
 // # Helpers
 
 /** socketURL turns http(s)://host into ws(s)://host/ws. */
@@ -584,12 +727,22 @@ function socketURL(url) {
 
 /** expiryOf returns a JWT's exp in Unix ms, or 0 if it has none. */
 export function expiryOf(token) {
+  const {exp} = claimsOf(token);
+  return typeof exp === "number" ? exp * 1000 : 0;
+}
+
+/** subjectOf returns a JWT's sub, or "" if it has none. */
+export function subjectOf(token) {
+  return claimsOf(token).sub || "";
+}
+
+/** claimsOf decodes a JWT's claims, unverified, or returns {}. */
+function claimsOf(token) {
   try {
     const part = token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
-    const claims = JSON.parse(atob(part + "=".repeat((4 - part.length % 4) % 4)));
-    return typeof claims.exp === "number" ? claims.exp * 1000 : 0;
+    return JSON.parse(atob(part + "=".repeat((4 - part.length % 4) % 4)));
   } catch {
-    return 0;
+    return {};
   }
 }
 

@@ -44,6 +44,7 @@ type chaosConfig struct {
 	publishers, window         int
 	rate                       float64
 	duration, every, drainTime time.Duration
+	natsEvery                  time.Duration // 0: NATS kills in the draw
 	seed                       uint64
 }
 
@@ -66,6 +67,9 @@ func parseChaos(args []string, stderr io.Writer) (chaosConfig, error) {
 		"nemesis injects faults")
 	fs.DurationVar(&c.every, "every", 3*time.Second, "the mean time "+
 		"between faults")
+	fs.DurationVar(&c.natsEvery, "nats-every", 0, "with --engine nats, "+
+		"also kill the NATS server every this long to twice as long, "+
+		"beside the other faults (0: NATS kills are drawn with them)")
 	fs.DurationVar(&c.drainTime, "drain", 3*time.Minute, "how long the "+
 		"clients have to finish after the last fault")
 	fs.Uint64Var(&c.seed, "seed", 0, "the nemesis's seed (default: a "+
@@ -148,8 +152,11 @@ type chaosRun struct {
 	history *chaos.History
 	started time.Time
 	nats    []*process // the NATS servers, with --engine nats
-	brokers []*process
-	proxies []*proxy
+	// natsKills lets one NATS kill happen at a time, from the draw or
+	// from --nats-every.
+	natsKills sync.Mutex
+	brokers   []*process
+	proxies   []*proxy
 	// fresh numbers the new topics the nemesis makes.
 	fresh []string
 }
@@ -580,6 +587,11 @@ func (r *chaosRun) nemesis(ctx context.Context) {
 	if r.cfg.engine == "nats" {
 		faults = append(faults, r.killNATS, r.afterNATSRestart)
 	}
+	if r.cfg.engine == "nats" && r.cfg.natsEvery > 0 {
+		done := make(chan struct{})
+		defer func() { <-done }()
+		go r.killNATSEvery(ctx, done)
+	}
 	for start := time.Now(); time.Since(start) < r.cfg.duration; {
 		wait := r.cfg.every/2 + time.Duration(r.rand.Int64N(
 			int64(r.cfg.every)))
@@ -716,8 +728,15 @@ func (r *chaosRun) stall(ctx context.Context) {
 // killNATS kills a NATS server (one node of a cluster) and starts it
 // again after up to five seconds, on its files and its port.
 func (r *chaosRun) killNATS(ctx context.Context) {
-	n := r.nats[r.rand.IntN(len(r.nats))]
-	d := time.Duration(r.rand.Int64N(int64(5 * time.Second)))
+	r.killNATSWith(ctx, r.rand)
+}
+
+// killNATSWith is killNATS drawing from random.
+func (r *chaosRun) killNATSWith(ctx context.Context, random *rand.Rand) {
+	r.natsKills.Lock()
+	defer r.natsKills.Unlock()
+	n := r.nats[random.IntN(len(r.nats))]
+	d := time.Duration(random.Int64N(int64(5 * time.Second)))
 	healed := r.note("kill-nats", n.name, fmt.Sprintf("kill -9, back after "+
 		"%.1fs", d.Seconds()))
 	n.kill()
@@ -728,6 +747,25 @@ func (r *chaosRun) killNATS(ctx context.Context) {
 		return
 	}
 	healed()
+}
+
+// killNATSEvery kills the NATS server every --nats-every to twice that,
+// until --duration has passed, beside the other faults; it closes done.
+// Its own random source, seeded from the run's, keeps the other faults'
+// draws what the seed says.
+func (r *chaosRun) killNATSEvery(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	random := rand.New(rand.NewPCG(r.cfg.seed, 1))
+	for start := time.Now(); time.Since(start) < r.cfg.duration; {
+		wait := r.cfg.natsEvery + time.Duration(random.Int64N(
+			int64(r.cfg.natsEvery)))
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return
+		}
+		r.killNATSWith(ctx, random)
+	}
 }
 
 // afterNATSRestart is the schedule that once left a publish with no

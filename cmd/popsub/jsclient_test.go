@@ -5,7 +5,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -45,6 +48,77 @@ type jsServer struct {
 	broker *popsub.Broker // nil while restarting
 
 	dropConfirm atomic.Bool // the relay drops the next confirm
+	// mute is closed to make the relays open now carry nothing more,
+	// either way, without closing: a half-open connection.
+	mute chan struct{}
+
+	// serve is a real popsub serve, run in this process on a port of
+	// its own, that the suite stops (its port closed) and starts again.
+	serve *serveProcess
+}
+
+// serveProcess is one popsub serve on a fixed address and file, which
+// can be stopped and started again.
+type serveProcess struct {
+	t          *testing.T
+	addr, db   string
+	closedAddr string // a port nothing listens on
+	mu         sync.Mutex
+	stop       func() error // nil while stopped
+}
+
+// start runs serve until stop; it returns once serve listens.
+func (p *serveProcess) start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stop != nil {
+		return nil
+	}
+	args := []string{"serve", "--addr", p.addr, "--db", p.db,
+		"--secret", string(jsSecret), "--log-level", "error",
+		"--origins", "127.0.0.1:*"}
+	ctx, cancel := context.WithCancel(context.Background())
+	out, in := io.Pipe()
+	result := make(chan error, 1)
+	go func() {
+		result <- run(ctx, args, in, io.Discard)
+		in.Close()
+	}()
+	banner, err := bufio.NewReader(out).ReadString('\n')
+	go io.Copy(io.Discard, out)
+	if !strings.HasPrefix(banner, "popsub listening") {
+		cancel()
+		return fmt.Errorf("serve did not start: %q %v %v", banner, err,
+			<-result)
+	}
+	p.stop = func() error {
+		cancel()
+		return <-result
+	}
+	return nil
+}
+
+// halt stops serve, and returns once its port is closed.
+func (p *serveProcess) halt() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stop == nil {
+		return nil
+	}
+	err := p.stop()
+	p.stop = nil
+	return err
+}
+
+// freeAddr returns a 127.0.0.1 address with a port nothing listens on
+// now.
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
 
 // jsSecret signs the suite's tokens.
@@ -53,7 +127,11 @@ var jsSecret = []byte("javascript-client-test-secret-32-bytes")
 // startJSServer serves the suite's broker on 127.0.0.1.
 func startJSServer(t *testing.T) *jsServer {
 	t.Helper()
-	s := &jsServer{t: t, path: filepath.Join(t.TempDir(), "js.db")}
+	s := &jsServer{t: t, path: filepath.Join(t.TempDir(), "js.db"),
+		mute: make(chan struct{})}
+	s.serve = &serveProcess{t: t, addr: freeAddr(t),
+		db: filepath.Join(t.TempDir(), "serve.db"), closedAddr: freeAddr(t)}
+	t.Cleanup(func() { s.serve.halt() })
 	s.broker = s.newBroker()
 	mux := http.NewServeMux()
 	mux.HandleFunc("/ws", s.serveBroker)
@@ -76,6 +154,26 @@ func startJSServer(t *testing.T) *jsServer {
 	mux.HandleFunc("POST /control/drop-next-confirm", func(
 		http.ResponseWriter, *http.Request) {
 		s.dropConfirm.Store(true)
+	})
+	mux.HandleFunc("POST /control/silence-relay", func(
+		http.ResponseWriter, *http.Request) {
+		s.mu.Lock()
+		close(s.mute)
+		s.mute = make(chan struct{})
+		s.mu.Unlock()
+	})
+	mux.HandleFunc("POST /control/serve", s.serveURLs)
+	mux.HandleFunc("POST /control/serve-stop", func(w http.ResponseWriter,
+		_ *http.Request) {
+		if err := s.serve.halt(); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	})
+	mux.HandleFunc("POST /control/serve-start", func(w http.ResponseWriter,
+		_ *http.Request) {
+		if err := s.serve.start(); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
 	})
 	web := httptest.NewServer(mux)
 	s.url = web.URL
@@ -143,6 +241,18 @@ func (s *jsServer) restart(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 }
 
+// serveURLs starts the real serve if need be, and answers its WebSocket
+// URL and one where nothing listens.
+func (s *jsServer) serveURLs(w http.ResponseWriter, _ *http.Request) {
+	if err := s.serve.start(); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	json.NewEncoder(w).Encode(map[string]string{
+		"ws":     "ws://" + s.serve.addr + "/ws",
+		"closed": "ws://" + s.serve.closedAddr + "/ws"})
+}
+
 // token signs a token: ?sub=…&ttl=seconds&publish=a,b&subscribe=c.
 func (s *jsServer) token(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
@@ -174,6 +284,17 @@ func (s *jsServer) relay(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
+	s.mu.Lock()
+	mute := s.mute
+	s.mu.Unlock()
+	muted := func() bool {
+		select {
+		case <-mute:
+			return true
+		default:
+			return false
+		}
+	}
 	defer client.CloseNow()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -188,7 +309,10 @@ func (s *jsServer) relay(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 		for {
 			typ, data, err := client.Read(ctx)
-			if err != nil || upstream.Write(ctx, typ, data) != nil {
+			if err != nil {
+				return
+			}
+			if !muted() && upstream.Write(ctx, typ, data) != nil {
 				return
 			}
 		}
@@ -201,6 +325,9 @@ func (s *jsServer) relay(w http.ResponseWriter, r *http.Request) {
 		if bytes.Contains(data, []byte(`"type":"published"`)) &&
 			s.dropConfirm.CompareAndSwap(true, false) {
 			return
+		}
+		if muted() {
+			continue
 		}
 		if client.Write(ctx, typ, data) != nil {
 			return

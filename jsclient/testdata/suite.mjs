@@ -225,21 +225,6 @@ test("a token is refreshed before it expires, without a reconnect",
       "one token asked for, no reconnect");
   });
 
-test("setToken refuses another subject and keeps the session",
-  async (env) => {
-    const c = env.track(await env.lib.connect(env.base + "/ws",
-      {token: await tokenFor(env, "alice")}));
-    try {
-      await c.setToken(await tokenFor(env, "mallory"));
-      throw new Error("accepted another subject");
-    } catch (err) {
-      equal(err.code, "auth_failed", "the refusal");
-    }
-    const confirm = await c.publish(topic("still"), 1, {qos: 1});
-    equal(confirm.seq, 1, "a publish after the refusal");
-    assert(c.connected, "still connected");
-  });
-
 test("a gap is said when the log no longer has what was asked for",
   async (env) => {
     // after beyond the head: the log was started again, say. The broker
@@ -255,4 +240,166 @@ test("a gap is said when the log no longer has what was asked for",
     await waitUntil(() => got.length === 3, "the three");
     equal([gaps.length, gaps[0]?.topic, gaps[0]?.after], [1, t, 90], "the gap");
     equal(got.map((m) => m.seq), [1, 2, 3], "replayed from the oldest");
+  });
+
+// serve returns the URLs of the real `popsub serve` the Go test runs
+// beside the suite's server: {ws, closed}, closed being a port nothing
+// listens on.
+async function serve(env) {
+  return JSON.parse(await control(env, "serve"));
+}
+
+test("connect rejects when nothing listens", async (env) => {
+  const {closed} = await serve(env);
+  try {
+    await env.lib.connect(closed, {token: await tokenFor(env, "alice")});
+    throw new Error("connect resolved");
+  } catch (err) {
+    equal(err.name, "PopsubError", "the rejection: " + err);
+  }
+});
+
+test("a broker stopped and started again, its port closed between: " +
+  "the client comes back and resumes", async (env) => {
+  const {ws} = await serve(env);
+  const token = await tokenFor(env, "alice");
+  const c = env.track(await env.lib.connect(ws,
+    {token, minDelay: 20, maxDelay: 200}));
+  const closes = [];
+  c.on("close", (e) => closes.push(e));
+  const opens = [];
+  c.on("open", (e) => opens.push(e));
+  const t = topic("serve");
+  const {got, handler} = collector();
+  await c.subscribe(t, handler, {after: 0});
+  await c.publish(t, "before", {qos: 1});
+  await control(env, "serve-stop");
+  await waitUntil(() => closes.length > 0, "the close");
+  // Published while the port is closed: kept, and sent once it is back.
+  const pending = c.publish(t, "during", {qos: 1});
+  await new Promise((r) => setTimeout(r, 300)); // refused dials meanwhile
+  assert(!c.connected, "connected while the broker is down");
+  await control(env, "serve-start");
+  const confirm = await pending;
+  equal(confirm.seq, 2, "the publish made while it was down");
+  await waitUntil(() => got.length >= 2, "both delivered");
+  equal(got.map((m) => m.payload), ["before", "during"], "the deliveries");
+  assert(opens.some((e) => e.reconnected), "no reconnected open event");
+});
+
+test("a refused setToken is never used again", async (env) => {
+  const token = await tokenFor(env, "alice");
+  const c = env.track(await env.lib.connect(env.base + "/ws",
+    {token, minDelay: 20, maxDelay: 100}));
+  try {
+    await c.setToken("not-a-token");
+    throw new Error("the bad token was accepted");
+  } catch (err) {
+    equal(err.code, "auth_failed", "the refusal");
+  }
+  // A blip: the reconnect uses the token the broker accepted.
+  const conn = c.conn;
+  await control(env, "restart");
+  await waitUntil(() => c.connected && c.conn !== conn, "a reconnect");
+  const confirm = await c.publish(topic("kept"), 1, {qos: 1});
+  equal([confirm.seq, c.subject], [1, "alice"], "still alice's session");
+});
+
+test("a token for another subject is refused, and never used",
+  async (env) => {
+    const c = env.track(await env.lib.connect(env.base + "/ws",
+      {token: await tokenFor(env, "alice"), minDelay: 20, maxDelay: 100}));
+    try {
+      await c.setToken(await tokenFor(env, "mallory"));
+      throw new Error("accepted another subject");
+    } catch (err) {
+      equal(err.code, "another_subject", "the refusal");
+    }
+    const conn = c.conn;
+    await control(env, "restart");
+    await waitUntil(() => c.connected && c.conn !== conn, "a reconnect");
+    equal(c.subject, "alice", "the subject after the reconnect");
+  });
+
+test("group: each job goes to one member of the work queue",
+  async (env) => {
+    const token = await tokenFor(env, "worker");
+    const t = topic("jobs");
+    const members = [];
+    for (let i = 0; i < 2; i++) {
+      const c = env.track(await env.lib.connect(env.base + "/ws", {token}));
+      const {got, handler} = collector();
+      await c.subscribe(t, handler, {group: "workers"});
+      members.push(got);
+    }
+    const shop = env.track(await env.lib.connect(env.base + "/ws", {token}));
+    for (let i = 1; i <= 6; i++) await shop.publish(t, i, {qos: 1});
+    await waitUntil(() => members[0].length + members[1].length === 6,
+      "six jobs done");
+    const all = members.flat().map((m) => m.payload).sort();
+    equal(all, [1, 2, 3, 4, 5, 6], "each job once");
+    assert(members.every((got) => got.length > 0), "a member got nothing");
+  });
+
+test("an option subscribe does not know is an error", async (env) => {
+  const c = env.track(await env.lib.connect(env.base + "/ws",
+    {token: await tokenFor(env, "alice")}));
+  try {
+    await c.subscribe(topic("typo"), () => {}, {grup: "workers"});
+    throw new Error("the typo was taken");
+  } catch (err) {
+    equal(err.code, "bad_option", "the error");
+  }
+});
+
+test("a silent connection is noticed by the client's pings",
+  async (env) => {
+    const token = await tokenFor(env, "alice");
+    const c = env.track(await env.lib.connect(env.base + "/relay/ws",
+      {token, pingInterval: 100, minDelay: 20, maxDelay: 100}));
+    const closes = [];
+    c.on("close", (e) => closes.push(e));
+    // The relay stops carrying anything, either way, without closing.
+    await control(env, "silence-relay");
+    await waitUntil(() => closes.length > 0, "the silence noticed");
+    await waitUntil(() => c.connected, "a new connection");
+    const confirm = await c.publish(topic("silent"), 1, {qos: 1});
+    equal(confirm.seq, 1, "a publish on the new connection");
+  });
+
+test("follow renews an expired token and goes on after the last seq",
+  async (env) => {
+    if (!globalThis.EventSource) return; // a browser's; Node has none
+    // The real serve, with its HTTP gateway; this page is of another
+    // origin, which serve's --origins allows.
+    const {ws} = await serve(env);
+    const base = ws.replace(/^ws/, "http").replace(/\/ws$/, "");
+    const writer = env.track(await env.lib.connect(ws,
+      {token: await tokenFor(env, "alice")}));
+    const t = topic("follow");
+    await writer.publish(t, 1, {qos: 1});
+    // A token of one second: with the broker's leeway of five, the
+    // stream ends with token_expired six seconds in.
+    const tokens = [];
+    const got = [];
+    const closes = [];
+    const stop = env.lib.follow(base, t, {after: 0,
+      getToken: async () => {
+        const token = await tokenFor(env, "alice", {ttl: tokens.length ? 3600 : 1});
+        tokens.push(token);
+        return token;
+      },
+      onMessage: (m) => got.push(m.payload),
+      onClose: (f) => closes.push(f.code)});
+    try {
+      await waitUntil(() => got.length === 1, "the first message");
+      await new Promise((r) => setTimeout(r, 7000));
+      await writer.publish(t, 2, {qos: 1});
+      await waitUntil(() => got.length === 2, "the message after renewal");
+      equal(got, [1, 2], "each message once, in order");
+      equal(closes[0], "token_expired", "why the first stream ended");
+      equal(tokens.length, 2, "tokens asked for");
+    } finally {
+      stop();
+    }
   });
