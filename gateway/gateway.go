@@ -1319,9 +1319,12 @@ func (s *eventStream) deliver(ctx context.Context, ws *websocket.Conn,
 		return ws.Write(ctx, websocket.MessageText, ack)
 	case "unsubscribed":
 		// A durable subscription taken over by another session ends
-		// this stream.
+		// this stream, and so would any other end the broker gives.
 		s.event("", "unsubscribed", f)
-		return errTakenOver
+		if strings.Contains(f.Reason, "taken over") {
+			return errTakenOver
+		}
+		return errRefused
 	default:
 		return s.event("", f.Type, f)
 	}

@@ -57,7 +57,7 @@ func (f *clientFlags) credentials() (string, error) {
 func clientCommand(ctx context.Context, args []string, stdout,
 	stderr io.Writer) error {
 	command, rest := splitCommand(args, "url", "ca", "token", "secret", "qos",
-		"id", "after", "last", "durable", "count")
+		"id", "after", "last", "durable", "group", "count")
 	switch command {
 	case "sub":
 		return subCommand(ctx, rest, stdout, stderr)
@@ -69,8 +69,9 @@ func clientCommand(ctx context.Context, args []string, stdout,
 		return demoCommand(ctx, rest, stdout, stderr)
 	}
 	return fmt.Errorf("unknown client command %q: use pub TOPIC PAYLOAD, "+
-		"sub TOPIC, frames (the tutorials' sessions, read from standard "+
-		"input), or no command for the original's demo", command)
+		"sub TOPIC, frames (type frames at the broker, NAME → {…} a line; "+
+		"with --check, a transcript to compare), or no command for the "+
+		"original's demo", command)
 }
 
 // splitCommand finds the first argument that is not a flag nor the value
@@ -149,14 +150,10 @@ func dialAuthenticated(ctx context.Context, url string,
 	error) {
 	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	ws, _, err := websocket.Dial(dialCtx, url, options)
-	var unknown x509.UnknownAuthorityError
-	if errors.As(err, &unknown) {
-		return nil, fmt.Errorf("connect to %s: %w (a self-signed "+
-			"certificate? trust it with --ca FILE)", url, err)
-	}
+	ws, response, err := websocket.Dial(dialCtx, url, options)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", url, err)
+		return nil, fmt.Errorf("connect to %s: %w%s", url, err,
+			dialHint(url, response, err))
 	}
 	ws.SetReadLimit(-1)
 	s := &session{ws: ws}
@@ -175,6 +172,27 @@ func dialAuthenticated(ctx context.Context, url string,
 		return nil, err
 	}
 	return ws, nil
+}
+
+// dialHint says what most often makes a dial fail this way, or "".
+func dialHint(url string, response *http.Response, err error) string {
+	var unknown x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	switch {
+	case errors.As(err, &unknown):
+		return " (a self-signed certificate? trust it with --ca FILE)"
+	case errors.As(err, &hostname) &&
+		len(hostname.Certificate.DNSNames) == 0 &&
+		len(hostname.Certificate.IPAddresses) == 0:
+		return " (the certificate names its host only in its Common " +
+			"Name, which Go no longer reads: make it with a " +
+			"subjectAltName, such as openssl's -addext " +
+			"subjectAltName=IP:127.0.0.1, or generate_cert.go --host)"
+	case response != nil && response.StatusCode == http.StatusBadRequest &&
+		strings.HasPrefix(url, "ws://"):
+		return " (does the broker serve TLS? then use wss://)"
+	}
+	return ""
 }
 
 // refusalHint says what most often makes a broker refuse a token.

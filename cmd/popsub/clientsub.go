@@ -17,6 +17,8 @@ func subCommand(ctx context.Context, args []string, stdout,
 	after := fs.Int64("after", -1, "replay only messages with seq > N")
 	last := fs.Int64("last", -1, "replay only the newest N messages")
 	durable := fs.String("durable", "", "durable subscription name")
+	group := fs.String("group", "", "join this work queue: each message "+
+		"goes to one member of the group")
 	count := fs.Int("count", 0, "exit after N messages (0: run until ^C)")
 	noAck := fs.Bool("no-ack", false, "do not ack QoS 1 deliveries")
 	topics, err := parseInterleaved(fs, args)
@@ -36,6 +38,9 @@ func subCommand(ctx context.Context, args []string, stdout,
 	}
 	if *durable != "" {
 		request["durable"] = *durable
+	}
+	if *group != "" {
+		request["group"] = *group
 	}
 	s, err := connect(ctx, cf)
 	if err != nil {

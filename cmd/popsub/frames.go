@@ -33,8 +33,11 @@ import (
 // token, or when its name starts with "stranger". Every frame a
 // connection gets is printed as it arrives, alice ← {…}. A ← line waits
 // for that frame and says so if it differs; at the end of the input, a
-// ping to every connection makes sure nothing else was on its way. The
-// docs test runs every tutorial block through this same code.
+// ping to every connection makes sure nothing else was on its way. So
+// it is both a way to type frames at a broker, which needs no ← line at
+// all, and, with --check, a transcript checker: then a frame that no ←
+// line shows is a mistake too. The docs test runs every tutorial block
+// through this same code, as --check does.
 
 // framesWait is how long a ← line waits for its frame: longer than any
 // ack timeout a tutorial sets, so that a retry shown in a block comes.
@@ -90,6 +93,8 @@ func framesCommand(ctx context.Context, args []string, stdin io.Reader,
 	var cf clientFlags
 	fs := newFlagSet("popsub client frames", stderr)
 	cf.add(fs)
+	check := fs.Bool("check", false, "the input is a whole transcript: "+
+		"a frame that no ← line shows is a mistake")
 	if _, err := parseInterleaved(fs, args); err != nil {
 		return err
 	}
@@ -112,8 +117,11 @@ func framesCommand(ctx context.Context, args []string, stdin io.Reader,
 		}
 	}
 	for _, unlisted := range s.barrier(ctx) {
-		fmt.Fprintf(stderr, "popsub: %s, which no line shows\n", unlisted)
-		problems++
+		if *check {
+			fmt.Fprintf(stderr, "popsub: %s, which no line shows\n",
+				unlisted)
+			problems++
+		}
 	}
 	if problems > 0 {
 		return fmt.Errorf("%d lines did not go as written", problems)
@@ -286,6 +294,15 @@ func (s *framesSession) receive(c *framesClient) {
 		}
 		s.mu.Lock()
 		typ := frameType(data)
+		if typ == "error" && !c.authenticated && len(c.hidden) > 0 &&
+			c.hidden[0] == "authenticated" {
+			// The quiet auth was refused: say why it usually is.
+			c.hidden = c.hidden[1:]
+			var refused frame
+			json.Unmarshal(data, &refused)
+			fmt.Fprintf(s.out, "# %s's token was refused%s\n", c.name,
+				refusalHint(refused.Code))
+		}
 		c.authenticated = c.authenticated || typ == "authenticated"
 		if len(c.hidden) > 0 && typ == c.hidden[0] {
 			c.hidden = c.hidden[1:]
@@ -399,6 +416,14 @@ func (s *framesSession) hangUp(name string) {
 // was on its way came first. It returns the frames no ← line claimed, as
 // lines.
 func (s *framesSession) barrier(ctx context.Context) []string {
+	// A connection still waiting for its quiet auth's answer gets it
+	// first: input that ended at once (a pipe) would otherwise find no
+	// connection to ping, and end before anything arrived.
+	for _, c := range s.clients {
+		s.waitFor(c, func() bool {
+			return len(c.hidden) == 0 || c.hidden[0] != "authenticated"
+		})
+	}
 	for _, c := range s.clients {
 		// A ping before auth would be refused, and close the connection.
 		s.mu.Lock()
@@ -411,22 +436,7 @@ func (s *framesSession) barrier(ctx context.Context) []string {
 	}
 	var unlisted []string
 	for _, c := range s.clients {
-		deadline := time.After(5 * time.Second)
-		for waiting := true; waiting; {
-			s.mu.Lock()
-			waiting = len(c.hidden) > 0
-			s.mu.Unlock()
-			if !waiting {
-				break
-			}
-			select {
-			case <-c.arrived:
-			case <-c.ended:
-				waiting = false
-			case <-deadline:
-				waiting = false
-			}
-		}
+		s.waitFor(c, func() bool { return len(c.hidden) == 0 })
 		s.mu.Lock()
 		for _, data := range c.frames[c.matched:] {
 			unlisted = append(unlisted, fmt.Sprintf("%s ← %s", c.name, data))
@@ -435,6 +445,27 @@ func (s *framesSession) barrier(ctx context.Context) []string {
 		s.mu.Unlock()
 	}
 	return unlisted
+}
+
+// waitFor waits, five seconds at most, until done (called under s.mu)
+// reports true for c, or c's connection ends.
+func (s *framesSession) waitFor(c *framesClient, done func() bool) {
+	deadline := time.After(5 * time.Second)
+	for {
+		s.mu.Lock()
+		ok := done()
+		s.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-c.arrived:
+		case <-c.ended:
+			return
+		case <-deadline:
+			return
+		}
+	}
 }
 
 // close closes every connection.

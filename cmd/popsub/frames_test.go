@@ -2,7 +2,11 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"slices"
@@ -110,4 +114,146 @@ func frameMatches(want, got string) bool {
 // signFor signs an hour's token for name with secret.
 func signFor(secret, name string) (string, error) {
 	return popsub.NewToken([]byte(secret), name, time.Hour)
+}
+
+func TestFrames_TypedWithoutRepliesPrintsThemAndGoesOn(t *testing.T) {
+	secret := "a-tutorial-secret-of-at-least-32-bytes"
+	url, _, _ := startServe(t, "--secret", secret)
+	alice, err := signFor(secret, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("ALICE", alice)
+	typed := `alice → {"type":"subscribe","topic":"jobs"}` + "\n"
+	for _, check := range []bool{false, true} {
+		args := []string{"client", "frames", "--url", url + "/ws"}
+		if check {
+			args = append(args, "--check")
+		}
+		var stdout, stderr bytes.Buffer
+		err := runWithInput(args, typed, &stdout, &stderr)
+		if !strings.Contains(stdout.String(), `alice ← {"type":"subscribed"`) {
+			t.Errorf("check=%v printed %q (%s), want alice's reply", check,
+				stdout.String(), stderr.String())
+		}
+		if check != (err != nil) {
+			t.Errorf("check=%v: %v (%s), want an error only with --check",
+				check, err, stderr.String())
+		}
+	}
+
+	// A refused token says why it usually is.
+	t.Setenv("ALICE", "not-a-token")
+	var stdout, stderr bytes.Buffer
+	runWithInput([]string{"client", "frames", "--url", url + "/ws"}, typed,
+		&stdout, &stderr)
+	if !strings.Contains(stdout.String(), "# alice's token was refused") {
+		t.Errorf("a refused token printed %q, want a hint", stdout.String())
+	}
+}
+
+// runWithInput runs popsub with args, input as its standard input.
+func runWithInput(args []string, input string, stdout,
+	stderr *bytes.Buffer) error {
+	bin, err := built()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdin = strings.NewReader(input)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	return cmd.Run()
+}
+
+func TestClient_SubJoinsAGroup(t *testing.T) {
+	secret := "a-tutorial-secret-of-at-least-32-bytes"
+	url, _, _ := startServe(t, "--secret", secret)
+	tok, err := signFor(secret, "worker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two members, each done after two jobs: four jobs make two each,
+	// where two plain subscribers would each print the first two.
+	outs := make([]bytes.Buffer, 2)
+	done := make(chan error, 2)
+	for i := range outs {
+		go func() {
+			done <- run(context.Background(), []string{"client", "sub",
+				"jobs", "--group", "workers", "--count", "2", "--url", url,
+				"--token", tok}, &outs[i], io.Discard)
+		}()
+	}
+	waitForSubscribers(t, url, 2)
+	for i := range 4 {
+		if err := run(context.Background(), []string{"client", "pub", "jobs",
+			fmt.Sprint(i), "--qos", "1", "--url", url, "--token", tok},
+			io.Discard, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range outs {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	seqs := map[string]bool{}
+	for i := range outs {
+		for _, line := range strings.Split(strings.TrimSpace(
+			outs[i].String()), "\n") {
+			var m struct{ Seq json.Number }
+			json.Unmarshal([]byte(line), &m)
+			seqs[m.Seq.String()] = true
+		}
+	}
+	if len(seqs) != 4 {
+		t.Errorf("the members printed %d distinct jobs, want 4: %v", len(seqs),
+			seqs)
+	}
+}
+
+func TestClient_HintsWhatADialNeeds(t *testing.T) {
+	cases := []struct {
+		name, want string
+		sans       bool
+		scheme     string
+	}{
+		{"ws:// to a TLS broker", "use wss://", true, "ws"},
+		{"a certificate without subjectAltName", "subjectAltName", false,
+			"wss"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cert, key := selfSignedNaming(t, c.sans)
+			url, token, _ := startServe(t, "--tls-cert", cert, "--tls-key", key)
+			url = c.scheme + strings.TrimPrefix(url, "wss")
+			err := run(context.Background(), []string{"client", "pub", "chat",
+				"1", "--url", url, "--ca", cert, "--token", token}, io.Discard,
+				io.Discard)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want a hint with %q", err, c.want)
+			}
+		})
+	}
+}
+
+// waitForSubscribers waits until serve at url counts n subscriptions
+// (its /metrics gauge).
+func waitForSubscribers(t *testing.T, url string, n int) {
+	t.Helper()
+	metrics := "http" + strings.TrimPrefix(url, "ws") + "/metrics"
+	want := fmt.Sprintf("popsub_subscriptions %d", n)
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		res, err := http.Get(metrics)
+		if err == nil {
+			body, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if strings.Contains(string(body), want) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve never counted %d subscriptions", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -9,6 +9,9 @@
 //	popsub client sub TOPIC           print deliveries as JSON lines, ack
 //	popsub client pub TOPIC PAYLOAD   publish; with --qos 1, wait for the
 //	                                  confirm
+//	popsub client frames              type frames at the broker, a line
+//	                                  each (alice → {…}), and see every
+//	                                  frame each connection gets
 //	popsub bench                      load a server: throughput, losses,
 //	                                  latency, server CPU and memory
 //	popsub chaos                      run brokers under faults and check
@@ -47,6 +50,9 @@ commands:
   client                     the original's demo session
   client sub TOPIC           print deliveries as JSON lines, acking QoS 1
   client pub TOPIC PAYLOAD   publish a message (--qos 1 waits for confirm)
+  client frames              type frames, "alice → {...}" a line, and see
+                             what each connection gets (--check: compare
+                             with the input's "alice ← {...}" lines)
   bench                      load a server and report speed and losses
   chaos                      run brokers under faults, check the promises
   db check --db FILE         report what a database holds, and damage

@@ -26,6 +26,13 @@ import (
 // localhost, and its key, as PEM files in a folder of the test's.
 func selfSigned(t *testing.T) (certFile, keyFile string) {
 	t.Helper()
+	return selfSignedNaming(t, true)
+}
+
+// selfSignedNaming is selfSigned, with subjectAltNames or, without, with
+// the host in its Common Name only, as an old openssl recipe makes it.
+func selfSignedNaming(t *testing.T, sans bool) (certFile, keyFile string) {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -39,6 +46,10 @@ func selfSigned(t *testing.T) (certFile, keyFile string) {
 		IsCA:        true, BasicConstraintsValid: true,
 		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
 		DNSNames:    []string{"localhost"}}
+	if !sans {
+		template.IPAddresses, template.DNSNames = nil, nil
+		template.Subject.CommonName = "127.0.0.1"
+	}
 	der, err := x509.CreateCertificate(rand.Reader, template, template,
 		&key.PublicKey, key)
 	if err != nil {
