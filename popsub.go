@@ -23,8 +23,9 @@
 //     confirmed message survives kill -9 and power loss. After a crash,
 //     seqs go on past any a subscriber may have seen: none is reused.
 //   - Memory is bounded under any burst. A subscriber is cut off (4008)
-//     only when it fails to drain: it stops reading, or falls behind what
-//     the log keeps.
+//     only when it fails to drain: its socket takes nothing for a write
+//     timeout. One that reads, but is overtaken by more than the log
+//     keeps, is told what it missed ("skipped") and goes on.
 //
 // On its own it does not replicate, order messages across topics, or
 // speak TLS. Several brokers can share one log on NATS JetStream (the
@@ -33,7 +34,7 @@
 //
 // # Reading path
 //
-// The whole broker is this file, about 2,900 lines of code, 1,500 of them
+// The whole broker is this file, about 3,000 lines of code, 1,500 of them
 // on the first reading, which takes about 4.5 hours at 150 words of prose
 // and 8 lines of code a minute. You follow a message: options and
 // frames; the broker and its topics; the log, which gives a message its
@@ -184,7 +185,7 @@ const (
 	replayChunk       = 256             // messages read from the log at a time
 	maxQueueMessages  = 4096            // messages waiting for the log
 	maxQueueBytes     = 1 << 20         // their bytes; see b.log.admit
-	writeChunk        = 64 << 10        // a writer sends once it holds this
+	writeChunk        = 64 << 10        // a writer sends, and writes, this
 	maxJoined         = 512 << 10       // a batch frame stays under this
 	deadPrefix        = "$dead/"        // dead letters of T go to $dead/T
 	// commitLinger is the longest a batch nobody waits for waits for
@@ -405,6 +406,7 @@ type reply struct {
 	Recovered *bool   `json:"recovered,omitempty"`
 	Duplicate bool    `json:"duplicate,omitempty"`
 	Reason    string  `json:"reason,omitempty"`
+	Missed    uint64  `json:"missed,omitempty"` // skipped: messages gone
 }
 
 // errorReply builds the error frame for code, with a human message.
@@ -2130,16 +2132,26 @@ func (h *sharedSocket) Write(p []byte) (int, error) {
 }
 
 // sendFrames sends frames the writer framed itself, unless the library
-// has closed the socket's write side.
+// has closed the socket's write side. A run longer than writeChunk goes
+// out a chunk at a time, each with a deadline of its own, so that
+// WriteTimeout means what it says: the peer took nothing (less than a
+// chunk) for that long. One deadline for a run of 512 KiB cut off a
+// reader that was reading, only slower than the run was long.
 func (h *sharedSocket) sendFrames(framed []byte) error {
 	h.lock <- struct{}{}
 	defer func() { <-h.lock }()
 	if h.closed {
 		return net.ErrClosed
 	}
-	h.Conn.SetWriteDeadline(time.Now().Add(h.timeout))
-	_, err := h.Conn.Write(framed)
-	return err
+	for len(framed) > 0 {
+		chunk := framed[:min(len(framed), writeChunk)]
+		h.Conn.SetWriteDeadline(time.Now().Add(h.timeout))
+		if _, err := h.Conn.Write(chunk); err != nil {
+			return err
+		}
+		framed = framed[len(chunk):]
+	}
+	return nil
 }
 
 // appendFrame appends one WebSocket text frame holding frames, joined by
@@ -3510,14 +3522,24 @@ func (b *Broker) deadLetter(p *pending, c *connection) {
 //
 // The same replay serves a live subscription that fell behind (you met
 // it in back-pressure). There a message the log no longer keeps is a
-// loss the subscriber must hear of, so it is cut off, to resume with
-// "after" and learn from "recovered":false what is gone. A new
-// subscription's replay just starts from the oldest message kept.
+// loss the subscriber must hear of: a burst larger than the log keeps
+// overtook it while it read. It is told, in a "skipped" frame that says
+// up to which seq the messages are gone and how many it missed, and goes
+// on from the oldest message kept, as a resume with "after" would, with
+// "recovered":false. Cutting such a reader off, as this broker once
+// did, treated a reader that drains its socket, only not as fast as a
+// burst, like one that stopped: only one whose socket takes nothing for
+// WriteTimeout is cut off. A QoS 1 message skipped this way is gone from
+// the log, payload and all, so it cannot be dead-lettered: the skipped
+// frame counts it. A new subscription's replay just starts from the
+// oldest message kept.
 
 // replay sends the log after seq start, then turns s live. It runs on its
 // own goroutine and ends early if s or its connection ends. behind says
-// that s was live, and may not skip a message. s.cutOff cuts the
-// subscriber off with 4008: its connection, or a work queue's members.
+// that s was live, and may not skip a message unannounced: s.skipped
+// tells the subscriber what is gone. s.cutOff cuts the subscriber off
+// with 4008, if the log cannot be read: its connection, or a work
+// queue's members.
 func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 	// stuck remembers the synced seq seen after the last empty read.
 	var stuck uint64
@@ -3533,14 +3555,16 @@ func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 		if len(msgs) == 0 {
 			msgs = s.topic.unsyncedAfter(after)
 		}
-		if behind && (s.topic.trimmedPast(after+1) ||
-			len(msgs) > 0 && msgs[0].Seq > after+1) {
-			s.cutOff("fell behind the log")
-			return
+		if behind && len(msgs) > 0 && msgs[0].Seq > after+1 {
+			s.skipped(b, after, msgs[0].Seq-1)
 		}
 		for i, m := range msgs {
-			if !s.deliverReplay(b, m, behind, i == len(msgs)-1) {
+			sent, stop := s.deliverReplay(b, m, behind, i == len(msgs)-1)
+			if stop {
 				return
+			}
+			if !sent {
+				break // it left the log meanwhile: the next read says so
 			}
 			after = m.Seq
 		}
@@ -3560,6 +3584,24 @@ func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 			after = newest
 		}
 		stuck = newest
+	}
+}
+
+// skipped tells s's subscriber, or a work queue's members (a group's
+// g.list, in Work queues), that the messages after seq after, up to
+// last, left the log before it had them, and how many it missed; the
+// replay goes on after last.
+func (s *subscription) skipped(b *Broker, after, last uint64) {
+	b.logger.Warn("subscriber overtaken by the log", "topic", s.filter,
+		"after", after, "last", last)
+	r := reply{Type: "skipped", Topic: s.filter, Seq: &last,
+		Missed: last - after}
+	subscribers := []*subscription{s}
+	if s.conn == nil {
+		subscribers = s.group.list()
+	}
+	for _, subscriber := range subscribers {
+		subscriber.conn.reply(r)
 	}
 }
 
@@ -3617,29 +3659,30 @@ func (s *subscription) goLive(after uint64, m *Message, frame []byte,
 }
 
 // deliverReplay queues one replayed message once there is room, and
-// reports false if m, the newest, turned s live, if the subscription or
-// the connection ended first, or, for a subscription that fell behind,
-// if the message after m left the log meanwhile. Only the last of a
-// read may be the newest, so only it takes the topic's lock to look.
+// reports whether it sent it, and whether the replay should stop: m,
+// the newest, turned s live, or the subscription or the connection
+// ended first. For a subscription that fell behind, m is not sent if it
+// left the log while it waited, so that what the log no longer keeps is
+// skipped, and said to be, the same way whenever it left. Only the last
+// of a read may be the newest, so only it takes the topic's lock to look.
 func (s *subscription) deliverReplay(b *Broker, m *Message,
-	behind, last bool) bool {
+	behind, last bool) (sent, stop bool) {
 	frame := appendDelivery(nil, m, 1)
 	for {
 		if s.ended() {
-			return false
+			return false, true
+		}
+		if behind && s.topic.trimmedPast(m.Seq) {
+			return false, false
 		}
 		deadline := time.Now().Add(b.opts.AckTimeout)
 		if last {
 			if live, _ := s.goLive(m.Seq, m, frame, deadline); live {
-				return false
+				return false, true
 			}
 		}
 		if s.offer(m, frame, 2, deadline, nil) {
-			return true
-		}
-		if behind && s.topic.trimmedPast(m.Seq+1) {
-			s.cutOff("fell behind the log")
-			return false
+			return true, false
 		}
 
 		// No room: wait for the writer or an ack to make some. The poll
@@ -3654,7 +3697,7 @@ func (s *subscription) deliverReplay(b *Broker, m *Message,
 		case <-room:
 		case <-time.After(10 * time.Millisecond):
 		case <-s.cancel:
-			return false
+			return false, true
 		}
 	}
 }
@@ -4760,8 +4803,8 @@ func (b *Broker) append(m *Message) *outcome {
 // fans it out. A seq it already has (fed again after a reconnect) is
 // dropped. One past a gap means the log deleted messages before this
 // broker had them: the live subscribers missed them, so fan-out sends
-// them back to the log, where they find the gap and are cut off (4008),
-// to resume with "after" and learn what is gone.
+// them back to the log, where they find the gap and are told what is
+// gone (skipped), as any subscriber the log overtook.
 func (b *Broker) feed(m *Message) {
 	t := b.topic(m.Topic)
 	t.mu.Lock()

@@ -310,7 +310,12 @@ func checkGaps(h *History) Line {
 		for _, d := range s.Deliveries {
 			delivered[d.Seq] = true
 		}
-		for _, d := range s.Deliveries {
+		skips := s.Skips
+		for i, d := range s.Deliveries {
+			// A skipped frame announced what it names as gone.
+			for len(skips) > 0 && skips[0].Delivered <= i {
+				from, skips = max(from, skips[0].Seq), skips[1:]
+			}
 			if d.Seq <= from {
 				continue
 			}
@@ -365,6 +370,9 @@ func checkDurables(h *History, confirmed map[key]uint64) Line {
 		}
 		if s.Unrecovered && len(s.Deliveries) > 0 {
 			excused[d] = max(excused[d], s.Deliveries[0].Seq)
+		}
+		for _, skip := range s.Skips {
+			excused[d] = max(excused[d], skip.Seq)
 		}
 	}
 	durables := slices.SortedFunc(maps.Keys(got), func(a, b durable) int {

@@ -159,6 +159,23 @@ func TestCheck_ExcusesWhatItWasTold(t *testing.T) {
 			t.Fatalf("an announced gap was refused:\n%s", r)
 		}
 	})
+	t.Run("a gap announced with skipped, and only that gap",
+		func(t *testing.T) {
+			h := clean()
+			s := h.subscribe(&Subscription{Subscriber: "carol", Topic: "jobs",
+				After: new(uint64)})
+			h.replied(s, 0, true)
+			h.skipped(s, 1)
+			h.delivered(s, Delivery{2, "a-2", "v2", 1})
+			if r := Check(h); !r.OK() {
+				t.Fatalf("an announced skip was refused:\n%s", r)
+			}
+			s.Skips = nil
+			if got := violated(Check(h)); len(got) != 1 ||
+				got[0] != "no subscription skips a message unannounced" {
+				t.Fatalf("an unannounced skip gave %q", got)
+			}
+		})
 	t.Run("a durable subscriber's dead letter", func(t *testing.T) {
 		h := clean()
 		s := h.Subscriptions[0]

@@ -94,6 +94,15 @@ type Subscription struct {
 	Unrecovered bool
 	// Deliveries are the messages it got, in order.
 	Deliveries []Delivery
+	// Skips are the "skipped" frames it got: the log overtook it.
+	Skips []Skip
+}
+
+// Skip is one "skipped" frame: the messages up to Seq left the log
+// before the subscription had them; it came after Delivered deliveries.
+type Skip struct {
+	Delivered int
+	Seq       uint64
 }
 
 // Delivery is one message frame.
@@ -175,6 +184,13 @@ func (h *History) delivered(s *Subscription, d Delivery) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s.Deliveries = append(s.Deliveries, d)
+}
+
+// skipped records a "skipped" frame of s.
+func (h *History) skipped(s *Subscription, seq uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s.Skips = append(s.Skips, Skip{len(s.Deliveries), seq})
 }
 
 // Fault records a fault that starts now, and returns the function that

@@ -310,6 +310,9 @@ func (c *Client) read(ctx context.Context, ws *websocket.Conn,
 		switch f.Type {
 		case "subscribed":
 			c.History.replied(s, f.Seq, f.Recovered == nil || *f.Recovered)
+		case "skipped":
+			c.History.skipped(s, f.Seq)
+			newest = max(newest, f.Seq)
 		case "message":
 			var value string
 			json.Unmarshal(f.Payload, &value)

@@ -340,17 +340,25 @@ type frame struct {
 // errorFrame is an error frame of the gateway's own, its fields in the
 // broker's order. Close is the code a session closed with, if it did.
 type errorFrame struct {
-	Type    string `json:"type"`
-	Code    string `json:"code"`
-	Message string `json:"message"`
-	Close   int    `json:"close,omitempty"`
+	Type      string `json:"type"`
+	Code      string `json:"code"`
+	Message   string `json:"message"`
+	Close     int    `json:"close,omitempty"`
+	Topic     string `json:"topic,omitempty"`
+	MessageID string `json:"message_id,omitempty"`
 }
 
 // refusal is an error frame of the gateway's own.
 func refusal(code, message string) frame {
-	raw, _ := json.Marshal(errorFrame{"error", code, message, 0})
-	return frame{Received: wire.Received{Type: "error", Code: code,
-		Message: message}, raw: raw}
+	return refusalOf(errorFrame{Type: "error", Code: code, Message: message})
+}
+
+// refusalOf is the frame of an error of the gateway's own.
+func refusalOf(e errorFrame) frame {
+	raw, _ := json.Marshal(e)
+	return frame{Received: wire.Received{Type: "error", Code: e.Code,
+		Message: e.Message, Topic: e.Topic, MessageID: e.MessageID},
+		raw: raw}
 }
 
 // statusOf is the HTTP status that answers a frame.
@@ -551,8 +559,8 @@ func closed(err error) frame {
 	}
 	f := refusal(code, close.Reason)
 	f.ended, f.close = true, int(close.Code)
-	f.raw, _ = json.Marshal(errorFrame{"error", code, close.Reason,
-		int(close.Code)})
+	f.raw, _ = json.Marshal(errorFrame{Type: "error", Code: code,
+		Message: close.Reason, Close: int(close.Code)})
 	return f
 }
 
@@ -581,12 +589,18 @@ func closed(err error) frame {
 func (g *Gateway) publish(w http.ResponseWriter, r *http.Request,
 	topic string) {
 	token := wire.BearerToken(r.Header.Get("Authorization"))
-	if problem := g.authorize(token, "publish", topic); problem.Type != "" {
+	publish, problem := publishFrameOf(r, topic)
+	if problem.Type != "" {
 		refuse(w, problem)
 		return
 	}
-	publish, problem := publishFrameOf(r, topic)
-	if problem.Type != "" {
+	if problem := g.authorize(token, "publish", topic); problem.Type != "" {
+		// A refusal names the publish, as the broker's does.
+		if problem.Code == "forbidden" {
+			problem = refusalOf(errorFrame{Type: "error", Code: problem.Code,
+				Message: problem.Message, Topic: topic,
+				MessageID: publish.MessageID})
+		}
 		refuse(w, problem)
 		return
 	}
@@ -1062,10 +1076,14 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request,
 	token := cmp.Or(wire.BearerToken(r.Header.Get("Authorization")),
 		r.URL.Query().Get("access_token"))
 	if problem := g.authorize(token, "subscribe", topic); problem.Type != "" {
-		if problem.Code == "unauthenticated" {
+		switch problem.Code {
+		case "unauthenticated":
 			problem = refusal("unauthenticated", "send the token as "+
 				"Authorization: Bearer TOKEN, or, from EventSource, as "+
 				"?access_token=TOKEN")
+		case "forbidden":
+			problem = refusalOf(errorFrame{Type: "error", Code: "forbidden",
+				Message: problem.Message, Topic: topic})
 		}
 		refuse(w, problem)
 		return

@@ -165,7 +165,8 @@ export class Client {
 
   /**
    * Listens for an event: "open" ({conn, reconnected}), "close" ({code,
-   * name, reason, reconnecting, delay}), "gap" ({topic, after, seq}),
+   * name, reason, reconnecting, delay}), "gap" ({topic, after, seq,
+   * missed}: the log no longer had what came after after, up to seq),
    * "refresh" ({sub, conn}), "error" (a PopsubError no call is waiting
    * for). Returns a function that stops listening.
    * @param {string} name @param {(event: object) => void} listener
@@ -391,6 +392,8 @@ export class Client {
       case "subscribed":
       case "unsubscribed":
         return this.#subscriptions.get(frame.topic)?._reply(frame);
+      case "skipped":
+        return this.#subscriptions.get(frame.topic)?._skipped(frame);
       case "error":
         return this.#refused(frame);
     }
@@ -608,6 +611,15 @@ export class Subscription {
     this.#pendingReply = null;
   }
 
+  // The log overtook this subscription: what came up to frame.seq is
+  // gone, and delivery goes on after it.
+  _skipped(frame) {
+    const seen = this.#seen.get(frame.topic) || 0;
+    this.#seen.set(frame.topic, Math.max(seen, frame.seq));
+    this.#emit("gap", {topic: this.topic, after: frame.seq - frame.missed,
+      seq: frame.seq, missed: frame.missed});
+  }
+
   _refused(err) {
     if (!this.#pendingReply) return false;
     this._end(err);
@@ -696,6 +708,11 @@ export function follow(base, topic, options) {
     source.addEventListener("subscribed", (e) => {
       const f = JSON.parse(e.data);
       if (f.recovered === false) onGap(f);
+    });
+    source.addEventListener("skipped", (e) => {
+      const f = JSON.parse(e.data);
+      after = Math.max(after ?? 0, f.seq);
+      onGap(f);
     });
     source.addEventListener("closed", (e) => {
       const f = JSON.parse(e.data);

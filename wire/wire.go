@@ -67,6 +67,9 @@ type Received struct {
 	// message_id the topic still had.
 	Recovered *bool `json:"recovered"`
 	Duplicate bool  `json:"duplicate"`
+	// Missed counts, in a "skipped" frame, the messages up to Seq that
+	// left the log before a subscriber the log overtook had them.
+	Missed uint64 `json:"missed"`
 }
 
 // DeadLetter is the payload of a message on $dead/<topic>: a delivery
