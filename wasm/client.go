@@ -4,6 +4,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -112,17 +113,40 @@ func (c *client) run() {
 			continue
 		}
 		c.status("connecting", "connecting…")
-		s, conn, err := authenticate(c.page.url, c.page.currentToken(),
-			c.name)
-		if err != nil {
-			c.status("refused", "not connected: "+err.Error())
+		token := c.page.currentToken()
+		s, conn, err := authenticate(c.page.url, token, c.name)
+		var refused *refusedError
+		switch {
+		case errors.As(err, &refused):
+			c.waitForAnotherToken(token)
+			continue
+		case err != nil:
+			c.status("lost", "not connected: "+err.Error())
 			time.Sleep(2 * time.Second)
 			continue
 		}
 		c.attach(s, conn)
 		info := c.readLoop(s)
 		c.page.disown(conn)
+		if info.Code == 4001 || info.Code == 4003 {
+			c.closed(info)
+			c.waitForAnotherToken(token)
+			continue
+		}
 		time.Sleep(c.closed(info))
+	}
+}
+
+// waitForAnotherToken says that the broker refused token, and waits
+// until the page has another one: a token the broker refused, or that
+// expired, is never sent again.
+func (c *client) waitForAnotherToken(token string) {
+	c.status("refused", "token refused: waiting for a fresh one")
+	c.note("The server refused this page's token. Paste a fresh one " +
+		"under “token” above, or open the newest link popsub serve " +
+		"printed; this client connects with it at once.")
+	for c.page.currentToken() == token {
+		time.Sleep(250 * time.Millisecond)
 	}
 }
 

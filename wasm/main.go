@@ -8,6 +8,7 @@
 package main
 
 import (
+	"fmt"
 	"net/url"
 	"strings"
 	"syscall/js"
@@ -111,16 +112,26 @@ func explainStep(target js.Value) {
 // join group workers on jobs, and once the broker has answered both,
 // Carol publishes two jobs, one for each. Alice's moves to Bob after the
 // ack timeout.
+//
+// A group keeps its place in the log between runs, as a work queue
+// should: a second run on the same group would hand its members what the
+// first left unacked. So each run after the first joins a group of its
+// own, workers-2, workers-3, … , and starts, as a new group does, with
+// new jobs only.
 func (p *page) shareJobs() {
 	alice, bob, carol := p.clients[0], p.clients[1], p.clients[2]
 	setValue(alice.id("acks"), "withhold")
 	alice.acksChanged()
+	group := "workers"
+	if run := p.groupRuns.Add(1); run > 1 {
+		group = fmt.Sprint("workers-", run)
+	}
 	var answers []<-chan struct{}
 	for _, c := range []*client{alice, bob} {
 		setValue(c.id("sub-topic"), "jobs")
 		setValue(c.id("sub-from"), "new")
 		setValue(c.id("sub-durable"), "")
-		setValue(c.id("sub-group"), "workers")
+		setValue(c.id("sub-group"), group)
 		answers = append(answers, c.subscribe())
 	}
 	for _, answer := range answers {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -15,6 +16,9 @@ import (
 type page struct {
 	url     string // the broker's WebSocket URL
 	clients []*client
+	// groupRuns counts the guided runs' work-queue steps, for a group
+	// name of each run's own.
+	groupRuns atomic.Int64
 
 	mu        sync.Mutex // guards the fields below
 	token     string     // used by every connection the page opens
@@ -167,6 +171,15 @@ func (p *page) explain(err error, delay time.Duration) bool {
 			err.Error()+"). A server started without --secret makes a "+
 			"new secret each time: open the newest link popsub serve "+
 			"printed (it ends in #token=…), or paste a fresh token.")
+		// The clients wait for the page, which waits for a token: say
+		// so on their panels, not what they said before the refusal.
+		for _, c := range p.clients {
+			if c.isWanted() {
+				c.status("refused", "token refused: waiting for a fresh one")
+				c.note("The server is up, but refused this page's token: " +
+					"paste a fresh one above.")
+			}
+		}
 		return false
 	case errors.As(err, &closed) && closed.info.Code == 4000:
 		banner("loading", "Reconnecting with the new token…")

@@ -242,6 +242,14 @@ func TestPlayground_WorkQueue(t *testing.T) {
 	}
 	inView(t, ctx)
 	shoot(t, ctx, "playground-work-queue.png")
+
+	// A second run joins a group of its own, which starts with new jobs
+	// only: the first group's place in the log is not the second's.
+	do(t, ctx, "share again", chromedp.Click(css("#share-do")))
+	for _, name := range []string{"alice", "bob"} {
+		until(t, ctx, name+" is a member of workers-2",
+			contains(`#`+name+`-subs`, "group workers-2"))
+	}
 	do(t, ctx, "a phone's width", chromedp.EmulateViewport(390, 844))
 	until(t, ctx, "no horizontal scroll at 390 px",
 		`document.documentElement.scrollWidth <= window.innerWidth`)
@@ -345,6 +353,10 @@ func TestPlayground_SaysWhyItIsNotConnected(t *testing.T) {
 	paste(other)
 	until(t, ctx, "the pasted token is refused",
 		exists(`#banner[data-state="refused"]`))
+	for _, name := range []string{"alice", "bob", "carol"} {
+		until(t, ctx, name+"'s panel says the token was refused",
+			contains("#"+name+"-status", "token refused"))
+	}
 	token := strings.TrimPrefix(fragment, "token=")
 	paste(token)
 	until(t, ctx, "the right token connects again",
