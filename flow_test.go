@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"flag"
 	"fmt"
 	"net"
 	"runtime"
@@ -20,14 +21,14 @@ import (
 // read are never cut off, and one that stops reading costs a bounded
 // amount of memory and is cut off.
 
+// burstRuns is how many times TestBroker_BurstWithAStuckSubscriber runs
+// its burst: once in the test command, ten times where CI runs it by
+// name, to catch a rare ordering.
+var burstRuns = flag.Int("burst.runs", 1, "runs of the burst test")
+
 func TestBroker_BurstWithAStuckSubscriber(t *testing.T) {
 	const total, size, bound = 20_000, 1024, 256 << 10
-	// Ten runs catch a rare ordering; on JetStream (TestBehaviour_...)
-	// two show the same bound at five times the cost per message.
-	runs := 10
-	if testing.Short() || testStore != nil {
-		runs = 2
-	}
+	runs := *burstRuns
 	for run := range runs {
 		t.Run(fmt.Sprintf("run %d", run+1), func(t *testing.T) {
 			// The log keeps the whole burst, so a reader that falls

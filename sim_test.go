@@ -33,7 +33,7 @@ import (
 // times; goroutines still interleave as they will).
 
 var (
-	simSchedules = flag.Int("sim.schedules", 60,
+	simSchedules = flag.Int("sim.schedules", 20,
 		"how many seeded schedules the simulation runs")
 	simSeed = flag.Uint64("sim.seed", 0,
 		"run only the simulation's schedule of this seed")
