@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -325,12 +326,20 @@ func TestPublish_RequestsOnOneTokenDoNotTakeTurns(t *testing.T) {
 	if len(got) != n {
 		t.Errorf("bob got %d distinct messages, want %d", len(got), n)
 	}
-	// They shared one session: the broker saw one "http" client.
+	// They shared one session, which waits for nothing now: a QoS 0
+	// publish, answered by its pong, leaves no request waiting behind.
 	s.gateway.mu.Lock()
 	sessions := len(s.gateway.publishers)
+	waiting := 0
+	for _, p := range s.gateway.publishers {
+		p.mu.Lock()
+		waiting += len(p.waiting) + len(p.pongs)
+		p.mu.Unlock()
+	}
 	s.gateway.mu.Unlock()
-	if sessions != 1 {
-		t.Errorf("%d publisher sessions for one token, want 1", sessions)
+	if sessions != 1 || waiting != 0 {
+		t.Errorf("%d publisher sessions for one token, %d requests left "+
+			"waiting; want 1 and 0", sessions, waiting)
 	}
 }
 
@@ -443,4 +452,63 @@ func TestCORS_OnlyTheListedOriginsMayUseTheGateway(t *testing.T) {
 	if res = request("POST", s.url); res.StatusCode != 200 {
 		t.Errorf("a same-origin publish: %s", res.Status)
 	}
+}
+
+// BenchmarkPublish_ParallelOnOneToken publishes by POST from 64
+// goroutines at once, all on one token or each on its own: on one
+// token, the requests share one session without taking turns.
+func BenchmarkPublish_ParallelOnOneToken(b *testing.B) {
+	for _, shared := range []bool{true, false} {
+		name := map[bool]string{true: "one token", false: "a token each"}
+		b.Run(name[shared], func(b *testing.B) {
+			t := &testing.T{}
+			s := startBenchServer(b, t)
+			var next atomic.Int64
+			one := token(t, "alice", nil, nil)
+			b.SetParallelism(32) // 64 goroutines on 2 cores
+			b.RunParallel(func(pb *testing.PB) {
+				tok := one
+				if !shared {
+					tok = token(t, fmt.Sprint("p-", next.Add(1)), nil, nil)
+				}
+				client := &http.Client{}
+				for pb.Next() {
+					req, _ := http.NewRequest("POST", s.url+"/topics/bench",
+						strings.NewReader(`"x"`))
+					req.Header.Set("Authorization", "Bearer "+tok)
+					res, err := client.Do(req)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					io.Copy(io.Discard, res.Body)
+					res.Body.Close()
+				}
+			})
+		})
+	}
+}
+
+// startBenchServer is start for a benchmark.
+func startBenchServer(b *testing.B, t *testing.T) *server {
+	b.Helper()
+	store, err := popsub.OpenBolt(filepath.Join(b.TempDir(), "b.db"), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	broker, err := popsub.New(popsub.Options{Secret: testSecret,
+		Store: store, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	g := New(broker, Options{Logger: quiet})
+	mux := http.NewServeMux()
+	mux.Handle("/topics/{topic...}", g)
+	web := httptest.NewServer(mux)
+	b.Cleanup(func() {
+		g.Close()
+		web.Close()
+		broker.Shutdown(context.Background())
+	})
+	return &server{t: t, url: web.URL, broker: broker, gateway: g}
 }

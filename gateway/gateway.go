@@ -892,6 +892,21 @@ func (p *publisher) send(ctx context.Context, publish publishFrame) (
 	return answers, nil
 }
 
+// forget takes answers out of the requests waiting on key, if a frame
+// naming it has not taken it already.
+func (p *publisher) forget(key string, answers chan frame) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	queue := slices.DeleteFunc(p.waiting[key], func(c chan frame) bool {
+		return c == answers
+	})
+	if len(queue) == 0 {
+		delete(p.waiting, key)
+	} else {
+		p.waiting[key] = queue
+	}
+}
+
 // publishFrame is the publish frame the gateway sends.
 type publishFrame struct {
 	Type      string          `json:"type"`
@@ -917,6 +932,9 @@ func (g *Gateway) publishOn(r *http.Request, token string,
 		g.fail(p)
 		return closed(err)
 	}
+	// A QoS 0 publish the broker took is answered by its pong, and no
+	// frame naming it ever comes: its place in waiting goes with it.
+	defer p.forget(answerKey(publish.Topic, publish.MessageID), answers)
 	select {
 	case reply := <-answers:
 		if reply.Type == "pong" {

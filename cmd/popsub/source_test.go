@@ -17,11 +17,11 @@ func TestSourcePage_FindsItsWayAround(t *testing.T) {
 	// The table of contents leads to a detail, folded on a first
 	// reading, and opens it; a click on its summary folds it again, and
 	// another opens it.
-	frames := `details#reading-frames-by-hand`
+	frames := `details#reading-frames`
 	err := chromedp.Do(ctx,
 		chromedp.Navigate(page),
-		chromedp.WaitVisible(css(`nav.toc a[href="#reading-frames-by-hand"]`)),
-		chromedp.Click(css(`nav.toc a[href="#reading-frames-by-hand"]`)),
+		chromedp.WaitVisible(css(`nav.toc a[href="#reading-frames"]`)),
+		chromedp.Click(css(`nav.toc a[href="#reading-frames"]`)),
 		chromedp.WaitVisible(css(frames+` > summary`)),
 	)
 	if err != nil {
@@ -52,8 +52,8 @@ func TestSourcePage_FindsItsWayAround(t *testing.T) {
 	// another folded detail opens it.
 	encoder := `details#writing-deliveries-by-hand`
 	err = chromedp.Do(ctx,
-		chromedp.Click(css(frames+` .code a[href="#frame"]`)),
-		chromedp.WaitVisible(css(`#frame`)),
+		chromedp.Click(css(frames+` .code a[href="#connection"]`)),
+		chromedp.WaitVisible(css(`#connection`)),
 	)
 	if err != nil {
 		t.Fatalf("following links: %v", err)
