@@ -236,3 +236,20 @@ func exportData(t *testing.T) func(path string) (io.ReadCloser, error) {
 		return os.Open(files[path])
 	}
 }
+
+func TestPopsubGo_PackageDocIsTheMap(t *testing.T) {
+	// go doc shows the comment attached to the package clause: a blank
+	// line inside it would leave only its last part there.
+	file, err := parser.ParseFile(gotoken.NewFileSet(), "popsub.go", nil,
+		parser.ParseComments|parser.PackageClauseOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := file.Doc.Text()
+	for _, want := range []string{"Package popsub is", "# What it promises",
+		"# Reading path", "# Goroutines", "# A session"} {
+		if !strings.Contains(doc, want) {
+			t.Errorf("the package doc go doc shows lacks %q", want)
+		}
+	}
+}

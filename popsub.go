@@ -59,7 +59,7 @@
 // each ping interval, a pinger. Per broker: a retry loop, a keepalive
 // loop, a retention loop, the x-ray's events loop and the log's
 // committer.
-
+//
 // # A session
 //
 //	$ popsub serve
