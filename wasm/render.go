@@ -188,8 +188,9 @@ func drawStep(s step, from, to float64, y int) jsValue {
 	title := svgElement("title", "")
 	title.Set("textContent", detail)
 	g.Call("append", title)
-	label := svgElement("text", "label", "x", pct((from+to)/2),
-		"y", strconv.Itoa(y-4), "text-anchor", "middle")
+	labelX, anchor := labelPlace(from, to)
+	label := svgElement("text", "label", "x", pct(labelX),
+		"y", strconv.Itoa(y-4), "text-anchor", anchor)
 	label.Set("textContent", s.Label)
 	if s.From == s.To {
 		g.Call("append", svgElement("circle", "dot", "cx", pct(from),
@@ -207,6 +208,22 @@ func drawStep(s step, from, to float64, y int) jsValue {
 		"marker-end", "url(#head-"+s.Kind+")"))
 	g.Call("append", label)
 	return g
+}
+
+// labelPlace is where a step's label goes, in percent of the width, and
+// how it hangs there: centred over its arrow, but, near an edge, from
+// the arrow's end inwards, so that a phone's narrow diagram does not cut
+// the label of a step to the last lane ($dead, a retry's client) short.
+func labelPlace(from, to float64) (float64, string) {
+	left, right := min(from, to), max(from, to)
+	switch mid := (from + to) / 2; {
+	case mid >= 70:
+		return max(right, 60) + 2, "end"
+	case mid <= 30:
+		return min(left, 40) - 2, "start"
+	default:
+		return mid, "middle"
+	}
 }
 
 // laneOfStep is the client lane a step concerns.

@@ -163,10 +163,18 @@ func TestPlayground_GuidedRun(t *testing.T) {
 		t.Fatalf("the console reported problems:\n%s", strings.Join(list, "\n"))
 	}
 
-	// A phone: one column, nothing wider than the screen.
+	// A phone: one column, nothing wider than the screen, and every
+	// label of the diagram within it, the retry's and the dead letter's
+	// to the last lanes too.
 	do(t, ctx, "a phone's width", chromedp.EmulateViewport(390, 844))
 	until(t, ctx, "no horizontal scroll at 390 px",
 		`document.documentElement.scrollWidth <= window.innerWidth`)
+	until(t, ctx, "every diagram label within the diagram at 390 px",
+		`(() => { const box = document.getElementById("diagram").`+
+			`getBoundingClientRect(); return [...document.querySelectorAll(`+
+			`"#diagram text.label")].every(l => { const r = `+
+			`l.getBoundingClientRect(); return r.width === 0 || `+
+			`(r.left >= box.left - 1 && r.right <= box.right + 1); }); })()`)
 	shoot(t, ctx, "playground-phone.png")
 
 	// A reload keeps the dead letter, read back from $dead/jobs.
