@@ -2397,6 +2397,9 @@ type subscription struct {
 	// jobs counts a member's QoS 1 deliveries not yet acked, against
 	// GroupWindow. Guarded by conn.mu.
 	jobs int
+	// notice is a skipped frame that goes out with the next delivery,
+	// or nil (Replay). Guarded by conn.mu.
+	notice []byte
 }
 
 // subscribe answers a subscribe frame.
@@ -3253,11 +3256,28 @@ func (c *connection) deliver(s *subscription, m *Message, frame []byte,
 	if s.ended() {
 		return s.group == nil
 	}
-	if !c.windowHas(s, m, share) ||
-		!c.outbox.pushWithin(c.outbox.limit/share, wake, frame) {
+	if !c.windowHas(s, m, share) || !c.push(s, frame, share, wake) {
 		return false
 	}
 	c.record(s, m, deadline)
+	return true
+}
+
+// push queues frame to s's connection within share of the outbox, with
+// the skipped frame s.notice before it, if the log overtook s (Replay):
+// both or neither, so that the subscriber hears of a gap as the next
+// message comes, never while it has no room for it. The caller holds
+// c.mu.
+func (c *connection) push(s *subscription, frame []byte, share int,
+	wake *wakeups) bool {
+	limit := c.outbox.limit / share
+	if s.notice == nil {
+		return c.outbox.pushWithin(limit, wake, frame)
+	}
+	if !c.outbox.pushWithin(limit, wake, s.notice, frame) {
+		return false
+	}
+	s.notice = nil
 	return true
 }
 
@@ -3584,24 +3604,6 @@ func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 			after = newest
 		}
 		stuck = newest
-	}
-}
-
-// skipped tells s's subscriber, or a work queue's members (a group's
-// g.list, in Work queues), that the messages after seq after, up to
-// last, left the log before it had them, and how many it missed; the
-// replay goes on after last.
-func (s *subscription) skipped(b *Broker, after, last uint64) {
-	b.logger.Warn("subscriber overtaken by the log", "topic", s.filter,
-		"after", after, "last", last)
-	r := reply{Type: "skipped", Topic: s.filter, Seq: &last,
-		Missed: last - after}
-	subscribers := []*subscription{s}
-	if s.conn == nil {
-		subscribers = s.group.list()
-	}
-	for _, subscriber := range subscribers {
-		subscriber.conn.reply(r)
 	}
 }
 
@@ -4227,7 +4229,9 @@ func notify(ch chan struct{}) {
 // the index now starts after, in the next batch. The index is also what
 // recognises a publisher's repeated message_id, so an id is forgotten
 // exactly when its message leaves the log. Counting in the store on
-// every publish was simpler, and cost a read of the log per message.
+// every publish was simpler, and cost a read of the log per message. A
+// subscriber reading from the log that a trim overtakes is told what it
+// missed, with its next message (skipped).
 
 // remember adds m to the topic's index. The caller holds t.mu (or owns t).
 func (t *topic) remember(m *Message) {
@@ -4296,6 +4300,29 @@ func (b *Broker) trimExpired(now time.Time) {
 			b.log.trim(t.name, t.forget(n))
 		}
 		t.mu.Unlock()
+	}
+}
+
+// skipped tells s's subscriber that the messages after seq after, up
+// to last, left the log before it had them, and how many it missed; the
+// replay goes on after last. The frame goes out with the next message
+// (s.notice, which c.push sends), and a later gap before that replaces
+// it, so one frame says the whole gap whenever it was found. A work
+// queue's members (a group's g.list, in Work queues) hear it at once.
+func (s *subscription) skipped(b *Broker, after, last uint64) {
+	b.logger.Warn("subscriber overtaken by the log", "topic", s.filter,
+		"after", after, "last", last)
+	r := reply{Type: "skipped", Topic: s.filter, Seq: &last,
+		Missed: last - after}
+	if s.conn != nil {
+		notice, _ := json.Marshal(r)
+		s.conn.mu.Lock()
+		s.notice = notice
+		s.conn.mu.Unlock()
+		return
+	}
+	for _, member := range s.group.list() {
+		member.conn.reply(r)
 	}
 }
 
