@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/popsub/popsub/wire"
 )
 
 // Fuzz targets for the places a stranger's bytes meet the broker's
@@ -11,24 +13,8 @@ import (
 // every plain go test; go test -fuzz=FuzzFrame explores further; the hand-written
 // frame reader has its own in package wire.
 
-// frameSeeds are frames of every shape, for the frame fuzz targets.
-var frameSeeds = []string{
-	`{"type":"auth","token":"x"}`,
-	`{"type":"publish","topic":"a/b","payload":{"k":[1,2]},"qos":1}`,
-	`{"type":"publish","topic":"a","payload":"\u2028\n","message_id":""}`,
-	`{"type":"subscribe","topic":"a/+/#","after":18446744073709551615}`,
-	`{"type":"ack","message_ids":["a","b"],"topic":"t","seq":3}`,
-	`{"type":"publish","topic":"a","payload":1e999}`,
-	`{"type":"subscribe","topic":"` + strings.Repeat("a/", 200) + `"}`,
-	`{"type":`, `[]`, `null`, `{"type":null}`, `{"qos":-1}`,
-	` { "type" : "ack" , "topic" : "t" , "seq" : 0 } `,
-	`{"type":"publish","payload":[{"a":"]}"},"\""],"topic":"t"}`,
-	`{"type":"auth","batch":true,"client":"é"}`, `{}`, `{"seq":01}`,
-	`{"Type":"ping"}`, `{"type":"ping"}x`, `{"payload":"a"b}`,
-}
-
 func FuzzFrame(f *testing.F) {
-	for _, seed := range frameSeeds {
+	for _, seed := range wire.SeedFrames {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {

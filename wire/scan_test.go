@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"reflect"
-	"strings"
 	"testing"
 	"unicode/utf8"
 )
@@ -12,26 +11,10 @@ import (
 // The hand-written reader is held to encoding/json: its seed corpora run
 // in every plain go test; go test -fuzz=FuzzScan explores further.
 
-// frameSeeds are frames of every shape, for the frame fuzz targets.
-var frameSeeds = []string{
-	`{"type":"auth","token":"x"}`,
-	`{"type":"publish","topic":"a/b","payload":{"k":[1,2]},"qos":1}`,
-	`{"type":"publish","topic":"a","payload":"\u2028\n","message_id":""}`,
-	`{"type":"subscribe","topic":"a/+/#","after":18446744073709551615}`,
-	`{"type":"ack","message_ids":["a","b"],"topic":"t","seq":3}`,
-	`{"type":"publish","topic":"a","payload":1e999}`,
-	`{"type":"subscribe","topic":"` + strings.Repeat("a/", 200) + `"}`,
-	`{"type":`, `[]`, `null`, `{"type":null}`, `{"qos":-1}`,
-	` { "type" : "ack" , "topic" : "t" , "seq" : 0 } `,
-	`{"type":"publish","payload":[{"a":"]}"},"\""],"topic":"t"}`,
-	`{"type":"auth","batch":true,"client":"é"}`, `{}`, `{"seq":01}`,
-	`{"Type":"ping"}`, `{"type":"ping"}x`, `{"payload":"a"b}`,
-}
-
 // FuzzScan checks the hand-written reader against encoding/json:
 // whatever frame it accepts, it reads exactly as encoding/json does.
 func FuzzScan(f *testing.F) {
-	for _, seed := range frameSeeds {
+	for _, seed := range SeedFrames {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
