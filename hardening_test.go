@@ -943,3 +943,41 @@ func TestBroker_LargeFramesTakeTurnsForTheirPlaces(t *testing.T) {
 	waitFor(t, func() bool { return len(b.largeFrames) == 0 },
 		"the place to be given back")
 }
+
+func TestBroker_LoginBesideGuessersOverSockets(t *testing.T) {
+	// The synctest tests above, over real sockets from one address
+	// (127.0.0.1): eight sockets keep guessing alice's password, and
+	// dial again when closed; alice, on a fresh connection, gets her
+	// token, not a 4001 for answers held for her address.
+	ts := startBroker(t, Options{Users: loginUsers(t),
+		AuthTimeout: 2 * time.Second})
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	guess := []byte(`{"type":"login","username":"alice","password":"guess"}`)
+	var guessers sync.WaitGroup
+	for range 8 {
+		guessers.Go(func() {
+			for ctx.Err() == nil {
+				ws, _, err := websocket.Dial(ctx, ts.url, nil)
+				if err != nil {
+					continue
+				}
+				for ws.Write(ctx, websocket.MessageText, guess) == nil {
+					if _, _, err := ws.Read(ctx); err != nil {
+						break
+					}
+				}
+				ws.CloseNow()
+			}
+		})
+	}
+	defer guessers.Wait()
+	defer stop()
+	waitFor(t, func() bool {
+		return failuresOf(ts.broker, "user:alice") >= 8
+	}, "the guessers' answers to be held")
+	alice := dialRaw(t, ts.url, "alice")
+	alice.send(map[string]any{"type": "login", "username": "alice",
+		"password": "correct horse"})
+	alice.expect("login_response")
+}

@@ -177,6 +177,8 @@ var oneEngine = map[string]string{
 	"TestGroups_EachGroupAndEachSubscriberGetsEverything":        groupsRefused,
 	"TestGroups_RefusedWhereTheyCannotWork":                      groupsRefused,
 	"TestGroups_AMemberThatDoesNotAckIsGivenNoMoreThanItsWindow": groupsRefused,
+	"TestBroker_LoginBesideGuessersOverSockets": "a login never " +
+		"touches the log",
 	"TestBroker_FloodsAreBounded": "it bounds the test process's heap, " +
 		"and on JetStream the NATS server runs in that process and " +
 		"holds the flood itself",

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -55,6 +56,9 @@ type jsServer struct {
 	// serve is a real popsub serve, run in this process on a port of
 	// its own, that the suite stops (its port closed) and starts again.
 	serve *serveProcess
+	// tls is a broker's address over TLS with a certificate nobody
+	// trusts: a client must refuse it, and say so.
+	tls string
 }
 
 // serveProcess is one popsub serve on a fixed address and file, which
@@ -177,6 +181,12 @@ func startJSServer(t *testing.T) *jsServer {
 	})
 	web := httptest.NewServer(mux)
 	s.url = web.URL
+	// Its refused handshakes are the point: net/http need not log them.
+	untrusted := httptest.NewUnstartedServer(http.HandlerFunc(s.serveBroker))
+	untrusted.Config.ErrorLog = log.New(io.Discard, "", 0)
+	untrusted.StartTLS()
+	t.Cleanup(untrusted.Close)
+	s.tls = untrusted.URL
 	t.Cleanup(func() {
 		web.CloseClientConnections()
 		web.Close()
@@ -249,8 +259,9 @@ func (s *jsServer) serveURLs(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	json.NewEncoder(w).Encode(map[string]string{
-		"ws":     "ws://" + s.serve.addr + "/ws",
-		"closed": "ws://" + s.serve.closedAddr + "/ws"})
+		"ws":        "ws://" + s.serve.addr + "/ws",
+		"closed":    "ws://" + s.serve.closedAddr + "/ws",
+		"untrusted": strings.Replace(s.tls, "https://", "wss://", 1) + "/ws"})
 }
 
 // token signs a token: ?sub=…&ttl=seconds&publish=a,b&subscribe=c.

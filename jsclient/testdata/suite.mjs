@@ -403,3 +403,14 @@ test("follow renews an expired token and goes on after the last seq",
       stop();
     }
   });
+
+test("connect rejects a broker whose certificate it does not trust",
+  async (env) => {
+    const {untrusted} = await serve(env);
+    try {
+      await env.lib.connect(untrusted, {token: await tokenFor(env, "alice")});
+      throw new Error("connect resolved");
+    } catch (err) {
+      equal(err.name, "PopsubError", "the rejection: " + err);
+    }
+  });
