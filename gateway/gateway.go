@@ -172,7 +172,7 @@ type Gateway struct {
 	// durables are the durable names an open stream holds, and
 	// takenOver those whose stream another session took over, when;
 	// both by subject, name and topic (see Streaming by GET).
-	durables  map[string]bool
+	durables  map[string]*eventStream
 	takenOver map[string]time.Time
 	closed    bool
 }
@@ -194,7 +194,8 @@ func New(broker Broker, opts Options) *Gateway {
 		bodies:     newBudget(opts.MaxBodies, bodyWait),
 		publishers: map[string]*publisher{},
 		streams:    map[*websocket.Conn]bool{},
-		durables:   map[string]bool{}, takenOver: map[string]time.Time{}}
+		durables:   map[string]*eventStream{},
+		takenOver:  map[string]time.Time{}}
 	// Each dial is a fresh pipe: keep-alive would hand one request's
 	// pipe, and its client's address, to another.
 	g.client = &http.Client{Transport: &http.Transport{
@@ -1111,16 +1112,18 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request,
 		answer(w, statusOf(problem), problem)
 		return
 	}
-	durable := ""
+	s := &eventStream{w: w, rc: http.NewResponseController(w),
+		timeout: g.opts.WriteTimeout, ids: !strings.ContainsAny(topic, "+#")}
 	if subscribe.Durable != "" {
 		claims, _ := g.broker.Verify(token)
-		durable = strings.Join([]string{claims.Subject, subscribe.Durable,
+		s.durable = strings.Join([]string{claims.Subject, subscribe.Durable,
 			topic}, "\x00")
-		if problem := g.own(durable, r); problem.Type != "" {
+		if problem := g.own(s, r); problem.Type != "" {
 			answer(w, statusOf(problem), problem)
 			return
 		}
-		defer g.disown(durable)
+		s.takenOver = func() { g.disown(s, true) }
+		defer g.disown(s, false)
 	}
 	ws, reply, err := g.open(r, token, "sse")
 	if err != nil {
@@ -1143,14 +1146,8 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request,
 		answer(w, statusOf(reply), reply)
 		return
 	}
-	s := &eventStream{w: w, rc: http.NewResponseController(w),
-		timeout: g.opts.WriteTimeout, ids: !strings.ContainsAny(topic, "+#")}
 	s.start(reply)
-	if g.pump(r.Context(), ws, s) == errTakenOver && durable != "" {
-		g.mu.Lock()
-		g.takenOver[durable] = time.Now()
-		g.mu.Unlock()
-	}
+	g.pump(r.Context(), ws, s)
 }
 
 // A durable name has one owner at a time. The broker's rule is that the
@@ -1168,8 +1165,9 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request,
 // session took its durable name over.
 const takenOverFor = time.Minute
 
-// own claims durable for r's stream, or says why it may not.
-func (g *Gateway) own(durable string, r *http.Request) frame {
+// own claims s's durable name for it, or says why it may not.
+func (g *Gateway) own(s *eventStream, r *http.Request) frame {
+	durable := s.durable
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for key, at := range g.takenOver {
@@ -1179,7 +1177,7 @@ func (g *Gateway) own(durable string, r *http.Request) frame {
 	}
 	_, taken := g.takenOver[durable]
 	switch {
-	case g.durables[durable]:
+	case g.durables[durable] != nil:
 		return refusal("durable_in_use", "another stream holds this "+
 			"durable subscription; close it first")
 	case taken && r.Header.Get("Last-Event-ID") != "":
@@ -1188,15 +1186,22 @@ func (g *Gateway) own(durable string, r *http.Request) frame {
 			"back")
 	}
 	delete(g.takenOver, durable)
-	g.durables[durable] = true
+	g.durables[durable] = s
 	return noProblem
 }
 
-// disown gives durable up when its stream ends.
-func (g *Gateway) disown(durable string) {
+// disown gives s's durable name up, if s still holds it: when s ends,
+// or, marked taken over, the moment another session takes it, before s
+// tells its reader, so that the reader's reconnect finds it so.
+func (g *Gateway) disown(s *eventStream, takenOver bool) {
 	g.mu.Lock()
-	delete(g.durables, durable)
-	g.mu.Unlock()
+	defer g.mu.Unlock()
+	if g.durables[s.durable] == s {
+		delete(g.durables, s.durable)
+		if takenOver {
+			g.takenOver[s.durable] = time.Now()
+		}
+	}
 }
 
 // subscribeFrame is the subscribe frame a stream sends.
@@ -1323,6 +1328,11 @@ type eventStream struct {
 	rc      *http.ResponseController
 	timeout time.Duration // for each write
 	ids     bool          // events carry their seq as id: an exact topic
+	// durable is the durable name the stream holds, by subject, name and
+	// topic, or ""; takenOver records another session taking it, before
+	// the stream says so.
+	durable   string
+	takenOver func()
 }
 
 // start sends the headers, the reconnect delay and the subscribed event.
@@ -1356,8 +1366,12 @@ func (s *eventStream) deliver(ctx context.Context, ws *websocket.Conn,
 	case "unsubscribed":
 		// A durable subscription taken over by another session ends
 		// this stream, and so would any other end the broker gives.
+		takenOver := strings.Contains(f.Reason, "taken over")
+		if takenOver && s.takenOver != nil {
+			s.takenOver()
+		}
 		s.event("", "unsubscribed", f)
-		if strings.Contains(f.Reason, "taken over") {
+		if takenOver {
 			return errTakenOver
 		}
 		return errRefused
