@@ -1221,11 +1221,11 @@ func decodeFrame(data []byte) (frame, reply) {
 	// know yet.
 	f, ok := wire.Scan(data)
 	if !ok {
-		// jsonError says what is wrong in the protocol's words.
+		// wire.Explain says what is wrong in the protocol's words.
 		var err error
 		if f, err = unmarshalFrame(data); err != nil {
 			return f, errorReply("bad_frame",
-				"malformed frame: "+jsonError(err))
+				"malformed frame: "+wire.Explain(err))
 		}
 	}
 	if f.Type == "" {
@@ -1380,7 +1380,7 @@ func (c *connection) keepalive() {
 // would take it (Claims.UnmarshalJSON): RFC 7519 makes it a number, and
 // a client's mistake is not to be read as a date. And a frame that does
 // not decode is answered in the protocol's words, "field seq must be a
-// whole number, 0 or more", not Go's (jsonError).
+// whole number, 0 or more", not Go's (wire.Explain).
 
 // recoverPanic logs a panic on the reader's goroutine and lets serve end
 // the connection, as net/http did when this ran inside the handler: a bug
@@ -1405,25 +1405,6 @@ func (c *Claims) UnmarshalJSON(data []byte) error {
 	type plain Claims // without this method, so no recursion
 	return json.Unmarshal(data, (*plain)(c))
 }
-
-// jsonError says what is wrong with a frame that did not decode, in the
-// protocol's words rather than Go's.
-func jsonError(err error) string {
-	var typeErr *json.UnmarshalTypeError
-	switch {
-	case !errors.As(err, &typeErr):
-		return err.Error()
-	case typeErr.Field == "":
-		return "a frame must be a JSON object"
-	}
-	return fmt.Sprintf("field %s must be %s, not %s", typeErr.Field,
-		kinds[typeErr.Type.String()], typeErr.Value)
-}
-
-// kinds names the frame's field types for jsonError.
-var kinds = map[string]string{"uint64": "a whole number, 0 or more",
-	"int": "a whole number", "string": "a string", "bool": "true or false",
-	"[]string": "a list of strings"}
 
 // # Logins and passwords (detail)
 //
@@ -3556,16 +3537,26 @@ func (b *Broker) deadLetter(p *pending, c *connection) {
 
 // replay sends the log after seq start, then turns s live. It runs on its
 // own goroutine and ends early if s or its connection ends. behind says
-// that s was live, and may not skip a message unannounced: s.skipped
-// tells the subscriber what is gone. s.cutOff cuts the subscriber off
-// with 4008, if the log cannot be read: its connection, or a work
+// that s was live, and may not skip a message unannounced:
+// s.overtaken finds what the log dropped, moves past it, and has the
+// subscriber told (Retention, a detail). s.cutOff cuts the subscriber
+// off with 4008, if the log cannot be read: its connection, or a work
 // queue's members.
 func (s *subscription) replay(b *Broker, after uint64, behind bool) {
-	// stuck remembers the synced seq seen after the last empty read.
+	// stuck remembers the synced seq seen after the last empty read;
+	// from is where the next read starts: after, the last seq sent, or,
+	// for a subscription the log overtook, past what the log dropped.
 	var stuck uint64
+	from := after
 	for {
+		// The index leaves a message before the store does, so a gap
+		// the log made is found here, before any read can meet it.
+		if behind && s.overtaken(b, after, &from, 0) {
+			continue
+		}
+
 		// The store first; past its end, the messages not on disk yet.
-		msgs, err := b.store.Read(s.topic.name, after, replayChunk,
+		msgs, err := b.store.Read(s.topic.name, from, replayChunk,
 			b.opts.OutboxBytes/2)
 		if err != nil {
 			b.logger.Error("replay read", "topic", s.filter, "err", err)
@@ -3573,10 +3564,11 @@ func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 			return
 		}
 		if len(msgs) == 0 {
-			msgs = s.topic.unsyncedAfter(after)
+			msgs = s.topic.unsyncedAfter(from)
 		}
-		if behind && len(msgs) > 0 && msgs[0].Seq > after+1 {
-			s.skipped(b, after, msgs[0].Seq-1)
+		if behind && len(msgs) > 0 && msgs[0].Seq > from+1 &&
+			s.overtaken(b, after, &from, msgs[0].Seq) {
+			continue
 		}
 		for i, m := range msgs {
 			sent, stop := s.deliverReplay(b, m, behind, i == len(msgs)-1)
@@ -3584,9 +3576,9 @@ func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 				return
 			}
 			if !sent {
-				break // it left the log meanwhile: the next read says so
+				break // it left the log meanwhile: the next turn says so
 			}
-			after = m.Seq
+			after, from = m.Seq, m.Seq
 		}
 		if len(msgs) > 0 {
 			continue
@@ -3596,23 +3588,23 @@ func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 		// moment ago (read again) or with nothing to read (a corrupt
 		// record, or seqs skipped after a crash or a failed commit).
 		// Seeing the same synced seq twice means the second: skip past.
-		live, newest := s.goLive(after, nil, nil, time.Time{})
+		live, newest := s.goLive(from, nil, nil, time.Time{})
 		if live {
 			return
 		}
 		if newest == stuck {
-			after = newest
+			from = newest
 		}
 		stuck = newest
 	}
 }
 
-// trimmedPast reports whether the log has dropped seq, or will at its
-// next commit: the index leaves it first.
-func (t *topic) trimmedPast(seq uint64) bool {
+// firstKept is the oldest seq the log keeps, or will after its next
+// commit: the index leaves a message first.
+func (t *topic) firstKept() uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return seq < t.firstSeq()
+	return t.firstSeq()
 }
 
 // unsyncedAfter returns up to a chunk of the messages after seq that are
@@ -3674,7 +3666,7 @@ func (s *subscription) deliverReplay(b *Broker, m *Message,
 		if s.ended() {
 			return false, true
 		}
-		if behind && s.topic.trimmedPast(m.Seq) {
+		if behind && m.Seq < s.topic.firstKept() {
 			return false, false
 		}
 		deadline := time.Now().Add(b.opts.AckTimeout)
@@ -4301,6 +4293,32 @@ func (b *Broker) trimExpired(now time.Time) {
 		}
 		t.mu.Unlock()
 	}
+}
+
+// overtaken reports whether the log has dropped what comes after *from,
+// and if so moves *from past it, and has s.skipped tell the subscriber,
+// who had everything up to after. next is the first seq a read found
+// after *from, or 0. On the broker's own log a gap above the oldest
+// message kept is not a loss (seqs skipped after a crash hold no
+// message), and is not said; on a shared log, whose seqs are dense,
+// every gap is one (A log shared by several brokers).
+func (s *subscription) overtaken(b *Broker, after uint64,
+	from *uint64, next uint64) bool {
+	first := s.topic.firstKept()
+	if b.shared != nil && next > first {
+		first = next
+	}
+	if *from+1 >= first {
+		return false
+	}
+	// A work queue's members hear each gap at once, so from the read's
+	// place; a subscriber hears it all with its next message.
+	if s.conn == nil {
+		after = *from
+	}
+	s.skipped(b, after, first-1)
+	*from = first - 1
+	return true
 }
 
 // skipped tells s's subscriber that the messages after seq after, up

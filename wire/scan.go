@@ -30,6 +30,8 @@ package wire
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -226,3 +228,23 @@ func (s *scanner) checked(start int) ([]byte, bool) {
 	value := bytes.TrimRight(s.data[start:s.pos], " \t\r\n")
 	return value, len(value) > 0 && value[0] != 'n' && json.Valid(value)
 }
+
+// Explain says what is wrong with a frame that did not decode, in the
+// protocol's words rather than Go's: "field seq must be a whole number,
+// 0 or more, not string".
+func Explain(err error) string {
+	var typeErr *json.UnmarshalTypeError
+	switch {
+	case !errors.As(err, &typeErr):
+		return err.Error()
+	case typeErr.Field == "":
+		return "a frame must be a JSON object"
+	}
+	return fmt.Sprintf("field %s must be %s, not %s", typeErr.Field,
+		kinds[typeErr.Type.String()], typeErr.Value)
+}
+
+// kinds names the frame's field types for Explain.
+var kinds = map[string]string{"uint64": "a whole number, 0 or more",
+	"int": "a whole number", "string": "a string", "bool": "true or false",
+	"[]string": "a list of strings"}

@@ -1,7 +1,9 @@
 // Package wire holds PopSub's protocol as a client sees it: the frames a
 // client sends (Frame), the frames the broker sends back (Received), the
 // payload of a dead letter (DeadLetter), and the events of the x-ray on
-// $sys/events (Event). It has no dependencies, so that any Go client can
+// $sys/events (Event); and the broker's way of reading a frame: by hand
+// for the common shape (Scan), and, for one that does not decode, what
+// is wrong with it in the protocol's words (Explain). It has no dependencies, so that any Go client can
 // decode them, the playground's included, which is compiled to
 // WebAssembly and cannot import the broker (its store, bbolt, does not
 // build there). docs/protocol.md says what each field means; popsub.go
