@@ -196,16 +196,7 @@ func BenchmarkLoginFlood(b *testing.B) {
 	}
 	for _, mode := range []string{"strangers", "tokens"} {
 		b.Run(mode, func(b *testing.B) {
-			broker, err := New(Options{Secret: testSecret,
-				Store: newMemoryStore(), Logger: quietLogger,
-				Users: map[string]User{"alice": {PasswordHash: hash}}})
-			if err != nil {
-				b.Fatal(err)
-			}
-			server := httptest.NewServer(broker)
-			defer server.Close()
-			defer broker.Shutdown(context.Background())
-			url := "ws" + strings.TrimPrefix(server.URL, "http") + "/ws"
+			url := loginBroker(b, hash)
 			ctx, stop := context.WithCancel(context.Background())
 			defer stop()
 			for range 64 {
@@ -243,16 +234,7 @@ func BenchmarkLoginBesideGuessers(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	broker, err := New(Options{Secret: testSecret, Store: newMemoryStore(),
-		Logger: quietLogger, Users: map[string]User{"alice": {
-			PasswordHash: hash}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	server := httptest.NewServer(broker)
-	defer server.Close()
-	defer broker.Shutdown(context.Background())
-	url := "ws" + strings.TrimPrefix(server.URL, "http") + "/ws"
+	url := loginBroker(b, hash)
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	for range 8 {
@@ -279,6 +261,23 @@ func BenchmarkLoginBesideGuessers(b *testing.B) {
 	b.ReportMetric(ms(waits[len(waits)/2]), "p50-ms")
 	b.ReportMetric(ms(waits[len(waits)-1]), "max-ms")
 	b.ReportMetric(float64(refused), "refused")
+}
+
+// loginBroker serves a broker whose user alice has the password hash,
+// for the benchmark, and returns its WebSocket URL.
+func loginBroker(b *testing.B, hash string) string {
+	broker, err := New(Options{Secret: testSecret, Store: newMemoryStore(),
+		Logger: quietLogger, Users: map[string]User{"alice": {
+			PasswordHash: hash}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	server := httptest.NewServer(broker)
+	b.Cleanup(func() {
+		server.Close()
+		broker.Shutdown(context.Background())
+	})
+	return "ws" + strings.TrimPrefix(server.URL, "http") + "/ws"
 }
 
 // guessOnOneSocket guesses alice's password on one socket, again as soon
