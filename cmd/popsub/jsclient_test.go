@@ -179,14 +179,16 @@ func startJSServer(t *testing.T) *jsServer {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 		}
 	})
-	web := httptest.NewServer(mux)
-	s.url = web.URL
-	// Its refused handshakes are the point: net/http need not log them.
+	// The untrusted broker is set up before the server whose handlers
+	// name it. Its refused handshakes are the point: net/http need not
+	// log them.
 	untrusted := httptest.NewUnstartedServer(http.HandlerFunc(s.serveBroker))
 	untrusted.Config.ErrorLog = log.New(io.Discard, "", 0)
 	untrusted.StartTLS()
 	t.Cleanup(untrusted.Close)
 	s.tls = untrusted.URL
+	web := httptest.NewServer(mux)
+	s.url = web.URL
 	t.Cleanup(func() {
 		web.CloseClientConnections()
 		web.Close()
