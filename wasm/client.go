@@ -108,6 +108,9 @@ func (c *client) id(part string) string {
 func (c *client) run() {
 	for {
 		c.waitWanted()
+		if c.page.tokenRefused() {
+			c.sayRefused()
+		}
 		<-c.page.whenUp()
 		if !c.isWanted() {
 			continue
@@ -141,13 +144,18 @@ func (c *client) run() {
 // until the page has another one: a token the broker refused, or that
 // expired, is never sent again.
 func (c *client) waitForAnotherToken(token string) {
-	c.status("refused", "token refused: waiting for a fresh one")
-	c.note("The server refused this page's token. Paste a fresh one " +
-		"under “token” above, or open the newest link popsub serve " +
-		"printed; this client connects with it at once.")
+	c.sayRefused()
 	for c.page.currentToken() == token {
 		time.Sleep(250 * time.Millisecond)
 	}
+}
+
+// sayRefused says on the panel that the page's token was refused, and
+// what to do.
+func (c *client) sayRefused() {
+	c.status("refused", "token refused: waiting for a fresh one")
+	c.note("The server is up, but refused this page's token: paste a " +
+		"fresh one above, or open the newest link popsub serve printed.")
 }
 
 // waitWanted blocks until the user wants the connection.
@@ -162,6 +170,14 @@ func (c *client) isWanted() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.wanted
+}
+
+// waiting reports whether the user wants the connection and it is not
+// open: the client waits for the page, or for a token.
+func (c *client) waiting() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.wanted && c.sock == nil
 }
 
 // toggle connects or disconnects, as the user asks.

@@ -19,6 +19,9 @@ type page struct {
 	// groupRuns counts the guided runs' work-queue steps, for a group
 	// name of each run's own.
 	groupRuns atomic.Int64
+	// refused is set while the server refuses the page's token, until
+	// the x-ray is up again; guarded by mu.
+	refused bool
 
 	mu        sync.Mutex // guards the fields below
 	token     string     // used by every connection the page opens
@@ -140,6 +143,7 @@ func (p *page) setUp(s *socket, conn uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.monitor, p.watcher, p.isUp, p.goneAway = s, conn, true, false
+	p.refused = false
 	close(p.up)
 	banner("up", "Connected to "+p.url+". The clients connect and "+
 		"reconnect by themselves.")
@@ -172,12 +176,14 @@ func (p *page) explain(err error, delay time.Duration) bool {
 			"new secret each time: open the newest link popsub serve "+
 			"printed (it ends in #token=…), or paste a fresh token.")
 		// The clients wait for the page, which waits for a token: say
-		// so on their panels, not what they said before the refusal.
+		// so on their panels, not what they said before the refusal,
+		// and on those that start waiting later (client.run).
+		p.mu.Lock()
+		p.refused = true
+		p.mu.Unlock()
 		for _, c := range p.clients {
-			if c.isWanted() {
-				c.status("refused", "token refused: waiting for a fresh one")
-				c.note("The server is up, but refused this page's token: " +
-					"paste a fresh one above.")
+			if c.waiting() {
+				c.sayRefused()
 			}
 		}
 		return false
@@ -200,6 +206,13 @@ func (p *page) explain(err error, delay time.Duration) bool {
 			"lost (%v). Reconnecting in %s.", err, delay))
 	}
 	return true
+}
+
+// tokenRefused reports whether the server refuses the page's token now.
+func (p *page) tokenRefused() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.refused
 }
 
 // wentAway reports whether the server said 1001 and has not been back.
