@@ -118,9 +118,13 @@ func (c *client) run() {
 		c.status("connecting", "connecting…")
 		token := c.page.currentToken()
 		s, conn, err := authenticate(c.page.url, token, c.name)
+		// The broker refuses with an error frame, then 4001; either may
+		// be what the page reads first.
 		var refused *refusedError
+		var closed *closedError
 		switch {
-		case errors.As(err, &refused):
+		case errors.As(err, &refused), errors.As(err, &closed) &&
+			(closed.info.Code == 4001 || closed.info.Code == 4003):
 			c.waitForAnotherToken(token)
 			continue
 		case err != nil:
