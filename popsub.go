@@ -3588,11 +3588,15 @@ func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 		// moment ago (read again) or with nothing to read (a corrupt
 		// record, or seqs skipped after a crash or a failed commit).
 		// Seeing the same synced seq twice means the second: skip past.
+		// A shared log has no such seqs; it reads nothing only until its
+		// feed has caught up (SharedLog), which a moment brings.
 		live, newest := s.goLive(from, nil, nil, time.Time{})
-		if live {
+		switch {
+		case live:
 			return
-		}
-		if newest == stuck {
+		case b.shared != nil:
+			time.Sleep(time.Millisecond)
+		case newest == stuck:
 			from = newest
 		}
 		stuck = newest
