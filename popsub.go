@@ -1844,9 +1844,9 @@ func (c *connection) recycle(buffer *bytes.Buffer) {
 //   - the socket: one write waits at most WriteTimeout for its peer.
 //
 // A subscriber is cut off with 4008 only for what it failed to drain: its
-// socket took nothing for WriteTimeout, the log dropped a message before
-// the subscriber read it, or a wildcard subscription, which has no single
-// log to fall back on, found no room. Cutting off whoever filled a fixed
+// socket took nothing for WriteTimeout, or a wildcard subscription, which
+// has no single log to fall back on, found no room; one the log overtook
+// is told what it missed (Replay). Cutting off whoever filled a fixed
 // queue was simpler, and cut off fast readers too: any burst bigger than
 // the queue overflowed it, however fast they read.
 

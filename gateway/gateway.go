@@ -496,14 +496,9 @@ func (g *Gateway) open(r *http.Request, token, name string) (
 	return ws, reply, nil
 }
 
-// Why a session or a stream ended.
-var (
-	// errRefused says the broker answered a session's frame with an
-	// error.
-	errRefused = errors.New("gateway: refused")
-	// errTakenOver says another session took a stream's durable name.
-	errTakenOver = errors.New("gateway: durable subscription taken over")
-)
+// errRefused says the broker answered a session's frame with an error,
+// or ended a stream's subscription.
+var errRefused = errors.New("gateway: refused")
 
 // cmpErr returns err, or otherwise when err is nil.
 func cmpErr(err, otherwise error) error {
@@ -1258,18 +1253,16 @@ func (g *Gateway) untrack(ws *websocket.Conn) {
 }
 
 // pump copies deliveries from the session to the stream until either
-// ends, acking each QoS 1 delivery once it is written, and returns why
-// the stream ended: errTakenOver if another session took its durable
-// name.
+// ends, acking each QoS 1 delivery once it is written.
 //
 // One goroutine reads the session and hands each frame over an
 // unbuffered channel, so that it reads no further than the stream has
 // written: a reader that is slow holds the session's socket full, and the
 // broker sees a slow consumer and deals with it as with any other (it
-// reads on from the log, and cuts the session off with 4008 if the log
-// drops what it has not sent).
+// reads on from the log, says "skipped" if the log drops what it has not
+// sent, and cuts the session off with 4008 if its socket takes nothing).
 func (g *Gateway) pump(ctx context.Context, ws *websocket.Conn,
-	s *eventStream) error {
+	s *eventStream) {
 	frames := make(chan frame)
 	ended := make(chan frame, 1)
 	go func() {
@@ -1295,14 +1288,14 @@ func (g *Gateway) pump(ctx context.Context, ws *websocket.Conn,
 			err = s.deliver(ctx, ws, f)
 		case f := <-ended:
 			s.end(g.why(f))
-			return nil
+			return
 		case <-keepalive.C:
 			err = s.comment("keepalive")
 		case <-ctx.Done():
-			return ctx.Err()
+			return
 		}
 		if err != nil {
-			return err
+			return
 		}
 	}
 }
@@ -1366,14 +1359,10 @@ func (s *eventStream) deliver(ctx context.Context, ws *websocket.Conn,
 	case "unsubscribed":
 		// A durable subscription taken over by another session ends
 		// this stream, and so would any other end the broker gives.
-		takenOver := strings.Contains(f.Reason, "taken over")
-		if takenOver && s.takenOver != nil {
+		if s.takenOver != nil && strings.Contains(f.Reason, "taken over") {
 			s.takenOver()
 		}
 		s.event("", "unsubscribed", f)
-		if takenOver {
-			return errTakenOver
-		}
 		return errRefused
 	default:
 		return s.event("", f.Type, f)
