@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/popsub/popsub"
-	"github.com/popsub/popsub/cmd/popsub/jetstream"
-	"github.com/popsub/popsub/cmd/popsub/jetstream/natstest"
+	"github.com/popsub/popsub/jetstream"
+	"github.com/popsub/popsub/jetstream/natstest"
 )
 
 // TestBehaviour_OnJetStream runs the behavioural tests again with the

@@ -29,7 +29,7 @@
 //
 // On its own it does not replicate, order messages across topics, or
 // speak TLS. Several brokers can share one log on NATS JetStream (the
-// SharedLog seam; cmd/popsub/jetstream), so that clients reach any of
+// SharedLog seam; jetstream), so that clients reach any of
 // them; docs/ says where to go beyond that.
 //
 // # Reading path
@@ -4788,7 +4788,7 @@ func (b *Broker) forgetFailed(msgs []*Message) {
 // # A log shared by several brokers (detail)
 //
 // Several brokers behind one load balancer can share one log, such as
-// NATS JetStream (cmd/popsub/jetstream). Then the log, not the broker,
+// NATS JetStream (jetstream). Then the log, not the broker,
 // owns what must agree across them: each topic's order and seqs,
 // retention, the dedup of a publisher's repeated message_id, and durable
 // cursors. Each broker keeps what is about its own clients: their

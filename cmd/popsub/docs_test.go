@@ -21,7 +21,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub"
-	"github.com/popsub/popsub/cmd/popsub/jetstream/natstest"
+	"github.com/popsub/popsub/jetstream/natstest"
 )
 
 // This file runs the docs. Every fenced block in docs/*.md that shows a

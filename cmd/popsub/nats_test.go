@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/popsub/popsub/cmd/popsub/jetstream/natstest"
+	"github.com/popsub/popsub/jetstream/natstest"
 )
 
 // startNATS runs a NATS server with JetStream on 127.0.0.1 in the test

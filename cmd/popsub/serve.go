@@ -21,7 +21,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub"
-	"github.com/popsub/popsub/cmd/popsub/jetstream"
+	"github.com/popsub/popsub/jetstream"
 	"github.com/popsub/popsub/docs"
 	"github.com/popsub/popsub/gateway"
 	"github.com/popsub/popsub/jsclient"

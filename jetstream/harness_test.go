@@ -16,7 +16,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/popsub/popsub"
-	"github.com/popsub/popsub/cmd/popsub/jetstream/natstest"
+	"github.com/popsub/popsub/jetstream/natstest"
 	"github.com/popsub/popsub/wire"
 )
 

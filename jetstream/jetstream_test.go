@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/popsub/popsub"
-	"github.com/popsub/popsub/cmd/popsub/jetstream/natstest"
+	"github.com/popsub/popsub/jetstream/natstest"
 )
 
 // threeBrokers runs three brokers on one JetStream.
