@@ -15,6 +15,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/coder/websocket/wsjson"
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/boltstore"
 )
 
 // quiet keeps the examples' output to what they print.
@@ -25,7 +26,7 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 func Example() {
 	dir, _ := os.MkdirTemp("", "popsub-example")
 	defer os.RemoveAll(dir)
-	store, err := popsub.OpenBolt(filepath.Join(dir, "popsub.db"), quiet)
+	store, err := boltstore.Open(filepath.Join(dir, "popsub.db"), quiet)
 	if err != nil {
 		panic(err)
 	}
@@ -80,7 +81,7 @@ func Example() {
 func ExampleBroker_Publish() {
 	dir, _ := os.MkdirTemp("", "popsub-example")
 	defer os.RemoveAll(dir)
-	store, _ := popsub.OpenBolt(filepath.Join(dir, "popsub.db"), quiet)
+	store, _ := boltstore.Open(filepath.Join(dir, "popsub.db"), quiet)
 	broker, _ := popsub.New(popsub.Options{Secret: []byte("secret"),
 		Store: store, Logger: quiet})
 	defer broker.Shutdown(context.Background())
@@ -117,18 +118,4 @@ func ExampleHashPassword() {
 	fmt.Println(strings.HasPrefix(hash, "pbkdf2-sha256$600000$"), err)
 	// Output:
 	// true <nil>
-}
-
-// A second process on the same file is refused within a second, with a
-// message that says why.
-func ExampleOpenBolt() {
-	dir, _ := os.MkdirTemp("", "popsub-example")
-	defer os.RemoveAll(dir)
-	path := filepath.Join(dir, "popsub.db")
-	first, _ := popsub.OpenBolt(path, quiet)
-	defer first.Close()
-	_, err := popsub.OpenBolt(path, quiet)
-	fmt.Println(strings.Replace(err.Error(), path, "popsub.db", 1))
-	// Output:
-	// open popsub.db: database is in use by another process
 }

@@ -188,8 +188,14 @@ var oneEngine = map[string]string{
 // log refuses groups, which TestGroups_OnTheRunsEngine checks there.
 const groupsRefused = "groups are refused on a shared log"
 
+// OpenBolt opens a bbolt store: package boltstore's Open, which
+// boltstore_hook_test.go sets before any test runs. boltstore imports
+// this package, so these tests, inside it, cannot import boltstore; a
+// test file outside it can, and hands the function in.
+var OpenBolt func(path string, logger *slog.Logger) (Store, error)
+
 // openBolt opens a bbolt store or fails the test.
-func openBolt(t *testing.T, path string) *BoltStore {
+func openBolt(t testing.TB, path string) Store {
 	t.Helper()
 	store, err := OpenBolt(path, quietLogger)
 	if err != nil {

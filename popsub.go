@@ -85,7 +85,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"log/slog"
 	"maps"
@@ -108,7 +107,6 @@ import (
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub/wire"
-	bolt "go.etcd.io/bbolt"
 )
 
 // # Options, messages and frames
@@ -219,12 +217,6 @@ var (
 	ErrClosed = errors.New("popsub: broker closed")
 	// ErrNoSecret is returned by New when Options.Secret is empty.
 	ErrNoSecret = errors.New("popsub: no token secret configured")
-	// ErrInUse is what OpenBolt's error wraps when another process has
-	// the file open.
-	ErrInUse = errors.New("database is in use by another process")
-	// ErrDamaged is what a BoltStore's errors wrap when bbolt met a
-	// damaged page or a file cut short.
-	ErrDamaged = errors.New("damaged")
 )
 
 // Options configure a Broker. Only Secret and Store are required. For
@@ -233,7 +225,7 @@ var (
 type Options struct {
 	// Secret signs and verifies the HS256 tokens clients authenticate with.
 	Secret []byte
-	// Store keeps topic logs and durable cursors; see OpenBolt.
+	// Store keeps topic logs and durable cursors; boltstore.Open opens one.
 	Store Store
 	// AckTimeout is how long a QoS 1 delivery waits for its ack before it
 	// is sent again. Zero: DefaultAckTimeout, 5 s.
@@ -370,8 +362,30 @@ type Message struct {
 func (m *Message) key() messageKey { return messageKey{m.publisher, m.ID} }
 
 // Publisher is the token subject that published m: a SharedLog scopes
-// its dedup of message_ids to it.
+// its dedup of message_ids to it, and a Store keeps it with Frame.
 func (m *Message) Publisher() string { return m.publisher }
+
+// Frame is m's delivery frame at attempt 1, which holds every field of a
+// Message: what a Store keeps, and RestoreMessage reads back.
+func (m *Message) Frame() []byte {
+	// A message the broker did not sequence has no frame yet.
+	if m.frame == nil {
+		return appendDelivery(nil, m, 1)
+	}
+	return m.frame
+}
+
+// RestoreMessage reads back a message a Store kept: its Frame and its
+// Publisher. The frame's type and attempt are ignored, and a record
+// written before frames were stored, the Message's fields alone, reads
+// the same.
+func RestoreMessage(frame []byte, publisher string) (*Message, error) {
+	m := &Message{publisher: publisher}
+	if err := json.Unmarshal(frame, m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
 
 // messageKey is a QoS 1 message's identity for idempotent publishes.
 type messageKey struct{ publisher, id string }
@@ -734,7 +748,7 @@ func (b *Broker) topicList() []*topic {
 // ms for company, so that a quiet broker syncs a few hundred times a
 // second, not once a message; a QoS 1 publish ends the wait.
 // The disk sits behind Store, five methods, so that another engine can
-// replace it without touching the broker: BoltStore is bbolt, and a log
+// replace it without touching the broker: package boltstore is bbolt, and a log
 // shared by several brokers adds three more (SharedLog).
 //
 // Two moments in a message's life matter: it gets its seq, and its batch
@@ -4188,7 +4202,7 @@ func (b *Broker) shutdownOnce(ctx context.Context) error {
 // valid, what a wildcard matches, what a grant covers) and the delivery
 // encoder have sections of their own. After this, the details that the
 // first reading only named: retention, the seqs reserved on disk, group
-// commit, the shared log and the bbolt store.
+// commit and the shared log. The bbolt store is package boltstore.
 
 // topicError is an error frame about one topic.
 func topicError(code, text, topic string) reply {
@@ -4864,373 +4878,4 @@ func (b *Broker) feed(m *Message) {
 		b.noteMessage("committed", nil, m, nil)
 		t.head = m.Seq
 	}
-}
-
-// # The bbolt store (detail)
-//
-// bbolt is a single-file, transactional, embedded B+tree: one file beside
-// the binary, no server. Each topic is a bucket of records keyed by
-// big-endian seq, so a cursor walks them in seq order; the topic's head
-// is kept beside them so seqs never restart after the log is trimmed
-// empty. Each record carries a CRC-32 of its bytes: bbolt checks only its
-// own meta pages, and a flipped bit in a payload must not be delivered as
-// if it were good. A log in bbolt costs a B+tree where an append-only
-// file would do; the tree buys transactions, cursors by seq and trims
-// without a compactor, in a library a reader can trust. bbolt panics on
-// a damaged page and faults on a file cut short; here either costs the
-// caller an error that names the file, never the process, and the
-// command's db check and db salvage read what is left.
-
-// The file's layout, which BoltStore writes and popsub db reads back
-// without a store (a damaged file may not open as one): a topics bucket
-// with a bucket per topic, holding the topic's records under LogBucket,
-// keyed by SeqKey, and its head under HeadKey; and a cursors bucket, from
-// a durable key to its position as a SeqKey. A record is what
-// encodeRecord makes; RecordIntact checks one.
-var (
-	TopicsBucket  = []byte("topics")  // topic name → topic bucket
-	CursorsBucket = []byte("cursors") // durable key → position
-	LogBucket     = []byte("log")     // in a topic bucket: seq → record
-	HeadKey       = []byte("head")    // in a topic bucket: newest seq
-)
-
-// BoltStore is the Store kept in one bbolt file. bbolt allows one
-// writing transaction at a time and any number of readers beside it, so
-// replays read while the committer writes, and need no lock of ours.
-type BoltStore struct {
-	db     *bolt.DB     // the open file
-	path   string       // its name, for errors
-	logger *slog.Logger // where corrupt records are reported
-	// arena holds the records of the batch being committed, kept for the
-	// next one (appendMessages): as large as the largest batch, about a
-	// MiB, once per store. bbolt runs one Commit at a time.
-	arena []byte
-}
-
-// OpenBolt opens (or creates) the bbolt file at path. It fails within a
-// second if another process has the file open.
-func OpenBolt(path string, logger *slog.Logger) (_ *BoltStore, err error) {
-	// A damaged file is closed again, so that its lock goes with it. A
-	// panic inside bolt.Open leaves no DB to close: the lock then lasts
-	// as long as the process, which serve ends at once.
-	var db *bolt.DB
-	defer func() {
-		if err != nil && db != nil {
-			db.Close()
-		}
-	}()
-	defer Guard(path, &err)()
-
-	// bbolt locks the file; without a timeout, a second broker on the
-	// same file would wait for the lock for ever, saying nothing.
-	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
-	if errors.Is(err, bolt.ErrTimeout) {
-		return nil, fmt.Errorf("open %s: %w", path, ErrInUse)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, err)
-	}
-
-	// The two top buckets are made once, so that no reader need check
-	// for them.
-	err = db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{TopicsBucket, CursorsBucket} {
-			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, err)
-	}
-	logger = cmp.Or(logger, slog.Default())
-	return &BoltStore{db: db, path: path, logger: logger}, nil
-}
-
-// Guard turns a panic, or a fault on the file's memory map, into an
-// error that names the file and wraps ErrDamaged: bbolt panics on a
-// damaged page and faults on a file cut short, and one bad page must
-// cost the caller an error, not the process. Use it as defer
-// Guard(path, &err)(): the call turns faults into panics on this
-// goroutine, and the function it returns, deferred, recovers them
-// (recover works only there). popsub db reads with it too.
-func Guard(path string, err *error) func() {
-	old := debug.SetPanicOnFault(true)
-	return func() {
-		debug.SetPanicOnFault(old)
-		if v := recover(); v != nil {
-			*err = fmt.Errorf("%s is %w (%v)", path, ErrDamaged, v)
-		}
-	}
-}
-
-// Commit writes a batch in one transaction: one sync for all of it.
-// Trims go first, and a message the same batch trims is not written at
-// all (its topic's head still moves past it). Appending and then deleting
-// in one transaction cost n² here: bbolt splits the pages a transaction
-// filled only when it commits, so each delete from the front of a freshly
-// filled page moved everything behind it.
-func (s *BoltStore) Commit(batch *Batch) (err error) {
-	defer Guard(s.path, &err)()
-	return s.db.Update(func(tx *bolt.Tx) error {
-		for topic, seq := range batch.Trims {
-			if err := trimLog(tx, topic, seq); err != nil {
-				return fmt.Errorf("trim %q: %w", topic, err)
-			}
-		}
-		if err := s.appendMessages(tx, batch); err != nil {
-			return err
-		}
-		for topic, head := range batch.Heads {
-			if err := setHead(tx, topic, head); err != nil {
-				return fmt.Errorf("set head of %q: %w", topic, err)
-			}
-		}
-		// A cursor is its key and an 8-byte position: the newest
-		// position wins, in the batch as on disk.
-		cursors := tx.Bucket(CursorsBucket)
-		for key, position := range batch.Cursors {
-			if err := cursors.Put([]byte(key), SeqKey(position)); err != nil {
-				return fmt.Errorf("save cursor: %w", err)
-			}
-		}
-		return nil
-	})
-}
-
-// appendMessages appends msgs to their topics' buckets, but for those at
-// or below their topic's trim. Each run of one topic's messages looks its
-// buckets up once and writes the head once: with a hundred messages in a
-// batch, that was most of an append's work.
-func (s *BoltStore) appendMessages(tx *bolt.Tx, batch *Batch) error {
-	msgs, topics := batch.Messages, tx.Bucket(TopicsBucket)
-	// Records go into one arena, sized for the batch up front: bbolt
-	// keeps a reference to each value until the transaction commits, so
-	// none may be reused before then, and one arena beats one allocation
-	// per message, or a copy each time it outgrew itself. After the
-	// commit nothing holds it, and the next batch reuses it: a fresh one
-	// per batch was a tenth of what a busy broker allocated. Keys need
-	// no arena: bbolt copies them.
-	size := 0
-	for _, m := range msgs {
-		size += 4 + len(m.frame) + 3 + len(m.publisher) // encodeRecord
-	}
-	s.arena = slices.Grow(s.arena[:0], size)
-	var key [8]byte
-	for start := 0; start < len(msgs); {
-		name := msgs[start].Topic
-		bucket, err := topics.CreateBucketIfNotExists([]byte(name))
-		var records *bolt.Bucket
-		if err == nil {
-			records, err = bucket.CreateBucketIfNotExists(LogBucket)
-		}
-		if err != nil {
-			return fmt.Errorf("append %q: %w", name, err)
-		}
-
-		// Keys only grow, so pages can be filled: splitting them half
-		// full, bbolt's default, would double the file for nothing.
-		records.FillPercent = 1.0
-		head := uint64(0)
-		for ; start < len(msgs) && msgs[start].Topic == name; start++ {
-			m := msgs[start]
-			head = max(head, m.Seq)
-			if m.Seq <= batch.Trims[name] {
-				continue
-			}
-			from := len(s.arena)
-			s.arena = encodeRecord(s.arena, m)
-			record := s.arena[from:len(s.arena):len(s.arena)]
-			binary.BigEndian.PutUint64(key[:], m.Seq)
-			if err := records.Put(key[:], record); err != nil {
-				return fmt.Errorf("append %q: %w", name, err)
-			}
-		}
-		// The head is written even when every record of the run was
-		// trimmed: seqs must go on from it after a restart.
-		if old, ok := SeqOf(bucket.Get(HeadKey)); ok {
-			head = max(head, old)
-		}
-		if err := bucket.Put(HeadKey, SeqKey(head)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// setHead sets topic's stored head, making its bucket if it has none:
-// a new topic's first block of seqs comes before its first message.
-func setHead(tx *bolt.Tx, topic string, head uint64) error {
-	bucket, err := tx.Bucket(TopicsBucket).CreateBucketIfNotExists(
-		[]byte(topic))
-	if err != nil {
-		return err
-	}
-	return bucket.Put(HeadKey, SeqKey(head))
-}
-
-// trimLog deletes topic's records with seq <= upTo.
-func trimLog(tx *bolt.Tx, topic string, upTo uint64) error {
-	records := LogOf(tx, topic)
-	if records == nil {
-		return nil
-	}
-	// The oldest records are first, so the trim deletes from the last
-	// seq it drops back to the front: a Seek past it, then Prev, which
-	// after a Seek past the end is the last record. Backwards, because
-	// after a delete bbolt's cursor may skip the next key but never the
-	// one before; starting again from First after each delete, as this
-	// did, walked past every page the trim had emptied, so trimming n
-	// records cost n squared (BenchmarkTrim: 8 times slower at 4,096).
-	cursor := records.Cursor()
-	cursor.Seek(SeqKey(upTo + 1))
-	for k, _ := cursor.Prev(); k != nil; k, _ = cursor.Prev() {
-		if err := cursor.Delete(); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// LogOf returns topic's record bucket, or nil if it has none.
-func LogOf(tx *bolt.Tx, topic string) *bolt.Bucket {
-	bucket := tx.Bucket(TopicsBucket).Bucket([]byte(topic))
-	if bucket == nil {
-		return nil
-	}
-	return bucket.Bucket(LogBucket)
-}
-
-// Read returns up to limit records of topic after seq, and no more once
-// their payloads pass maxBytes, skipping (and logging) any whose checksum
-// does not match.
-func (s *BoltStore) Read(topic string, after uint64,
-	limit, maxBytes int) (msgs []*Message, err error) {
-	defer Guard(s.path, &err)()
-	err = s.db.View(func(tx *bolt.Tx) error {
-		records := LogOf(tx, topic)
-		if records == nil {
-			return nil
-		}
-		// A damaged record is logged and skipped, never delivered: its
-		// neighbours are still good, and replay steps over the gap.
-		cursor, size := records.Cursor(), 0
-		for k, v := cursor.Seek(SeqKey(after + 1)); k != nil &&
-			len(msgs) < limit && size < maxBytes; k, v = cursor.Next() {
-			m, err := decodeRecord(v)
-			if err != nil {
-				s.logger.Error("corrupt record skipped", "topic", topic,
-					"seq", binary.BigEndian.Uint64(k), "err", err)
-				continue
-			}
-			msgs = append(msgs, m)
-			size += len(m.Payload)
-		}
-		return nil
-	})
-	return msgs, err
-}
-
-// Topics returns every topic bucket's name and head. A topic whose log
-// was trimmed empty still has its bucket and its head, so it is listed:
-// its next seq must not start again from 1.
-func (s *BoltStore) Topics() (heads map[string]uint64, err error) {
-	defer Guard(s.path, &err)()
-	heads = map[string]uint64{}
-	err = s.db.View(func(tx *bolt.Tx) error {
-		topics := tx.Bucket(TopicsBucket)
-		return topics.ForEachBucket(func(name []byte) error {
-			if head, ok := SeqOf(topics.Bucket(name).Get(HeadKey)); ok {
-				heads[string(name)] = head
-			}
-			return nil
-		})
-	})
-	return heads, err
-}
-
-// Cursor returns the stored position of a durable cursor. The committer
-// asks only when the cursor is not in a batch it still holds.
-func (s *BoltStore) Cursor(key string) (position uint64, found bool,
-	err error) {
-	defer Guard(s.path, &err)()
-	err = s.db.View(func(tx *bolt.Tx) error {
-		position, found = SeqOf(tx.Bucket(CursorsBucket).Get([]byte(key)))
-		return nil
-	})
-	return position, found, err
-}
-
-// Close closes the bbolt file.
-func (s *BoltStore) Close() error { return s.db.Close() }
-
-// encodeRecord appends m's record to buffer: its delivery frame, which
-// holds every field of a Message, then a newline and its publisher as a
-// JSON string if it has one, behind a 4-byte CRC-32 (Castagnoli) of the
-// rest. One encoding serves the log and every subscriber; decodeRecord
-// reads it back with encoding/json, which ignores the frame's type and
-// attempt. A record written before frames were stored holds the
-// Message's fields alone, and reads the same.
-func encodeRecord(buffer []byte, m *Message) []byte {
-	// A message the broker did not sequence has no frame yet.
-	frame := m.frame
-	if frame == nil {
-		frame = appendDelivery(nil, m, 1)
-	}
-	start := len(buffer)
-	buffer = append(append(buffer, 0, 0, 0, 0), frame...)
-	if m.publisher != "" {
-		buffer = appendString(append(buffer, '\n'), m.publisher)
-	}
-	sum := crc32.Checksum(buffer[start+4:], castagnoli)
-	binary.BigEndian.PutUint32(buffer[start:], sum)
-	return buffer
-}
-
-// castagnoli is the CRC-32 table for records: the polynomial that
-// processors compute in hardware, so a checksum costs little beside the
-// write it guards.
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-// RecordIntact reports whether record's checksum matches what it holds.
-func RecordIntact(record []byte) bool {
-	return len(record) >= 4 && crc32.Checksum(record[4:], castagnoli) ==
-		binary.BigEndian.Uint32(record)
-}
-
-// decodeRecord checks a record's CRC and decodes it.
-func decodeRecord(record []byte) (*Message, error) {
-	if !RecordIntact(record) {
-		return nil, errors.New("checksum mismatch")
-	}
-	body := record[4:]
-
-	// The Message gets its own copies of the bytes: bbolt's are valid
-	// only until the reading transaction ends. A frame has no newline of
-	// its own, so one ends it.
-	m := &Message{}
-	if i := bytes.IndexByte(body, '\n'); i >= 0 {
-		if err := json.Unmarshal(body[i+1:], &m.publisher); err != nil {
-			return nil, fmt.Errorf("decode record: %w", err)
-		}
-		body = body[:i]
-	}
-	if err := json.Unmarshal(body, m); err != nil {
-		return nil, fmt.Errorf("decode record: %w", err)
-	}
-	return m, nil
-}
-
-// SeqKey is seq as an 8-byte big-endian key, which sorts numerically.
-func SeqKey(seq uint64) []byte {
-	return binary.BigEndian.AppendUint64(nil, seq)
-}
-
-// SeqOf reads a SeqKey back, and reports false for anything else.
-func SeqOf(key []byte) (uint64, bool) {
-	if len(key) != 8 {
-		return 0, false
-	}
-	return binary.BigEndian.Uint64(key), true
 }

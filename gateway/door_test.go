@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/boltstore"
 )
 
 // These tests are the HTTP door as a stranger meets it: raw sockets on
@@ -492,7 +493,7 @@ func BenchmarkPublish_ParallelOnOneToken(b *testing.B) {
 // startBenchServer is start for a benchmark.
 func startBenchServer(b *testing.B, t *testing.T) *server {
 	b.Helper()
-	store, err := popsub.OpenBolt(filepath.Join(b.TempDir(), "b.db"), nil)
+	store, err := boltstore.Open(filepath.Join(b.TempDir(), "b.db"), nil)
 	if err != nil {
 		b.Fatal(err)
 	}

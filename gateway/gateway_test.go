@@ -24,6 +24,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/boltstore"
 	"github.com/popsub/popsub/wire"
 )
 
@@ -65,7 +66,7 @@ func start(t *testing.T, opts popsub.Options, gopts Options) *server {
 func startBehind(t *testing.T, opts popsub.Options, gopts Options,
 	door DoorOptions, sockets int) *server {
 	t.Helper()
-	store, err := popsub.OpenBolt(filepath.Join(t.TempDir(), "test.db"), nil)
+	store, err := boltstore.Open(filepath.Join(t.TempDir(), "test.db"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -631,7 +632,7 @@ func (refusingStore) Commit(*popsub.Batch) error {
 
 // refusing returns a refusingStore over a bbolt file.
 func refusing(t *testing.T) popsub.Store {
-	store, err := popsub.OpenBolt(filepath.Join(t.TempDir(), "full.db"), nil)
+	store, err := boltstore.Open(filepath.Join(t.TempDir(), "full.db"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

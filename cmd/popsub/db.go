@@ -9,7 +9,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/boltstore"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -127,7 +127,7 @@ func salvage(path, to string) (salvageReport, error) {
 // guarded runs read, turning a panic or a memory fault into an error, as
 // the store does.
 func guarded(read func() error) (err error) {
-	defer popsub.Guard("the file", &err)()
+	defer boltstore.Guard("the file", &err)()
 	return read()
 }
 
@@ -150,7 +150,7 @@ func copyAll(db, out *bolt.DB, report *salvageReport) error {
 	var names [][]byte
 	err := guarded(func() error {
 		return db.View(func(tx *bolt.Tx) error {
-			topics := tx.Bucket(popsub.TopicsBucket)
+			topics := tx.Bucket(boltstore.TopicsBucket)
 			if topics == nil {
 				return errors.New("no topics bucket")
 			}
@@ -178,7 +178,7 @@ func copyTopic(db, out *bolt.DB, name []byte, report *salvageReport) error {
 	report.topics++
 	head, records := readHead(db, name), map[uint64][]byte{}
 	keep := func(seq uint64, value []byte) {
-		if !popsub.RecordIntact(value) {
+		if !boltstore.RecordIntact(value) {
 			report.bad++
 			return
 		}
@@ -210,18 +210,18 @@ func walkRun(db *bolt.DB, topic []byte, from uint64,
 	keep func(uint64, []byte)) (last uint64, done bool, err error) {
 	err = guarded(func() error {
 		return db.View(func(tx *bolt.Tx) error {
-			log := popsub.LogOf(tx, string(topic))
+			log := boltstore.LogOf(tx, string(topic))
 			if log == nil {
 				done = true
 				return nil
 			}
 			c := log.Cursor()
-			for k, v := c.Seek(popsub.SeqKey(from)); ; k, v = c.Next() {
+			for k, v := c.Seek(boltstore.SeqKey(from)); ; k, v = c.Next() {
 				if k == nil {
 					done = true
 					return nil
 				}
-				seq, _ := popsub.SeqOf(k)
+				seq, _ := boltstore.SeqOf(k)
 				if seq < from || seq <= last && last != 0 {
 					return errors.New("keys out of order")
 				}
@@ -242,8 +242,8 @@ func skipDamage(db *bolt.DB, topic []byte, from uint64) uint64 {
 	readable := func(seq uint64) bool {
 		return guarded(func() error {
 			return db.View(func(tx *bolt.Tx) error {
-				if log := popsub.LogOf(tx, string(topic)); log != nil {
-					log.Cursor().Seek(popsub.SeqKey(seq))
+				if log := boltstore.LogOf(tx, string(topic)); log != nil {
+					log.Cursor().Seek(boltstore.SeqKey(seq))
 				}
 				return nil
 			})
@@ -275,8 +275,8 @@ func readHead(db *bolt.DB, topic []byte) uint64 {
 	var head uint64
 	guarded(func() error {
 		return db.View(func(tx *bolt.Tx) error {
-			if b := tx.Bucket(popsub.TopicsBucket).Bucket(topic); b != nil {
-				head, _ = popsub.SeqOf(b.Get(popsub.HeadKey))
+			if b := tx.Bucket(boltstore.TopicsBucket).Bucket(topic); b != nil {
+				head, _ = boltstore.SeqOf(b.Get(boltstore.HeadKey))
 			}
 			return nil
 		})
@@ -288,7 +288,7 @@ func readHead(db *bolt.DB, topic []byte) uint64 {
 func writeTopic(out *bolt.DB, topic []byte, head uint64,
 	records map[uint64][]byte) error {
 	return out.Update(func(tx *bolt.Tx) error {
-		topics, err := tx.CreateBucketIfNotExists(popsub.TopicsBucket)
+		topics, err := tx.CreateBucketIfNotExists(boltstore.TopicsBucket)
 		if err != nil {
 			return err
 		}
@@ -296,17 +296,17 @@ func writeTopic(out *bolt.DB, topic []byte, head uint64,
 		if err != nil {
 			return err
 		}
-		log, err := bucket.CreateBucketIfNotExists(popsub.LogBucket)
+		log, err := bucket.CreateBucketIfNotExists(boltstore.LogBucket)
 		if err != nil {
 			return err
 		}
 		log.FillPercent = 1.0 // keys go in in order, as BoltStore's do
 		for _, seq := range slices.Sorted(maps.Keys(records)) {
-			if err := log.Put(popsub.SeqKey(seq), records[seq]); err != nil {
+			if err := log.Put(boltstore.SeqKey(seq), records[seq]); err != nil {
 				return err
 			}
 		}
-		return bucket.Put(popsub.HeadKey, popsub.SeqKey(head))
+		return bucket.Put(boltstore.HeadKey, boltstore.SeqKey(head))
 	})
 }
 
@@ -315,9 +315,9 @@ func copyCursors(db, out *bolt.DB, report *salvageReport) error {
 	cursors := map[string][]byte{}
 	err := guarded(func() error {
 		return db.View(func(tx *bolt.Tx) error {
-			if b := tx.Bucket(popsub.CursorsBucket); b != nil {
+			if b := tx.Bucket(boltstore.CursorsBucket); b != nil {
 				return b.ForEach(func(k, v []byte) error {
-					if _, ok := popsub.SeqOf(v); ok {
+					if _, ok := boltstore.SeqOf(v); ok {
 						cursors[string(k)] = append([]byte(nil), v...)
 					}
 					return nil
@@ -334,7 +334,7 @@ func copyCursors(db, out *bolt.DB, report *salvageReport) error {
 		return nil
 	}
 	return out.Update(func(tx *bolt.Tx) error {
-		bucket, err := tx.CreateBucketIfNotExists(popsub.CursorsBucket)
+		bucket, err := tx.CreateBucketIfNotExists(boltstore.CursorsBucket)
 		for key, value := range cursors {
 			if err == nil {
 				err = bucket.Put([]byte(key), value)

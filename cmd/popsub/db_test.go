@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/boltstore"
 )
 
 // dbRecords is how many records the damaged databases start with.
@@ -23,7 +24,7 @@ const dbRecords = 2000
 func makeDatabase(t *testing.T) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "popsub.db")
-	store, err := popsub.OpenBolt(path, nil)
+	store, err := boltstore.Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +86,7 @@ func damage(t *testing.T, path string, change func([]byte) []byte) {
 // records of jobs.
 func countRecords(t *testing.T, path string) int {
 	t.Helper()
-	store, err := popsub.OpenBolt(path, nil)
+	store, err := boltstore.Open(path, nil)
 	if err != nil {
 		t.Fatalf("the salvaged file does not open: %v", err)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/boltstore"
 )
 
 // These tests run popsub.js, the JavaScript client the broker serves, in
@@ -205,7 +206,7 @@ func startJSServer(t *testing.T) *jsServer {
 // newBroker opens a broker on the server's file: a 200 ms ack timeout,
 // so that the suite sees retries quickly.
 func (s *jsServer) newBroker() *popsub.Broker {
-	store, err := popsub.OpenBolt(s.path, nil)
+	store, err := boltstore.Open(s.path, nil)
 	if err != nil {
 		s.t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/coder/websocket/wsjson"
 
-	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/boltstore"
 )
 
 // A subscriber that never acks and a publisher: /metrics counts the
@@ -99,7 +99,7 @@ func matches(got, want map[string]float64) bool {
 // /readyz says 503 while the broker stops, and while its log cannot be
 // read, with the reason.
 func TestOperations_ReadyOnlyWhenTheLogAnswers(t *testing.T) {
-	store, err := popsub.OpenBolt(filepath.Join(t.TempDir(), "popsub.db"),
+	store, err := boltstore.Open(filepath.Join(t.TempDir(), "popsub.db"),
 		nil)
 	if err != nil {
 		t.Fatal(err)

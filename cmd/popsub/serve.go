@@ -21,9 +21,10 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub"
-	"github.com/popsub/popsub/jetstream"
+	"github.com/popsub/popsub/boltstore"
 	"github.com/popsub/popsub/docs"
 	"github.com/popsub/popsub/gateway"
+	"github.com/popsub/popsub/jetstream"
 	"github.com/popsub/popsub/jsclient"
 	"github.com/popsub/popsub/playground"
 )
@@ -142,13 +143,13 @@ func serve(ctx context.Context, args []string, stdout,
 func openLog(cfg serveConfig, logger *slog.Logger) (popsub.Store, string,
 	error) {
 	if cfg.nats == "" {
-		store, err := popsub.OpenBolt(cfg.db, logger)
+		store, err := boltstore.Open(cfg.db, logger)
 		switch {
-		case errors.Is(err, popsub.ErrInUse):
+		case errors.Is(err, boltstore.ErrInUse):
 			err = fmt.Errorf("%w (perhaps by another popsub serve in this "+
 				"folder: stop it, or give this one a file of its own, such "+
 				"as --db popsub-2.db)", err)
-		case errors.Is(err, popsub.ErrDamaged):
+		case errors.Is(err, boltstore.ErrDamaged):
 			err = fmt.Errorf("%w: 'popsub db check --db %s' shows what is "+
 				"readable, 'popsub db salvage' copies it out", err, cfg.db)
 		}

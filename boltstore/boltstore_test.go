@@ -1,0 +1,219 @@
+package boltstore
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/popsub/popsub"
+)
+
+// What every Store must do is checked in popsub's own tests
+// (TestStore_Contract, on this store too); here is what is particular to
+// bbolt: the arena, the backwards trim, and a file that is not ours.
+
+// openStore opens the store at path or fails the test.
+func openStore(t testing.TB, path string) *Store {
+	t.Helper()
+	store, err := Open(path, nil)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	return store
+}
+
+// message returns a message on topic t at seq, as a store reads one back,
+// with payload (JSON) and publisher.
+func message(t *testing.T, seq uint64,
+	payload, publisher string) *popsub.Message {
+	t.Helper()
+	frame := fmt.Sprintf(`{"topic":"t","message_id":"m%d","seq":%d,`+
+		`"payload":%s}`, seq, seq, payload)
+	m, err := popsub.RestoreMessage([]byte(frame), publisher)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// The bbolt store writes each batch's records into one arena that the
+// next batch reuses, and grows it when its estimate falls short (a
+// publisher's name with characters to escape): every record must come
+// back as it went in, from batches of any size in any order.
+func TestBoltStore_EachBatchKeepsItsOwnRecords(t *testing.T) {
+	store := openStore(t, filepath.Join(t.TempDir(), "popsub.db"))
+	defer store.Close()
+	want := map[uint64]string{}
+	seq := uint64(0)
+	for _, size := range []int{40, 1, 300, 2, 120} {
+		var batch popsub.Batch
+		for range size {
+			seq++
+			payload := strings.Repeat("x", int(seq*7%200))
+			publisher := strings.Repeat(`"\`, int(seq%5))
+			m := message(t, seq, strconv.Quote(payload), publisher)
+			batch.Messages = append(batch.Messages, m)
+			want[seq] = payload + "|" + publisher
+		}
+		if err := store.Commit(&batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msgs, err := store.Read("t", 0, 1<<20, 1<<30)
+	if err != nil || len(msgs) != len(want) {
+		t.Fatalf("Read: %d messages, %v; want %d", len(msgs), err, len(want))
+	}
+	for _, m := range msgs {
+		var payload string
+		json.Unmarshal(m.Payload, &payload)
+		if got := payload + "|" + m.Publisher(); got != want[m.Seq] {
+			t.Fatalf("seq %d came back as %q, want %q", m.Seq, got,
+				want[m.Seq])
+		}
+	}
+}
+
+// A trim deletes from the last seq it drops back to the first, across
+// many of bbolt's pages, over gaps in the seqs, and never a seq it keeps.
+func TestBoltStore_TrimsExactlyUpToItsSeq(t *testing.T) {
+	store := openStore(t, filepath.Join(t.TempDir(), "popsub.db"))
+	defer store.Close()
+	var batch popsub.Batch
+	for seq := uint64(1); seq <= 5000; seq++ {
+		if seq%7 != 3 { // a gap every seventh seq
+			batch.Messages = append(batch.Messages, &popsub.Message{Topic: "t",
+				ID: fmt.Sprint(seq), Seq: seq, Payload: json.RawMessage(`1`)})
+		}
+	}
+	if err := store.Commit(&batch); err != nil {
+		t.Fatal(err)
+	}
+	for _, upTo := range []uint64{0, 1, 2, 3, 1000, 3001, 3003, 4999, 4999,
+		6000} {
+		if err := store.Commit(&popsub.Batch{Trims: map[string]uint64{
+			"t": upTo}}); err != nil {
+			t.Fatal(err)
+		}
+		msgs, err := store.Read("t", 0, 1<<20, 1<<30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		for seq := upTo + 1; seq <= 5000; seq++ {
+			if seq%7 != 3 {
+				want++
+			}
+		}
+		if len(msgs) != want || want > 0 && msgs[0].Seq <= upTo {
+			t.Fatalf("after a trim to %d: %d messages from seq %v, want %d",
+				upTo, len(msgs), firstSeqOf(msgs), want)
+		}
+	}
+}
+
+// firstSeqOf returns the first message's seq, or nil for none.
+func firstSeqOf(msgs []*popsub.Message) any {
+	if len(msgs) == 0 {
+		return nil
+	}
+	return msgs[0].Seq
+}
+
+func TestBoltStore_Faults(t *testing.T) {
+	t.Run("a second open of the same file fails with a clear error",
+		func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "popsub.db")
+			first := openStore(t, path)
+			defer first.Close()
+			_, err := Open(path, nil)
+			if err == nil || !strings.Contains(err.Error(), "in use") {
+				t.Fatalf("second open: %v, want 'in use'", err)
+			}
+		})
+	t.Run("a file that is not a database is refused", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "popsub.db")
+		junk := []byte(strings.Repeat("not a database ", 1024))
+		if err := os.WriteFile(path, junk, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if store, err := Open(path, nil); err == nil {
+			store.Close()
+			t.Fatal("OpenBolt accepted a corrupt file")
+		}
+	})
+}
+
+// BenchmarkCommitWithTrim commits what a busy topic at its count cap
+// commits: 256 new 64-byte messages and a trim of the 256 oldest, on a
+// log of 4,096. The syncs are off, to measure the work around them.
+func BenchmarkCommitWithTrim(b *testing.B) {
+	store, err := Open(filepath.Join(b.TempDir(), "log.db"), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
+	store.db.NoSync = true
+	seq := uint64(0)
+	if err := store.Commit(benchBatch(&seq, 4096)); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		next := benchBatch(&seq, 256)
+		next.Trims["t"] = seq - 4096
+		if err := store.Commit(next); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkTrim times a commit that trims n records, and nothing else,
+// from the front of an 8,192-record log: a busy topic's trim per commit.
+// Trimming forwards from First again after each delete made it n
+// squared; backwards it is linear.
+func BenchmarkTrim(b *testing.B) {
+	for _, n := range []int{256, 1024, 4096} {
+		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
+			store, err := Open(filepath.Join(b.TempDir(), "log.db"),
+				nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer store.Close()
+			store.db.NoSync = true
+			seq := uint64(0)
+			fill := func(n int) {
+				if err := store.Commit(benchBatch(&seq, n)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			fill(8192)
+			for b.Loop() {
+				b.StopTimer()
+				fill(n)
+				b.StartTimer()
+				trim := map[string]uint64{"t": seq - 8192}
+				if err := store.Commit(&popsub.Batch{Trims: trim}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// benchBatch returns a batch of n 64-byte messages on topic t, after seq,
+// which it advances.
+func benchBatch(seq *uint64, n int) *popsub.Batch {
+	payload := json.RawMessage(`"` + strings.Repeat("x", 62) + `"`)
+	batch := &popsub.Batch{Trims: map[string]uint64{}}
+	for range n {
+		*seq++
+		m := &popsub.Message{Topic: "t", ID: fmt.Sprint(*seq), Seq: *seq,
+			Payload: payload}
+		batch.Messages = append(batch.Messages, m)
+	}
+	return batch
+}
