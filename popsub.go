@@ -71,7 +71,6 @@
 package popsub
 
 import (
-	"bufio"
 	"bytes"
 	"cmp"
 	"context"
@@ -106,6 +105,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/popsub/popsub/socket"
 	"github.com/popsub/popsub/wire"
 )
 
@@ -183,8 +183,6 @@ const (
 	replayChunk       = 256             // messages read from the log at a time
 	maxQueueMessages  = 4096            // messages waiting for the log
 	maxQueueBytes     = 1 << 20         // their bytes; see b.log.admit
-	writeChunk        = 64 << 10        // a writer sends, and writes, this
-	maxJoined         = 512 << 10       // a batch frame stays under this
 	deadPrefix        = "$dead/"        // dead letters of T go to $dead/T
 	// commitLinger is the longest a batch nobody waits for waits for
 	// company (committer.linger).
@@ -736,6 +734,41 @@ func (b *Broker) topicList() []*topic {
 	return slices.Collect(maps.Values(b.topics))
 }
 
+// # The machine room
+//
+// The broker's behaviour is this file; the machinery under it is not. As
+// the original PopSub split its transport, broker and persistence into
+// crates, the parts whose work is how, not what, live in packages of
+// their own, each behind a contract declared here, in one place, and
+// said in a line where it is first used: the disk (Store, with package
+// boltstore and package jetstream keeping it), the WebSocket (Socket,
+// kept by package socket) and password hashing (package login). The
+// compiler holds the line: this file imports no storage engine, builds
+// for a browser (GOOS=js), and a test checks that the first reading
+// reaches the machine room only through this block.
+
+// Socket is one client's WebSocket: package socket accepts one over HTTP
+// and frames what the broker sends; a test, or a page, may keep the same
+// contract another way.
+type Socket interface {
+	// Read returns the next text frame. An error means the socket is
+	// done: closed, reset, or closed by the socket for a binary frame
+	// (1003) or one over the read limit (1009).
+	Read() (io.Reader, error)
+	// SetReadLimit caps the frames Read returns, in bytes.
+	SetReadLimit(n int64)
+	// Send writes frames in order, each a WebSocket frame, or, joined,
+	// runs of them joined by newlines in one frame; each write waits at
+	// most WriteTimeout for the peer.
+	Send(frames [][]byte, joined bool) error
+	// Ping pings the peer and waits for its pong, or for ctx to end.
+	Ping(ctx context.Context) error
+	// Close sends a close frame and closes the socket; CloseNow closes
+	// it without one.
+	Close(code websocket.StatusCode, reason string) error
+	CloseNow() error
+}
+
 // # The log: seq first, sync second
 //
 // Every message, of any QoS, is appended to its topic's log, and the log
@@ -859,10 +892,8 @@ type outcome struct {
 // goroutine as noted; those below are shared and guarded by mu.
 type connection struct {
 	broker *Broker
-	ws     *websocket.Conn
-	// socket is the TCP connection under ws, which the writer sends its
-	// own frames to, a batch a write (see sharedSocket).
-	socket *sharedSocket
+	// ws is the client's WebSocket (Socket, in the machine room).
+	ws Socket
 	// wake owes the writers that this reader's publishes filled a start,
 	// once it is about to read or wait (see wakeups).
 	wake wakeups
@@ -940,14 +971,15 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// Accept checks the Origin header: a page from another site, running
-	// in a user's browser, may not open a socket unless allowed. It takes
-	// the socket through a hijacker, which wraps it in a sharedSocket, a
-	// socket the library and the writer share, so that the writer can send
-	// a batch in one system call (One write per batch, a detail).
-	hijack := &hijacker{ResponseWriter: w, timeout: b.opts.WriteTimeout}
-	ws, err := websocket.Accept(hijack, r,
-		&websocket.AcceptOptions{OriginPatterns: b.opts.OriginPatterns})
+	// socket.Accept checks the Origin header: a page from another site,
+	// running in a user's browser, may not open a socket unless allowed.
+	// Before each read of the socket, the reader starts the writers its
+	// publishes filled (c.wake.start, in Waking writers).
+	var c *connection
+	ws, err := socket.Accept(w, r, socket.Options{
+		OriginPatterns: b.opts.OriginPatterns,
+		WriteTimeout:   b.opts.WriteTimeout,
+		BeforeRead:     func() { c.wake.start() }})
 	if err != nil {
 		b.open.Add(-1)
 		b.logger.Debug("upgrade refused", "remote", r.RemoteAddr, "err", err)
@@ -955,8 +987,7 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// A connection registers before it authenticates, so that Shutdown
 	// and the connection count see it from its first moment.
-	c := b.newConnection(ws, r.RemoteAddr)
-	c.socket, hijack.socket.wake = hijack.socket, &c.wake
+	c = b.newConnection(ws, r.RemoteAddr)
 	c.bearer = wire.BearerToken(r.Header.Get("Authorization"))
 	if !b.register(c) {
 		b.open.Add(-1)
@@ -967,7 +998,7 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // newConnection prepares the state of a freshly upgraded connection.
-func (b *Broker) newConnection(ws *websocket.Conn, remote string) *connection {
+func (b *Broker) newConnection(ws Socket, remote string) *connection {
 	// The outbox is the only per-connection buffer that grows with load;
 	// it starts empty and grows only as far as its bound.
 	c := &connection{broker: b, ws: ws, remote: remote,
@@ -1157,9 +1188,9 @@ func (c *connection) refuse(code, text string) {
 // the writer goroutine starts, so it races with nothing.
 func (c *connection) writeNow(r reply) {
 	// A stranger who never reads the reply is bounded by the socket's
-	// write timeout (sharedSocket), like every other write.
+	// write timeout (Socket), like every other write.
 	data, _ := json.Marshal(r)
-	c.ws.Write(context.Background(), websocket.MessageText, data)
+	c.ws.Send([][]byte{data}, false)
 }
 
 // read returns the next text frame. Binary frames and invalid UTF-8 close
@@ -1172,14 +1203,11 @@ func (c *connection) writeNow(r reply) {
 // with c.recycle once the frame is handled. It is taken only once a frame
 // has begun to arrive, so an idle connection holds none.
 func (c *connection) read() (*bytes.Buffer, bool) {
-	// Any read error (a close, a reset, a frame over the limit) ends the
-	// connection; the library has already sent whatever close applies.
-	typ, reader, err := c.ws.Reader(context.Background())
+	// Any read error (a close, a reset, a frame over the limit, a binary
+	// frame) ends the connection; the socket has sent whatever close
+	// applies.
+	reader, err := c.ws.Read()
 	if err != nil {
-		return nil, false
-	}
-	if typ != websocket.MessageText {
-		c.ws.Close(websocket.StatusUnsupportedData, "text frames only")
 		return nil, false
 	}
 	// c.readFrame reads the frame into a pooled buffer; one past 64 KiB
@@ -1890,7 +1918,7 @@ func (o *outbox) push(frames ...[]byte) bool {
 // not started here: wake.owe(o) owes it a start, which the publisher's
 // reader makes with wake.start() once it is about to read or wait, so
 // that a subscriber gets a read's worth of publishes in one write
-// (wakeups, in One write per batch). A nil wake starts it now.
+// (wakeups, in Waking writers). A nil wake starts it now.
 func (o *outbox) pushWithin(limit int, wake *wakeups, frames ...[]byte) bool {
 	size := 0
 	for _, frame := range frames {
@@ -1946,19 +1974,16 @@ var spareFrames = sync.Pool{New: func() any { return new([][]byte) }}
 // the next frame instead would be simpler, and would cost every idle
 // connection a parked goroutine, whose stack (8 KiB once it has written)
 // was the biggest single item in an idle connection's memory. Each batch
-// goes out in one system call (One write per batch). After a failed
-// write the outbox stays marked as written, so no writer starts again:
-// the reader is about to see the socket closed. The batch's array comes
-// from spareFrames and the buffer it is framed in from writeBufferPool,
-// and both go back when the writer exits, so that a new writer need not
-// grow them.
+// goes out in as few system calls as the socket can (c.ws.Send). After a
+// failed write the outbox stays marked as written, so no writer starts
+// again: the reader is about to see the socket closed. The batch's array
+// comes from spareFrames and goes back when the writer exits, so that a
+// new writer need not grow it.
 func (c *connection) writeLoop() {
 	batch := *spareFrames.Get().(*[][]byte)
-	framed := writeBufferPool.Get().(*[]byte)
 	defer func() {
 		clear(batch) // the frames of a failed write
 		spareFrames.Put(new(batch[:0]))
-		writeBufferPool.Put(framed)
 	}()
 	for ok := true; ok; {
 		batch = c.outbox.take(batch[:0])
@@ -1966,47 +1991,29 @@ func (c *connection) writeLoop() {
 			return
 		}
 		notify(c.room)
-		*framed, ok = c.writeBatch(batch, *framed)
+		ok = c.writeBatch(batch)
 	}
 }
 
 // writeBatch writes a batch of frames and reports false once the socket
 // is done with: a write failed, or a nil frame asked for the close. A
 // client that opted into batches gets runs of frames joined by newlines
-// in one WebSocket frame, under maxJoined unless one frame is more.
-// The batch is framed into buffer (appendFrame writes one frame's header
-// and payload) and c.send(buffer) sends it in one system call per
-// writeChunk, or per run, ending the connection if the socket refuses;
-// nothing sends an empty buffer, and the buffer is reused.
-func (c *connection) writeBatch(batch [][]byte, buffer []byte) ([]byte, bool) {
-	buffer = buffer[:0]
-	for len(batch) > 0 {
-		if batch[0] == nil {
-			// A close waits for the peer's answer: what came before it
-			// leaves first.
-			if len(buffer) == 0 || c.send(buffer) {
-				c.ws.Close(c.closeCode, c.closeWhy)
-			}
-			return buffer, false
-		}
-		// A run stops short of maxJoined and is sent at once. A frame
-		// of a whole 4 MiB outbox held that much per writer; smaller
-		// runs cost a burst more CPU and cut off more of its readers
-		// (performance.md).
-		n, size := 1, len(batch[0])+1 // the run, and a newline to come
-		for c.batch && n < len(batch) && batch[n] != nil &&
-			size+len(batch[n]) < maxJoined {
-			size, n = size+len(batch[n])+1, n+1
-		}
-		buffer, batch = appendFrame(buffer, batch[:n]), batch[n:]
-		if len(buffer) >= writeChunk || c.batch && len(batch) > 0 {
-			if !c.send(buffer) {
-				return buffer, false
-			}
-			buffer = buffer[:0]
-		}
+// in one WebSocket frame.
+func (c *connection) writeBatch(batch [][]byte) bool {
+	// A close waits for the peer's answer: what came before it leaves
+	// first.
+	end := slices.IndexFunc(batch, func(f []byte) bool { return f == nil })
+	if end >= 0 {
+		batch = batch[:end]
 	}
-	return buffer, len(buffer) == 0 || c.send(buffer)
+	if err := c.ws.Send(batch, c.batch); err != nil {
+		c.writeFailed(err)
+		return false
+	}
+	if end >= 0 {
+		c.ws.Close(c.closeCode, c.closeWhy)
+	}
+	return end < 0
 }
 
 // writeFailed ends a connection whose socket refused a write. A write
@@ -2076,122 +2083,15 @@ func (c *connection) closeWith(last reply, code websocket.StatusCode,
 	c.enqueue(nil)
 }
 
-// # One write per batch (detail)
+// # Waking writers (detail)
 //
-// The writer takes every frame queued for a connection at once; sending
-// them with one system call is what makes a delivery cheap, since a small
-// write costs about ten microseconds here and the frame itself a fraction
-// of one. The WebSocket library writes and flushes each frame on its own,
-// behind a lock taken with a select, and that was a fifth of the CPU of
-// a delivery at a steady rate. So the writer frames its deliveries itself
-// (appendFrame: a server's frame header is two to ten bytes) and sends
-// them straight to the socket, and the library is left the frames it
-// owns: pings, pongs, closes, and the replies before authentication.
-// Forking the library to add a batch write of its own was the
-// alternative; the socket is the seam the library already offers.
-
-// sharedSocket is a connection's socket, under the WebSocket library. Both
-// the library and the writer write to it, a whole frame or run of frames
-// at a time, so their frames never interleave. Each write has a deadline
-// of WriteTimeout, so a peer that does not read cannot hold a writer, or
-// a close, for ever.
-type sharedSocket struct {
-	net.Conn
-	// timeout is Options.WriteTimeout; immutable.
-	timeout time.Duration
-
-	// lock guards closed and orders writes to the socket. It is a
-	// channel of one, not a mutex, because it is held across a write
-	// that may wait for its deadline: a goroutine waiting on a channel
-	// lets testing/synctest's fake time pass, so the simulation can
-	// stall a socket (the library's own write lock is a channel too).
-	lock chan struct{}
-	// closed is set once the library wrote a close frame: no data frame
-	// may follow it (RFC 6455, section 5.5.1).
-	closed bool
-	// wake is the reader's wakeups, started before each read; set
-	// before the reader starts.
-	wake *wakeups
-}
-
-// Write sends a frame the library wrote. Every frame the library writes
-// here is small (a control frame, or a reply before authentication), so
-// its buffered writer hands it over in one Write, and p starts with the
-// frame's first byte.
-func (h *sharedSocket) Write(p []byte) (int, error) {
-	h.lock <- struct{}{}
-	defer func() { <-h.lock }()
-	h.closed = h.closed || len(p) > 0 && p[0] == 0x88 // a final close
-	h.Conn.SetWriteDeadline(time.Now().Add(h.timeout))
-	return h.Conn.Write(p)
-}
-
-// sendFrames sends frames the writer framed itself, unless the library
-// has closed the socket's write side. A run longer than writeChunk goes
-// out a chunk at a time, each with a deadline of its own, so that
-// WriteTimeout means what it says: the peer took nothing (less than a
-// chunk) for that long. One deadline for a run of 512 KiB cut off a
-// reader that was reading, only slower than the run was long.
-func (h *sharedSocket) sendFrames(framed []byte) error {
-	h.lock <- struct{}{}
-	defer func() { <-h.lock }()
-	if h.closed {
-		return net.ErrClosed
-	}
-	for len(framed) > 0 {
-		chunk := framed[:min(len(framed), writeChunk)]
-		h.Conn.SetWriteDeadline(time.Now().Add(h.timeout))
-		if _, err := h.Conn.Write(chunk); err != nil {
-			return err
-		}
-		framed = framed[len(chunk):]
-	}
-	return nil
-}
-
-// appendFrame appends one WebSocket text frame holding frames, joined by
-// newlines: the header (RFC 6455, section 5.2) as a server sends it,
-// final and unmasked, then the payload.
-func appendFrame(buffer []byte, frames [][]byte) []byte {
-	size := len(frames) - 1
-	for _, frame := range frames {
-		size += len(frame)
-	}
-	switch {
-	case size < 126:
-		buffer = append(buffer, 0x81, byte(size))
-	case size < 1<<16:
-		buffer = append(buffer, 0x81, 126, byte(size>>8), byte(size))
-	default:
-		buffer = binary.BigEndian.AppendUint64(append(buffer, 0x81, 127),
-			uint64(size))
-	}
-	for i, frame := range frames {
-		if i > 0 {
-			buffer = append(buffer, '\n')
-		}
-		buffer = append(buffer, frame...)
-	}
-	return buffer
-}
-
-// send sends framed bytes, and ends the connection if the socket
-// refuses them.
-func (c *connection) send(framed []byte) bool {
-	err := c.socket.sendFrames(framed)
-	if err != nil {
-		c.writeFailed(err)
-	}
-	return err == nil
-}
-
-// Read reads the socket, first starting the writers the reader owes.
-// The library reads its socket only once it has handled every frame it
-// read before, so this is the end of one read's worth of publishes.
-func (h *sharedSocket) Read(p []byte) (int, error) {
-	h.wake.start()
-	return h.Conn.Read(p)
-}
+// A writer started at once, for each frame a publish queues, wrote each
+// delivery of a burst alone, a system call each. So a reader's fan-out
+// only notes the outboxes it filled, and starts their writers when it is
+// about to read its socket again, or to wait: then each writer finds a
+// whole read's worth of publishes queued for its subscriber, and nothing
+// waits for a timer. nats-server's read loop does the same
+// (flushClients).
 
 // wakeups are the writers a reader's publishes owe a start: the idle
 // outboxes its fan-out filled since it last read the socket. A writer
@@ -2231,35 +2131,6 @@ func (w *wakeups) start() {
 	}
 	w.outboxes = slices.Delete(w.outboxes, 0, len(w.outboxes)) // cleared
 }
-
-// hijacker is the ResponseWriter that websocket.Accept sees: it wraps
-// the socket the library hijacks in a sharedSocket, and points the library's
-// buffered writer at it.
-type hijacker struct {
-	http.ResponseWriter
-	// timeout is Options.WriteTimeout, for the sharedSocket.
-	timeout time.Duration
-	// socket is the sharedSocket, once Accept has hijacked the connection.
-	socket *sharedSocket
-}
-
-// Hijack takes the connection from the HTTP server and wraps it.
-func (h *hijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	conn, rw, err := http.NewResponseController(h.ResponseWriter).Hijack()
-	if err != nil {
-		return nil, nil, err
-	}
-	h.socket = &sharedSocket{Conn: conn, timeout: h.timeout,
-		lock: make(chan struct{}, 1)}
-	rw.Writer.Reset(h.socket)
-	return h.socket, rw, nil
-}
-
-// writeBufferPool holds the buffers writers frame their batches in,
-// shared by every connection's writer: a writer exits whenever its
-// outbox empties, and growing a new buffer for each run cost more CPU
-// than the run's writes did.
-var writeBufferPool = sync.Pool{New: func() any { return new([]byte) }}
 
 // # The queues (detail)
 //

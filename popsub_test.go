@@ -18,6 +18,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/popsub/popsub/socket"
 	"github.com/popsub/popsub/wire"
 )
 
@@ -983,9 +984,9 @@ func TestBroker_Batches(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(data) >= maxJoined {
+			if len(data) >= socket.MaxJoined {
 				t.Fatalf("a frame of %d bytes, want under %d", len(data),
-					maxJoined)
+					socket.MaxJoined)
 			}
 			received += bytes.Count(data, []byte("\n")) + 1
 		}

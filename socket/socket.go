@@ -1,0 +1,272 @@
+// Package socket is the WebSocket under each PopSub connection: it
+// accepts the upgrade, reads text frames, and writes the broker's
+// deliveries in as few system calls as it can.
+//
+// # The contract
+//
+// popsub.go declares what a connection needs of its socket (the Socket
+// contract in its section "The machine room"): Read returns the next
+// text frame; Send writes a run of frames in order; Ping, Close and
+// CloseNow do what they say. Conn keeps it over github.com/coder/websocket,
+// and a test or a page may keep it another way.
+//
+// # One write per batch
+//
+// The broker's writer takes every frame queued for a connection at once;
+// sending them with one system call is what makes a delivery cheap,
+// since a small write costs about ten microseconds here and the frame
+// itself a fraction of one. The WebSocket library writes and flushes
+// each frame on its own, behind a lock taken with a select, and that was
+// a fifth of the CPU of a delivery at a steady rate. So Send frames the
+// deliveries itself (appendFrame: a server's frame header is two to ten
+// bytes) and writes them straight to the socket, and the library is left
+// the frames it owns: pings, pongs and closes. Forking the library to add
+// a batch write of its own was the alternative; the socket under it
+// (net.Conn, taken through a hijacker) is the seam it already offers.
+//
+// # What each speed trick buys
+//
+// Measured with the benchmarks docs/performance.md names:
+//
+//	trick                               buys
+//	a run of frames in one write        a fifth of a delivery's CPU
+//	runs joined by newlines (joined)    one frame, not one per delivery
+//	framing buffers pooled              a new writer grows no buffer
+//	BeforeRead, before each read        a burst's deliveries in one write
+package socket
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// Sizes of what Send writes.
+const (
+	// MaxJoined bounds a run of frames joined by newlines: a frame of a
+	// whole 4 MiB outbox held that much per writer; smaller runs cost a
+	// burst more CPU and cut off more of its readers (performance.md).
+	MaxJoined = 512 << 10
+	// writeChunk is what one write to the socket carries at most, each
+	// with a deadline of its own.
+	writeChunk = 64 << 10
+)
+
+// Options configure Accept.
+type Options struct {
+	// OriginPatterns lists foreign origins allowed to open a WebSocket.
+	OriginPatterns []string
+	// WriteTimeout is how long one write may wait for a peer that does
+	// not read.
+	WriteTimeout time.Duration
+	// BeforeRead, if set, runs before each read from the socket: the
+	// broker starts there the writers a burst of publishes filled.
+	BeforeRead func()
+}
+
+// Conn is one client's WebSocket, accepted by Accept.
+type Conn struct {
+	ws     *websocket.Conn
+	shared *sharedSocket
+}
+
+// Accept upgrades a request to a WebSocket. It checks the Origin header:
+// a page from another site, running in a user's browser, may not open a
+// socket unless opts allows its origin.
+func Accept(w http.ResponseWriter, r *http.Request, opts Options) (*Conn,
+	error) {
+	hijack := &hijacker{ResponseWriter: w, opts: opts}
+	ws, err := websocket.Accept(hijack, r,
+		&websocket.AcceptOptions{OriginPatterns: opts.OriginPatterns})
+	if err != nil {
+		return nil, err
+	}
+	return &Conn{ws: ws, shared: hijack.socket}, nil
+}
+
+// SetReadLimit caps the frames Read returns; a larger one closes the
+// socket with 1009 before it is buffered.
+func (c *Conn) SetReadLimit(n int64) { c.ws.SetReadLimit(n) }
+
+// Read returns the next text frame's reader. Any error (a close, a
+// reset, a frame over the limit) ends the socket, and the library has
+// sent whatever close applies; a binary frame is closed with 1003.
+func (c *Conn) Read() (io.Reader, error) {
+	typ, reader, err := c.ws.Reader(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	if typ != websocket.MessageText {
+		c.ws.Close(websocket.StatusUnsupportedData, "text frames only")
+		return nil, errors.New("binary frame")
+	}
+	return reader, nil
+}
+
+// Ping pings the peer and waits for its pong or for ctx to end.
+func (c *Conn) Ping(ctx context.Context) error { return c.ws.Ping(ctx) }
+
+// Close sends a close frame, waits briefly for the peer's, and closes the
+// socket.
+func (c *Conn) Close(code websocket.StatusCode, reason string) error {
+	return c.ws.Close(code, reason)
+}
+
+// CloseNow closes the socket without a close frame.
+func (c *Conn) CloseNow() error { return c.ws.CloseNow() }
+
+// Send writes frames in order: each its own WebSocket frame or, joined,
+// runs of them joined by newlines in one frame, under MaxJoined unless
+// one frame is more. It writes in one system call per writeChunk, or per
+// joined run.
+func (c *Conn) Send(frames [][]byte, joined bool) error {
+	framed := writeBufferPool.Get().(*[]byte)
+	defer writeBufferPool.Put(framed)
+	buffer := (*framed)[:0]
+	defer func() { *framed = buffer }()
+	for len(frames) > 0 {
+		n, size := 1, len(frames[0])+1 // the run, and a newline to come
+		for joined && n < len(frames) && size+len(frames[n]) < MaxJoined {
+			size, n = size+len(frames[n])+1, n+1
+		}
+		buffer, frames = appendFrame(buffer, frames[:n]), frames[n:]
+		if len(buffer) >= writeChunk || joined && len(frames) > 0 {
+			if err := c.shared.sendFrames(buffer); err != nil {
+				return err
+			}
+			buffer = buffer[:0]
+		}
+	}
+	if len(buffer) == 0 {
+		return nil
+	}
+	return c.shared.sendFrames(buffer)
+}
+
+// writeBufferPool holds the buffers Send frames its runs in, shared by
+// every connection: a broker's writer exits whenever its outbox empties,
+// and growing a new buffer for each run cost more CPU than the run's
+// writes did.
+var writeBufferPool = sync.Pool{New: func() any { return new([]byte) }}
+
+// sharedSocket is a connection's socket, under the WebSocket library. Both
+// the library and Send write to it, a whole frame or run of frames at a
+// time, so their frames never interleave. Each write has a deadline of
+// WriteTimeout, so a peer that does not read cannot hold a writer, or a
+// close, for ever.
+type sharedSocket struct {
+	net.Conn
+	// opts are Accept's; immutable.
+	opts Options
+
+	// lock guards closed and orders writes to the socket. It is a
+	// channel of one, not a mutex, because it is held across a write
+	// that may wait for its deadline: a goroutine waiting on a channel
+	// lets testing/synctest's fake time pass, so the simulation can
+	// stall a socket (the library's own write lock is a channel too).
+	lock chan struct{}
+	// closed is set once the library wrote a close frame: no data frame
+	// may follow it (RFC 6455, section 5.5.1).
+	closed bool
+}
+
+// Write sends a frame the library wrote. Every frame the library writes
+// here is small (a control frame), so its buffered writer hands it over
+// in one Write, and p starts with the frame's first byte.
+func (h *sharedSocket) Write(p []byte) (int, error) {
+	h.lock <- struct{}{}
+	defer func() { <-h.lock }()
+	h.closed = h.closed || len(p) > 0 && p[0] == 0x88 // a final close
+	h.Conn.SetWriteDeadline(time.Now().Add(h.opts.WriteTimeout))
+	return h.Conn.Write(p)
+}
+
+// Read reads the socket, first running BeforeRead. The library reads its
+// socket only once it has handled every frame it read before, so this is
+// the end of one read's worth of publishes.
+func (h *sharedSocket) Read(p []byte) (int, error) {
+	if h.opts.BeforeRead != nil {
+		h.opts.BeforeRead()
+	}
+	return h.Conn.Read(p)
+}
+
+// sendFrames sends frames Send framed, unless the library has closed the
+// socket's write side. A run longer than writeChunk goes out a chunk at
+// a time, each with a deadline of its own, so that WriteTimeout means
+// what it says: the peer took nothing (less than a chunk) for that long.
+// One deadline for a run of 512 KiB cut off a reader that was reading,
+// only slower than the run was long.
+func (h *sharedSocket) sendFrames(framed []byte) error {
+	h.lock <- struct{}{}
+	defer func() { <-h.lock }()
+	if h.closed {
+		return net.ErrClosed
+	}
+	for len(framed) > 0 {
+		chunk := framed[:min(len(framed), writeChunk)]
+		h.Conn.SetWriteDeadline(time.Now().Add(h.opts.WriteTimeout))
+		if _, err := h.Conn.Write(chunk); err != nil {
+			return err
+		}
+		framed = framed[len(chunk):]
+	}
+	return nil
+}
+
+// appendFrame appends one WebSocket text frame holding frames, joined by
+// newlines: the header (RFC 6455, section 5.2) as a server sends it,
+// final and unmasked, then the payload.
+func appendFrame(buffer []byte, frames [][]byte) []byte {
+	size := len(frames) - 1
+	for _, frame := range frames {
+		size += len(frame)
+	}
+	switch {
+	case size < 126:
+		buffer = append(buffer, 0x81, byte(size))
+	case size < 1<<16:
+		buffer = append(buffer, 0x81, 126, byte(size>>8), byte(size))
+	default:
+		buffer = binary.BigEndian.AppendUint64(append(buffer, 0x81, 127),
+			uint64(size))
+	}
+	for i, frame := range frames {
+		if i > 0 {
+			buffer = append(buffer, '\n')
+		}
+		buffer = append(buffer, frame...)
+	}
+	return buffer
+}
+
+// hijacker is the ResponseWriter that websocket.Accept sees: it wraps
+// the socket the library hijacks in a sharedSocket, and points the
+// library's buffered writer at it.
+type hijacker struct {
+	http.ResponseWriter
+	// opts are Accept's, for the sharedSocket.
+	opts Options
+	// socket is the sharedSocket, once Accept has hijacked the connection.
+	socket *sharedSocket
+}
+
+// Hijack takes the connection from the HTTP server and wraps it.
+func (h *hijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, rw, err := http.NewResponseController(h.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	h.socket = &sharedSocket{Conn: conn, opts: h.opts,
+		lock: make(chan struct{}, 1)}
+	rw.Writer.Reset(h.socket)
+	return h.socket, rw, nil
+}
