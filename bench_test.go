@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/popsub/popsub/login"
 )
 
 // Benchmarks for the hot paths. Speed is measured here and with popsub
@@ -190,7 +191,7 @@ func BenchmarkPublishQoS1(b *testing.B) {
 // where no auth timeout bounds a guess and only the hashes' turns do.
 // docs/security.md quotes it.
 func BenchmarkLoginFlood(b *testing.B) {
-	hash, err := HashPassword("correct horse")
+	hash, err := login.Hash("correct horse")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -230,7 +231,7 @@ func BenchmarkLoginFlood(b *testing.B) {
 // her logins were refused. Run it with -benchtime=10x: each login costs
 // a real hash, a quarter of a second of a core.
 func BenchmarkLoginBesideGuessers(b *testing.B) {
-	hash, err := HashPassword("correct horse")
+	hash, err := login.Hash("correct horse")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -111,11 +111,3 @@ func ExampleClaims_Sign() {
 	// Output:
 	// 2 <nil>
 }
-
-// HashPassword makes the password_hash of a [users.NAME] config entry.
-func ExampleHashPassword() {
-	hash, err := popsub.HashPassword("correct horse battery staple")
-	fmt.Println(strings.HasPrefix(hash, "pbkdf2-sha256$600000$"), err)
-	// Output:
-	// true <nil>
-}

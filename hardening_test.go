@@ -19,6 +19,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/popsub/popsub/login"
 )
 
 // These tests cover what a broker on an open socket must do when clients
@@ -224,7 +225,7 @@ func TestBroker_KeepaliveClosesSilentPeers(t *testing.T) {
 // loginUsers has one user, alice, whose password is "correct horse";
 // the hash uses few iterations to keep tests fast.
 func loginUsers(t *testing.T) map[string]User {
-	hash, err := hashPassword("correct horse", 1000)
+	hash, err := login.HashAt("correct horse", 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,9 +303,7 @@ func floodLogins(ps *pipeServer, sockets int) {
 // failuresOf is how many wrong guesses the broker has hashed and counted
 // against key.
 func failuresOf(b *Broker, key string) int {
-	b.logins.mu.Lock()
-	defer b.logins.mu.Unlock()
-	return b.logins.failures[key].count
+	return b.logins.Count(key)
 }
 
 func TestBroker_LoginUnderAttack(t *testing.T) {
@@ -489,29 +488,6 @@ func TestLoginThrottle_SlowsGuessesNeverTheUser(t *testing.T) {
 				t.Fatalf("the real user waited %v under attack, want 0", wait)
 			}
 		})
-}
-
-func TestLoginThrottle_MemoryIsBoundedAndKeepsTheAttacker(t *testing.T) {
-	var throttle loginThrottle
-	now := time.Now()
-	for i := range 30_000 {
-		now = now.Add(time.Millisecond)
-		throttle.fail(now, fmt.Sprintf("user:name-%d", i), "addr:attacker")
-	}
-	if n := len(throttle.failures); n > loginMaxKeys+1 {
-		t.Fatalf("%d keys remembered, want at most %d", n, loginMaxKeys+1)
-	}
-	if f := throttle.failures["addr:attacker"]; f.count != 30_000 {
-		t.Fatalf("the attacker's address has %d failures, want 30000",
-			f.count)
-	}
-
-	// Ten quiet minutes forget it all.
-	later := now.Add(loginForget + time.Second)
-	if at := throttle.fail(later, "addr:attacker"); !at.Equal(later) {
-		t.Fatalf("after a quiet spell the answer waits %v, want none",
-			at.Sub(later))
-	}
 }
 
 func TestBroker_Limits(t *testing.T) {

@@ -74,11 +74,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/pbkdf2"
-	cryptorand "crypto/rand"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -105,6 +100,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/popsub/popsub/login"
 	"github.com/popsub/popsub/socket"
 	"github.com/popsub/popsub/wire"
 )
@@ -278,7 +274,7 @@ type Options struct {
 	PingInterval time.Duration
 	// Issuer and Audience, when set, must match a token's iss and aud.
 	Issuer, Audience string
-	// Users may log in with a password; see HashPassword.
+	// Users may log in with a password; see login.Hash.
 	Users map[string]User
 	// LoginTokenTTL is how long a token from login is valid. Zero:
 	// DefaultLoginTokenTTL, an hour.
@@ -490,7 +486,7 @@ type Broker struct {
 	// for the guess of a connection that failed before, which waits for
 	// a hash; dummy is the hash an unknown user is checked against,
 	// which dummyHash makes on first use (all in Logins, a detail).
-	logins            loginThrottle
+	logins            login.Throttle
 	hashing, retrying chan struct{}
 	dummy             func() string
 	// largeFrames holds a token per large frame being read or handled,
@@ -1452,15 +1448,14 @@ func (c *Claims) UnmarshalJSON(data []byte) error {
 //
 // The original let a client trade a username and a password for a token
 // with a login frame, and PopSub keeps the frame. Passwords are stored
-// as PBKDF2-SHA256 hashes from the standard library, at the iteration
-// count OWASP recommends; bcrypt or argon2 would have been a dependency
-// for the same protection. Such a hash is slow on purpose, a quarter of
-// a second of a core here, so guesses are rationed three ways:
+// as PBKDF2-SHA256 hashes (package login makes and checks them), slow on
+// purpose: a quarter of a second of a core here. So guesses are rationed
+// four ways:
 //
 //   - A wrong guess is answered late, a right password at once. The
 //     answers to one user's or one address's failures leave one at a
 //     time, each held twice as long as the one before, up to four
-//     seconds, however many sockets ask (loginThrottle).
+//     seconds, however many sockets ask (login.Throttle).
 //   - A connection's first login is always hashed, and before the
 //     guesses of connections that failed already: of those, one at a
 //     time waits for a hash (Broker.retrying). So a user who logs in
@@ -1480,7 +1475,7 @@ func (c *Claims) UnmarshalJSON(data []byte) error {
 
 // User is an account that may log in with a password.
 type User struct {
-	// PasswordHash is what HashPassword made of the password.
+	// PasswordHash is what login.Hash made of the password.
 	PasswordHash string
 	// Publish and Subscribe are the grants of tokens from login; nil
 	// means every ordinary topic.
@@ -1526,7 +1521,7 @@ func (d *authDeadline) pause() (resume func(), ok bool) {
 // login answers a login frame with a token, as the original did.
 // deadline is the connection's auth timeout, or nil once it has
 // authenticated. A wrong password's answer waits its turn
-// (loginThrottle); a connection that ends meanwhile gets none.
+// (login.Throttle); a connection that ends meanwhile gets none.
 func (c *connection) login(f frame, deadline *authDeadline) reply {
 	b := c.broker
 	if len(b.opts.Users) == 0 {
@@ -1551,7 +1546,7 @@ func (c *connection) login(f frame, deadline *authDeadline) reply {
 	case right && known:
 		// Success clears the user's failures, not the address's: one
 		// right password does not excuse a thousand wrong ones.
-		b.logins.succeed(userKey)
+		b.logins.Succeed(userKey)
 		token, err := b.loginToken(f.Username, user)
 		if err != nil {
 			return errorReply("internal", "could not sign a token")
@@ -1560,7 +1555,7 @@ func (c *connection) login(f frame, deadline *authDeadline) reply {
 	}
 	b.logger.Info("login failed", "user", f.Username, "remote", c.remote)
 	c.loginFailed = true
-	c.waitUntil(b.logins.fail(time.Now(), userKey, addressKey))
+	c.waitUntil(b.logins.Fail(time.Now(), userKey, addressKey))
 	return refused
 }
 
@@ -1600,7 +1595,7 @@ func (c *connection) verifyPassword(user User, password, address string,
 		return false, false
 	}
 	defer func() { <-b.hashing }()
-	if guessing && deadline != nil && b.logins.tooLate(address, deadline.at) {
+	if guessing && deadline != nil && b.logins.TooLate(address, deadline.at) {
 		return false, false
 	}
 	resume, ok := deadline.pause()
@@ -1608,7 +1603,7 @@ func (c *connection) verifyPassword(user User, password, address string,
 		return false, false
 	}
 	defer resume()
-	return checkPassword(user.PasswordHash, password), true
+	return login.Check(user.PasswordHash, password), true
 }
 
 // enter takes a place in turns, a channel whose capacity is the places,
@@ -1638,171 +1633,15 @@ func (b *Broker) loginToken(name string, user User) (string, error) {
 	return claims.Sign(b.opts.Secret)
 }
 
-// Password hashing is PBKDF2-SHA256 from the standard library, at the
-// iteration count OWASP recommends, stored as
-// pbkdf2-sha256$ITERATIONS$SALT$KEY with base64 salt and key.
-const passwordIterations = 600_000
-
-// dummyHash makes the hash unknown users are checked against: at the
-// iteration count of the costliest configured user, so that an unknown
-// name takes as long as a known one. The broker makes it on first use
-// (Broker.dummy): hashing takes a noticeable moment.
+// dummyHash makes the hash unknown users are checked against, as costly
+// as the costliest user's (login.Dummy). The broker makes it on first
+// use (Broker.dummy): hashing takes a noticeable moment.
 func dummyHash(users map[string]User) string {
-	iterations := 0
+	var hashes []string
 	for _, user := range users {
-		parts := strings.Split(user.PasswordHash, "$")
-		if n, err := strconv.Atoi(parts[min(1, len(parts)-1)]); err == nil {
-			iterations = max(iterations, n)
-		}
+		hashes = append(hashes, user.PasswordHash)
 	}
-	hash, _ := hashPassword("", cmp.Or(iterations, passwordIterations))
-	return hash
-}
-
-// HashPassword returns the stored form of password for a User.
-func HashPassword(password string) (string, error) {
-	return hashPassword(password, passwordIterations)
-}
-
-// hashPassword hashes password with a fresh salt at iterations.
-func hashPassword(password string, iterations int) (string, error) {
-	salt := make([]byte, 16)
-	cryptorand.Read(salt)
-	key, err := pbkdf2.Key(sha256.New, password, salt, iterations, 32)
-	if err != nil {
-		return "", fmt.Errorf("hash password: %w", err)
-	}
-	encode := base64.RawStdEncoding.EncodeToString
-	return fmt.Sprintf("pbkdf2-sha256$%d$%s$%s", iterations, encode(salt),
-		encode(key)), nil
-}
-
-// checkPassword reports whether password matches hash, in constant time.
-func checkPassword(hash, password string) bool {
-	parts := strings.Split(hash, "$")
-	if len(parts) != 4 || parts[0] != "pbkdf2-sha256" {
-		return false
-	}
-	iterations, err := strconv.Atoi(parts[1])
-	salt, err1 := base64.RawStdEncoding.DecodeString(parts[2])
-	key, err2 := base64.RawStdEncoding.DecodeString(parts[3])
-	if err != nil || err1 != nil || err2 != nil || len(key) == 0 ||
-		iterations < 1 {
-		return false
-	}
-	got, err := pbkdf2.Key(sha256.New, password, salt, iterations, len(key))
-	return err == nil && subtle.ConstantTimeCompare(got, key) == 1
-}
-
-// Login throttling. The answer to a failure for a key (a user, or an
-// address) leaves no sooner than the answer to the key's previous one,
-// plus a hold: none for the first failure, then 250 ms, doubling up to
-// loginMaxDelay. Answers for one key thus leave one at a time, however
-// many sockets guess at once. Ten quiet minutes forget a key. Past
-// loginMaxKeys keys the quietest tenth is forgotten, so a stranger who
-// invents new names cannot wash out its own address's hold, or the one
-// on the name it attacks.
-const (
-	loginBaseDelay = 250 * time.Millisecond
-	loginMaxDelay  = 4 * time.Second
-	loginForget    = 10 * time.Minute
-	loginMaxKeys   = 10_000
-)
-
-// loginThrottle counts recent login failures per key.
-type loginThrottle struct {
-	mu       sync.Mutex               // guards failures
-	failures map[string]loginFailures // key → recent failures
-}
-
-// loginFailures is one key's recent failures.
-type loginFailures struct {
-	count int       // failures since the last success or forgetting
-	last  time.Time // when the newest failure happened
-	next  time.Time // when the newest failure's answer leaves
-}
-
-// fail counts a failure at now against keys and returns when its answer
-// may leave: after every earlier answer for any of the keys, by the
-// longest of their holds.
-func (t *loginThrottle) fail(now time.Time, keys ...string) time.Time {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.failures == nil {
-		t.failures = map[string]loginFailures{}
-	}
-	release := now
-	for _, key := range keys {
-		release = later(release, t.recent(key, now).answer(now))
-	}
-	for _, key := range keys {
-		f := t.recent(key, now)
-		t.failures[key] = loginFailures{f.count + 1, now, release}
-	}
-	t.forgetQuietest()
-	return release
-}
-
-// tooLate reports whether the answer to a failure for key, now, would
-// leave after deadline, behind answers for key still waiting to leave.
-// Once they have left, one more guess is worth a hash whatever its hold:
-// so a flood from one address costs a hash per hold, and a user behind
-// that address gets in once the flood's answers have drained.
-func (t *loginThrottle) tooLate(key string, deadline time.Time) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	now := time.Now()
-	f := t.recent(key, now)
-	return f.next.After(now) && f.answer(now).After(deadline)
-}
-
-// answer is when the answer to one more failure at now may leave: after
-// the newest one's, by a hold that doubles with each failure.
-func (f loginFailures) answer(now time.Time) time.Time {
-	hold := time.Duration(0)
-	if f.count > 0 {
-		hold = min(loginBaseDelay<<min(f.count-1, 8), loginMaxDelay)
-	}
-	return later(f.next, now).Add(hold)
-}
-
-// later returns the later of two times.
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}
-
-// recent returns key's failures, or none if they are forgotten by now.
-// The caller holds t.mu.
-func (t *loginThrottle) recent(key string, now time.Time) loginFailures {
-	f := t.failures[key]
-	if now.Sub(f.last) > loginForget {
-		return loginFailures{}
-	}
-	return f
-}
-
-// succeed forgets key's failures.
-func (t *loginThrottle) succeed(key string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	delete(t.failures, key)
-}
-
-// forgetQuietest drops the tenth of the keys that failed longest ago,
-// once there are more than loginMaxKeys. The caller holds t.mu.
-func (t *loginThrottle) forgetQuietest() {
-	if len(t.failures) <= loginMaxKeys {
-		return
-	}
-	keys := slices.SortedFunc(maps.Keys(t.failures), func(a, b string) int {
-		return t.failures[a].last.Compare(t.failures[b].last)
-	})
-	for _, key := range keys[:len(keys)/10] {
-		delete(t.failures, key)
-	}
+	return login.Dummy(hashes)
 }
 
 // # Reading frames (detail)

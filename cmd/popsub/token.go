@@ -10,6 +10,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/login"
 )
 
 // tokenCommand prints a signed token for --sub.
@@ -78,7 +79,7 @@ func hashPasswordCommand(args []string, stdin io.Reader, stdout,
 	if password == "" {
 		return errors.New("the password is empty")
 	}
-	hash, err := popsub.HashPassword(password)
+	hash, err := login.Hash(password)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,219 @@
+// Package login is the machinery behind PopSub's login frame: password
+// hashes, and a throttle that rations guesses.
+//
+// # The contract
+//
+// popsub.go decides who may log in and when a guess is worth a hash (its
+// section "Logins"); it relies on this package for three things: Check
+// says whether a password matches its stored hash, in constant time;
+// Dummy makes a hash as costly as the costliest user's, for names that
+// do not exist; and a Throttle says when the answer to a failure may
+// leave, one at a time per user and per address.
+//
+// # Hashes
+//
+// Passwords are stored as PBKDF2-SHA256 hashes from the standard
+// library, at the iteration count OWASP recommends; bcrypt or argon2
+// would have been a dependency for the same protection. Such a hash is
+// slow on purpose, a quarter of a second of a core here: that is what
+// makes a stolen hash expensive to guess, and why the broker rations
+// guesses before it hashes them.
+//
+// # What each trick buys
+//
+// Measured with BenchmarkLoginBesideGuessers (docs/security.md):
+//
+//	trick                                  buys
+//	answers held, one at a time per key    16 sockets guess no faster than 1
+//	an unknown name costs a known one's    no timing tells names apart
+package login
+
+import (
+	"cmp"
+	"crypto/pbkdf2"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Password hashing is PBKDF2-SHA256 from the standard library, at the
+// iteration count OWASP recommends, stored as
+// pbkdf2-sha256$ITERATIONS$SALT$KEY with base64 salt and key.
+const Iterations = 600_000
+
+// Dummy makes the hash an unknown user's password is checked against:
+// at the iteration count of the costliest of hashes, so that an unknown
+// name takes as long as a known one.
+func Dummy(hashes []string) string {
+	iterations := 0
+	for _, h := range hashes {
+		parts := strings.Split(h, "$")
+		if n, err := strconv.Atoi(parts[min(1, len(parts)-1)]); err == nil {
+			iterations = max(iterations, n)
+		}
+	}
+	dummy, _ := HashAt("", cmp.Or(iterations, Iterations))
+	return dummy
+}
+
+// Hash returns the stored form of password, for popsub.User.
+func Hash(password string) (string, error) {
+	return HashAt(password, Iterations)
+}
+
+// HashAt hashes password with a fresh salt at iterations: Hash at the
+// recommended count, tests at a cheap one.
+func HashAt(password string, iterations int) (string, error) {
+	salt := make([]byte, 16)
+	rand.Read(salt)
+	key, err := pbkdf2.Key(sha256.New, password, salt, iterations, 32)
+	if err != nil {
+		return "", fmt.Errorf("hash password: %w", err)
+	}
+	encode := base64.RawStdEncoding.EncodeToString
+	return fmt.Sprintf("pbkdf2-sha256$%d$%s$%s", iterations, encode(salt),
+		encode(key)), nil
+}
+
+// Check reports whether password matches hash, in constant time.
+func Check(hash, password string) bool {
+	parts := strings.Split(hash, "$")
+	if len(parts) != 4 || parts[0] != "pbkdf2-sha256" {
+		return false
+	}
+	iterations, err := strconv.Atoi(parts[1])
+	salt, err1 := base64.RawStdEncoding.DecodeString(parts[2])
+	key, err2 := base64.RawStdEncoding.DecodeString(parts[3])
+	if err != nil || err1 != nil || err2 != nil || len(key) == 0 ||
+		iterations < 1 {
+		return false
+	}
+	got, err := pbkdf2.Key(sha256.New, password, salt, iterations, len(key))
+	return err == nil && subtle.ConstantTimeCompare(got, key) == 1
+}
+
+// Login throttling. The answer to a failure for a key (a user, or an
+// address) leaves no sooner than the answer to the key's previous one,
+// plus a hold: none for the first failure, then 250 ms, doubling up to
+// maxDelay. Answers for one key thus leave one at a time, however
+// many sockets guess at once. Ten quiet minutes forget a key. Past
+// maxKeys keys the quietest tenth is forgotten, so a stranger who
+// invents new names cannot wash out its own address's hold, or the one
+// on the name it attacks.
+const (
+	baseDelay   = 250 * time.Millisecond
+	maxDelay    = 4 * time.Second
+	forgetAfter = 10 * time.Minute
+	maxKeys     = 10_000
+)
+
+// Throttle counts recent login failures per key.
+type Throttle struct {
+	mu       sync.Mutex             // guards failures
+	failures map[string]keyFailures // key → recent failures
+}
+
+// keyFailures is one key's recent failures.
+type keyFailures struct {
+	count int       // failures since the last success or forgetting
+	last  time.Time // when the newest failure happened
+	next  time.Time // when the newest failure's answer leaves
+}
+
+// Fail counts a failure at now against keys and returns when its answer
+// may leave: after every earlier answer for any of the keys, by the
+// longest of their holds.
+func (t *Throttle) Fail(now time.Time, keys ...string) time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.failures == nil {
+		t.failures = map[string]keyFailures{}
+	}
+	release := now
+	for _, key := range keys {
+		release = later(release, t.recent(key, now).answer(now))
+	}
+	for _, key := range keys {
+		f := t.recent(key, now)
+		t.failures[key] = keyFailures{f.count + 1, now, release}
+	}
+	t.forgetQuietest()
+	return release
+}
+
+// TooLate reports whether the answer to a failure for key, now, would
+// leave after deadline, behind answers for key still waiting to leave.
+// Once they have left, one more guess is worth a hash whatever its hold:
+// so a flood from one address costs a hash per hold, and a user behind
+// that address gets in once the flood's answers have drained.
+func (t *Throttle) TooLate(key string, deadline time.Time) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := time.Now()
+	f := t.recent(key, now)
+	return f.next.After(now) && f.answer(now).After(deadline)
+}
+
+// answer is when the answer to one more failure at now may leave: after
+// the newest one's, by a hold that doubles with each failure.
+func (f keyFailures) answer(now time.Time) time.Time {
+	hold := time.Duration(0)
+	if f.count > 0 {
+		hold = min(baseDelay<<min(f.count-1, 8), maxDelay)
+	}
+	return later(f.next, now).Add(hold)
+}
+
+// later returns the later of two times.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// recent returns key's failures, or none if they are forgotten by now.
+// The caller holds t.mu.
+func (t *Throttle) recent(key string, now time.Time) keyFailures {
+	f := t.failures[key]
+	if now.Sub(f.last) > forgetAfter {
+		return keyFailures{}
+	}
+	return f
+}
+
+// Succeed forgets key's failures.
+func (t *Throttle) Succeed(key string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.failures, key)
+}
+
+// forgetQuietest drops the tenth of the keys that failed longest ago,
+// once there are more than maxKeys. The caller holds t.mu.
+func (t *Throttle) forgetQuietest() {
+	if len(t.failures) <= maxKeys {
+		return
+	}
+	keys := slices.SortedFunc(maps.Keys(t.failures), func(a, b string) int {
+		return t.failures[a].last.Compare(t.failures[b].last)
+	})
+	for _, key := range keys[:len(keys)/10] {
+		delete(t.failures, key)
+	}
+}
+
+// Count is how many failures key has on record now.
+func (t *Throttle) Count(key string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.recent(key, time.Now()).count
+}
