@@ -100,6 +100,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/popsub/popsub/groupcommit"
 	"github.com/popsub/popsub/login"
 	"github.com/popsub/popsub/socket"
 	"github.com/popsub/popsub/wire"
@@ -448,7 +449,7 @@ type Broker struct {
 	shared SharedLog
 	// log is the committer, the one goroutine that writes to store: the
 	// log's section, after this one, says what it does for the rest.
-	log *committer
+	log *groupcommit.Log[*Message]
 
 	// mu guards the tables below. It is held for look-ups and small
 	// changes, never across a socket write or a disk access.
@@ -584,7 +585,10 @@ func New(opts Options) (*Broker, error) {
 	if err := b.loadTopics(); err != nil {
 		return nil, err
 	}
-	b.log = newCommitter(b)
+	b.log = groupcommit.Start(groupcommit.Config[*Message]{Store: b.store,
+		Size: (*Message).size, Urgent: func(m *Message) bool { return m.QoS == 1 },
+		MaxMessages: maxQueueMessages, MaxBytes: maxQueueBytes,
+		Linger: commitLinger, Committed: b.committed}, ErrClosed)
 	if b.shared != nil {
 		b.shared.Follow(b.feed)
 	}
@@ -812,13 +816,13 @@ type Socket interface {
 //   - b.log.admit(size, done) waits for room in the queue, which holds at
 //     most 4,096 messages and 1 MiB, and reserves it; b.log.unreserve
 //     gives the room back for a message that was not appended after all.
-//   - b.log.append(m) queues m and returns its batch's outcome: closed
-//     once the batch is on disk, or failed. b.log.barrier() returns the
+//   - b.log.Append(m) queues m and returns its batch's outcome: closed
+//     once the batch is on disk, or failed. b.log.Barrier() returns the
 //     outcome of everything queued so far.
-//   - b.log.trim(topic, seq), b.log.saveCursor(key, position) and
-//     b.log.setHead(topic, head) queue a trim, a durable cursor's move
-//     and a topic's new stored head; b.log.cursor(key) reads a cursor,
-//     newest first; b.log.stop() commits what is queued and ends.
+//   - b.log.Trim(topic, seq), b.log.SaveCursor(key, position) and
+//     b.log.SetHead(topic, head) queue a trim, a durable cursor's move
+//     and a topic's new stored head; b.log.Cursor(key) reads a cursor,
+//     newest first; b.log.Stop() commits what is queued and ends.
 //
 // And of the reservations ("Seqs reserved on disk"): b.waitForSeq(t,
 // done) returns once t's next seq is covered, b.askAhead(t) asks for
@@ -844,29 +848,13 @@ type Store interface {
 }
 
 // Batch is one atomic step of the log: appends first, then trims, then
-// heads, then cursor moves.
-type Batch struct {
-	// Messages to append, in seq order within each topic.
-	Messages []*Message
-	// Trims maps a topic to the seq up to which its log is deleted.
-	Trims map[string]uint64
-	// Heads maps a topic to the head it is to have from now on: a
-	// reservation, or at a clean stop the newest seq. It is set as it
-	// is, lower or higher; the broker never sets one below a seq it
-	// appended.
-	Heads map[string]uint64
-	// Cursors maps a durable key to its new position.
-	Cursors map[string]uint64
-}
+// heads, then cursor moves (groupcommit.Batch says each field's rule).
+type Batch = groupcommit.Batch[*Message]
 
-// outcome is what became of one batch: done is closed once err is set.
-type outcome struct {
-	done chan struct{} // closed after the batch is committed or failed
-	err  error         // nil when the batch is on disk
-	// seq and duplicate are a shared log's answer for its one message.
-	seq       uint64
-	duplicate bool
-}
+// outcome is what became of one batch: outcome.Done is closed once
+// outcome.Err says whether it is on disk; on a shared log outcome.Seq
+// and outcome.Duplicate bring the log's answer for its one message.
+type outcome = groupcommit.Outcome
 
 // # Connecting and authenticating
 //
@@ -2406,7 +2394,7 @@ func (b *Broker) claimDurable(s *subscription) (*uint64, error) {
 	// The cursor is read after the old owner is gone, so its last acks
 	// are counted, and through the committer, which knows moves that have
 	// not reached the disk yet.
-	position, found, err := b.log.cursor(d.key)
+	position, found, err := b.log.Cursor(d.key)
 	if err != nil {
 		return nil, fmt.Errorf("read cursor: %w", err)
 	}
@@ -2442,7 +2430,7 @@ func (c *connection) saveCursor(d *durableCursor) {
 	}
 	if position != d.saved {
 		d.saved = position
-		c.broker.log.saveCursor(d.key, position)
+		c.broker.log.SaveCursor(d.key, position)
 	}
 }
 
@@ -2669,8 +2657,8 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 		return seq, nil
 	}
 	select {
-	case <-stored.done:
-		return max(seq, stored.seq), stored.err
+	case <-stored.Done():
+		return max(seq, stored.Seq()), stored.Err()
 	case <-ctx.Done():
 		return seq, ctx.Err()
 	}
@@ -2694,7 +2682,7 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 	}
 	// The wait comes before the topic's lock: the committer takes that
 	// lock to hand messages over, and it is the committer that makes room.
-	if !b.log.admit(m.size(), done, wake) {
+	if !b.log.Admit(m.size(), done, wake.start) {
 		return 0, false, nil
 	}
 	t := b.topic(m.Topic)
@@ -2705,7 +2693,7 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 	// can give it to another message. b.waitForSeq waits, with the lock
 	// released, only on a topic's first publish and after a restart.
 	if fate, ok := b.waitForSeq(t, done); !ok {
-		b.log.unreserve(m.size())
+		b.log.GiveBack(m.size())
 		return 0, false, fate
 	}
 
@@ -2713,8 +2701,8 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 	// seq, nothing stored or delivered twice. Its confirm waits for the
 	// first copy's sync, which may not have happened yet.
 	if seq, ok := t.ids[m.key()]; ok && m.QoS == 1 {
-		b.log.unreserve(m.size())
-		return seq, true, b.log.barrier()
+		b.log.GiveBack(m.size())
+		return seq, true, b.log.Barrier()
 	}
 
 	// Seq and timestamp are given under the lock, so both only grow.
@@ -2722,7 +2710,7 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 	m.Seq = t.head
 	m.Timestamp = max(time.Now().UnixMilli(), t.lastTime)
 	m.frame = appendDelivery(nil, m, 1)
-	stored := b.log.append(m)
+	stored := b.log.Append(m)
 	t.unsynced = append(t.unsynced, m)
 	b.sequenced(t, m, m.Seq-1, wake)
 	b.askAhead(t)
@@ -2742,7 +2730,7 @@ func (b *Broker) sequenced(t *topic, m *Message, last uint64, wake *wakeups) {
 	// t.forget drops them from the index and returns the seq to trim
 	// the log to, in the same batch as m (Retention).
 	if over := t.excess(b.opts.MaxMessages, b.opts.MaxLogBytes); over > 0 {
-		b.log.trim(t.name, t.forget(over))
+		b.log.Trim(t.name, t.forget(over))
 	}
 }
 
@@ -2837,7 +2825,7 @@ func (c *connection) confirmLoop() {
 			return
 		}
 		select {
-		case <-cf.stored.done:
+		case <-cf.stored.Done():
 		case <-c.done:
 			return
 		}
@@ -2850,11 +2838,11 @@ func (c *connection) confirmLoop() {
 // frame is the reply a confirm sends: published, or store_failed. A
 // shared log's answer brings the seq (see SharedLog).
 func (cf confirm) frame() []byte {
-	seq := max(cf.seq, cf.stored.seq)
+	seq := max(cf.seq, cf.stored.Seq())
 	r := reply{Type: "published", Topic: cf.message.Topic,
 		MessageID: cf.message.ID, Seq: &seq,
-		Duplicate: cf.duplicate || cf.stored.duplicate}
-	if err := cf.stored.err; err != nil {
+		Duplicate: cf.duplicate || cf.stored.Duplicate()}
+	if err := cf.stored.Err(); err != nil {
 		r = errorReply("store_failed", "message not stored: "+err.Error())
 		r.Topic, r.MessageID = cf.message.Topic, cf.message.ID
 	}
@@ -3520,7 +3508,7 @@ func (b *Broker) prepareJoin(s *subscription, f frame) (reply, *uint64, bool) {
 	after, last, position, found, err := f.After, f.Last, uint64(0), false,
 		error(nil)
 	if !known {
-		if position, found, err = b.log.cursor(key); found {
+		if position, found, err = b.log.Cursor(key); found {
 			after, last = &position, nil
 		} else if after == nil {
 			last = cmp.Or(last, new(uint64))
@@ -3543,7 +3531,7 @@ func (b *Broker) prepareJoin(s *subscription, f frame) (reply, *uint64, bool) {
 	// Saved at once: a group whose members all leave before a delivery
 	// must resume here, not at a newer head.
 	g.cursor.sent, g.cursor.saved = start, start
-	b.log.saveCursor(key, start)
+	b.log.SaveCursor(key, start)
 	t.subscribers[g.feed] = struct{}{}
 	return r, &start, true
 }
@@ -3899,7 +3887,7 @@ func (b *Broker) shutdownOnce(ctx context.Context) error {
 	// Its last batch gives back the seqs reserved and never given out.
 	b.loops.Wait()
 	b.seal()
-	b.log.stop()
+	b.log.Stop()
 	if err := b.store.Close(); err != nil {
 		return fmt.Errorf("close store: %w", err)
 	}
@@ -4017,7 +4005,7 @@ func (b *Broker) trimExpired(now time.Time) {
 			return live[i].timestamp >= cutoff
 		})
 		if n > 0 {
-			b.log.trim(t.name, t.forget(n))
+			b.log.Trim(t.name, t.forget(n))
 		}
 		t.mu.Unlock()
 	}
@@ -4084,13 +4072,6 @@ func (s *subscription) skipped(b *Broker, after, last uint64) {
 // Publish's error) says store_failed meanwhile. Shutdown seals every
 // topic, writing its newest seq as its head, and gives out no more.
 
-// failed returns an outcome that has already failed with err.
-func failed(err error) *outcome {
-	f := &outcome{done: make(chan struct{}), err: err}
-	close(f.done)
-	return f
-}
-
 // waitForSeq returns once t's next seq is covered by its stored head,
 // asking the log for a new block if none is on its way. It releases t.mu
 // while it waits for the sync. If done is closed first it reports false
@@ -4099,19 +4080,19 @@ func failed(err error) *outcome {
 func (b *Broker) waitForSeq(t *topic, done <-chan struct{}) (*outcome, bool) {
 	for t.head >= t.reserved {
 		if t.sealed {
-			return failed(ErrClosed), false
+			return groupcommit.Failed(ErrClosed), false
 		}
 		b.askAhead(t)
-		stored := b.log.barrier()
+		stored := b.log.Barrier()
 		t.mu.Unlock()
 		select {
-		case <-stored.done:
+		case <-stored.Done():
 		case <-done:
 			t.mu.Lock()
 			return nil, false
 		}
 		t.mu.Lock()
-		if stored.err != nil {
+		if stored.Err() != nil {
 			return stored, false
 		}
 	}
@@ -4123,7 +4104,7 @@ func (b *Broker) waitForSeq(t *topic, done <-chan struct{}) (*outcome, bool) {
 func (b *Broker) askAhead(t *topic) {
 	if t.asked < t.head+reserveAhead && !t.sealed {
 		t.asked = t.head + reserveBlock
-		b.log.setHead(t.name, t.asked)
+		b.log.SetHead(t.name, t.asked)
 	}
 }
 
@@ -4151,7 +4132,7 @@ func (b *Broker) seal() {
 		t.mu.Lock()
 		t.sealed = true
 		if t.asked > t.head {
-			b.log.setHead(t.name, t.head)
+			b.log.SetHead(t.name, t.head)
 		}
 		t.mu.Unlock()
 	}
@@ -4171,298 +4152,31 @@ func (b *Broker) legacyGap() (uint64, error) {
 	return 0, nil
 }
 
-// # Group commit (detail)
+// # After a commit (detail)
 //
-// The committer is one goroutine and one queue. Callers queue appends,
-// trims and cursor moves under its mutex, which nothing else is held
-// under; the goroutine swaps the queue for an empty one, writes it in one
-// transaction, hands its messages over to the store for replay, and
-// marks the batch's outcome done, which wakes every confirm waiting on it.
-// A batch is taken at once when someone waits for it (urgent: a QoS 1
-// message or a barrier) or it fills a quarter of the queue; otherwise it
-// lingers up to commitLinger. Committing each message on its own cost a
-// quiet broker two syncs a message, a third of its CPU at 1,000
-// messages a second, for messages whose publishers wait for nothing:
-// QoS 0 messages, and cursor moves, reach the disk up to 5 ms later, and
-// a crash in that window costs what the log's section says it may.
-// While one batch is written the next one fills, so the busier the
-// broker, the more each sync carries. The queue is bounded (admit), and
-// the room a batch took is given back as soon as the loop takes it, not
-// after the sync: the next batch fills while this one is written, and
-// memory holds at most two batches.
+// The committer (package groupcommit) gathers what is queued into one
+// transaction and one sync, and calls b.committed after each, before the
+// batch's confirms go out. Here the broker settles its tables: a synced
+// batch's messages leave the topics' unsynced lists, a refused batch's
+// leave the index too, and each topic hears whether its reserved head is
+// on disk. Committing each message on its own cost a quiet broker two
+// syncs a message, a third of its CPU at 1,000 messages a second.
 
-// committer owns the group commit: callers queue work under its mutex and
-// one goroutine commits the queue. Its mutex is a leaf: nothing else is
-// locked while it is held.
-type committer struct {
-	broker *Broker
-	// wake is signalled (capacity 1, never blocking) when work is queued.
-	wake chan struct{}
-	// ended is closed when the loop returns.
-	ended chan struct{}
-
-	// mu guards the fields below; it is held for queueing only.
-	mu sync.Mutex
-	// queued is the work gathered since the loop last took a batch.
-	queued *Batch
-	// committing is the batch being written now, or an empty one; cursor
-	// reads it.
-	committing *Batch
-	// next is the fate of queued: every caller that queued into it waits
-	// on the same outcome.
-	next *outcome
-	// stopped is set by stop: the loop commits what is queued and returns.
-	stopped bool
-	// urgent is set once someone waits for the queued batch: a QoS 1
-	// message's confirm, or a barrier. reset clears it.
-	urgent bool
-	// reserved and reservedBytes count the messages admitted to the
-	// queue and not yet taken by the loop, and their sizes; queuedBytes
-	// the sizes of those already appended.
-	reserved, reservedBytes, queuedBytes int
-	// freed is closed, and replaced, whenever room is made in the queue;
-	// publishers waiting in admit wake on it.
-	freed chan struct{}
-	// admitting is held by the one publisher that admit lets wait for
-	// room; the others queue on it. Not under mu: it is taken first.
-	admitting sync.Mutex
-}
-
-// newCommitter starts the commit loop for b.
-func newCommitter(b *Broker) *committer {
-	c := &committer{broker: b, wake: make(chan struct{}, 1),
-		ended: make(chan struct{}), freed: make(chan struct{}),
-		committing: &Batch{}}
-	c.reset()
-	go c.loop()
-	return c
-}
-
-// reset starts an empty queue. The caller holds c.mu (or owns c).
-func (c *committer) reset() {
-	c.queued = &Batch{Trims: map[string]uint64{},
-		Heads: map[string]uint64{}, Cursors: map[string]uint64{}}
-	c.next = &outcome{done: make(chan struct{})}
-	c.queuedBytes, c.urgent = 0, false
-}
-
-// admit waits until the queue has room for one more message of size
-// bytes, and reserves it; it reports false if done is closed, or the
-// committer stopped, first. The queue holds at most maxQueueMessages and
-// maxQueueBytes (but always takes one message): a transaction stays
-// bounded, and a publisher faster than the disk waits here, in its own
-// reader, having first started the writers it owes (wake.start), so
-// that its subscribers do not wait with it. An unbounded queue was
-// simpler, and under a flood grew to gigabytes, each commit slower than
-// the last and every topic's confirms behind it.
-func (c *committer) admit(size int, done <-chan struct{}, wake *wakeups) bool {
-	// Publishers wait their turn: Go's mutex hands itself to the longest
-	// waiter, so a flood cannot take every slot a commit frees while a
-	// bystander on another topic waits for one.
-	c.admitting.Lock()
-	defer c.admitting.Unlock()
-	c.mu.Lock()
-	for c.reserved > 0 && (c.reserved >= maxQueueMessages ||
-		c.reservedBytes+size > maxQueueBytes) && !c.stopped {
-		freed := c.freed
-		c.mu.Unlock()
-		wake.start()
-		select {
-		case <-freed:
-		case <-done:
-			return false
-		}
-		c.mu.Lock()
+// committed settles the broker's tables after the committer wrote batch,
+// or failed to (err), in took.
+func (b *Broker) committed(batch *Batch, took time.Duration, err error) {
+	if err != nil {
+		b.logger.Error("log commit", "err", err,
+			"messages", len(batch.Messages))
+		b.forgetFailed(batch.Messages)
+	} else {
+		b.markCommitted(batch.Messages)
 	}
-	defer c.mu.Unlock()
-	if c.stopped {
-		return false
+	b.settleHeads(batch.Heads, err == nil)
+	if hook := b.opts.OnEvent; hook != nil {
+		hook(wire.Event{Kind: "commit", Messages: len(batch.Messages),
+			Micros: took.Microseconds()})
 	}
-	c.reserved, c.reservedBytes = c.reserved+1, c.reservedBytes+size
-	return true
-}
-
-// unreserve gives back the room admit reserved for a message that was
-// not appended after all: a repeated id.
-func (c *committer) unreserve(size int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.reserved, c.reservedBytes = c.reserved-1, c.reservedBytes-size
-	c.wakePublishers()
-}
-
-// wakePublishers wakes every publisher waiting in admit. The caller holds
-// c.mu.
-func (c *committer) wakePublishers() {
-	close(c.freed)
-	c.freed = make(chan struct{})
-}
-
-// append queues m and returns the outcome that says when it is durable.
-func (c *committer) append(m *Message) *outcome {
-	// Callers hold their topic's lock, so appends of one topic arrive in
-	// seq order, which is the order the store needs them in.
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.queued.Messages = append(c.queued.Messages, m)
-	c.urgent = c.urgent || m.QoS == 1
-	c.queuedBytes += m.size()
-	notify(c.wake)
-	return c.next
-}
-
-// trim queues deleting topic's log up to seq.
-func (c *committer) trim(topic string, seq uint64) {
-	c.queue(func(q *Batch) { q.Trims[topic] = max(q.Trims[topic], seq) })
-}
-
-// setHead queues setting topic's stored head to head.
-func (c *committer) setHead(topic string, head uint64) {
-	c.queue(func(q *Batch) { q.Heads[topic] = head })
-}
-
-// saveCursor queues a durable cursor's new position. Only the newest
-// position per cursor is kept: a thousand acks cost one write.
-func (c *committer) saveCursor(key string, position uint64) {
-	c.queue(func(q *Batch) { q.Cursors[key] = position })
-}
-
-// queue does work on the queued batch, under c.mu, and wakes the loop.
-func (c *committer) queue(work func(queued *Batch)) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	work(c.queued)
-	notify(c.wake)
-}
-
-// barrier returns an outcome that completes once everything queued so far
-// is durable: a repeated publish is confirmed no sooner than the first.
-func (c *committer) barrier() (next *outcome) {
-	// The queued batch commits after any batch in progress, so its outcome
-	// covers everything queued before, even with nothing queued itself.
-	c.queue(func(*Batch) { next, c.urgent = c.next, true })
-	return next
-}
-
-// cursor reads a durable cursor, newest first: the queue, the batch being
-// committed, then the store.
-func (c *committer) cursor(key string) (uint64, bool, error) {
-	// A cursor moved a moment ago is still in memory; reading only the
-	// store would resume a subscription from an older position.
-	c.mu.Lock()
-	for _, batch := range []*Batch{c.queued, c.committing} {
-		if position, ok := batch.Cursors[key]; ok {
-			c.mu.Unlock()
-			return position, true, nil
-		}
-	}
-	c.mu.Unlock()
-	return c.broker.store.Cursor(key)
-}
-
-// loop commits queued batches until stop, then commits what is left.
-// While one batch is being synced, the next one fills: the busier the
-// broker, the more each sync carries.
-func (c *committer) loop() {
-	defer close(c.ended)
-	for range c.wake {
-		c.linger()
-		// Swap the queue for an empty one and release the lock at once,
-		// giving its room back now rather than after the commit: the
-		// next batch fills while this one is written.
-		c.mu.Lock()
-		batch, fate, stopped := c.queued, c.next, c.stopped
-		c.committing = batch
-		c.reserved -= len(batch.Messages)
-		c.reservedBytes -= c.queuedBytes
-		c.wakePublishers()
-		c.reset()
-		if stopped {
-			// Nothing queued after the last batch is committed.
-			c.next = failed(ErrClosed)
-		}
-		c.mu.Unlock()
-
-		// The batch is marked committed before its outcome is done: a
-		// replay that starts after a confirm reads the message from the
-		// store.
-		start := time.Now()
-		fate.err = c.broker.store.Commit(batch)
-		if fate.err != nil {
-			c.broker.logger.Error("log commit", "err", fate.err,
-				"messages", len(batch.Messages))
-			c.broker.forgetFailed(batch.Messages)
-			c.retryCursors(batch.Cursors)
-		} else {
-			c.broker.markCommitted(batch.Messages)
-		}
-		c.broker.settleHeads(batch.Heads, fate.err == nil)
-		if hook := c.broker.opts.OnEvent; hook != nil {
-			hook(wire.Event{Kind: "commit", Messages: len(batch.Messages),
-				Micros: time.Since(start).Microseconds()})
-		}
-		close(fate.done)
-
-		c.mu.Lock()
-		c.committing = &Batch{}
-		c.mu.Unlock()
-		if stopped {
-			return
-		}
-	}
-}
-
-// retryCursors queues again, for a batch a second from now, the cursor
-// moves of a batch that failed, unless a newer move of the same cursor
-// is queued already. A failed message has a publisher to send it again;
-// a cursor has only its subscriber's next ack, which may never come, and
-// a durable subscriber must not resume behind what it acked because the
-// log was away (NATS restarting, say) when its ack was committed.
-func (c *committer) retryCursors(cursors map[string]uint64) {
-	if len(cursors) == 0 {
-		return
-	}
-	c.mu.Lock()
-	for key, position := range cursors {
-		if _, newer := c.queued.Cursors[key]; !newer {
-			c.queued.Cursors[key] = position
-		}
-	}
-	c.mu.Unlock()
-	time.AfterFunc(time.Second, func() { notify(c.wake) })
-}
-
-// linger waits, at most commitLinger, until the queued batch is worth a
-// sync of its own: someone waits for it, it holds a quarter of what the
-// queue may, or the committer stops.
-func (c *committer) linger() {
-	for wait := time.After(commitLinger); !c.ready(); {
-		select {
-		case <-c.wake:
-		case <-wait:
-			return
-		}
-	}
-}
-
-// ready reports whether the queued batch should be committed now.
-func (c *committer) ready() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.urgent || c.stopped || 4*c.reserved >= maxQueueMessages ||
-		4*c.reservedBytes >= maxQueueBytes
-}
-
-// stop commits what is queued and ends the loop.
-func (c *committer) stop() {
-	// The signal makes the loop run once more, see stopped, commit what
-	// is queued and return.
-	c.mu.Lock()
-	c.stopped = true
-	notify(c.wake)
-	c.wakePublishers()
-	c.mu.Unlock()
-	<-c.ended
 }
 
 // markCommitted drops a synced batch's messages from their topics'
@@ -4563,12 +4277,9 @@ func (b *Broker) want(filter string) {
 // append hands m to the shared log and returns the outcome its confirm
 // waits on. The log's answer fills in the outcome's seq.
 func (b *Broker) append(m *Message) *outcome {
-	f := &outcome{done: make(chan struct{})}
+	f := groupcommit.NewOutcome()
 	m.Timestamp = time.Now().UnixMilli()
-	b.shared.Append(m, func(seq uint64, duplicate bool, err error) {
-		f.seq, f.duplicate, f.err = seq, duplicate, err
-		close(f.done)
-	})
+	b.shared.Append(m, f.Settle)
 	return f
 }
 

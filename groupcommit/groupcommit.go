@@ -1,0 +1,396 @@
+// Package groupcommit gathers a broker's writes to its log into batches,
+// one transaction and one sync each: group commit.
+//
+// # The contract
+//
+// popsub.go relies on a Log for the moment a message becomes durable
+// (its section "The log: seq first, sync second"): Admit waits for room
+// in a bounded queue; Append queues a message and returns the Outcome of
+// the batch it joined, done once that batch is on disk or failed; Trim,
+// SetHead and SaveCursor queue the other changes a batch carries;
+// Barrier returns the outcome of everything queued so far; Cursor reads
+// a durable cursor, newest first; Stop commits what is queued and ends.
+// After each commit, and before its outcome is done, Config.Committed
+// hears how it went, so that the broker settles its own tables first.
+//
+// # The mechanism
+//
+// The committer is one goroutine and one queue. Callers queue appends,
+// trims and cursor moves under its mutex, which nothing else is held
+// under; the goroutine swaps the queue for an empty one, writes it in one
+// transaction, and marks the batch's outcome done, which wakes every
+// confirm waiting on it. A batch is taken at once when someone waits for
+// it (urgent: a message Config.Urgent names, or a barrier) or it fills a
+// quarter of the queue; otherwise it lingers up to Config.Linger.
+// While one batch is written the next one fills, so the busier the
+// broker, the more each sync carries. The queue is bounded (Admit), and
+// the room a batch took is given back as soon as the loop takes it, not
+// after the sync: memory holds at most two batches.
+//
+// # What each speed trick buys
+//
+// Measured with BenchmarkPublishQoS1 and popsub bench (performance.md):
+//
+//	trick                              buys
+//	one sync per batch, not per message  64 publishers share each sync
+//	a lingering batch (5 ms)           a quiet broker: a third of its CPU
+//	room given back before the sync    the next batch fills while one syncs
+package groupcommit
+
+import (
+	"sync"
+	"time"
+)
+
+// Batch is one atomic step of the log: appends first, then trims, then
+// heads, then cursor moves.
+type Batch[M any] struct {
+	// Messages to append, in seq order within each topic.
+	Messages []M
+	// Trims maps a topic to the seq up to which its log is deleted.
+	Trims map[string]uint64
+	// Heads maps a topic to the head it is to have from now on: a
+	// reservation, or at a clean stop the newest seq. It is set as it
+	// is, lower or higher; the broker never sets one below a seq it
+	// appended.
+	Heads map[string]uint64
+	// Cursors maps a durable key to its new position.
+	Cursors map[string]uint64
+}
+
+// Store is what the committer writes to: a popsub.Store keeps it.
+type Store[M any] interface {
+	// Commit applies a batch atomically and durably.
+	Commit(batch *Batch[M]) error
+	// Cursor returns a durable cursor's position, if one is stored.
+	Cursor(key string) (uint64, bool, error)
+}
+
+// Config configures a Log.
+type Config[M any] struct {
+	// Store is where batches are committed.
+	Store Store[M]
+	// Size is what a message costs in the queue, in bytes; Urgent says
+	// whether someone waits for it to be durable.
+	Size   func(M) int
+	Urgent func(M) bool
+	// MaxMessages and MaxBytes bound the queue; Linger is the longest a
+	// batch nobody waits for waits for company.
+	MaxMessages, MaxBytes int
+	Linger                time.Duration
+	// Committed hears how each batch went, and how long its commit
+	// took, before the batch's outcome is done.
+	Committed func(batch *Batch[M], took time.Duration, err error)
+}
+
+// Outcome is what became of one batch (or, on a shared log, of one
+// message): Done is closed once it is settled.
+type Outcome struct {
+	done chan struct{} // closed by Settle
+	err  error         // nil when the batch is on disk
+	// seq and duplicate are a shared log's answer for its one message.
+	seq       uint64
+	duplicate bool
+}
+
+// NewOutcome returns an outcome not yet settled.
+func NewOutcome() *Outcome { return &Outcome{done: make(chan struct{})} }
+
+// Failed returns an outcome that has already failed with err.
+func Failed(err error) *Outcome {
+	o := NewOutcome()
+	o.Settle(0, false, err)
+	return o
+}
+
+// Settle records what became of the batch, and closes Done. seq and
+// duplicate are a shared log's answer for its one message, 0 and false
+// from a batch. Settle is called once.
+func (o *Outcome) Settle(seq uint64, duplicate bool, err error) {
+	o.seq, o.duplicate, o.err = seq, duplicate, err
+	close(o.done)
+}
+
+// Done is closed once the outcome is settled.
+func (o *Outcome) Done() <-chan struct{} { return o.done }
+
+// Err is nil once the batch is on disk, or why it is not; it is valid
+// after Done.
+func (o *Outcome) Err() error { return o.err }
+
+// Seq and Duplicate are a shared log's answer, valid after Done: the
+// message's seq, and whether it repeated a stored message_id.
+func (o *Outcome) Seq() uint64     { return o.seq }
+func (o *Outcome) Duplicate() bool { return o.duplicate }
+
+// Log owns the group commit: callers queue work under its mutex and one
+// goroutine commits the queue. Its mutex is a leaf: nothing else is
+// locked while it is held.
+type Log[M any] struct {
+	config Config[M]
+	// wake is signalled (capacity 1, never blocking) when work is queued.
+	wake chan struct{}
+	// ended is closed when the loop returns.
+	ended chan struct{}
+	// closed is the error an append after Stop fails with.
+	closed error
+
+	// mu guards the fields below; it is held for queueing only.
+	mu sync.Mutex
+	// queued is the work gathered since the loop last took a batch.
+	queued *Batch[M]
+	// committing is the batch being written now, or an empty one; Cursor
+	// reads it.
+	committing *Batch[M]
+	// next is the fate of queued: every caller that queued into it waits
+	// on the same outcome.
+	next *Outcome
+	// stopped is set by Stop: the loop commits what is queued and returns.
+	stopped bool
+	// urgent is set once someone waits for the queued batch: an urgent
+	// message, or a barrier. reset clears it.
+	urgent bool
+	// admitted and admittedBytes count the messages admitted to the
+	// queue and not yet taken by the loop, and their sizes; queuedBytes
+	// the sizes of those already appended.
+	admitted, admittedBytes, queuedBytes int
+	// freed is closed, and replaced, whenever room is made in the queue;
+	// callers waiting in Admit wake on it.
+	freed chan struct{}
+	// admitting is held by the one caller that Admit lets wait for room;
+	// the others queue on it. Not under mu: it is taken first.
+	admitting sync.Mutex
+}
+
+// Start starts the commit loop over config. closed is the error every
+// outcome queued after Stop fails with.
+func Start[M any](config Config[M], closed error) *Log[M] {
+	l := &Log[M]{config: config, closed: closed,
+		wake: make(chan struct{}, 1), ended: make(chan struct{}),
+		freed: make(chan struct{}), committing: &Batch[M]{}}
+	l.reset()
+	go l.loop()
+	return l
+}
+
+// reset starts an empty queue. The caller holds l.mu (or owns l).
+func (l *Log[M]) reset() {
+	l.queued = &Batch[M]{Trims: map[string]uint64{},
+		Heads: map[string]uint64{}, Cursors: map[string]uint64{}}
+	l.next = NewOutcome()
+	l.queuedBytes, l.urgent = 0, false
+}
+
+// Admit waits until the queue has room for one more message of size
+// bytes, and takes it; it reports false if done is closed, or the log
+// stopped, first. beforeWait runs before each wait: the broker starts
+// there the writers a publisher owes, so that its subscribers do not wait
+// with it. The queue holds at most MaxMessages and MaxBytes (but always
+// takes one message): a transaction stays bounded, and a publisher
+// faster than the disk waits here. An unbounded queue was simpler, and
+// under a flood grew to gigabytes, each commit slower than the last.
+func (l *Log[M]) Admit(size int, done <-chan struct{},
+	beforeWait func()) bool {
+	// Callers wait their turn: Go's mutex hands itself to the longest
+	// waiter, so a flood cannot take every slot a commit frees while a
+	// bystander on another topic waits for one.
+	l.admitting.Lock()
+	defer l.admitting.Unlock()
+	l.mu.Lock()
+	for l.admitted > 0 && (l.admitted >= l.config.MaxMessages ||
+		l.admittedBytes+size > l.config.MaxBytes) && !l.stopped {
+		freed := l.freed
+		l.mu.Unlock()
+		beforeWait()
+		select {
+		case <-freed:
+		case <-done:
+			return false
+		}
+		l.mu.Lock()
+	}
+	defer l.mu.Unlock()
+	if l.stopped {
+		return false
+	}
+	l.admitted, l.admittedBytes = l.admitted+1, l.admittedBytes+size
+	return true
+}
+
+// GiveBack gives back the room Admit took for a message that was not
+// appended after all.
+func (l *Log[M]) GiveBack(size int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.admitted, l.admittedBytes = l.admitted-1, l.admittedBytes-size
+	l.wakeWaiters()
+}
+
+// wakeWaiters wakes every caller waiting in Admit. The caller holds l.mu.
+func (l *Log[M]) wakeWaiters() {
+	close(l.freed)
+	l.freed = make(chan struct{})
+}
+
+// Append queues m and returns the outcome that says when it is durable.
+// Appends of one topic must arrive in seq order, which is the order the
+// store needs them in.
+func (l *Log[M]) Append(m M) *Outcome {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.queued.Messages = append(l.queued.Messages, m)
+	l.urgent = l.urgent || l.config.Urgent(m)
+	l.queuedBytes += l.config.Size(m)
+	notify(l.wake)
+	return l.next
+}
+
+// Trim queues deleting topic's log up to seq.
+func (l *Log[M]) Trim(topic string, seq uint64) {
+	l.queue(func(q *Batch[M]) { q.Trims[topic] = max(q.Trims[topic], seq) })
+}
+
+// SetHead queues setting topic's stored head to head.
+func (l *Log[M]) SetHead(topic string, head uint64) {
+	l.queue(func(q *Batch[M]) { q.Heads[topic] = head })
+}
+
+// SaveCursor queues a durable cursor's new position. Only the newest
+// position per cursor is kept: a thousand acks cost one write.
+func (l *Log[M]) SaveCursor(key string, position uint64) {
+	l.queue(func(q *Batch[M]) { q.Cursors[key] = position })
+}
+
+// queue does work on the queued batch, under l.mu, and wakes the loop.
+func (l *Log[M]) queue(work func(queued *Batch[M])) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	work(l.queued)
+	notify(l.wake)
+}
+
+// Barrier returns an outcome that completes once everything queued so far
+// is durable: a repeated publish is confirmed no sooner than the first.
+func (l *Log[M]) Barrier() (next *Outcome) {
+	// The queued batch commits after any batch in progress, so its outcome
+	// covers everything queued before, even with nothing queued itself.
+	l.queue(func(*Batch[M]) { next, l.urgent = l.next, true })
+	return next
+}
+
+// Cursor reads a durable cursor, newest first: the queue, the batch being
+// committed, then the store.
+func (l *Log[M]) Cursor(key string) (uint64, bool, error) {
+	// A cursor moved a moment ago is still in memory; reading only the
+	// store would resume a subscription from an older position.
+	l.mu.Lock()
+	for _, batch := range []*Batch[M]{l.queued, l.committing} {
+		if position, ok := batch.Cursors[key]; ok {
+			l.mu.Unlock()
+			return position, true, nil
+		}
+	}
+	l.mu.Unlock()
+	return l.config.Store.Cursor(key)
+}
+
+// loop commits queued batches until Stop, then commits what is left.
+func (l *Log[M]) loop() {
+	defer close(l.ended)
+	for range l.wake {
+		l.linger()
+		// Swap the queue for an empty one and release the lock at once,
+		// giving its room back now rather than after the commit: the
+		// next batch fills while this one is written.
+		l.mu.Lock()
+		batch, fate, stopped := l.queued, l.next, l.stopped
+		l.committing = batch
+		l.admitted -= len(batch.Messages)
+		l.admittedBytes -= l.queuedBytes
+		l.wakeWaiters()
+		l.reset()
+		if stopped {
+			// Nothing queued after the last batch is committed.
+			l.next = Failed(l.closed)
+		}
+		l.mu.Unlock()
+
+		// Committed hears the batch before its outcome is done: a replay
+		// that starts after a confirm reads the message from the store.
+		start := time.Now()
+		err := l.config.Store.Commit(batch)
+		if err != nil {
+			l.retryCursors(batch.Cursors)
+		}
+		l.config.Committed(batch, time.Since(start), err)
+		fate.Settle(0, false, err)
+
+		l.mu.Lock()
+		l.committing = &Batch[M]{}
+		l.mu.Unlock()
+		if stopped {
+			return
+		}
+	}
+}
+
+// retryCursors queues again, for a batch a second from now, the cursor
+// moves of a batch that failed, unless a newer move of the same cursor
+// is queued already. A failed message has a publisher to send it again;
+// a cursor has only its subscriber's next ack, which may never come, and
+// a durable subscriber must not resume behind what it acked because the
+// log was away (NATS restarting, say) when its ack was committed.
+func (l *Log[M]) retryCursors(cursors map[string]uint64) {
+	if len(cursors) == 0 {
+		return
+	}
+	l.mu.Lock()
+	for key, position := range cursors {
+		if _, newer := l.queued.Cursors[key]; !newer {
+			l.queued.Cursors[key] = position
+		}
+	}
+	l.mu.Unlock()
+	time.AfterFunc(time.Second, func() { notify(l.wake) })
+}
+
+// linger waits, at most Linger, until the queued batch is worth a sync
+// of its own: someone waits for it, it holds a quarter of what the queue
+// may, or the log stops.
+func (l *Log[M]) linger() {
+	for wait := time.After(l.config.Linger); !l.ready(); {
+		select {
+		case <-l.wake:
+		case <-wait:
+			return
+		}
+	}
+}
+
+// ready reports whether the queued batch should be committed now.
+func (l *Log[M]) ready() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.urgent || l.stopped || 4*l.admitted >= l.config.MaxMessages ||
+		4*l.admittedBytes >= l.config.MaxBytes
+}
+
+// Stop commits what is queued and ends the loop.
+func (l *Log[M]) Stop() {
+	// The signal makes the loop run once more, see stopped, commit what
+	// is queued and return.
+	l.mu.Lock()
+	l.stopped = true
+	notify(l.wake)
+	l.wakeWaiters()
+	l.mu.Unlock()
+	<-l.ended
+}
+
+// notify signals ch without blocking: a signal already pending is enough.
+func notify(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
