@@ -104,6 +104,7 @@ import (
 	"github.com/popsub/popsub/login"
 	"github.com/popsub/popsub/socket"
 	"github.com/popsub/popsub/wire"
+	"github.com/popsub/popsub/xray"
 )
 
 // # Options, messages and frames
@@ -494,14 +495,11 @@ type Broker struct {
 	// as many as largeFramesBytes holds frames of the full limit
 	// (Reading frames, a detail).
 	largeFrames chan struct{}
-	// events queues up to eventQueue x-ray events for b.eventsLoop, which
-	// publishes them; watchers counts $sys subscriptions (no events are
-	// made without one); dropped counts events lost to a full queue;
-	// delivered counts first deliveries (Delivered). See the x-ray, a
-	// detail.
-	events            chan wire.Event
-	watchers, dropped atomic.Int64
-	delivered         atomic.Uint64
+	// xray queues x-ray events and publishes them on its own goroutine
+	// (package xray); delivered counts first deliveries (Delivered). See
+	// the x-ray, a detail.
+	xray      *xray.Feed
+	delivered atomic.Uint64
 }
 
 // topic is one exact topic: its log's in-memory index and its subscribers.
@@ -566,7 +564,7 @@ func New(opts Options) (*Broker, error) {
 		topics: map[string]*topic{}, wildcards: map[*subscription]struct{}{},
 		connections: map[*connection]struct{}{}, groups: map[string]*group{},
 		durables: map[string]*subscription{}, stop: make(chan struct{}),
-		events:   make(chan wire.Event, eventQueue),
+		xray:     xray.NewFeed(opts.OnEvent, opts.Logger),
 		hashing:  make(chan struct{}, max(runtime.GOMAXPROCS(0)/2, 1)),
 		retrying: make(chan struct{}, 1),
 		largeFrames: make(chan struct{}, max(1,
@@ -604,7 +602,10 @@ func New(opts Options) (*Broker, error) {
 	go b.every(opts.PingInterval, b.ping)
 	go b.every(min(max(opts.TTL/10, time.Millisecond), time.Minute),
 		b.trimExpired)
-	go b.eventsLoop()
+	go func() {
+		defer b.loops.Done()
+		b.xray.Run(b.stop, b.publishEvent)
+	}()
 	return b, nil
 }
 
@@ -3000,7 +3001,7 @@ func (c *connection) record(s *subscription, m *Message, deadline time.Time) {
 	// x-ray: an event per delivery, for /metrics to count, cost a busy
 	// broker 6 % of its CPU with ten subscribers, more with a hundred.
 	c.broker.delivered.Add(1)
-	if c.broker.watchers.Load() > 0 {
+	if c.broker.xray.Watched() {
 		c.broker.noteMessage("delivered", c, m, p)
 	}
 	// A durable subscription's deliveries come in seq order (replay,
@@ -3673,16 +3674,15 @@ func (c *connection) take(s *subscription, p pending, must bool) bool {
 // The broker publishes its own transitions as events on $sys/events, so
 // that the playground (or any client with a $sys grant) can watch
 // messages being published, delivered, acked, retried and dead-lettered
-// as they happen. Events are queued on a bounded channel and published by
-// one goroutine, never by the code that noticed them: that code often
-// holds a topic's or a connection's lock, and publishing takes a topic's
-// lock of its own. When the queue is full, events are dropped and
-// counted, not waited for: the x-ray must never slow the broker it
-// watches. Nothing is queued while nobody subscribes to a $sys topic, and
+// as they happen. Events are queued and published by one goroutine,
+// never by the code that noticed them, which often holds a lock; a full
+// queue drops events: the x-ray must never slow the broker it watches
+// (b.xray, a Feed from package xray). Nothing is queued while nobody subscribes to a $sys topic, and
 // no event is made about a $sys topic, so the feed cannot feed on itself.
-// The event types live in package xray, which clients decode without the
-// broker. Every transition the x-ray reports also goes to Options.
-// OnEvent, watched or not, but deliveries, which the broker counts
+// The event types live in package wire, which clients decode without
+// the broker, and the queue and its goroutine in package xray. Every
+// transition the x-ray reports also goes to Options.OnEvent, watched or
+// not, but deliveries, which the broker counts
 // itself (Delivered, in record): the command counts them for /metrics,
 // and so each note function costs a branch when nobody listens, and a
 // little more than an event's fields when someone does.
@@ -3690,54 +3690,21 @@ func (c *connection) take(s *subscription, p pending, must bool) bool {
 // EventsTopic is the topic the broker publishes its transitions on.
 const EventsTopic = "$sys/events"
 
-// eventQueue is how many events may wait for the events goroutine: a
-// few hundred milliseconds of a busy playground, and a bounded cost when
-// a burst outruns the feed.
-const eventQueue = 4096
-
-// eventsLoop publishes queued events until Shutdown.
-func (b *Broker) eventsLoop() {
-	defer b.loops.Done()
-	for {
-		select {
-		case e := <-b.events:
-			// An event is an ordinary QoS 0 message: it is logged,
-			// retained and delivered like any other, and a watcher
-			// that falls behind reads on from the log.
-			payload, _ := json.Marshal(e)
-			b.publish(&Message{Topic: EventsTopic, ID: newID(),
-				Payload: payload}, b.stop, nil)
-		case <-b.stop:
-			return
-		}
-	}
-}
-
-// emit queues e if anyone watches. It never blocks and takes no lock.
-func (b *Broker) emit(e wire.Event) {
-	if b.opts.OnEvent != nil {
-		b.opts.OnEvent(e)
-	}
-	// An event about $sys/events would make another event when it is
-	// published, and so on for ever.
-	if b.watchers.Load() == 0 || strings.HasPrefix(e.Topic, "$sys/") {
-		return
-	}
-	e.Time = time.Now().UnixMilli()
-	select {
-	case b.events <- e:
-	default:
-		if b.dropped.Add(1)%1000 == 1 {
-			b.logger.Warn("x-ray events dropped", "total", b.dropped.Load())
-		}
-	}
+// publishEvent publishes one x-ray event, for the feed's goroutine
+// (b.xray, package xray). An event is an ordinary QoS 0 message: it is
+// logged, retained and delivered like any other, and a watcher that
+// falls behind reads on from the log.
+func (b *Broker) publishEvent(e wire.Event) {
+	payload, _ := json.Marshal(e)
+	b.publish(&Message{Topic: EventsTopic, ID: newID(), Payload: payload},
+		b.stop, nil)
 }
 
 // noteMessage emits a message's transition, seen from connection c (nil
 // for published) and its pending entry p (nil for QoS 0).
 func (b *Broker) noteMessage(kind string, c *connection, m *Message,
 	p *pending) {
-	if b.watchers.Load() == 0 && b.opts.OnEvent == nil {
+	if !b.xray.Heard() {
 		return
 	}
 	e := wire.Event{Kind: kind, Topic: m.Topic, Seq: m.Seq, MessageID: m.ID,
@@ -3748,7 +3715,7 @@ func (b *Broker) noteMessage(kind string, c *connection, m *Message,
 	if p != nil {
 		e.Attempt, e.Deadline = p.attempt, p.deadline.UnixMilli()
 	}
-	b.emit(e)
+	b.xray.Emit(e)
 }
 
 // noteConnection emits a connection's transition. A connection that
@@ -3757,7 +3724,7 @@ func (b *Broker) noteConnection(kind string, c *connection, reason string) {
 	if c.subject == "" {
 		return
 	}
-	b.emit(wire.Event{Kind: kind, Conn: c.id, Client: c.client, Sub: c.subject,
+	b.xray.Emit(wire.Event{Kind: kind, Conn: c.id, Client: c.client, Sub: c.subject,
 		Reason: reason})
 }
 
@@ -3766,17 +3733,17 @@ func (b *Broker) noteConnection(kind string, c *connection, reason string) {
 func (b *Broker) noteSubscription(kind string, s *subscription) {
 	if strings.HasPrefix(s.filter, "$sys/") {
 		if kind == "unsubscribed" {
-			b.watchers.Add(-1)
+			b.xray.Watch(-1)
 			return
 		}
-		b.watchers.Add(1)
+		b.xray.Watch(1)
 		if s.filter == EventsTopic {
-			b.emit(wire.Event{Kind: "snapshot", State: b.snapshot()})
+			b.xray.Emit(wire.Event{Kind: "snapshot", State: b.snapshot()})
 		}
 		return
 	}
 	c := s.conn
-	b.emit(wire.Event{Kind: kind, Conn: c.id, Client: c.client, Sub: c.subject,
+	b.xray.Emit(wire.Event{Kind: kind, Conn: c.id, Client: c.client, Sub: c.subject,
 		Topic: s.filter})
 }
 
