@@ -102,6 +102,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub/groupcommit"
 	"github.com/popsub/popsub/login"
+	queuepkg "github.com/popsub/popsub/queue"
 	"github.com/popsub/popsub/socket"
 	"github.com/popsub/popsub/wire"
 	"github.com/popsub/popsub/xray"
@@ -710,7 +711,7 @@ func (b *Broker) topic(name string) *topic {
 func (t *topic) firstSeq() uint64 {
 	// An empty log still has a head: seqs never restart, so after a trim
 	// to nothing the next message is head+1, and so is "first".
-	live := t.index.live()
+	live := t.index.Live()
 	if len(live) == 0 {
 		return t.head + 1
 	}
@@ -1972,56 +1973,13 @@ func (w *wakeups) start() {
 // ring sized up front would cost its whole size for each of the ten
 // thousand idle connections a small server may hold.
 
-// queue is a slice appended to at the back and taken from at the front:
-// items[head:] are live. Taking from the front moves head and copies
-// nothing. An append that finds the array full first moves the live
-// items down to its start if that frees at least half of it, and lets
-// the array grow otherwise, so each item is copied a bounded number of
-// times and a queue that stays about as long allocates nothing. Deleting
-// from the front of a plain slice was simpler, and copied the rest each
-// time; reslicing it left the room at the front unused, so appends kept
-// allocating new arrays.
-type queue[T any] struct {
-	items []T
-	head  int
-}
-
-// live returns the items in the queue, oldest first.
-func (q *queue[T]) live() []T { return q.items[q.head:] }
-
-// insert puts v at i among the live items: at the back, usually.
-func (q *queue[T]) insert(i int, v T) {
-	n := len(q.items) - q.head
-	if len(q.items) == cap(q.items) && q.head >= n {
-		copy(q.items, q.items[q.head:])
-		clear(q.items[n:])
-		q.items, q.head = q.items[:n], 0
-	}
-	q.items = slices.Insert(q.items, q.head+i, v)
-}
-
-// remove drops the live items i to j. An emptied queue starts again at
-// the front of its array.
-func (q *queue[T]) remove(i, j int) {
-	if i == 0 {
-		clear(q.items[q.head : q.head+j])
-		q.head += j
-	} else {
-		q.items = slices.Delete(q.items, q.head+i, q.head+j)
-	}
-	if q.head == len(q.items) {
-		q.items, q.head = q.items[:0], 0
-	}
-}
-
-// drop drops the live items for which drop reports true, keeping the
-// order of the rest, and returns how many it dropped.
-func (q *queue[T]) drop(match func(T) bool) int {
-	live := q.live()
-	kept := slices.DeleteFunc(live, match)
-	q.items = q.items[:q.head+len(kept)]
-	return len(live) - len(kept)
-}
+// queue is a slice appended to at the back and taken from at the front
+// (package queue): queue.Live returns the items, oldest first;
+// queue.Insert puts one at a place, at the back usually; queue.Remove
+// drops a run of them, and queue.Drop those that match. Taking from the
+// front copies nothing, and a queue that stays about as long allocates
+// nothing.
+type queue[T any] = queuepkg.Queue[T]
 
 // pendingQueue is one topic's pending deliveries on one connection, in seq
 // order. Deliveries mostly come in order and are acked in it, so it is a
@@ -2034,7 +1992,7 @@ type pendingQueue struct {
 // new: the same message already pending is replaced, not added, as the
 // connection owes one ack for it.
 func (q *pendingQueue) add(p pending) (*pending, bool) {
-	live := q.live()
+	live := q.Live()
 	i := len(live)
 	if i > 0 && live[i-1].message.Seq >= p.message.Seq {
 		// Out of order (a replay), or the same message again.
@@ -2045,8 +2003,8 @@ func (q *pendingQueue) add(p pending) (*pending, bool) {
 			return &live[i], false
 		}
 	}
-	q.insert(i, p)
-	return &q.live()[i], true
+	q.Insert(i, p)
+	return &q.Live()[i], true
 }
 
 // bySeq compares a pending delivery with a seq, for binary searches.
@@ -2248,7 +2206,7 @@ func (t *topic) startAfter(after, last *uint64) (uint64, bool) {
 	switch {
 	case last != nil:
 		// Counted in the index, not in seqs: seqs jump after a crash.
-		live := t.index.live()
+		live := t.index.Live()
 		if n := int(min(*last, uint64(len(live)))); n > 0 {
 			return live[len(live)-n].seq - 1, true
 		}
@@ -2329,7 +2287,7 @@ func (b *Broker) unsubscribe(s *subscription) {
 	}
 	// An emptied table stays, for the retry loop to drop, as settle's.
 	for _, q := range c.unacked {
-		c.inflight -= q.drop(func(p pending) bool {
+		c.inflight -= q.Drop(func(p pending) bool {
 			if p.subscription != s {
 				return false
 			}
@@ -2905,9 +2863,9 @@ func appendString(buf []byte, s string) []byte {
 // not two.
 //
 // The entries are kept per topic, in seq order, in a pendingQueue (the
-// queues' detail): q.live() lists them oldest first, q.add(p) puts one
-// in its place (or replaces the same message's), q.remove(i, j) drops a
-// run of them, q.drop(match) drops those match picks, and bySeq compares
+// queues' detail): q.Live() lists them oldest first, q.add(p) puts one
+// in its place (or replaces the same message's), q.Remove(i, j) drops a
+// run of them, q.Drop(match) drops those match picks, and bySeq compares
 // one with a seq for a binary search. Deliveries mostly come in seq
 // order and are acked in it, so adding one is an append, and an ack
 // takes from the front: an ack "up to seq" is a binary search, whatever
@@ -3056,7 +3014,7 @@ func (c *connection) ack(f frame) {
 
 	// Up to seq: everything before the first entry past it.
 	if q := c.unacked[f.Topic]; q != nil && f.Seq != nil {
-		live := q.live()
+		live := q.Live()
 		n := sort.Search(len(live), func(i int) bool {
 			return live[i].message.Seq > *f.Seq
 		})
@@ -3070,7 +3028,7 @@ func (c *connection) ack(f frame) {
 			if f.Topic != "" && topic != f.Topic {
 				continue
 			}
-			i := slices.IndexFunc(q.live(), func(p pending) bool {
+			i := slices.IndexFunc(q.Live(), func(p pending) bool {
 				return p.message.ID == id
 			})
 			if i >= 0 {
@@ -3086,7 +3044,7 @@ func (c *connection) ack(f frame) {
 // table stays, for the retry loop to drop: a busy topic's table empties
 // and refills many times a second. The caller holds c.mu.
 func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
-	live := q.live()
+	live := q.Live()
 	for k := i; k < j; k++ {
 		p := &live[k]
 		c.inflightBytes -= p.message.size()
@@ -3104,7 +3062,7 @@ func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 		}
 	}
 	c.inflight -= j - i
-	q.remove(i, j)
+	q.Remove(i, j)
 }
 
 // # Retries and dead letters
@@ -3161,7 +3119,7 @@ func (c *connection) redeliver(now time.Time) {
 func (c *connection) overdue(now time.Time) (retries [][]byte,
 	dead, moves []pending) {
 	for topic, q := range c.unacked {
-		live := q.live()
+		live := q.Live()
 		if len(live) == 0 {
 			delete(c.unacked, topic)
 		}
@@ -3183,12 +3141,12 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 	}
 	for _, p := range dead {
 		q := c.unacked[p.message.Topic]
-		i, _ := slices.BinarySearchFunc(q.live(), p.message.Seq, bySeq)
+		i, _ := slices.BinarySearchFunc(q.Live(), p.message.Seq, bySeq)
 		c.settle(q, i, i+1, "dead_lettered")
 	}
 	// A move leaves this member's window; the group places it after c.mu.
 	for _, p := range moves {
-		n := c.unacked[p.message.Topic].drop(func(e pending) bool {
+		n := c.unacked[p.message.Topic].Drop(func(e pending) bool {
 			return e.message == p.message && e.subscription == p.subscription
 		})
 		c.inflight -= n
@@ -3780,7 +3738,7 @@ func (c *connection) state(state *wire.State) (wire.ConnectionState, bool) {
 	cs := wire.ConnectionState{Conn: c.id, Client: c.client, Sub: c.subject,
 		Subscriptions: slices.AppendSeq([]string{}, maps.Keys(c.subscriptions))}
 	for _, q := range c.unacked {
-		for _, p := range q.live() {
+		for _, p := range q.Live() {
 			m := p.message
 			state.Pending = append(state.Pending, wire.Event{Kind: "pending",
 				Conn: c.id, Client: c.client, Sub: c.subject, Topic: m.Topic,
@@ -3917,7 +3875,7 @@ func (t *topic) remember(m *Message) {
 		e.key = m.key()
 		t.ids[e.key] = m.Seq
 	}
-	t.index.insert(len(t.index.live()), e)
+	t.index.Insert(len(t.index.Live()), e)
 	t.bytes += e.size
 	t.lastTime = max(t.lastTime, m.Timestamp)
 }
@@ -3927,7 +3885,7 @@ func (t *topic) remember(m *Message) {
 func (t *topic) forget(n int) uint64 {
 	// An id is forgotten only if it still points at this entry: a later
 	// message may have reused it after the first was trimmed.
-	gone := t.index.live()[:n]
+	gone := t.index.Live()[:n]
 	for _, e := range gone {
 		if e.key.id != "" && t.ids[e.key] == e.seq {
 			delete(t.ids, e.key)
@@ -3939,7 +3897,7 @@ func (t *topic) forget(n int) uint64 {
 	// the others each time: the first profile of this broker spent 69 %
 	// of its CPU doing that.
 	last := gone[n-1].seq
-	t.index.remove(0, n)
+	t.index.Remove(0, n)
 	return last
 }
 
@@ -3947,7 +3905,7 @@ func (t *topic) forget(n int) uint64 {
 // to keep at most maxMessages and maxBytes; the newest always stays. The
 // caller holds t.mu.
 func (t *topic) excess(maxMessages, maxBytes int) int {
-	live, bytes := t.index.live(), t.bytes
+	live, bytes := t.index.Live(), t.bytes
 	n := max(len(live)-maxMessages, 0)
 	for _, e := range live[:n] {
 		bytes -= e.size
@@ -3967,7 +3925,7 @@ func (b *Broker) trimExpired(now time.Time) {
 	cutoff := now.Add(-b.opts.TTL).UnixMilli()
 	for _, t := range b.topicList() {
 		t.mu.Lock()
-		live := t.index.live() // in timestamp order: they only grow
+		live := t.index.Live() // in timestamp order: they only grow
 		n := sort.Search(len(live), func(i int) bool {
 			return live[i].timestamp >= cutoff
 		})
@@ -4180,7 +4138,7 @@ func (b *Broker) forgetFailed(msgs []*Message) {
 		if t.ids[m.key()] == m.Seq {
 			delete(t.ids, m.key())
 		}
-		t.index.drop(func(e entry) bool {
+		t.index.Drop(func(e entry) bool {
 			if e.seq == m.Seq {
 				t.bytes -= e.size
 			}
