@@ -253,3 +253,162 @@ func TestPopsubGo_PackageDocIsTheMap(t *testing.T) {
 		}
 	}
 }
+
+// The machine room: popsub.go's section that declares what the broker
+// needs of the packages under it, and the budget of its use.
+const (
+	contractsSection    = "The machine room"
+	budgetContracts     = 12 // declarations in the contracts block
+	budgetMachineCalls  = 10 // first-reading functions that use it
+	machineRoomPackages = "github.com/popsub/popsub/"
+)
+
+// TestPopsubGo_FirstReadingReachesTheMachineRoomOnlyThroughItsContracts
+// holds the line STYLE.md draws: a first-reading function may use a
+// machine-room package only through a declaration of the contracts block
+// (a contract, or a method of a type it names), may touch no field that a
+// detail section or a machine-room package declares, and at most
+// budgetMachineCalls of them use the machine room at all. It type-checks
+// popsub.go, so a name that only looks like a contract's is not taken
+// for one.
+func TestPopsubGo_FirstReadingReachesTheMachineRoomOnlyThroughItsContracts(
+	t *testing.T) {
+	fset := gotoken.NewFileSet()
+	file, err := parser.ParseFile(fset, "popsub.go", nil,
+		parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := &types.Info{Uses: map[*ast.Ident]types.Object{},
+		Defs: map[*ast.Ident]types.Object{}}
+	conf := types.Config{Importer: importer.ForCompiler(fset, "gc",
+		exportData(t))}
+	pkg, err := conf.Check("github.com/popsub/popsub", fset,
+		[]*ast.File{file}, info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := measure(t).Sections
+	sectionOf := func(pos gotoken.Pos) source.SectionBudget {
+		line := fset.Position(pos).Line
+		i := sort.Search(len(sections), func(i int) bool {
+			return sections[i].Line > line
+		})
+		return sections[max(i-1, 0)]
+	}
+	inContracts := func(pos gotoken.Pos) bool {
+		return sectionOf(pos).Title == contractsSection
+	}
+	// Package wire is the protocol, not machinery: every client decodes
+	// with it. Package queue is a container the tables are made of, used
+	// as the standard library's slices is.
+	machinePackage := func(p *types.Package) bool {
+		return p != nil && p != pkg &&
+			strings.HasPrefix(p.Path(), machineRoomPackages) &&
+			p.Path() != machineRoomPackages+"wire" &&
+			p.Path() != machineRoomPackages+"queue"
+	}
+
+	// The contracts: every declaration of the block, and the types its
+	// aliases name, whose methods the first reading may call.
+	contracts, named := 0, map[*types.TypeName]bool{}
+	for _, decl := range file.Decls {
+		if !inContracts(decl.Pos()) {
+			continue
+		}
+		contracts++
+		gen, ok := decl.(*ast.GenDecl)
+		if !ok {
+			continue
+		}
+		for _, spec := range gen.Specs {
+			if ts, ok := spec.(*ast.TypeSpec); ok {
+				target := types.Unalias(info.Defs[ts.Name].Type())
+				if n, ok := target.(*types.Named); ok {
+					named[n.Origin().Obj()] = true
+				}
+			}
+		}
+	}
+	receiverNamed := func(fn *types.Func) bool {
+		recv := fn.Signature().Recv()
+		if recv == nil {
+			return false
+		}
+		rt := recv.Type()
+		if p, ok := rt.(*types.Pointer); ok {
+			rt = p.Elem()
+		}
+		n, ok := types.Unalias(rt).(*types.Named)
+		return ok && named[n.Origin().Obj()]
+	}
+
+	var violations, users []string
+	for _, decl := range file.Decls {
+		fn, ok := decl.(*ast.FuncDecl)
+		if !ok || fn.Body == nil || sectionOf(fn.Pos()).Detail ||
+			inContracts(fn.Pos()) {
+			continue
+		}
+		name := fn.Name.Name
+		if fn.Recv != nil {
+			name = declared(info.Defs[fn.Name], pkg)
+		}
+		uses := false
+		ast.Inspect(fn.Body, func(n ast.Node) bool {
+			id, ok := n.(*ast.Ident)
+			if !ok || info.Uses[id] == nil {
+				return true
+			}
+			obj := info.Uses[id]
+			where := fset.Position(id.Pos()).Line
+			v, field := obj.(*types.Var)
+			field = field && v.IsField()
+			switch {
+			case field && obj.Pkg() == pkg && sectionOf(obj.Pos()).Detail:
+				violations = append(violations, fmt.Sprintf(
+					"line %d: %s touches %s, a field of a detail", where,
+					name, obj.Name()))
+			case machinePackage(obj.Pkg()):
+				fn, method := obj.(*types.Func)
+				if !method || !receiverNamed(fn) {
+					violations = append(violations, fmt.Sprintf(
+						"line %d: %s uses %s.%s, not through a contract",
+						where, name, obj.Pkg().Name(), obj.Name()))
+				}
+				uses = true
+			case obj.Pkg() == pkg && inContracts(obj.Pos()):
+				uses = true
+			}
+			return true
+		})
+		if uses {
+			users = append(users, name)
+		}
+	}
+	t.Logf("the contracts block has %d declarations; %d first-reading "+
+		"functions use the machine room: %s", contracts, len(users),
+		strings.Join(users, ", "))
+	for _, v := range violations {
+		t.Error(v)
+	}
+	if contracts > budgetContracts {
+		t.Errorf("the contracts block has %d declarations, budget %d",
+			contracts, budgetContracts)
+	}
+	if len(users) > budgetMachineCalls {
+		t.Errorf("%d first-reading functions use the machine room, budget %d",
+			len(users), budgetMachineCalls)
+	}
+}
+
+// TestPopsubGo_BuildsForTheBrowser builds popsub.go for GOOS=js
+// GOARCH=wasm: the proof that it imports no storage engine and calls
+// nothing of the WebSocket library that a browser lacks.
+func TestPopsubGo_BuildsForTheBrowser(t *testing.T) {
+	build := exec.Command("go", "build", "-o", os.DevNull, ".")
+	build.Env = append(os.Environ(), "GOOS=js", "GOARCH=wasm")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("GOOS=js GOARCH=wasm go build .: %v\n%s", err, out)
+	}
+}

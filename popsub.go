@@ -358,32 +358,6 @@ type Message struct {
 // key is what makes m a duplicate: its publisher and its message_id.
 func (m *Message) key() messageKey { return messageKey{m.publisher, m.ID} }
 
-// Publisher is the token subject that published m: a SharedLog scopes
-// its dedup of message_ids to it, and a Store keeps it with Frame.
-func (m *Message) Publisher() string { return m.publisher }
-
-// Frame is m's delivery frame at attempt 1, which holds every field of a
-// Message: what a Store keeps, and RestoreMessage reads back.
-func (m *Message) Frame() []byte {
-	// A message the broker did not sequence has no frame yet.
-	if m.frame == nil {
-		return appendDelivery(nil, m, 1)
-	}
-	return m.frame
-}
-
-// RestoreMessage reads back a message a Store kept: its Frame and its
-// Publisher. The frame's type and attempt are ignored, and a record
-// written before frames were stored, the Message's fields alone, reads
-// the same.
-func RestoreMessage(frame []byte, publisher string) (*Message, error) {
-	m := &Message{publisher: publisher}
-	if err := json.Unmarshal(frame, m); err != nil {
-		return nil, err
-	}
-	return m, nil
-}
-
 // messageKey is a QoS 1 message's identity for idempotent publishes.
 type messageKey struct{ publisher, id string }
 
@@ -449,9 +423,9 @@ type Broker struct {
 	// a detail at the end), else nil.
 	store  Store
 	shared SharedLog
-	// log is the committer, the one goroutine that writes to store: the
-	// log's section, after this one, says what it does for the rest.
-	log *groupcommit.Log[*Message]
+	// log is the committer, the one goroutine that writes to store (a
+	// commitLog, in the machine room).
+	log *commitLog
 
 	// mu guards the tables below. It is held for look-ups and small
 	// changes, never across a socket write or a disk access.
@@ -499,7 +473,7 @@ type Broker struct {
 	// xray queues x-ray events and publishes them on its own goroutine
 	// (package xray); delivered counts first deliveries (Delivered). See
 	// the x-ray, a detail.
-	xray      *xray.Feed
+	xray      *events
 	delivered atomic.Uint64
 }
 
@@ -565,7 +539,7 @@ func New(opts Options) (*Broker, error) {
 		topics: map[string]*topic{}, wildcards: map[*subscription]struct{}{},
 		connections: map[*connection]struct{}{}, groups: map[string]*group{},
 		durables: map[string]*subscription{}, stop: make(chan struct{}),
-		xray:     xray.NewFeed(opts.OnEvent, opts.Logger),
+		xray:     newEvents(opts),
 		hashing:  make(chan struct{}, max(runtime.GOMAXPROCS(0)/2, 1)),
 		retrying: make(chan struct{}, 1),
 		largeFrames: make(chan struct{}, max(1,
@@ -576,18 +550,16 @@ func New(opts Options) (*Broker, error) {
 	b.shared, _ = opts.Store.(SharedLog)
 
 	// The index of every stored topic is rebuilt before the first client
-	// arrives: seqs continue where they stopped, and a publisher's retry
-	// of a message stored before a crash is still recognised. Then
-	// newCommitter starts the committer's goroutine. A shared log's
+	// arrives (b.loadTopics, in Seqs reserved on disk): seqs continue
+	// where they stopped, and a publisher's retry of a message stored
+	// before a crash is still recognised. Then b.startLog starts the
+	// committer's goroutine. A shared log's
 	// shared.Follow starts feeding b.feed whatever any broker committed,
 	// to fan out here (the shared log's detail).
 	if err := b.loadTopics(); err != nil {
 		return nil, err
 	}
-	b.log = groupcommit.Start(groupcommit.Config[*Message]{Store: b.store,
-		Size: (*Message).size, Urgent: func(m *Message) bool { return m.QoS == 1 },
-		MaxMessages: maxQueueMessages, MaxBytes: maxQueueBytes,
-		Linger: commitLinger, Committed: b.committed}, ErrClosed)
+	b.log = b.startLog()
 	if b.shared != nil {
 		b.shared.Follow(b.feed)
 	}
@@ -633,52 +605,6 @@ func (b *Broker) every(interval time.Duration, work func(now time.Time)) {
 			return
 		}
 	}
-}
-
-// loadTopics rebuilds each stored topic's head and index at start. The
-// stored head is where seqs go on: after a clean stop the newest seq,
-// after a crash the end of the topic's reservation, past any seq that
-// reached a subscriber and not the disk (see the log's section).
-func (b *Broker) loadTopics() error {
-	heads, err := b.store.Topics()
-	if err != nil {
-		return fmt.Errorf("load topics: %w", err)
-	}
-	// b.legacyGap is 8,192 on a log that a broker from before reserved
-	// seqs left unclean, and 0 on any other.
-	gap, err := b.legacyGap()
-	if err != nil {
-		return err
-	}
-	raised := map[string]uint64{}
-	for name, head := range heads {
-		t := newTopic(name)
-		t.head = head + gap
-		t.reserved, t.asked, raised[name] = t.head, t.head, t.head
-
-		// Read the log in chunks: retention keeps it short, but a broker
-		// restarted with a smaller cap still has the old, longer one.
-		// t.remember adds each message to the index (Retention).
-		for after := uint64(0); ; {
-			msgs, err := b.store.Read(name, after, replayChunk, maxQueueBytes)
-			if err != nil {
-				return fmt.Errorf("load topic %q: %w", name, err)
-			}
-			if len(msgs) == 0 {
-				break
-			}
-			for _, m := range msgs {
-				t.remember(m)
-			}
-			after = msgs[len(msgs)-1].Seq
-		}
-		b.topics[name] = t
-	}
-	if gap == 0 {
-		return nil
-	}
-	return b.store.Commit(&Batch{Heads: raised,
-		Cursors: map[string]uint64{legacyClean: 1}})
 }
 
 // newTopic returns an empty topic called name.
@@ -736,41 +662,6 @@ func (b *Broker) topicList() []*topic {
 	return slices.Collect(maps.Values(b.topics))
 }
 
-// # The machine room
-//
-// The broker's behaviour is this file; the machinery under it is not. As
-// the original PopSub split its transport, broker and persistence into
-// crates, the parts whose work is how, not what, live in packages of
-// their own, each behind a contract declared here, in one place, and
-// said in a line where it is first used: the disk (Store, with package
-// boltstore and package jetstream keeping it), the WebSocket (Socket,
-// kept by package socket) and password hashing (package login). The
-// compiler holds the line: this file imports no storage engine, builds
-// for a browser (GOOS=js), and a test checks that the first reading
-// reaches the machine room only through this block.
-
-// Socket is one client's WebSocket: package socket accepts one over HTTP
-// and frames what the broker sends; a test, or a page, may keep the same
-// contract another way.
-type Socket interface {
-	// Read returns the next text frame. An error means the socket is
-	// done: closed, reset, or closed by the socket for a binary frame
-	// (1003) or one over the read limit (1009).
-	Read() (io.Reader, error)
-	// SetReadLimit caps the frames Read returns, in bytes.
-	SetReadLimit(n int64)
-	// Send writes frames in order, each a WebSocket frame, or, joined,
-	// runs of them joined by newlines in one frame; each write waits at
-	// most WriteTimeout for the peer.
-	Send(frames [][]byte, joined bool) error
-	// Ping pings the peer and waits for its pong, or for ctx to end.
-	Ping(ctx context.Context) error
-	// Close sends a close frame and closes the socket; CloseNow closes
-	// it without one.
-	Close(code websocket.StatusCode, reason string) error
-	CloseNow() error
-}
-
 // # The log: seq first, sync second
 //
 // Every message, of any QoS, is appended to its topic's log, and the log
@@ -812,24 +703,28 @@ type Socket interface {
 // bbolt's NoSync with a later sync is not safe at all, as its pages may
 // reach the disk in any order.
 //
-// What you need of the committer (b.log) to read on; how it does it is
-// "Group commit", a detail at the end:
-//
-//   - b.log.admit(size, done) waits for room in the queue, which holds at
-//     most 4,096 messages and 1 MiB, and reserves it; b.log.unreserve
-//     gives the room back for a message that was not appended after all.
-//   - b.log.Append(m) queues m and returns its batch's outcome: closed
-//     once the batch is on disk, or failed. b.log.Barrier() returns the
-//     outcome of everything queued so far.
-//   - b.log.Trim(topic, seq), b.log.SaveCursor(key, position) and
-//     b.log.SetHead(topic, head) queue a trim, a durable cursor's move
-//     and a topic's new stored head; b.log.Cursor(key) reads a cursor,
-//     newest first; b.log.Stop() commits what is queued and ends.
+// The committer (b.log) and the store are machinery, in packages of
+// their own; what the first reading needs of them is their contracts, in
+// the next section.
 //
 // And of the reservations ("Seqs reserved on disk"): b.waitForSeq(t,
 // done) returns once t's next seq is covered, b.askAhead(t) asks for
 // the next block when the end of this one is near, and b.seal(), at
 // Shutdown, gives the unused seqs back.
+
+// # The machine room
+//
+// The broker's behaviour is this file; the machinery under it is not. As
+// the original PopSub split its transport, broker and persistence into
+// crates, the parts whose work is how, not what, live in packages of
+// their own, each with a literate header and a table of what its speed
+// tricks buy: the disk (package boltstore, or package jetstream for a
+// log shared by several brokers), group commit (groupcommit), the
+// WebSocket (socket), password hashing (login), the x-ray's queue (xray)
+// and the queue our tables use (queue). The first reading reaches them
+// only through the declarations below, each with its contract in a line,
+// and a test holds it to that. The compiler holds the rest: this file
+// imports no storage engine and builds for a browser (GOOS=js).
 
 // Store keeps topic logs and durable cursors. Implementations must make a
 // Commit durable before returning and must be safe for concurrent use.
@@ -858,6 +753,105 @@ type Batch = groupcommit.Batch[*Message]
 // and outcome.Duplicate bring the log's answer for its one message.
 type outcome = groupcommit.Outcome
 
+// Frame is m's delivery frame at attempt 1, which holds every field of a
+// Message: what a Store keeps, and RestoreMessage reads back.
+func (m *Message) Frame() []byte {
+	// A message the broker did not sequence has no frame yet.
+	if m.frame == nil {
+		return appendDelivery(nil, m, 1)
+	}
+	return m.frame
+}
+
+// Publisher is the token subject that published m: a SharedLog scopes
+// its dedup of message_ids to it, and a Store keeps it with Frame.
+func (m *Message) Publisher() string { return m.publisher }
+
+// RestoreMessage reads back a message a Store kept: its Frame and its
+// Publisher. The frame's type and attempt are ignored, and a record
+// written before frames were stored, the Message's fields alone, reads
+// the same.
+func RestoreMessage(frame []byte, publisher string) (*Message, error) {
+	m := &Message{publisher: publisher}
+	if err := json.Unmarshal(frame, m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Socket is one client's WebSocket: package socket accepts one over HTTP
+// and frames what the broker sends; a test, or a page, may keep the same
+// contract another way.
+type Socket interface {
+	// Read returns the next text frame. An error means the socket is
+	// done: closed, reset, or closed by the socket for a binary frame
+	// (1003) or one over the read limit (1009).
+	Read() (io.Reader, error)
+	// SetReadLimit caps the frames Read returns, in bytes.
+	SetReadLimit(n int64)
+	// Send writes frames in order, each a WebSocket frame, or, joined,
+	// runs of them joined by newlines in one frame; each write waits at
+	// most WriteTimeout for the peer.
+	Send(frames [][]byte, joined bool) error
+	// Ping pings the peer and waits for its pong, or for ctx to end.
+	Ping(ctx context.Context) error
+	// Close sends a close frame and closes the socket; CloseNow closes
+	// it without one.
+	Close(code websocket.StatusCode, reason string) error
+	CloseNow() error
+}
+
+// acceptSocket upgrades r to a WebSocket (socket.Accept): it checks the
+// Origin header, so that a page from another site, running in a user's
+// browser, may not open a socket unless allowed, and runs beforeRead
+// before each read of the socket.
+func (b *Broker) acceptSocket(w http.ResponseWriter, r *http.Request,
+	beforeRead func()) (Socket, error) {
+	return socket.Accept(w, r, socket.Options{
+		OriginPatterns: b.opts.OriginPatterns,
+		WriteTimeout:   b.opts.WriteTimeout, BeforeRead: beforeRead})
+}
+
+// commitLog is the committer, b.log (package groupcommit): one goroutine
+// that writes what is queued in one transaction and one sync, taking a
+// batch at once when someone waits for it, or after 5 ms of company.
+//
+//   - b.log.Admit(size, done, beforeWait) waits for room in the queue,
+//     which holds at most 4,096 messages and 1 MiB, and takes it;
+//     b.log.GiveBack gives the room back for a message that was not
+//     appended after all.
+//   - b.log.Append(m) queues m and returns its batch's outcome, done
+//     once the batch is on disk, or failed. b.log.Barrier() returns the
+//     outcome of everything queued so far.
+//   - b.log.Trim(topic, seq), b.log.SaveCursor(key, position) and
+//     b.log.SetHead(topic, head) queue a trim, a durable cursor's move
+//     and a topic's new stored head; b.log.Cursor(key) reads a cursor,
+//     newest first; b.log.Stop() commits what is queued and ends.
+type commitLog = groupcommit.Log[*Message]
+
+// startLog starts b's committer over its store. After each commit, and
+// before its confirms go out, it calls b.committed, which settles the
+// broker's tables (After a commit, a detail).
+func (b *Broker) startLog() *commitLog {
+	return groupcommit.Start(groupcommit.Config[*Message]{Store: b.store,
+		Size:        (*Message).size,
+		Urgent:      func(m *Message) bool { return m.QoS == 1 },
+		MaxMessages: maxQueueMessages, MaxBytes: maxQueueBytes,
+		Linger: commitLinger, Committed: b.committed}, ErrClosed)
+}
+
+// events is the x-ray's queue, b.xray (package xray): events.Emit queues
+// an event without blocking or locking, and drops it if the queue is
+// full; events.Heard and events.Watched say whether anyone listens;
+// events.Run hands each event to b.publishEvent (The x-ray, a detail).
+type events = xray.Feed
+
+// newEvents returns the x-ray's empty queue; opts.OnEvent hears every
+// event, watched or not.
+func newEvents(opts Options) *events {
+	return xray.NewFeed(opts.OnEvent, opts.Logger)
+}
+
 // # Connecting and authenticating
 //
 // Now a client arrives. It proves who it is with a signed token in its
@@ -865,13 +859,10 @@ type outcome = groupcommit.Outcome
 // WebSocket, so a frame is the one way every client can. Until then the
 // connection gets a small read limit and a deadline, so a stranger
 // cannot hold memory or a socket for long. The token also says what its
-// holder may do (Claims), and how long the session lasts: at its expiry
-// the connection is closed unless a fresh auth frame came first. A
-// cookie would have been simpler for browsers, and would let any page a
-// user visits ride their session. Once a client is in, the broker pings
-// it every PingInterval, and a peer that does not answer is closed, so a
-// client that vanished without a word does not hold its subscriptions
-// for ever.
+// holder may do (Claims), and how long the session lasts (Tokens, a
+// detail). A cookie would have been simpler for browsers, and would let
+// any page a user visits ride their session. Then the connection reads
+// frames, one at a time, until the client leaves.
 
 // connection is one WebSocket client, from its upgrade until it leaves.
 // Fields above mu are set before the writer starts, or belong to one
@@ -957,15 +948,10 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// socket.Accept checks the Origin header: a page from another site,
-	// running in a user's browser, may not open a socket unless allowed.
 	// Before each read of the socket, the reader starts the writers its
 	// publishes filled (c.wake.start, in Waking writers).
 	var c *connection
-	ws, err := socket.Accept(w, r, socket.Options{
-		OriginPatterns: b.opts.OriginPatterns,
-		WriteTimeout:   b.opts.WriteTimeout,
-		BeforeRead:     func() { c.wake.start() }})
+	ws, err := b.acceptSocket(w, r, func() { c.wake.start() })
 	if err != nil {
 		b.open.Add(-1)
 		b.logger.Debug("upgrade refused", "remote", r.RemoteAddr, "err", err)
@@ -977,7 +963,7 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.bearer = wire.BearerToken(r.Header.Get("Authorization"))
 	if !b.register(c) {
 		b.open.Add(-1)
-		ws.Close(websocket.StatusGoingAway, "server shutting down")
+		c.closeSocket(websocket.StatusGoingAway, "server shutting down")
 		return
 	}
 	go c.serve()
@@ -1041,13 +1027,24 @@ func (b *Broker) unregister(c *connection) {
 // end closes c.done, once.
 func (c *connection) end() { c.ended.Do(func() { close(c.done) }) }
 
+// closeSocket closes c's socket with a close frame that says code and
+// why, or, with code 0, at once: a peer that does not read would never
+// take a close frame.
+func (c *connection) closeSocket(code websocket.StatusCode, why string) {
+	if code == 0 {
+		c.ws.CloseNow()
+		return
+	}
+	c.ws.Close(code, why)
+}
+
 // serve authenticates the client, reads its frames until it leaves, and
 // then takes the connection apart. Its goroutine, started by ServeHTTP,
 // is the connection's only reader.
 func (c *connection) serve() {
 	// However the client left, its socket is closed here: a peer that
 	// vanished mid-frame would otherwise keep a file descriptor open.
-	defer c.ws.CloseNow()
+	defer c.closeSocket(0, "")
 	defer c.broker.unregister(c)
 	// A reader that leaves starts the writers its publishes owe;
 	// c.recoverPanic logs a panic here and lets the connection end
@@ -1058,10 +1055,9 @@ func (c *connection) serve() {
 		return
 	}
 
-	// Authenticated: the full frame limit applies, and from here on every
-	// frame to the client goes through the outbox and the writer.
-	c.ws.SetReadLimit(c.broker.opts.MaxFrameBytes)
-
+	// Authenticated: the full frame limit applies (c.read sets it), and
+	// from here on every frame to the client goes through the outbox and
+	// the writer.
 	// Frames are handled one at a time, in order: a ping's pong proves
 	// that everything sent before it has been handled.
 	for {
@@ -1094,8 +1090,6 @@ func (c *connection) handleFrame(data []byte) {
 // come first, to trade a password for a token; anything else is refused.
 // Replies here are written directly: the writer has not started yet.
 func (c *connection) authenticate() bool {
-	c.ws.SetReadLimit(authReadLimit)
-
 	// A timer, not a context: a cancelled Read drops the socket without
 	// a close frame, and the client deserves to hear 4001. c.authTimer
 	// starts it; c.login answers a login frame, stopping the timer while
@@ -1107,7 +1101,7 @@ func (c *connection) authenticate() bool {
 		return c.accept(frame{Token: c.bearer})
 	}
 	deadline := c.authTimer()
-	defer deadline.timer.Stop()
+	defer deadline.stop()
 	// Only two frames are understood before auth. Anything else, even a
 	// malformed frame, ends the connection: a stranger gets no second
 	// chance to probe the protocol.
@@ -1128,6 +1122,18 @@ func (c *connection) authenticate() bool {
 			return false
 		}
 	}
+}
+
+// Claims are what a token says about its holder: who (sub), until when
+// (exp), and optionally which topics it may publish and subscribe to.
+type Claims struct {
+	jwt.RegisteredClaims
+	// Publish lists the filters the holder may publish to; nil means
+	// every ordinary topic (none starting with $).
+	Publish []string `json:"publish,omitempty"`
+	// Subscribe lists the filters the holder may subscribe to; nil means
+	// every ordinary topic. $sys/… and $dead/… need an explicit grant.
+	Subscribe []string `json:"subscribe,omitempty"`
 }
 
 // accept checks the auth frame's token and, if it is good, starts the
@@ -1156,29 +1162,6 @@ func (c *connection) accept(f frame) bool {
 	return true
 }
 
-// tokenExpired closes a connection whose token ran out without a fresh auth.
-// It runs on the timer's goroutine.
-func (c *connection) tokenExpired() {
-	c.closeWith(errorReply("token_expired", "token expired"),
-		CloseTokenExpired, "token expired")
-}
-
-// refuse writes an error frame and closes with 4001.
-func (c *connection) refuse(code, text string) {
-	// The error frame first, so the client learns why before the close.
-	c.writeNow(errorReply(code, text))
-	c.ws.Close(CloseAuthFailed, text)
-}
-
-// writeNow encodes r and writes it straight to the socket. Only used before
-// the writer goroutine starts, so it races with nothing.
-func (c *connection) writeNow(r reply) {
-	// A stranger who never reads the reply is bounded by the socket's
-	// write timeout (Socket), like every other write.
-	data, _ := json.Marshal(r)
-	c.ws.Send([][]byte{data}, false)
-}
-
 // read returns the next text frame. Binary frames and invalid UTF-8 close
 // the connection: encoding/json would silently replace bad bytes, and
 // then a payload would not be what its publisher sent. A frame over the
@@ -1192,6 +1175,11 @@ func (c *connection) read() (*bytes.Buffer, bool) {
 	// Any read error (a close, a reset, a frame over the limit, a binary
 	// frame) ends the connection; the socket has sent whatever close
 	// applies.
+	limit := int64(authReadLimit)
+	if c.claims != nil {
+		limit = c.broker.opts.MaxFrameBytes
+	}
+	c.ws.SetReadLimit(limit)
 	reader, err := c.ws.Read()
 	if err != nil {
 		return nil, false
@@ -1202,7 +1190,8 @@ func (c *connection) read() (*bytes.Buffer, bool) {
 	buffer, ok := c.readFrame(reader)
 	if ok && !utf8.Valid(buffer.Bytes()) {
 		c.recycle(buffer)
-		c.ws.Close(websocket.StatusInvalidFramePayloadData, "invalid UTF-8")
+		c.closeSocket(websocket.StatusInvalidFramePayloadData,
+			"invalid UTF-8")
 		return nil, false
 	}
 	return buffer, ok
@@ -1268,748 +1257,6 @@ func unmarshalFrame(data []byte) (frame, error) {
 	var f frame
 	err := json.Unmarshal(data, &f)
 	return f, err
-}
-
-// reauthenticate accepts a fresh token for the same subject, as the
-// original allowed: the session is extended and takes the new grants at
-// once. A subscription the new grants no longer allow ends at once,
-// with an unsubscribed frame that says why: a refresh to fewer grants is
-// how an application takes access away. A client refreshes its token
-// this way before it expires, without reconnecting.
-func (c *connection) reauthenticate(f frame) {
-	// A bad token, or another subject's, is refused and changes nothing:
-	// the session goes on with the token it has. A connection is one
-	// identity for its whole life, or durable keys would mix.
-	claims, err := c.broker.Verify(f.Token)
-	if err != nil || claims.Subject != c.subject {
-		c.reply(errorReply("auth_failed", "token refused (invalid, or "+
-			"another subject's): the connection keeps its own"))
-		return
-	}
-	c.claims = claims
-	c.expiry.Reset(untilExpiry(claims))
-	c.reply(reply{Type: "authenticated", Sub: c.subject, Conn: c.id})
-	c.revokeBeyond(claims.Subscribe)
-}
-
-// revokeBeyond ends each of c's subscriptions that grants do not allow,
-// telling the client which, and why.
-func (c *connection) revokeBeyond(grants []string) {
-	c.mu.Lock()
-	var revoked []*subscription
-	for filter, s := range c.subscriptions {
-		if !Allowed(grants, filter) {
-			revoked = append(revoked, s)
-		}
-	}
-	c.mu.Unlock()
-	for _, s := range revoked {
-		c.dropSubscription(s)
-		c.reply(reply{Type: "unsubscribed", Topic: s.filter,
-			Reason: "the new token does not allow it"})
-	}
-}
-
-// Claims are what a token says about its holder: who (sub), until when
-// (exp), and optionally which topics it may publish and subscribe to.
-type Claims struct {
-	jwt.RegisteredClaims
-	// Publish lists the filters the holder may publish to; nil means
-	// every ordinary topic (none starting with $).
-	Publish []string `json:"publish,omitempty"`
-	// Subscribe lists the filters the holder may subscribe to; nil means
-	// every ordinary topic. $sys/… and $dead/… need an explicit grant.
-	Subscribe []string `json:"subscribe,omitempty"`
-}
-
-// Verify checks a token: HS256 only (so neither alg none nor an RSA key
-// passed off as an HMAC secret gets through), exp and sub required, and
-// iss and aud when the broker is configured with them.
-func (b *Broker) Verify(token string) (*Claims, error) {
-	// The length cap comes before parsing: a forged token cannot make the
-	// parser decode megabytes of base64.
-	if len(token) == 0 || len(token) > maxTokenBytes {
-		return nil, errors.New("token missing or too long")
-	}
-	options := []jwt.ParserOption{jwt.WithValidMethods([]string{"HS256"}),
-		jwt.WithExpirationRequired(), jwt.WithLeeway(tokenLeeway)}
-	if b.opts.Issuer != "" {
-		options = append(options, jwt.WithIssuer(b.opts.Issuer))
-	}
-	if b.opts.Audience != "" {
-		options = append(options, jwt.WithAudience(b.opts.Audience))
-	}
-	claims := &Claims{}
-	_, err := jwt.ParseWithClaims(token, claims,
-		func(*jwt.Token) (any, error) { return b.opts.Secret, nil }, options...)
-	if err != nil {
-		return nil, err
-	}
-	if claims.Subject == "" {
-		return nil, errors.New("token has no sub")
-	}
-	return claims, nil
-}
-
-// untilExpiry is how long a verified token has left, leeway included.
-func untilExpiry(claims *Claims) time.Duration {
-	// The leeway is added to the date, not to the duration: time.Until
-	// saturates for an exp centuries away, and a sum would overflow and
-	// close the session at once.
-	return time.Until(claims.ExpiresAt.Add(tokenLeeway))
-}
-
-// Sign signs the claims with secret, HS256.
-func (c Claims) Sign(secret []byte) (string, error) {
-	return jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(secret)
-}
-
-// NewToken signs a token for subject sub that expires after ttl and may
-// use every ordinary topic.
-func NewToken(secret []byte, sub string, ttl time.Duration) (string, error) {
-	now := time.Now()
-	return Claims{RegisteredClaims: jwt.RegisteredClaims{Subject: sub,
-		IssuedAt:  jwt.NewNumericDate(now),
-		ExpiresAt: jwt.NewNumericDate(now.Add(ttl))}}.Sign(secret)
-}
-
-// ping starts a keepalive for every connection; it runs once per
-// PingInterval. One loop for the broker, rather than a ticker in each
-// connection's writer, is what lets an idle connection have no writer.
-func (b *Broker) ping(time.Time) {
-	for _, c := range b.connectionList() {
-		go c.keepalive()
-	}
-}
-
-// keepalive pings the peer and closes the socket if no pong comes back
-// within one ping interval. A peer that vanished without a FIN would
-// otherwise hold its subscriptions, and its durable name, forever.
-func (c *connection) keepalive() {
-	// The library closes nothing on a ping timeout, so the broker does,
-	// without a close frame: a peer that does not read will not read it.
-	ctx, cancel := context.WithTimeout(context.Background(),
-		c.broker.opts.PingInterval)
-	defer cancel()
-	if err := c.ws.Ping(ctx); err != nil && ctx.Err() != nil {
-		c.broker.logger.Info("keepalive timeout", "sub", c.subject,
-			"remote", c.remote)
-		c.ws.CloseNow()
-	}
-}
-
-// # Mistakes and strangers (detail)
-//
-// The first reading assumed a client that means well and a broker
-// without bugs. Three small defences cover the rest, each in one place
-// rather than at every call. A panic on a connection's reader costs that
-// client its connection and nobody else anything (recoverPanic). A
-// token's exp that is a JSON string is refused, where the JWT library
-// would take it (Claims.UnmarshalJSON): RFC 7519 makes it a number, and
-// a client's mistake is not to be read as a date. And a frame that does
-// not decode is answered in the protocol's words, "field seq must be a
-// whole number, 0 or more", not Go's (wire.Explain).
-
-// recoverPanic logs a panic on the reader's goroutine and lets serve end
-// the connection, as net/http did when this ran inside the handler: a bug
-// met by one client costs that client its connection, and every other
-// client keeps theirs. It must be deferred directly.
-func (c *connection) recoverPanic() {
-	if v := recover(); v != nil {
-		c.broker.logger.Error("panic serving a connection", "sub", c.subject,
-			"remote", c.remote, "panic", v, "stack", string(debug.Stack()))
-	}
-}
-
-// UnmarshalJSON decodes claims, refusing an exp that is a string: RFC
-// 7519 makes it a number, and the JWT library would take "1796085975",
-// and with it a client's mistake, as a date.
-func (c *Claims) UnmarshalJSON(data []byte) error {
-	var probe struct{ Exp json.RawMessage }
-	if json.Unmarshal(data, &probe) == nil &&
-		bytes.HasPrefix(probe.Exp, []byte(`"`)) {
-		return errors.New("exp must be a number (RFC 7519)")
-	}
-	type plain Claims // without this method, so no recursion
-	return json.Unmarshal(data, (*plain)(c))
-}
-
-// # Logins and passwords (detail)
-//
-// The original let a client trade a username and a password for a token
-// with a login frame, and PopSub keeps the frame. Passwords are stored
-// as PBKDF2-SHA256 hashes (package login makes and checks them), slow on
-// purpose: a quarter of a second of a core here. So guesses are rationed
-// four ways:
-//
-//   - A wrong guess is answered late, a right password at once. The
-//     answers to one user's or one address's failures leave one at a
-//     time, each held twice as long as the one before, up to four
-//     seconds, however many sockets ask (login.Throttle).
-//   - A connection's first login is always hashed, and before the
-//     guesses of connections that failed already: of those, one at a
-//     time waits for a hash (Broker.retrying). So a user who logs in
-//     while strangers guess her password, from her own address even,
-//     waits for the hashes under way and one more, not for the flood.
-//   - A further guess, on a connection that failed before, whose wrong
-//     answer would leave after its auth timeout, behind the answers
-//     still held for its address, is not hashed at all: nobody would
-//     hear the answer.
-//   - Hashes take turns, half the cores at most (Broker.hashing), so a
-//     flood from many addresses costs the broker part of the machine,
-//     never all of it. The time a hash takes is the broker's, not the
-//     client's: the auth timeout stops while it runs.
-//
-// A lockout, or a delay before every attempt, was simpler, and let a
-// stranger lock a user out with a few wrong passwords.
-
-// User is an account that may log in with a password.
-type User struct {
-	// PasswordHash is what login.Hash made of the password.
-	PasswordHash string
-	// Publish and Subscribe are the grants of tokens from login; nil
-	// means every ordinary topic.
-	Publish, Subscribe []string
-}
-
-// authDeadline is when a connection that has not authenticated yet is
-// closed, and the timer that closes it. Only its reader touches it.
-type authDeadline struct {
-	at    time.Time   // when the timer fires, unless paused
-	timer *time.Timer // closes the connection with 4001
-}
-
-// authTimer starts the auth timeout: at its end the connection is closed
-// with 4001.
-func (c *connection) authTimer() *authDeadline {
-	timeout := c.broker.opts.AuthTimeout
-	return &authDeadline{at: time.Now().Add(timeout),
-		timer: time.AfterFunc(timeout, func() {
-			c.end()
-			c.ws.Close(CloseAuthFailed, "authentication timeout")
-		})}
-}
-
-// pause stops the clock while the broker works for the client, and
-// returns the function that starts it again with the time it had left;
-// ok is false if the deadline passed first. A nil deadline (a connection
-// already authenticated) has nothing to pause.
-func (d *authDeadline) pause() (resume func(), ok bool) {
-	if d == nil {
-		return func() {}, true
-	}
-	if !d.timer.Stop() {
-		return nil, false
-	}
-	left := time.Until(d.at)
-	return func() {
-		d.at = time.Now().Add(left)
-		d.timer.Reset(left)
-	}, true
-}
-
-// login answers a login frame with a token, as the original did.
-// deadline is the connection's auth timeout, or nil once it has
-// authenticated. A wrong password's answer waits its turn
-// (login.Throttle); a connection that ends meanwhile gets none.
-func (c *connection) login(f frame, deadline *authDeadline) reply {
-	b := c.broker
-	if len(b.opts.Users) == 0 {
-		return errorReply("login_unavailable", "no users are configured")
-	}
-	host, _, _ := net.SplitHostPort(c.remote) // "" if it has no port
-	userKey, addressKey := "user:"+f.Username, "addr:"+cmp.Or(host, c.remote)
-	refused := errorReply("invalid_credentials", "invalid credentials")
-
-	// An unknown user costs the same hash as a known one, so timing does
-	// not tell a stranger which names exist.
-	user, known := b.opts.Users[f.Username]
-	if !known {
-		user.PasswordHash = b.dummy()
-	}
-	right, checked := c.verifyPassword(user, f.Password, addressKey, deadline)
-	switch {
-	case !checked:
-		// The connection is ending: its auth timeout, or no hash.
-		c.waitUntil(time.Time{})
-		return refused
-	case right && known:
-		// Success clears the user's failures, not the address's: one
-		// right password does not excuse a thousand wrong ones.
-		b.logins.Succeed(userKey)
-		token, err := b.loginToken(f.Username, user)
-		if err != nil {
-			return errorReply("internal", "could not sign a token")
-		}
-		return reply{Type: "login_response", Token: token}
-	}
-	b.logger.Info("login failed", "user", f.Username, "remote", c.remote)
-	c.loginFailed = true
-	c.waitUntil(b.logins.Fail(time.Now(), userKey, addressKey))
-	return refused
-}
-
-// waitUntil waits until at (for ever, if at is zero), or until the
-// connection ends or the broker stops: a held answer must not hold up a
-// Shutdown.
-func (c *connection) waitUntil(at time.Time) {
-	var timer <-chan time.Time
-	if !at.IsZero() {
-		timer = time.After(time.Until(at))
-	}
-	select {
-	case <-timer:
-	case <-c.done:
-	case <-c.broker.stop:
-	}
-}
-
-// verifyPassword waits for a turn to hash, then checks password against
-// user's hash, with the auth timeout paused. checked is false if the
-// connection ended first, or if, on a connection that failed before, by
-// its turn a wrong answer to a guess from address would come too late
-// to be heard: that guess is not worth a hash.
-func (c *connection) verifyPassword(user User, password, address string,
-	deadline *authDeadline) (right, checked bool) {
-	// A connection that failed before queues for a hash only through
-	// the guesses' one place, so first logins pass it in the queue.
-	b, guessing := c.broker, c.loginFailed
-	if guessing && !c.enter(b.retrying) {
-		return false, false
-	}
-	entered := c.enter(b.hashing)
-	if guessing {
-		<-b.retrying
-	}
-	if !entered {
-		return false, false
-	}
-	defer func() { <-b.hashing }()
-	if guessing && deadline != nil && b.logins.TooLate(address, deadline.at) {
-		return false, false
-	}
-	resume, ok := deadline.pause()
-	if !ok {
-		return false, false
-	}
-	defer resume()
-	return login.Check(user.PasswordHash, password), true
-}
-
-// enter takes a place in turns, a channel whose capacity is the places,
-// unless the connection ends or the broker stops first; it reports
-// whether it got one.
-func (c *connection) enter(turns chan struct{}) bool {
-	select {
-	case turns <- struct{}{}:
-		return true
-	case <-c.done:
-	case <-c.broker.stop:
-	}
-	return false
-}
-
-// loginToken signs a token for a user who logged in, with the user's
-// grants and the broker's issuer and audience, so Verify accepts it.
-func (b *Broker) loginToken(name string, user User) (string, error) {
-	now := time.Now()
-	claims := Claims{Publish: user.Publish, Subscribe: user.Subscribe}
-	claims.Subject, claims.Issuer = name, b.opts.Issuer
-	claims.IssuedAt = jwt.NewNumericDate(now)
-	claims.ExpiresAt = jwt.NewNumericDate(now.Add(b.opts.LoginTokenTTL))
-	if b.opts.Audience != "" {
-		claims.Audience = jwt.ClaimStrings{b.opts.Audience}
-	}
-	return claims.Sign(b.opts.Secret)
-}
-
-// dummyHash makes the hash unknown users are checked against, as costly
-// as the costliest user's (login.Dummy). The broker makes it on first
-// use (Broker.dummy): hashing takes a noticeable moment.
-func dummyHash(users map[string]User) string {
-	var hashes []string
-	for _, user := range users {
-		hashes = append(hashes, user.PasswordHash)
-	}
-	return login.Dummy(hashes)
-}
-
-// # Reading frames (detail)
-//
-// Each connection reads one frame at a time, so what a connection holds
-// while reading is bounded by the frame limit (1 MiB). What many
-// connections hold together needs a bound of its own: a thousand
-// publishers of 1 MiB frames, each held while its publish waits for room
-// in the log's queue, held gigabytes. So a frame may take its first
-// 64 KiB freely, and a larger one first waits for one of the broker's
-// places for large frames, as many as largeFramesBytes holds frames of
-// the full limit (64 with the defaults), until it has been handled.
-// The wait is TCP's push back on that publisher alone. A place is held
-// by one whole frame and needs nothing else to be given back, so the
-// places cannot deadlock, as byte-by-byte grants would, each reader
-// holding part of what it needs. Only an authenticated client can send
-// a frame over 8 KiB, and one that stalls halfway through a frame is
-// closed within two ping intervals, like any silent peer.
-
-// largeFrame is the size past which a frame needs a place, and
-// largeFramesBytes the bytes those places stand for, together.
-const (
-	largeFrame       = 64 << 10
-	largeFramesBytes = 64 << 20
-)
-
-// readBufferPool holds the buffers frames are read into, shared by every
-// connection's reader: an idle connection holds none, and a busy one
-// takes one only while a frame is being read and handled.
-var readBufferPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-// readFrame reads the rest of a frame from r into a pooled buffer,
-// taking a place for a large frame (Broker.largeFrames) once it is past
-// largeFrame bytes. It reports false if the read failed or the
-// connection ended while it waited.
-func (c *connection) readFrame(r io.Reader) (*bytes.Buffer, bool) {
-	buffer := readBufferPool.Get().(*bytes.Buffer)
-	buffer.Reset()
-	_, err := buffer.ReadFrom(io.LimitReader(r, largeFrame+1))
-	if err == nil && buffer.Len() > largeFrame {
-		if c.large = c.enter(c.broker.largeFrames); !c.large {
-			c.recycle(buffer)
-			return nil, false
-		}
-		_, err = buffer.ReadFrom(r)
-	}
-	if err != nil {
-		c.recycle(buffer)
-		return nil, false
-	}
-	return buffer, true
-}
-
-// recycle hands a read buffer back to the pool, and its frame's place if
-// it took one. A buffer that grew past 64 KiB for a large frame is left
-// to the garbage collector instead.
-func (c *connection) recycle(buffer *bytes.Buffer) {
-	if c.large {
-		<-c.broker.largeFrames
-		c.large = false
-	}
-	if buffer.Cap() <= largeFrame {
-		readBufferPool.Put(buffer)
-	}
-}
-
-// # The outbox and back-pressure
-//
-// The original had no back-pressure: a slow subscriber's channel simply
-// filled. Here every queue has a bound, in bytes as well as in count, and
-// each bound says who waits when it is reached:
-//
-//   - the log's queue (b.log.admit): a publisher's reader waits for
-//     room, so TCP pushes back on that publisher alone, at any QoS;
-//   - each connection's outbox, drained by its own writer: a reply to the
-//     client's own request waits for room; a live delivery never waits,
-//     because a publisher must not stall for one slow subscriber. A
-//     subscription whose outbox or in-flight window has no room for a
-//     message drops back to reading the log, as a late subscriber does, and
-//     turns live again once it has caught up (subscription.fallBehind);
-//   - the socket: one write waits at most WriteTimeout for its peer.
-//
-// A subscriber is cut off with 4008 only for what it failed to drain: its
-// socket took nothing for WriteTimeout, or a wildcard subscription, which
-// has no single log to fall back on, found no room; one the log overtook
-// is told what it missed (Replay). Cutting off whoever filled a fixed
-// queue was simpler, and cut off fast readers too: any burst bigger than
-// the queue overflowed it, however fast they read.
-
-// outbox is a connection's queue of frames for its writer, at most limit
-// bytes. A channel would be simpler, but it bounds frames rather than
-// bytes, and allocates every slot up front, for every idle connection.
-// This queue grows with a burst and gives the memory back once drained.
-type outbox struct {
-	mu      sync.Mutex // guards the fields below
-	frames  [][]byte   // queued, oldest first
-	bytes   int        // the frames' lengths, added up
-	limit   int        // Options.OutboxBytes
-	writing bool       // a writer goroutine owns the socket's write side
-	write   func()     // the writer: connection.writeLoop
-}
-
-// push queues frames, all or none: none if they would take the outbox
-// past limit bytes, unless it is empty and they are one frame, which may
-// then be as large as a frame can be. The first frames into an idle
-// outbox start a writer goroutine.
-func (o *outbox) push(frames ...[]byte) bool {
-	return o.pushWithin(o.limit, nil, frames...)
-}
-
-// pushWithin is push with a lower limit, for a sender that may use only
-// part of the outbox. With wake (a publisher's fan-out), the writer is
-// not started here: wake.owe(o) owes it a start, which the publisher's
-// reader makes with wake.start() once it is about to read or wait, so
-// that a subscriber gets a read's worth of publishes in one write
-// (wakeups, in Waking writers). A nil wake starts it now.
-func (o *outbox) pushWithin(limit int, wake *wakeups, frames ...[]byte) bool {
-	size := 0
-	for _, frame := range frames {
-		size += len(frame)
-	}
-	o.mu.Lock()
-	if o.bytes+size > limit && (o.bytes > 0 || len(frames) > 1) {
-		o.mu.Unlock()
-		return false
-	}
-	if o.frames == nil {
-		o.frames = *spareFrames.Get().(*[][]byte)
-	}
-	o.frames = append(o.frames, frames...)
-	o.bytes += size
-	idle := !o.writing
-	o.writing = true
-	o.mu.Unlock()
-	if idle {
-		wake.owe(o)
-	}
-	return true
-}
-
-// take returns every queued frame, in order, and keeps the writer's
-// written batch, emptied, to queue the next ones in: the two arrays
-// change hands at each take, so a busy outbox grows neither. An empty
-// batch means the outbox is idle: the writer must exit, the next push
-// starts another, and a large array goes to spareFrames, for the next
-// outbox to fill, rather than staying with an idle connection.
-func (o *outbox) take(written [][]byte) [][]byte {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	clear(written[:cap(written)])
-	batch := o.frames
-	o.frames, o.bytes, o.writing = written[:0], 0, len(batch) > 0
-	if !o.writing && cap(o.frames) > 64 {
-		spareFrames.Put(new(o.frames))
-		o.frames = nil
-	}
-	return batch
-}
-
-// spareFrames holds the frame arrays nobody is using: those of outboxes
-// gone idle and of writers that exited, emptied. A writer exits whenever
-// its outbox empties, and the next burst into an empty outbox grew an
-// array from nothing again: a quarter of what a busy broker allocated,
-// and the collections that come with it.
-var spareFrames = sync.Pool{New: func() any { return new([][]byte) }}
-
-// writeLoop is the connection's only writer while frames are queued: it
-// writes until the outbox is empty, then exits. A writer that waited for
-// the next frame instead would be simpler, and would cost every idle
-// connection a parked goroutine, whose stack (8 KiB once it has written)
-// was the biggest single item in an idle connection's memory. Each batch
-// goes out in as few system calls as the socket can (c.ws.Send). After a
-// failed write the outbox stays marked as written, so no writer starts
-// again: the reader is about to see the socket closed. The batch's array
-// comes from spareFrames and goes back when the writer exits, so that a
-// new writer need not grow it.
-func (c *connection) writeLoop() {
-	batch := *spareFrames.Get().(*[][]byte)
-	defer func() {
-		clear(batch) // the frames of a failed write
-		spareFrames.Put(new(batch[:0]))
-	}()
-	for ok := true; ok; {
-		batch = c.outbox.take(batch[:0])
-		if len(batch) == 0 {
-			return
-		}
-		notify(c.room)
-		ok = c.writeBatch(batch)
-	}
-}
-
-// writeBatch writes a batch of frames and reports false once the socket
-// is done with: a write failed, or a nil frame asked for the close. A
-// client that opted into batches gets runs of frames joined by newlines
-// in one WebSocket frame.
-func (c *connection) writeBatch(batch [][]byte) bool {
-	// A close waits for the peer's answer: what came before it leaves
-	// first.
-	end := slices.IndexFunc(batch, func(f []byte) bool { return f == nil })
-	if end >= 0 {
-		batch = batch[:end]
-	}
-	if err := c.ws.Send(batch, c.batch); err != nil {
-		c.writeFailed(err)
-		return false
-	}
-	if end >= 0 {
-		c.ws.Close(c.closeCode, c.closeWhy)
-	}
-	return end < 0
-}
-
-// writeFailed ends a connection whose socket refused a write. A write
-// that timed out means the peer stopped reading: a slow consumer, cut off
-// as one, though its close frame cannot reach a peer that does not read.
-func (c *connection) writeFailed(err error) {
-	// The reader may be waiting for room this writer will never make,
-	// and would then never read the closed socket: end wakes it.
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		c.cutOff("not reading")
-	}
-	c.end()
-	c.ws.CloseNow()
-}
-
-// reply queues r, waiting for room: the client asked for it.
-func (c *connection) reply(r reply) {
-	data, _ := json.Marshal(r)
-	c.enqueue(data)
-}
-
-// enqueue queues frames, waiting for room or for the connection to end.
-// The poll covers a wake-up taken by another waiter on this connection.
-// Before it waits, c.wake.start() starts the writers this connection's
-// reader owes, its own among them perhaps: nothing waits for a writer
-// that nobody started.
-func (c *connection) enqueue(frames ...[]byte) bool {
-	for !c.outbox.push(frames...) {
-		c.wake.start()
-		select {
-		case <-c.room:
-		case <-time.After(10 * time.Millisecond):
-		case <-c.done:
-			return false
-		}
-	}
-	return true
-}
-
-// cutOff disconnects a slow consumer with 4008. It never blocks and takes
-// no lock, so it is safe to call while fanning out under a topic's lock:
-// the close handshake, which may wait seconds for a stuck peer, runs on a
-// goroutine of its own.
-func (c *connection) cutOff(why string) {
-	// Only the first close speaks: a connection already closing for
-	// another reason keeps that reason.
-	if c.closing.Swap(true) {
-		return
-	}
-	c.broker.logger.Warn("slow consumer cut off", "sub", c.subject,
-		"remote", c.remote, "reason", why)
-	c.broker.noteConnection("disconnected_slow", c, why)
-	go c.ws.Close(CloseSlowConsumer, "slow consumer")
-}
-
-// closeWith queues a last frame, then a close with code. The writer sends
-// them in that order, so the client reads why before the socket closes.
-func (c *connection) closeWith(last reply, code websocket.StatusCode,
-	why string) {
-	if c.closing.Swap(true) {
-		return
-	}
-	// Written before the marker is queued, and read by the writer after
-	// it takes the marker: the outbox's lock orders the two.
-	c.closeCode, c.closeWhy = code, why
-	c.reply(last)
-	c.enqueue(nil)
-}
-
-// # Waking writers (detail)
-//
-// A writer started at once, for each frame a publish queues, wrote each
-// delivery of a burst alone, a system call each. So a reader's fan-out
-// only notes the outboxes it filled, and starts their writers when it is
-// about to read its socket again, or to wait: then each writer finds a
-// whole read's worth of publishes queued for its subscriber, and nothing
-// waits for a timer. nats-server's read loop does the same
-// (flushClients).
-
-// wakeups are the writers a reader's publishes owe a start: the idle
-// outboxes its fan-out filled since it last read the socket. A writer
-// started at once, per push, wrote each delivery of a burst alone, a
-// system call each; started when the reader is about to read again, or
-// to wait, it finds everything one read's worth of publishes queued for
-// its subscriber, and nothing waits for a timer. nats-server's read loop
-// does the same (flushClients). Whoever waits for room in an outbox
-// starts them first (enqueue), since the outbox may be one of them. mu
-// is a leaf: a close's handshake reads the socket from another
-// goroutine.
-type wakeups struct {
-	mu       sync.Mutex
-	outboxes []*outbox // owed a writer, in the order they were filled
-}
-
-// owe starts o's writer, or, on w, owes it one. A nil w owes nothing.
-func (w *wakeups) owe(o *outbox) {
-	if w == nil {
-		go o.write()
-		return
-	}
-	w.mu.Lock()
-	w.outboxes = append(w.outboxes, o)
-	w.mu.Unlock()
-}
-
-// start starts every writer owed.
-func (w *wakeups) start() {
-	if w == nil {
-		return
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, o := range w.outboxes {
-		go o.write()
-	}
-	w.outboxes = slices.Delete(w.outboxes, 0, len(w.outboxes)) // cleared
-}
-
-// # The queues (detail)
-//
-// Besides the outbox, which has a section of its own, the broker keeps
-// two queues: each connection's pending deliveries, the QoS 1 deliveries
-// waiting for acks (a pendingQueue per topic), and each topic's index of
-// retained messages. The first reading says why each exists and when it
-// is used; here is how each keeps its order and its memory. Both are
-// appended to at the back and taken from at the front, and both must
-// cost nothing for an idle connection or a quiet topic: a channel or a
-// ring sized up front would cost its whole size for each of the ten
-// thousand idle connections a small server may hold.
-
-// queue is a slice appended to at the back and taken from at the front
-// (package queue): queue.Live returns the items, oldest first;
-// queue.Insert puts one at a place, at the back usually; queue.Remove
-// drops a run of them, and queue.Drop those that match. Taking from the
-// front copies nothing, and a queue that stays about as long allocates
-// nothing.
-type queue[T any] = queuepkg.Queue[T]
-
-// pendingQueue is one topic's pending deliveries on one connection, in seq
-// order. Deliveries mostly come in order and are acked in it, so it is a
-// queue: acks take from its front, and new deliveries go on its back.
-type pendingQueue struct {
-	queue[pending]
-}
-
-// add puts p in seq order and returns where it went, and whether it was
-// new: the same message already pending is replaced, not added, as the
-// connection owes one ack for it.
-func (q *pendingQueue) add(p pending) (*pending, bool) {
-	live := q.Live()
-	i := len(live)
-	if i > 0 && live[i-1].message.Seq >= p.message.Seq {
-		// Out of order (a replay), or the same message again.
-		var found bool
-		i, found = slices.BinarySearchFunc(live, p.message.Seq, bySeq)
-		if found {
-			live[i] = p
-			return &live[i], false
-		}
-	}
-	q.Insert(i, p)
-	return &q.Live()[i], true
-}
-
-// bySeq compares a pending delivery with a seq, for binary searches.
-func bySeq(p pending, seq uint64) int {
-	return cmp.Compare(p.message.Seq, seq)
 }
 
 // # Subscribing
@@ -2121,8 +1368,7 @@ func (c *connection) newSubscription(filter string, t *topic,
 	s := &subscription{conn: c, filter: filter, topic: t,
 		cancel: make(chan struct{})}
 	if durable != "" {
-		key := strings.Join([]string{c.subject, durable, filter}, "\x00")
-		s.durable = &durableCursor{key: key}
+		s.durable = newDurableCursor(c.subject, durable, filter)
 	}
 	// The old subscription is ended outside c.mu: unsubscribe takes the
 	// topic's lock, which comes before the connection's in lock order.
@@ -2271,9 +1517,7 @@ func (b *Broker) unsubscribe(s *subscription) {
 	}
 	b.mu.Lock()
 	delete(b.wildcards, s)
-	if s.durable != nil && b.durables[s.durable.key] == s {
-		delete(b.durables, s.durable.key)
-	}
+	b.releaseDurable(s)
 	b.mu.Unlock()
 
 	// Then no retries: cancel (which stops a replayer) and drop pending
@@ -2302,187 +1546,6 @@ func (b *Broker) unsubscribe(s *subscription) {
 	if s.group != nil {
 		s.group.place(left, nil)
 	}
-}
-
-// # Durable subscriptions (detail)
-//
-// A durable name ties a subscription to a cursor on disk, keyed by the
-// token's subject, the name and the topic, so that a client can resume
-// where it stopped, on another connection or after a restart. The cursor
-// is the highest seq with everything up to it acked (or sent, for QoS 0):
-// an ack out of order moves nothing until the gap below it closes, so a
-// resumed subscription may see an acked message again, and never misses
-// an unacked one. Cursor moves go through the log's committer, which
-// keeps only the newest position per cursor: a thousand acks cost one
-// write. One connection at a time owns a durable name: the newest claim
-// wins, because the older one is most likely a connection that died
-// without the broker noticing yet.
-
-// durableCursor tracks how far a durable subscription has got. Its fields
-// other than key are guarded by the connection's mu.
-type durableCursor struct {
-	// key is the token's sub, the durable name and the topic, separated
-	// by NUL (which topics may not contain); immutable. A work queue's
-	// members share their group's cursor (Work queues), so mu guards it
-	// too, inside their connections' locks.
-	key string
-	mu  sync.Mutex
-	// sent is the newest seq queued to the subscriber.
-	sent uint64
-	// unacked lists the QoS 1 seqs delivered and not yet acked, in
-	// ascending order: its first element holds the cursor back.
-	unacked []uint64
-	// saved is the last position handed to the log.
-	saved uint64
-}
-
-// claimDurable makes s the owner of its durable name and returns the
-// stored cursor, or nil for a name never seen.
-func (b *Broker) claimDurable(s *subscription) (*uint64, error) {
-	// The newest claim wins: the older owner is most likely a connection
-	// that died without the broker noticing yet.
-	d := s.durable
-	b.mu.Lock()
-	old := b.durables[d.key]
-	b.durables[d.key] = s
-	b.mu.Unlock()
-	if old != nil {
-		b.takeOver(old)
-	}
-
-	// The cursor is read after the old owner is gone, so its last acks
-	// are counted, and through the committer, which knows moves that have
-	// not reached the disk yet.
-	position, found, err := b.log.Cursor(d.key)
-	if err != nil {
-		return nil, fmt.Errorf("read cursor: %w", err)
-	}
-	s.conn.mu.Lock()
-	d.sent, d.saved = position, position
-	s.conn.mu.Unlock()
-	if !found {
-		return nil, nil
-	}
-	return &position, nil
-}
-
-// takeOver ends a durable subscription claimed by another connection.
-// The notice is offered, not waited for: its connection may be dead.
-func (b *Broker) takeOver(old *subscription) {
-	// Its unacked deliveries go with it; the new owner replays them from
-	// the cursor, which they hold back.
-	old.conn.dropSubscription(old)
-	data, _ := json.Marshal(reply{Type: "unsubscribed", Topic: old.filter,
-		Reason: "durable subscription taken over"})
-	old.conn.outbox.push(data)
-}
-
-// saveCursor hands a durable cursor to the log if it moved. The position
-// is the highest seq with everything up to it acked (or sent, for QoS 0):
-// an ack out of order moves nothing until the gap below it closes, so a
-// resumed subscription may see some acked messages again, never miss an
-// unacked one. The caller holds c.mu and d.mu.
-func (c *connection) saveCursor(d *durableCursor) {
-	position := d.sent
-	if len(d.unacked) > 0 {
-		position = d.unacked[0] - 1
-	}
-	if position != d.saved {
-		d.saved = position
-		c.broker.log.SaveCursor(d.key, position)
-	}
-}
-
-// # Topic rules (detail)
-//
-// Topic rules are MQTT's, because most readers already know them: levels
-// separated by "/", "+" matches one level, "#" matches the rest and must
-// come last, and a wildcard in the first level never matches a topic
-// starting with "$", so that "#" does not drown a subscriber in the
-// broker's own traffic. The same matcher routes messages and checks
-// permissions, so the two can never disagree about what a filter means.
-
-// validTopic explains why name cannot be published to, or returns "".
-func validTopic(name string) string {
-	if msg := validFilter(name); msg != "" || !isWildcard(name) {
-		return msg
-	}
-	return "wildcards are for subscriptions, not publishes"
-}
-
-// validFilter explains why filter cannot be subscribed to, or returns "".
-// NUL is refused because durable keys use it as a separator.
-func validFilter(filter string) string {
-	switch {
-	case filter == "":
-		return "topic is missing or empty"
-	case len(filter) > maxTopicBytes:
-		return "topic is longer than 256 bytes"
-	case strings.ContainsRune(filter, 0):
-		return "topic contains a NUL character"
-	}
-	// Wildcards must fill a level: "a+" or "#b" would be a typo that MQTT
-	// refuses too, not a pattern. SplitSeq, not Split: every publish
-	// comes through here, and it allocates nothing.
-	afterHash := false
-	for level := range strings.SplitSeq(filter, "/") {
-		if afterHash {
-			return "# must be the last level"
-		}
-		if strings.ContainsAny(level, "+#") && len(level) > 1 {
-			return "a wildcard must fill a whole level"
-		}
-		afterHash = level == "#"
-	}
-	return ""
-}
-
-// isWildcard reports whether filter has a + or # level. validFilter has
-// already checked that a wildcard fills its level.
-func isWildcard(filter string) bool {
-	return strings.ContainsAny(filter, "+#")
-}
-
-// Covers reports whether every topic that filter matches is also matched
-// by grant. For a plain topic as filter, that is "grant matches topic",
-// so one function routes messages and checks permissions; a SharedLog
-// feeds a broker the topics its clients' filters cover.
-func Covers(grant, filter string) bool {
-	if strings.HasPrefix(filter, "$") && (strings.HasPrefix(grant, "+") ||
-		strings.HasPrefix(grant, "#")) {
-		return false
-	}
-
-	// Walk both level by level. "#" in the grant covers whatever is
-	// left; in the filter it is covered only by a "#" in the grant.
-	for {
-		level, rest, more := strings.Cut(grant, "/")
-		if level == "#" {
-			return true
-		}
-		name, filterRest, filterMore := strings.Cut(filter, "/")
-		if name == "#" || (level != "+" && level != name) {
-			return false
-		}
-		if !filterMore {
-			return !more || rest == "#"
-		}
-		if !more {
-			return false
-		}
-		grant, filter = rest, filterRest
-	}
-}
-
-// Allowed reports whether grants permit filter. No grants at all (nil)
-// means every ordinary topic; $-topics always need an explicit grant.
-func Allowed(grants []string, filter string) bool {
-	if grants == nil {
-		return !strings.HasPrefix(filter, "$")
-	}
-	return slices.ContainsFunc(grants, func(grant string) bool {
-		return Covers(grant, filter)
-	})
 }
 
 // # Publishing and fan-out
@@ -2590,39 +1653,6 @@ func (c *connection) allowPublish() bool {
 	return true
 }
 
-// Publish publishes payload to topic from inside the process, as a
-// client's publish frame would, and returns the message's seq. For QoS 1
-// it returns once the message is on disk (or ctx ends), as does any
-// publish to a shared log, whose seq comes from the log.
-func (b *Broker) Publish(ctx context.Context, topic string, payload any,
-	qos int) (uint64, error) {
-	// The payload goes through the same validation as a client's, so an
-	// in-process publisher cannot store what a client could not.
-	raw, err := json.Marshal(payload)
-	if err != nil {
-		return 0, fmt.Errorf("publish: encode payload: %w", err)
-	}
-	m, problem := newMessage(frame{Topic: topic, Payload: raw, QoS: qos})
-	if problem.Type != "" {
-		return 0, fmt.Errorf("publish: %s", problem.Message)
-	}
-	// After Shutdown the committer admits nothing: publish returns no
-	// outcome, and the caller hears ErrClosed.
-	seq, _, stored := b.publish(m, ctx.Done(), nil)
-	switch {
-	case stored == nil:
-		return 0, cmp.Or(ctx.Err(), ErrClosed)
-	case qos == 0 && seq > 0:
-		return seq, nil
-	}
-	select {
-	case <-stored.Done():
-		return max(seq, stored.Seq()), stored.Err()
-	case <-ctx.Done():
-		return seq, ctx.Err()
-	}
-}
-
 // publish waits for room in the log's queue, then sequences m, queues it
 // for the log and fans it out to live subscribers. It returns m's seq,
 // whether m repeated a QoS 1 message_id the topic still remembers, and
@@ -2684,13 +1714,10 @@ func (b *Broker) sequenced(t *topic, m *Message, last uint64, wake *wakeups) {
 	b.noteMessage("published", nil, m, nil)
 	b.fanOut(t, m, last, wake)
 
-	// The count cap is applied here, as messages arrive: t.excess says
-	// how many of the oldest are over MaxMessages or MaxLogBytes, and
-	// t.forget drops them from the index and returns the seq to trim
-	// the log to, in the same batch as m (Retention).
-	if over := t.excess(b.opts.MaxMessages, b.opts.MaxLogBytes); over > 0 {
-		b.log.Trim(t.name, t.forget(over))
-	}
+	// The caps are applied here, as messages arrive: b.applyCaps drops
+	// the oldest messages over MaxMessages or MaxLogBytes from the index,
+	// and trims the log in the same batch as m (Retention).
+	b.applyCaps(t)
 }
 
 // fanOut offers a new message to every live subscriber of t and every
@@ -2742,113 +1769,218 @@ func (s *subscription) fallBehind(b *Broker, after uint64) {
 	go s.replay(b, after, true)
 }
 
-// # Confirms (detail)
+// # The outbox and back-pressure
 //
-// A QoS 1 publisher hears "published" once its message is on disk. The
-// reader must not wait for the disk itself: it would then read one
-// publish per sync, and a connection could never have two in flight. So
-// a confirmer goroutine, started on a connection's first QoS 1 publish,
-// waits for each message's batch in publish order and queues the
-// confirms one sync made ready in one push. A confirm is a reply, so it
-// waits for room in the outbox; a publisher that never reads its confirms
-// fills its outbox, then its confirm queue, and then its reader stops
-// reading: it is pushed back like any publisher.
+// The original had no back-pressure: a slow subscriber's channel simply
+// filled. Here every queue has a bound, in bytes as well as in count, and
+// each bound says who waits when it is reached:
+//
+//   - the log's queue (b.log.admit): a publisher's reader waits for
+//     room, so TCP pushes back on that publisher alone, at any QoS;
+//   - each connection's outbox, drained by its own writer: a reply to the
+//     client's own request waits for room; a live delivery never waits,
+//     because a publisher must not stall for one slow subscriber. A
+//     subscription whose outbox or in-flight window has no room for a
+//     message drops back to reading the log, as a late subscriber does, and
+//     turns live again once it has caught up (subscription.fallBehind);
+//   - the socket: one write waits at most WriteTimeout for its peer.
+//
+// A subscriber is cut off with 4008 only for what it failed to drain: its
+// socket took nothing for WriteTimeout, or a wildcard subscription, which
+// has no single log to fall back on, found no room; one the log overtook
+// is told what it missed (Replay). Cutting off whoever filled a fixed
+// queue was simpler, and cut off fast readers too: any burst bigger than
+// the queue overflowed it, however fast they read.
 
-// confirm queues cf for the connection's confirmer, starting it on first
-// use. Confirms leave in publish order, and many can wait on one sync.
-func (c *connection) confirm(cf confirm) {
-	// Only the reader calls confirm, so starting the confirmer lazily
-	// needs no lock. A connection that never publishes QoS 1 never pays
-	// for the goroutine.
-	if c.confirms == nil {
-		c.confirms = make(chan confirm, 256)
-		go c.confirmLoop()
+// outbox is a connection's queue of frames for its writer, at most limit
+// bytes. A channel would be simpler, but it bounds frames rather than
+// bytes, and allocates every slot up front, for every idle connection.
+// This queue grows with a burst and gives the memory back once drained.
+type outbox struct {
+	mu      sync.Mutex // guards the fields below
+	frames  [][]byte   // queued, oldest first
+	bytes   int        // the frames' lengths, added up
+	limit   int        // Options.OutboxBytes
+	writing bool       // a writer goroutine owns the socket's write side
+	write   func()     // the writer: connection.writeLoop
+}
+
+// push queues frames, all or none: none if they would take the outbox
+// past limit bytes, unless it is empty and they are one frame, which may
+// then be as large as a frame can be. The first frames into an idle
+// outbox start a writer goroutine.
+func (o *outbox) push(frames ...[]byte) bool {
+	return o.pushWithin(o.limit, nil, frames...)
+}
+
+// pushWithin is push with a lower limit, for a sender that may use only
+// part of the outbox. With wake (a publisher's fan-out), the writer is
+// not started here: wake.owe(o) owes it a start, which the publisher's
+// reader makes with wake.start() once it is about to read or wait, so
+// that a subscriber gets a read's worth of publishes in one write
+// (wakeups, in Waking writers). A nil wake starts it now.
+func (o *outbox) pushWithin(limit int, wake *wakeups, frames ...[]byte) bool {
+	size := 0
+	for _, frame := range frames {
+		size += len(frame)
 	}
-	select {
-	case c.confirms <- cf:
-	case <-c.done:
+	o.mu.Lock()
+	if o.bytes+size > limit && (o.bytes > 0 || len(frames) > 1) {
+		o.mu.Unlock()
+		return false
+	}
+	if o.frames == nil {
+		o.frames = *spareFrames.Get().(*[][]byte)
+	}
+	o.frames = append(o.frames, frames...)
+	o.bytes += size
+	idle := !o.writing
+	o.writing = true
+	o.mu.Unlock()
+	if idle {
+		wake.owe(o)
+	}
+	return true
+}
+
+// take returns every queued frame, in order, and keeps the writer's
+// written batch, emptied, to queue the next ones in: the two arrays
+// change hands at each take, so a busy outbox grows neither. An empty
+// batch means the outbox is idle: the writer must exit, the next push
+// starts another, and a large array goes to spareFrames, for the next
+// outbox to fill, rather than staying with an idle connection.
+func (o *outbox) take(written [][]byte) [][]byte {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	clear(written[:cap(written)])
+	batch := o.frames
+	o.frames, o.bytes, o.writing = written[:0], 0, len(batch) > 0
+	if !o.writing && cap(o.frames) > 64 {
+		spareFrames.Put(new(o.frames))
+		o.frames = nil
+	}
+	return batch
+}
+
+// spareFrames holds the frame arrays nobody is using: those of outboxes
+// gone idle and of writers that exited, emptied. A writer exits whenever
+// its outbox empties, and the next burst into an empty outbox grew an
+// array from nothing again: a quarter of what a busy broker allocated,
+// and the collections that come with it.
+var spareFrames = sync.Pool{New: func() any { return new([][]byte) }}
+
+// writeLoop is the connection's only writer while frames are queued: it
+// writes until the outbox is empty, then exits. A writer that waited for
+// the next frame instead would be simpler, and would cost every idle
+// connection a parked goroutine, whose stack (8 KiB once it has written)
+// was the biggest single item in an idle connection's memory. Each batch
+// goes out in as few system calls as the socket can (c.ws.Send). After a
+// failed write the outbox stays marked as written, so no writer starts
+// again: the reader is about to see the socket closed. The batch's array
+// comes from spareFrames and goes back when the writer exits, so that a
+// new writer need not grow it.
+func (c *connection) writeLoop() {
+	batch := *spareFrames.Get().(*[][]byte)
+	defer func() {
+		clear(batch) // the frames of a failed write
+		spareFrames.Put(new(batch[:0]))
+	}()
+	for ok := true; ok; {
+		batch = c.outbox.take(batch[:0])
+		if len(batch) == 0 {
+			return
+		}
+		notify(c.room)
+		ok = c.writeBatch(batch)
 	}
 }
 
-// confirmLoop sends each confirm once its message is on disk. Confirms
-// wait in order: a later publish's batch is never synced before an
-// earlier one's, so none waits needlessly, and those one sync made ready
-// reach the outbox before its writer wakes. It ends with the connection;
-// confirms still waiting are then moot.
-func (c *connection) confirmLoop() {
-	for {
-		var cf confirm
-		select {
-		case cf = <-c.confirms:
-		case <-c.done:
-			return
-		}
-		select {
-		case <-cf.stored.Done():
-		case <-c.done:
-			return
-		}
-		if !c.enqueue(cf.frame()) {
-			return
-		}
+// writeBatch writes a batch of frames and reports false once the socket
+// is done with: a write failed, or a nil frame asked for the close. A
+// client that opted into batches gets runs of frames joined by newlines
+// in one WebSocket frame.
+func (c *connection) writeBatch(batch [][]byte) bool {
+	// A close waits for the peer's answer: what came before it leaves
+	// first.
+	end := slices.IndexFunc(batch, func(f []byte) bool { return f == nil })
+	if end >= 0 {
+		batch = batch[:end]
 	}
+	if err := c.ws.Send(batch, c.batch); err != nil {
+		c.writeFailed(err)
+		return false
+	}
+	if end >= 0 {
+		c.closeSocket(c.closeCode, c.closeWhy)
+	}
+	return end < 0
 }
 
-// frame is the reply a confirm sends: published, or store_failed. A
-// shared log's answer brings the seq (see SharedLog).
-func (cf confirm) frame() []byte {
-	seq := max(cf.seq, cf.stored.Seq())
-	r := reply{Type: "published", Topic: cf.message.Topic,
-		MessageID: cf.message.ID, Seq: &seq,
-		Duplicate: cf.duplicate || cf.stored.Duplicate()}
-	if err := cf.stored.Err(); err != nil {
-		r = errorReply("store_failed", "message not stored: "+err.Error())
-		r.Topic, r.MessageID = cf.message.Topic, cf.message.ID
+// writeFailed ends a connection whose socket refused a write. A write
+// that timed out means the peer stopped reading: a slow consumer, cut off
+// as one, though its close frame cannot reach a peer that does not read.
+func (c *connection) writeFailed(err error) {
+	// The reader may be waiting for room this writer will never make,
+	// and would then never read the closed socket: end wakes it.
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		c.cutOff("not reading")
 	}
+	c.end()
+	c.closeSocket(0, "")
+}
+
+// reply queues r, waiting for room: the client asked for it.
+func (c *connection) reply(r reply) {
 	data, _ := json.Marshal(r)
-	return data
+	c.enqueue(data)
 }
 
-// # Writing deliveries by hand (detail)
-//
-// A delivery is encoded once per message, by hand, and the same bytes go
-// to every subscriber (Broker.fanOut): encoding/json would cost several
-// times as much, once per message, and a retry encodes it again. Field
-// order and names are the original's, with the fields PopSub adds at the
-// end. Only the frame's skeleton is by hand: its strings are quoted by
-// encoding/json.
-
-// appendDelivery appends the message frame for m at attempt. It is
-// written by hand because it runs once per publish and once per retry,
-// and encoding/json costs several times as much. Field order and names
-// are the original's, with seq and attempt added at the end.
-func appendDelivery(buf []byte, m *Message, attempt int) []byte {
-	// Topic and id are escaped; the payload is copied as it is, because
-	// it was validated and compacted when it was published. Room for all
-	// of it is made at once, so the frame is one allocation.
-	buf = slices.Grow(buf, 128+len(m.Topic)+len(m.ID)+len(m.Payload))
-	buf = appendString(append(buf, `{"type":"message","topic":`...), m.Topic)
-	buf = append(append(buf, `,"payload":`...), m.Payload...)
-	buf = strconv.AppendInt(append(buf, `,"timestamp":`...), m.Timestamp, 10)
-	buf = appendString(append(buf, `,"message_id":`...), m.ID)
-	buf = strconv.AppendInt(append(buf, `,"qos":`...), int64(m.QoS), 10)
-	buf = strconv.AppendUint(append(buf, `,"seq":`...), m.Seq, 10)
-	buf = strconv.AppendInt(append(buf, `,"attempt":`...), int64(attempt), 10)
-	return append(buf, '}')
-}
-
-// appendString appends s as a JSON string. s is valid UTF-8 (every frame
-// is checked on arrival), so most strings need only their quotes; the
-// rare one with a quote, a backslash or a control character goes through
-// encoding/json, which escapes it.
-func appendString(buf []byte, s string) []byte {
-	if strings.ContainsFunc(s, func(r rune) bool {
-		return r < 0x20 || r == '"' || r == '\\'
-	}) {
-		quoted, _ := json.Marshal(s)
-		return append(buf, quoted...)
+// enqueue queues frames, waiting for room or for the connection to end.
+// The poll covers a wake-up taken by another waiter on this connection.
+// Before it waits, c.wake.start() starts the writers this connection's
+// reader owes, its own among them perhaps: nothing waits for a writer
+// that nobody started.
+func (c *connection) enqueue(frames ...[]byte) bool {
+	for !c.outbox.push(frames...) {
+		c.wake.start()
+		select {
+		case <-c.room:
+		case <-time.After(10 * time.Millisecond):
+		case <-c.done:
+			return false
+		}
 	}
-	return append(append(append(buf, '"'), s...), '"')
+	return true
+}
+
+// cutOff disconnects a slow consumer with 4008. It never blocks and takes
+// no lock, so it is safe to call while fanning out under a topic's lock:
+// the close handshake, which may wait seconds for a stuck peer, runs on a
+// goroutine of its own.
+func (c *connection) cutOff(why string) {
+	// Only the first close speaks: a connection already closing for
+	// another reason keeps that reason.
+	if c.closing.Swap(true) {
+		return
+	}
+	c.broker.logger.Warn("slow consumer cut off", "sub", c.subject,
+		"remote", c.remote, "reason", why)
+	c.broker.noteConnection("disconnected_slow", c, why)
+	go c.closeSocket(CloseSlowConsumer, "slow consumer")
+}
+
+// closeWith queues a last frame, then a close with code. The writer sends
+// them in that order, so the client reads why before the socket closes.
+func (c *connection) closeWith(last reply, code websocket.StatusCode,
+	why string) {
+	if c.closing.Swap(true) {
+		return
+	}
+	// Written before the marker is queued, and read by the writer after
+	// it takes the marker: the outbox's lock orders the two.
+	c.closeCode, c.closeWhy = code, why
+	c.reply(last)
+	c.enqueue(nil)
 }
 
 // # Acknowledgements
@@ -2959,19 +2091,11 @@ func (c *connection) record(s *subscription, m *Message, deadline time.Time) {
 	// x-ray: an event per delivery, for /metrics to count, cost a busy
 	// broker 6 % of its CPU with ten subscribers, more with a hundred.
 	c.broker.delivered.Add(1)
-	if c.broker.xray.Watched() {
-		c.broker.noteMessage("delivered", c, m, p)
-	}
-	// A durable subscription's deliveries come in seq order (replay,
-	// then live), so appending keeps unacked sorted.
+	c.broker.noteDelivery(c, m, p)
+	// d.delivered moves a durable cursor past m, or up to it until it is
+	// acked (Durable subscriptions).
 	if d := s.durable; d != nil {
-		d.mu.Lock()
-		d.sent = m.Seq
-		if m.QoS == 1 {
-			d.unacked = append(d.unacked, m.Seq)
-		}
-		c.saveCursor(d)
-		d.mu.Unlock()
+		d.delivered(c.broker, m)
 	}
 }
 
@@ -3050,15 +2174,10 @@ func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 		c.inflightBytes -= p.message.size()
 		p.subscription.jobs--
 		c.broker.noteMessage(kind, c, p.message, p)
-		// Acks mostly come in order, so the seq is usually first in
-		// unacked and the search stops at once.
+		// d.settled moves a durable cursor past what no longer holds it
+		// back (Durable subscriptions).
 		if d := p.subscription.durable; d != nil {
-			d.mu.Lock()
-			if at := slices.Index(d.unacked, p.message.Seq); at >= 0 {
-				d.unacked = slices.Delete(d.unacked, at, at+1)
-			}
-			c.saveCursor(d)
-			d.mu.Unlock()
+			d.settled(c.broker, p.message.Seq)
 		}
 	}
 	c.inflight -= j - i
@@ -3371,6 +2490,1027 @@ func (s *subscription) deliverReplay(b *Broker, m *Message,
 	}
 }
 
+// # Shutdown
+//
+// A graceful stop closes every client with 1001 so it knows to come back
+// later, stops the loops, gives back the seqs each topic reserved and
+// did not use, commits whatever the log still holds and closes the
+// store. Durable cursors are written as they move, so nothing a client
+// acked is forgotten; unacked deliveries replay on resume. A crash skips
+// all of this, and loses nothing confirmed: confirms and cursors never
+// run ahead of the disk, and the next start goes on past every seq a
+// topic had reserved. The alternative, draining every outbox before
+// closing, would let one stuck client hold the whole broker open; the
+// context bounds the wait instead.
+
+// Shutdown closes every connection with 1001, waits for them to leave
+// (or ctx), flushes the log and closes the store. It is idempotent.
+func (b *Broker) Shutdown(ctx context.Context) error {
+	// sync.Once: the command's signal handler and a test's cleanup may
+	// both call it.
+	b.shutdown.Do(func() { b.shutdownErr = b.shutdownOnce(ctx) })
+	return b.shutdownErr
+}
+
+// shutdownOnce does Shutdown's work, once.
+func (b *Broker) shutdownOnce(ctx context.Context) error {
+	// From here no connection registers and no loop starts another
+	// round.
+	b.mu.Lock()
+	b.closing = true
+	b.mu.Unlock()
+	close(b.stop)
+
+	// Each close handshake waits for its peer, so they run side by side.
+	for _, c := range b.connectionList() {
+		c.closing.Store(true)
+		go c.closeSocket(websocket.StatusGoingAway, "server shutting down")
+	}
+	left := make(chan struct{})
+	go func() { b.registered.Wait(); close(left) }()
+	select {
+	case <-left:
+	case <-ctx.Done():
+	}
+
+	// The committer goes last: connections still leaving may queue acks.
+	// Its last batch gives back the seqs reserved and never given out.
+	b.loops.Wait()
+	b.seal()
+	b.log.Stop()
+	if err := b.store.Close(); err != nil {
+		return fmt.Errorf("close store: %w", err)
+	}
+	return nil
+}
+
+// # Helpers
+//
+// Small functions you have met above. The topic rules (which names are
+// valid, what a wildcard matches, what a grant covers) and the delivery
+// encoder have sections of their own. After this, the details that the
+// first reading only named: retention, the seqs reserved on disk, group
+// commit and the shared log. The bbolt store is package boltstore.
+
+// topicError is an error frame about one topic.
+func topicError(code, text, topic string) reply {
+	return reply{Type: "error", Code: code, Message: text, Topic: topic}
+}
+
+// newID returns a random 128-bit message id in hex: unique without
+// coordination, even across restarts. An id is not a secret, so it comes
+// from math/rand/v2's generator (ChaCha8, seeded by the OS): an id costs
+// 24 ns here, against 82 ns with crypto/rand, once per message.
+func newID() string {
+	var raw [16]byte
+	binary.LittleEndian.PutUint64(raw[:8], rand.Uint64())
+	binary.LittleEndian.PutUint64(raw[8:], rand.Uint64())
+	return hex.EncodeToString(raw[:])
+}
+
+// notify signals ch, a channel of capacity one, without waiting: a signal
+// already pending says the same.
+func notify(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// # Tokens (detail)
+//
+// A token is an HS256 JWT: the broker and whoever issues tokens share a
+// secret, and nothing else is stored. Verify checks one and returns its
+// Claims: who (sub), until when (exp), and which topics its holder may
+// publish and subscribe to. A session lasts as long as its token: at its
+// expiry the connection is closed (4003) unless a fresh auth frame came
+// first, and a fresh token for the same subject takes its grants at
+// once, ending any subscription they no longer allow. A client that can
+// set headers may send its token with the upgrade (Authorization:
+// Bearer) instead of an auth frame. Public keys (RS256) would let others
+// verify tokens without being able to sign them, for a key distribution
+// a small broker does not need.
+
+// tokenExpired closes a connection whose token ran out without a fresh auth.
+// It runs on the timer's goroutine.
+func (c *connection) tokenExpired() {
+	c.closeWith(errorReply("token_expired", "token expired"),
+		CloseTokenExpired, "token expired")
+}
+
+// refuse writes an error frame and closes with 4001.
+func (c *connection) refuse(code, text string) {
+	// The error frame first, so the client learns why before the close.
+	c.writeNow(errorReply(code, text))
+	c.closeSocket(CloseAuthFailed, text)
+}
+
+// writeNow encodes r and writes it straight to the socket. Only used before
+// the writer goroutine starts, so it races with nothing.
+func (c *connection) writeNow(r reply) {
+	// A stranger who never reads the reply is bounded by the socket's
+	// write timeout (Socket), like every other write.
+	data, _ := json.Marshal(r)
+	c.ws.Send([][]byte{data}, false)
+}
+
+// reauthenticate accepts a fresh token for the same subject, as the
+// original allowed: the session is extended and takes the new grants at
+// once. A subscription the new grants no longer allow ends at once,
+// with an unsubscribed frame that says why: a refresh to fewer grants is
+// how an application takes access away. A client refreshes its token
+// this way before it expires, without reconnecting.
+func (c *connection) reauthenticate(f frame) {
+	// A bad token, or another subject's, is refused and changes nothing:
+	// the session goes on with the token it has. A connection is one
+	// identity for its whole life, or durable keys would mix.
+	claims, err := c.broker.Verify(f.Token)
+	if err != nil || claims.Subject != c.subject {
+		c.reply(errorReply("auth_failed", "token refused (invalid, or "+
+			"another subject's): the connection keeps its own"))
+		return
+	}
+	c.claims = claims
+	c.expiry.Reset(untilExpiry(claims))
+	c.reply(reply{Type: "authenticated", Sub: c.subject, Conn: c.id})
+	c.revokeBeyond(claims.Subscribe)
+}
+
+// revokeBeyond ends each of c's subscriptions that grants do not allow,
+// telling the client which, and why.
+func (c *connection) revokeBeyond(grants []string) {
+	c.mu.Lock()
+	var revoked []*subscription
+	for filter, s := range c.subscriptions {
+		if !Allowed(grants, filter) {
+			revoked = append(revoked, s)
+		}
+	}
+	c.mu.Unlock()
+	for _, s := range revoked {
+		c.dropSubscription(s)
+		c.reply(reply{Type: "unsubscribed", Topic: s.filter,
+			Reason: "the new token does not allow it"})
+	}
+}
+
+// Verify checks a token: HS256 only (so neither alg none nor an RSA key
+// passed off as an HMAC secret gets through), exp and sub required, and
+// iss and aud when the broker is configured with them.
+func (b *Broker) Verify(token string) (*Claims, error) {
+	// The length cap comes before parsing: a forged token cannot make the
+	// parser decode megabytes of base64.
+	if len(token) == 0 || len(token) > maxTokenBytes {
+		return nil, errors.New("token missing or too long")
+	}
+	options := []jwt.ParserOption{jwt.WithValidMethods([]string{"HS256"}),
+		jwt.WithExpirationRequired(), jwt.WithLeeway(tokenLeeway)}
+	if b.opts.Issuer != "" {
+		options = append(options, jwt.WithIssuer(b.opts.Issuer))
+	}
+	if b.opts.Audience != "" {
+		options = append(options, jwt.WithAudience(b.opts.Audience))
+	}
+	claims := &Claims{}
+	_, err := jwt.ParseWithClaims(token, claims,
+		func(*jwt.Token) (any, error) { return b.opts.Secret, nil }, options...)
+	if err != nil {
+		return nil, err
+	}
+	if claims.Subject == "" {
+		return nil, errors.New("token has no sub")
+	}
+	return claims, nil
+}
+
+// untilExpiry is how long a verified token has left, leeway included.
+func untilExpiry(claims *Claims) time.Duration {
+	// The leeway is added to the date, not to the duration: time.Until
+	// saturates for an exp centuries away, and a sum would overflow and
+	// close the session at once.
+	return time.Until(claims.ExpiresAt.Add(tokenLeeway))
+}
+
+// Sign signs the claims with secret, HS256.
+func (c Claims) Sign(secret []byte) (string, error) {
+	return jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(secret)
+}
+
+// NewToken signs a token for subject sub that expires after ttl and may
+// use every ordinary topic.
+func NewToken(secret []byte, sub string, ttl time.Duration) (string, error) {
+	now := time.Now()
+	return Claims{RegisteredClaims: jwt.RegisteredClaims{Subject: sub,
+		IssuedAt:  jwt.NewNumericDate(now),
+		ExpiresAt: jwt.NewNumericDate(now.Add(ttl))}}.Sign(secret)
+}
+
+// UnmarshalJSON decodes claims, refusing an exp that is a string: RFC
+// 7519 makes it a number, and the JWT library would take "1796085975",
+// and with it a client's mistake, as a date.
+func (c *Claims) UnmarshalJSON(data []byte) error {
+	var probe struct{ Exp json.RawMessage }
+	if json.Unmarshal(data, &probe) == nil &&
+		bytes.HasPrefix(probe.Exp, []byte(`"`)) {
+		return errors.New("exp must be a number (RFC 7519)")
+	}
+	type plain Claims // without this method, so no recursion
+	return json.Unmarshal(data, (*plain)(c))
+}
+
+// # Keepalives and mistakes (detail)
+//
+// Once a client is in, the broker pings it every PingInterval, and a peer
+// that does not answer by the next ping is closed, so a client that
+// vanished without a word does not hold its subscriptions, or its
+// durable name, for ever. One loop for the broker, rather than a ticker
+// per connection, is what lets an idle connection have no writer.
+//
+// The first reading also assumed a client that means well and a broker
+// without bugs. Small defences cover the rest, each in one place rather
+// than at every call. A panic on a connection's reader costs that client
+// its connection and nobody else anything (recoverPanic). A token's exp
+// that is a JSON string is refused, where the JWT library would take it
+// (Claims.UnmarshalJSON): RFC 7519 makes it a number, and a client's
+// mistake is not to be read as a date. And a frame that does not decode
+// is answered in the protocol's words, "field seq must be a whole
+// number, 0 or more", not Go's (wire.Explain).
+
+// ping starts a keepalive for every connection; it runs once per
+// PingInterval. One loop for the broker, rather than a ticker in each
+// connection's writer, is what lets an idle connection have no writer.
+func (b *Broker) ping(time.Time) {
+	for _, c := range b.connectionList() {
+		go c.keepalive()
+	}
+}
+
+// keepalive pings the peer and closes the socket if no pong comes back
+// within one ping interval. A peer that vanished without a FIN would
+// otherwise hold its subscriptions, and its durable name, forever.
+func (c *connection) keepalive() {
+	// The library closes nothing on a ping timeout, so the broker does,
+	// without a close frame: a peer that does not read will not read it.
+	ctx, cancel := context.WithTimeout(context.Background(),
+		c.broker.opts.PingInterval)
+	defer cancel()
+	if err := c.ws.Ping(ctx); err != nil && ctx.Err() != nil {
+		c.broker.logger.Info("keepalive timeout", "sub", c.subject,
+			"remote", c.remote)
+		c.closeSocket(0, "")
+	}
+}
+
+// recoverPanic logs a panic on the reader's goroutine and lets serve end
+// the connection, as net/http did when this ran inside the handler: a bug
+// met by one client costs that client its connection, and every other
+// client keeps theirs. It must be deferred directly.
+func (c *connection) recoverPanic() {
+	if v := recover(); v != nil {
+		c.broker.logger.Error("panic serving a connection", "sub", c.subject,
+			"remote", c.remote, "panic", v, "stack", string(debug.Stack()))
+	}
+}
+
+// # Logins and passwords (detail)
+//
+// The original let a client trade a username and a password for a token
+// with a login frame, and PopSub keeps the frame. Passwords are stored
+// as PBKDF2-SHA256 hashes (package login makes and checks them), slow on
+// purpose: a quarter of a second of a core here. So guesses are rationed
+// four ways:
+//
+//   - A wrong guess is answered late, a right password at once. The
+//     answers to one user's or one address's failures leave one at a
+//     time, each held twice as long as the one before, up to four
+//     seconds, however many sockets ask (login.Throttle).
+//   - A connection's first login is always hashed, and before the
+//     guesses of connections that failed already: of those, one at a
+//     time waits for a hash (Broker.retrying). So a user who logs in
+//     while strangers guess her password, from her own address even,
+//     waits for the hashes under way and one more, not for the flood.
+//   - A further guess, on a connection that failed before, whose wrong
+//     answer would leave after its auth timeout, behind the answers
+//     still held for its address, is not hashed at all: nobody would
+//     hear the answer.
+//   - Hashes take turns, half the cores at most (Broker.hashing), so a
+//     flood from many addresses costs the broker part of the machine,
+//     never all of it. The time a hash takes is the broker's, not the
+//     client's: the auth timeout stops while it runs.
+//
+// A lockout, or a delay before every attempt, was simpler, and let a
+// stranger lock a user out with a few wrong passwords.
+
+// User is an account that may log in with a password.
+type User struct {
+	// PasswordHash is what login.Hash made of the password.
+	PasswordHash string
+	// Publish and Subscribe are the grants of tokens from login; nil
+	// means every ordinary topic.
+	Publish, Subscribe []string
+}
+
+// authDeadline is when a connection that has not authenticated yet is
+// closed, and the timer that closes it. Only its reader touches it.
+type authDeadline struct {
+	at    time.Time   // when the timer fires, unless paused
+	timer *time.Timer // closes the connection with 4001
+}
+
+// authTimer starts the auth timeout: at its end the connection is closed
+// with 4001.
+func (c *connection) authTimer() *authDeadline {
+	timeout := c.broker.opts.AuthTimeout
+	return &authDeadline{at: time.Now().Add(timeout),
+		timer: time.AfterFunc(timeout, func() {
+			c.end()
+			c.closeSocket(CloseAuthFailed, "authentication timeout")
+		})}
+}
+
+// stop stops the auth timeout: the client authenticated, or left.
+func (d *authDeadline) stop() { d.timer.Stop() }
+
+// pause stops the clock while the broker works for the client, and
+// returns the function that starts it again with the time it had left;
+// ok is false if the deadline passed first. A nil deadline (a connection
+// already authenticated) has nothing to pause.
+func (d *authDeadline) pause() (resume func(), ok bool) {
+	if d == nil {
+		return func() {}, true
+	}
+	if !d.timer.Stop() {
+		return nil, false
+	}
+	left := time.Until(d.at)
+	return func() {
+		d.at = time.Now().Add(left)
+		d.timer.Reset(left)
+	}, true
+}
+
+// login answers a login frame with a token, as the original did.
+// deadline is the connection's auth timeout, or nil once it has
+// authenticated. A wrong password's answer waits its turn
+// (login.Throttle); a connection that ends meanwhile gets none.
+func (c *connection) login(f frame, deadline *authDeadline) reply {
+	b := c.broker
+	if len(b.opts.Users) == 0 {
+		return errorReply("login_unavailable", "no users are configured")
+	}
+	host, _, _ := net.SplitHostPort(c.remote) // "" if it has no port
+	userKey, addressKey := "user:"+f.Username, "addr:"+cmp.Or(host, c.remote)
+	refused := errorReply("invalid_credentials", "invalid credentials")
+
+	// An unknown user costs the same hash as a known one, so timing does
+	// not tell a stranger which names exist.
+	user, known := b.opts.Users[f.Username]
+	if !known {
+		user.PasswordHash = b.dummy()
+	}
+	right, checked := c.verifyPassword(user, f.Password, addressKey, deadline)
+	switch {
+	case !checked:
+		// The connection is ending: its auth timeout, or no hash.
+		c.waitUntil(time.Time{})
+		return refused
+	case right && known:
+		// Success clears the user's failures, not the address's: one
+		// right password does not excuse a thousand wrong ones.
+		b.logins.Succeed(userKey)
+		token, err := b.loginToken(f.Username, user)
+		if err != nil {
+			return errorReply("internal", "could not sign a token")
+		}
+		return reply{Type: "login_response", Token: token}
+	}
+	b.logger.Info("login failed", "user", f.Username, "remote", c.remote)
+	c.loginFailed = true
+	c.waitUntil(b.logins.Fail(time.Now(), userKey, addressKey))
+	return refused
+}
+
+// waitUntil waits until at (for ever, if at is zero), or until the
+// connection ends or the broker stops: a held answer must not hold up a
+// Shutdown.
+func (c *connection) waitUntil(at time.Time) {
+	var timer <-chan time.Time
+	if !at.IsZero() {
+		timer = time.After(time.Until(at))
+	}
+	select {
+	case <-timer:
+	case <-c.done:
+	case <-c.broker.stop:
+	}
+}
+
+// verifyPassword waits for a turn to hash, then checks password against
+// user's hash, with the auth timeout paused. checked is false if the
+// connection ended first, or if, on a connection that failed before, by
+// its turn a wrong answer to a guess from address would come too late
+// to be heard: that guess is not worth a hash.
+func (c *connection) verifyPassword(user User, password, address string,
+	deadline *authDeadline) (right, checked bool) {
+	// A connection that failed before queues for a hash only through
+	// the guesses' one place, so first logins pass it in the queue.
+	b, guessing := c.broker, c.loginFailed
+	if guessing && !c.enter(b.retrying) {
+		return false, false
+	}
+	entered := c.enter(b.hashing)
+	if guessing {
+		<-b.retrying
+	}
+	if !entered {
+		return false, false
+	}
+	defer func() { <-b.hashing }()
+	if guessing && deadline != nil && b.logins.TooLate(address, deadline.at) {
+		return false, false
+	}
+	resume, ok := deadline.pause()
+	if !ok {
+		return false, false
+	}
+	defer resume()
+	return login.Check(user.PasswordHash, password), true
+}
+
+// enter takes a place in turns, a channel whose capacity is the places,
+// unless the connection ends or the broker stops first; it reports
+// whether it got one.
+func (c *connection) enter(turns chan struct{}) bool {
+	select {
+	case turns <- struct{}{}:
+		return true
+	case <-c.done:
+	case <-c.broker.stop:
+	}
+	return false
+}
+
+// loginToken signs a token for a user who logged in, with the user's
+// grants and the broker's issuer and audience, so Verify accepts it.
+func (b *Broker) loginToken(name string, user User) (string, error) {
+	now := time.Now()
+	claims := Claims{Publish: user.Publish, Subscribe: user.Subscribe}
+	claims.Subject, claims.Issuer = name, b.opts.Issuer
+	claims.IssuedAt = jwt.NewNumericDate(now)
+	claims.ExpiresAt = jwt.NewNumericDate(now.Add(b.opts.LoginTokenTTL))
+	if b.opts.Audience != "" {
+		claims.Audience = jwt.ClaimStrings{b.opts.Audience}
+	}
+	return claims.Sign(b.opts.Secret)
+}
+
+// dummyHash makes the hash unknown users are checked against, as costly
+// as the costliest user's (login.Dummy). The broker makes it on first
+// use (Broker.dummy): hashing takes a noticeable moment.
+func dummyHash(users map[string]User) string {
+	var hashes []string
+	for _, user := range users {
+		hashes = append(hashes, user.PasswordHash)
+	}
+	return login.Dummy(hashes)
+}
+
+// # Reading frames (detail)
+//
+// Each connection reads one frame at a time, so what a connection holds
+// while reading is bounded by the frame limit (1 MiB). What many
+// connections hold together needs a bound of its own: a thousand
+// publishers of 1 MiB frames, each held while its publish waits for room
+// in the log's queue, held gigabytes. So a frame may take its first
+// 64 KiB freely, and a larger one first waits for one of the broker's
+// places for large frames, as many as largeFramesBytes holds frames of
+// the full limit (64 with the defaults), until it has been handled.
+// The wait is TCP's push back on that publisher alone. A place is held
+// by one whole frame and needs nothing else to be given back, so the
+// places cannot deadlock, as byte-by-byte grants would, each reader
+// holding part of what it needs. Only an authenticated client can send
+// a frame over 8 KiB, and one that stalls halfway through a frame is
+// closed within two ping intervals, like any silent peer.
+
+// largeFrame is the size past which a frame needs a place, and
+// largeFramesBytes the bytes those places stand for, together.
+const (
+	largeFrame       = 64 << 10
+	largeFramesBytes = 64 << 20
+)
+
+// readBufferPool holds the buffers frames are read into, shared by every
+// connection's reader: an idle connection holds none, and a busy one
+// takes one only while a frame is being read and handled.
+var readBufferPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// readFrame reads the rest of a frame from r into a pooled buffer,
+// taking a place for a large frame (Broker.largeFrames) once it is past
+// largeFrame bytes. It reports false if the read failed or the
+// connection ended while it waited.
+func (c *connection) readFrame(r io.Reader) (*bytes.Buffer, bool) {
+	buffer := readBufferPool.Get().(*bytes.Buffer)
+	buffer.Reset()
+	_, err := buffer.ReadFrom(io.LimitReader(r, largeFrame+1))
+	if err == nil && buffer.Len() > largeFrame {
+		if c.large = c.enter(c.broker.largeFrames); !c.large {
+			c.recycle(buffer)
+			return nil, false
+		}
+		_, err = buffer.ReadFrom(r)
+	}
+	if err != nil {
+		c.recycle(buffer)
+		return nil, false
+	}
+	return buffer, true
+}
+
+// recycle hands a read buffer back to the pool, and its frame's place if
+// it took one. A buffer that grew past 64 KiB for a large frame is left
+// to the garbage collector instead.
+func (c *connection) recycle(buffer *bytes.Buffer) {
+	if c.large {
+		<-c.broker.largeFrames
+		c.large = false
+	}
+	if buffer.Cap() <= largeFrame {
+		readBufferPool.Put(buffer)
+	}
+}
+
+// # Topic rules (detail)
+//
+// Topic rules are MQTT's, because most readers already know them: levels
+// separated by "/", "+" matches one level, "#" matches the rest and must
+// come last, and a wildcard in the first level never matches a topic
+// starting with "$", so that "#" does not drown a subscriber in the
+// broker's own traffic. The same matcher routes messages and checks
+// permissions, so the two can never disagree about what a filter means.
+
+// validTopic explains why name cannot be published to, or returns "".
+func validTopic(name string) string {
+	if msg := validFilter(name); msg != "" || !isWildcard(name) {
+		return msg
+	}
+	return "wildcards are for subscriptions, not publishes"
+}
+
+// validFilter explains why filter cannot be subscribed to, or returns "".
+// NUL is refused because durable keys use it as a separator.
+func validFilter(filter string) string {
+	switch {
+	case filter == "":
+		return "topic is missing or empty"
+	case len(filter) > maxTopicBytes:
+		return "topic is longer than 256 bytes"
+	case strings.ContainsRune(filter, 0):
+		return "topic contains a NUL character"
+	}
+	// Wildcards must fill a level: "a+" or "#b" would be a typo that MQTT
+	// refuses too, not a pattern. SplitSeq, not Split: every publish
+	// comes through here, and it allocates nothing.
+	afterHash := false
+	for level := range strings.SplitSeq(filter, "/") {
+		if afterHash {
+			return "# must be the last level"
+		}
+		if strings.ContainsAny(level, "+#") && len(level) > 1 {
+			return "a wildcard must fill a whole level"
+		}
+		afterHash = level == "#"
+	}
+	return ""
+}
+
+// isWildcard reports whether filter has a + or # level. validFilter has
+// already checked that a wildcard fills its level.
+func isWildcard(filter string) bool {
+	return strings.ContainsAny(filter, "+#")
+}
+
+// Covers reports whether every topic that filter matches is also matched
+// by grant. For a plain topic as filter, that is "grant matches topic",
+// so one function routes messages and checks permissions; a SharedLog
+// feeds a broker the topics its clients' filters cover.
+func Covers(grant, filter string) bool {
+	if strings.HasPrefix(filter, "$") && (strings.HasPrefix(grant, "+") ||
+		strings.HasPrefix(grant, "#")) {
+		return false
+	}
+
+	// Walk both level by level. "#" in the grant covers whatever is
+	// left; in the filter it is covered only by a "#" in the grant.
+	for {
+		level, rest, more := strings.Cut(grant, "/")
+		if level == "#" {
+			return true
+		}
+		name, filterRest, filterMore := strings.Cut(filter, "/")
+		if name == "#" || (level != "+" && level != name) {
+			return false
+		}
+		if !filterMore {
+			return !more || rest == "#"
+		}
+		if !more {
+			return false
+		}
+		grant, filter = rest, filterRest
+	}
+}
+
+// Allowed reports whether grants permit filter. No grants at all (nil)
+// means every ordinary topic; $-topics always need an explicit grant.
+func Allowed(grants []string, filter string) bool {
+	if grants == nil {
+		return !strings.HasPrefix(filter, "$")
+	}
+	return slices.ContainsFunc(grants, func(grant string) bool {
+		return Covers(grant, filter)
+	})
+}
+
+// # Durable subscriptions (detail)
+//
+// A durable name ties a subscription to a cursor on disk, keyed by the
+// token's subject, the name and the topic, so that a client can resume
+// where it stopped, on another connection or after a restart. The cursor
+// is the highest seq with everything up to it acked (or sent, for QoS 0):
+// an ack out of order moves nothing until the gap below it closes, so a
+// resumed subscription may see an acked message again, and never misses
+// an unacked one. Cursor moves go through the log's committer, which
+// keeps only the newest position per cursor: a thousand acks cost one
+// write. One connection at a time owns a durable name: the newest claim
+// wins, because the older one is most likely a connection that died
+// without the broker noticing yet.
+
+// durableCursor tracks how far a durable subscription has got. Its fields
+// other than key are guarded by the connection's mu.
+type durableCursor struct {
+	// key is the token's sub, the durable name and the topic, separated
+	// by NUL (which topics may not contain); immutable. A work queue's
+	// members share their group's cursor (Work queues), so mu guards it
+	// too, inside their connections' locks.
+	key string
+	mu  sync.Mutex
+	// sent is the newest seq queued to the subscriber.
+	sent uint64
+	// unacked lists the QoS 1 seqs delivered and not yet acked, in
+	// ascending order: its first element holds the cursor back.
+	unacked []uint64
+	// saved is the last position handed to the log.
+	saved uint64
+}
+
+// newDurableCursor returns the cursor of subject's durable subscription
+// name to filter.
+func newDurableCursor(subject, name, filter string) *durableCursor {
+	return &durableCursor{key: strings.Join([]string{subject, name, filter},
+		"\x00")}
+}
+
+// releaseDurable gives s's durable name up, if s holds it. The caller
+// holds b.mu.
+func (b *Broker) releaseDurable(s *subscription) {
+	if s.durable != nil && b.durables[s.durable.key] == s {
+		delete(b.durables, s.durable.key)
+	}
+}
+
+// claimDurable makes s the owner of its durable name and returns the
+// stored cursor, or nil for a name never seen.
+func (b *Broker) claimDurable(s *subscription) (*uint64, error) {
+	// The newest claim wins: the older owner is most likely a connection
+	// that died without the broker noticing yet.
+	d := s.durable
+	b.mu.Lock()
+	old := b.durables[d.key]
+	b.durables[d.key] = s
+	b.mu.Unlock()
+	if old != nil {
+		b.takeOver(old)
+	}
+
+	// The cursor is read after the old owner is gone, so its last acks
+	// are counted, and through the committer, which knows moves that have
+	// not reached the disk yet.
+	position, found, err := b.log.Cursor(d.key)
+	if err != nil {
+		return nil, fmt.Errorf("read cursor: %w", err)
+	}
+	s.conn.mu.Lock()
+	d.sent, d.saved = position, position
+	s.conn.mu.Unlock()
+	if !found {
+		return nil, nil
+	}
+	return &position, nil
+}
+
+// takeOver ends a durable subscription claimed by another connection.
+// The notice is offered, not waited for: its connection may be dead.
+func (b *Broker) takeOver(old *subscription) {
+	// Its unacked deliveries go with it; the new owner replays them from
+	// the cursor, which they hold back.
+	old.conn.dropSubscription(old)
+	data, _ := json.Marshal(reply{Type: "unsubscribed", Topic: old.filter,
+		Reason: "durable subscription taken over"})
+	old.conn.outbox.push(data)
+}
+
+// delivered notes m, just queued to the subscriber: the cursor moves
+// past it at QoS 0, and waits for its ack at QoS 1. A durable
+// subscription's deliveries come in seq order (replay, then live), so
+// appending keeps unacked sorted.
+func (d *durableCursor) delivered(b *Broker, m *Message) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.sent = m.Seq
+	if m.QoS == 1 {
+		d.unacked = append(d.unacked, m.Seq)
+	}
+	d.save(b)
+}
+
+// settled notes that seq was acked or dead-lettered. Acks mostly come in
+// order, so the seq is usually first in unacked and the search stops at
+// once.
+func (d *durableCursor) settled(b *Broker, seq uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if at := slices.Index(d.unacked, seq); at >= 0 {
+		d.unacked = slices.Delete(d.unacked, at, at+1)
+	}
+	d.save(b)
+}
+
+// save hands a durable cursor to the log if it moved. The position is
+// the highest seq with everything up to it acked (or sent, for QoS 0):
+// an ack out of order moves nothing until the gap below it closes, so a
+// resumed subscription may see some acked messages again, never miss an
+// unacked one. The caller holds d.mu.
+func (d *durableCursor) save(b *Broker) {
+	position := d.sent
+	if len(d.unacked) > 0 {
+		position = d.unacked[0] - 1
+	}
+	if position != d.saved {
+		d.saved = position
+		b.log.SaveCursor(d.key, position)
+	}
+}
+
+// # Publishing from Go (detail)
+//
+// A program that embeds the broker publishes with Broker.Publish, with no
+// socket: the same checks, sequencing and fan-out as a client's publish
+// frame, and at QoS 1 a return once the message is on disk. A WebSocket
+// to itself was the alternative, and would cost a process that only
+// wants to publish an encoding and a goroutine per message.
+
+// Publish publishes payload to topic from inside the process, as a
+// client's publish frame would, and returns the message's seq. For QoS 1
+// it returns once the message is on disk (or ctx ends), as does any
+// publish to a shared log, whose seq comes from the log.
+func (b *Broker) Publish(ctx context.Context, topic string, payload any,
+	qos int) (uint64, error) {
+	// The payload goes through the same validation as a client's, so an
+	// in-process publisher cannot store what a client could not.
+	raw, err := json.Marshal(payload)
+	if err != nil {
+		return 0, fmt.Errorf("publish: encode payload: %w", err)
+	}
+	m, problem := newMessage(frame{Topic: topic, Payload: raw, QoS: qos})
+	if problem.Type != "" {
+		return 0, fmt.Errorf("publish: %s", problem.Message)
+	}
+	// After Shutdown the committer admits nothing: publish returns no
+	// outcome, and the caller hears ErrClosed.
+	seq, _, stored := b.publish(m, ctx.Done(), nil)
+	switch {
+	case stored == nil:
+		return 0, cmp.Or(ctx.Err(), ErrClosed)
+	case qos == 0 && seq > 0:
+		return seq, nil
+	}
+	select {
+	case <-stored.Done():
+		return max(seq, stored.Seq()), stored.Err()
+	case <-ctx.Done():
+		return seq, ctx.Err()
+	}
+}
+
+// # Confirms (detail)
+//
+// A QoS 1 publisher hears "published" once its message is on disk. The
+// reader must not wait for the disk itself: it would then read one
+// publish per sync, and a connection could never have two in flight. So
+// a confirmer goroutine, started on a connection's first QoS 1 publish,
+// waits for each message's batch in publish order and queues the
+// confirms one sync made ready in one push. A confirm is a reply, so it
+// waits for room in the outbox; a publisher that never reads its confirms
+// fills its outbox, then its confirm queue, and then its reader stops
+// reading: it is pushed back like any publisher.
+
+// confirm queues cf for the connection's confirmer, starting it on first
+// use. Confirms leave in publish order, and many can wait on one sync.
+func (c *connection) confirm(cf confirm) {
+	// Only the reader calls confirm, so starting the confirmer lazily
+	// needs no lock. A connection that never publishes QoS 1 never pays
+	// for the goroutine.
+	if c.confirms == nil {
+		c.confirms = make(chan confirm, 256)
+		go c.confirmLoop()
+	}
+	select {
+	case c.confirms <- cf:
+	case <-c.done:
+	}
+}
+
+// confirmLoop sends each confirm once its message is on disk. Confirms
+// wait in order: a later publish's batch is never synced before an
+// earlier one's, so none waits needlessly, and those one sync made ready
+// reach the outbox before its writer wakes. It ends with the connection;
+// confirms still waiting are then moot.
+func (c *connection) confirmLoop() {
+	for {
+		var cf confirm
+		select {
+		case cf = <-c.confirms:
+		case <-c.done:
+			return
+		}
+		select {
+		case <-cf.stored.Done():
+		case <-c.done:
+			return
+		}
+		if !c.enqueue(cf.frame()) {
+			return
+		}
+	}
+}
+
+// frame is the reply a confirm sends: published, or store_failed. A
+// shared log's answer brings the seq (see SharedLog).
+func (cf confirm) frame() []byte {
+	seq := max(cf.seq, cf.stored.Seq())
+	r := reply{Type: "published", Topic: cf.message.Topic,
+		MessageID: cf.message.ID, Seq: &seq,
+		Duplicate: cf.duplicate || cf.stored.Duplicate()}
+	if err := cf.stored.Err(); err != nil {
+		r = errorReply("store_failed", "message not stored: "+err.Error())
+		r.Topic, r.MessageID = cf.message.Topic, cf.message.ID
+	}
+	data, _ := json.Marshal(r)
+	return data
+}
+
+// # Writing deliveries by hand (detail)
+//
+// A delivery is encoded once per message, by hand, and the same bytes go
+// to every subscriber (Broker.fanOut): encoding/json would cost several
+// times as much, once per message, and a retry encodes it again. Field
+// order and names are the original's, with the fields PopSub adds at the
+// end. Only the frame's skeleton is by hand: its strings are quoted by
+// encoding/json.
+
+// appendDelivery appends the message frame for m at attempt. It is
+// written by hand because it runs once per publish and once per retry,
+// and encoding/json costs several times as much. Field order and names
+// are the original's, with seq and attempt added at the end.
+func appendDelivery(buf []byte, m *Message, attempt int) []byte {
+	// Topic and id are escaped; the payload is copied as it is, because
+	// it was validated and compacted when it was published. Room for all
+	// of it is made at once, so the frame is one allocation.
+	buf = slices.Grow(buf, 128+len(m.Topic)+len(m.ID)+len(m.Payload))
+	buf = appendString(append(buf, `{"type":"message","topic":`...), m.Topic)
+	buf = append(append(buf, `,"payload":`...), m.Payload...)
+	buf = strconv.AppendInt(append(buf, `,"timestamp":`...), m.Timestamp, 10)
+	buf = appendString(append(buf, `,"message_id":`...), m.ID)
+	buf = strconv.AppendInt(append(buf, `,"qos":`...), int64(m.QoS), 10)
+	buf = strconv.AppendUint(append(buf, `,"seq":`...), m.Seq, 10)
+	buf = strconv.AppendInt(append(buf, `,"attempt":`...), int64(attempt), 10)
+	return append(buf, '}')
+}
+
+// appendString appends s as a JSON string. s is valid UTF-8 (every frame
+// is checked on arrival), so most strings need only their quotes; the
+// rare one with a quote, a backslash or a control character goes through
+// encoding/json, which escapes it.
+func appendString(buf []byte, s string) []byte {
+	if strings.ContainsFunc(s, func(r rune) bool {
+		return r < 0x20 || r == '"' || r == '\\'
+	}) {
+		quoted, _ := json.Marshal(s)
+		return append(buf, quoted...)
+	}
+	return append(append(append(buf, '"'), s...), '"')
+}
+
+// # Waking writers (detail)
+//
+// A writer started at once, for each frame a publish queues, wrote each
+// delivery of a burst alone, a system call each. So a reader's fan-out
+// only notes the outboxes it filled, and starts their writers when it is
+// about to read its socket again, or to wait: then each writer finds a
+// whole read's worth of publishes queued for its subscriber, and nothing
+// waits for a timer. nats-server's read loop does the same
+// (flushClients).
+
+// wakeups are the writers a reader's publishes owe a start: the idle
+// outboxes its fan-out filled since it last read the socket. A writer
+// started at once, per push, wrote each delivery of a burst alone, a
+// system call each; started when the reader is about to read again, or
+// to wait, it finds everything one read's worth of publishes queued for
+// its subscriber, and nothing waits for a timer. nats-server's read loop
+// does the same (flushClients). Whoever waits for room in an outbox
+// starts them first (enqueue), since the outbox may be one of them. mu
+// is a leaf: a close's handshake reads the socket from another
+// goroutine.
+type wakeups struct {
+	mu       sync.Mutex
+	outboxes []*outbox // owed a writer, in the order they were filled
+}
+
+// owe starts o's writer, or, on w, owes it one. A nil w owes nothing.
+func (w *wakeups) owe(o *outbox) {
+	if w == nil {
+		go o.write()
+		return
+	}
+	w.mu.Lock()
+	w.outboxes = append(w.outboxes, o)
+	w.mu.Unlock()
+}
+
+// start starts every writer owed.
+func (w *wakeups) start() {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, o := range w.outboxes {
+		go o.write()
+	}
+	w.outboxes = slices.Delete(w.outboxes, 0, len(w.outboxes)) // cleared
+}
+
+// # The queues (detail)
+//
+// Besides the outbox, which has a section of its own, the broker keeps
+// two queues: each connection's pending deliveries, the QoS 1 deliveries
+// waiting for acks (a pendingQueue per topic), and each topic's index of
+// retained messages. The first reading says why each exists and when it
+// is used; here is how each keeps its order and its memory. Both are
+// appended to at the back and taken from at the front, and both must
+// cost nothing for an idle connection or a quiet topic: a channel or a
+// ring sized up front would cost its whole size for each of the ten
+// thousand idle connections a small server may hold.
+
+// queue is a slice appended to at the back and taken from at the front
+// (package queue): queue.Live returns the items, oldest first;
+// queue.Insert puts one at a place, at the back usually; queue.Remove
+// drops a run of them, and queue.Drop those that match. Taking from the
+// front copies nothing, and a queue that stays about as long allocates
+// nothing.
+type queue[T any] = queuepkg.Queue[T]
+
+// pendingQueue is one topic's pending deliveries on one connection, in seq
+// order. Deliveries mostly come in order and are acked in it, so it is a
+// queue: acks take from its front, and new deliveries go on its back.
+type pendingQueue struct {
+	queue[pending]
+}
+
+// add puts p in seq order and returns where it went, and whether it was
+// new: the same message already pending is replaced, not added, as the
+// connection owes one ack for it.
+func (q *pendingQueue) add(p pending) (*pending, bool) {
+	live := q.Live()
+	i := len(live)
+	if i > 0 && live[i-1].message.Seq >= p.message.Seq {
+		// Out of order (a replay), or the same message again.
+		var found bool
+		i, found = slices.BinarySearchFunc(live, p.message.Seq, bySeq)
+		if found {
+			live[i] = p
+			return &live[i], false
+		}
+	}
+	q.Insert(i, p)
+	return &q.Live()[i], true
+}
+
+// bySeq compares a pending delivery with a seq, for binary searches.
+func bySeq(p pending, seq uint64) int {
+	return cmp.Compare(p.message.Seq, seq)
+}
+
 // # Work queues (detail)
 //
 // A subscribe frame with a group name makes the connection a member of
@@ -3676,6 +3816,16 @@ func (b *Broker) noteMessage(kind string, c *connection, m *Message,
 	b.xray.Emit(e)
 }
 
+// noteDelivery emits a first delivery, only while someone watches the
+// x-ray: an event per delivery, for /metrics to count, cost a busy
+// broker 6 % of its CPU with ten subscribers, more with a hundred; the
+// broker counts them itself (Delivered).
+func (b *Broker) noteDelivery(c *connection, m *Message, p *pending) {
+	if b.xray.Watched() {
+		b.noteMessage("delivered", c, m, p)
+	}
+}
+
 // noteConnection emits a connection's transition. A connection that
 // never authenticated was never announced, and leaves no event either.
 func (b *Broker) noteConnection(kind string, c *connection, reason string) {
@@ -3765,93 +3915,6 @@ func (b *Broker) OutboxBytes() int {
 	return total
 }
 
-// # Shutdown
-//
-// A graceful stop closes every client with 1001 so it knows to come back
-// later, stops the loops, gives back the seqs each topic reserved and
-// did not use, commits whatever the log still holds and closes the
-// store. Durable cursors are written as they move, so nothing a client
-// acked is forgotten; unacked deliveries replay on resume. A crash skips
-// all of this, and loses nothing confirmed: confirms and cursors never
-// run ahead of the disk, and the next start goes on past every seq a
-// topic had reserved. The alternative, draining every outbox before
-// closing, would let one stuck client hold the whole broker open; the
-// context bounds the wait instead.
-
-// Shutdown closes every connection with 1001, waits for them to leave
-// (or ctx), flushes the log and closes the store. It is idempotent.
-func (b *Broker) Shutdown(ctx context.Context) error {
-	// sync.Once: the command's signal handler and a test's cleanup may
-	// both call it.
-	b.shutdown.Do(func() { b.shutdownErr = b.shutdownOnce(ctx) })
-	return b.shutdownErr
-}
-
-// shutdownOnce does Shutdown's work, once.
-func (b *Broker) shutdownOnce(ctx context.Context) error {
-	// From here no connection registers and no loop starts another
-	// round.
-	b.mu.Lock()
-	b.closing = true
-	b.mu.Unlock()
-	close(b.stop)
-
-	// Each close handshake waits for its peer, so they run side by side.
-	for _, c := range b.connectionList() {
-		c.closing.Store(true)
-		go c.ws.Close(websocket.StatusGoingAway, "server shutting down")
-	}
-	left := make(chan struct{})
-	go func() { b.registered.Wait(); close(left) }()
-	select {
-	case <-left:
-	case <-ctx.Done():
-	}
-
-	// The committer goes last: connections still leaving may queue acks.
-	// Its last batch gives back the seqs reserved and never given out.
-	b.loops.Wait()
-	b.seal()
-	b.log.Stop()
-	if err := b.store.Close(); err != nil {
-		return fmt.Errorf("close store: %w", err)
-	}
-	return nil
-}
-
-// # Helpers
-//
-// Small functions you have met above. The topic rules (which names are
-// valid, what a wildcard matches, what a grant covers) and the delivery
-// encoder have sections of their own. After this, the details that the
-// first reading only named: retention, the seqs reserved on disk, group
-// commit and the shared log. The bbolt store is package boltstore.
-
-// topicError is an error frame about one topic.
-func topicError(code, text, topic string) reply {
-	return reply{Type: "error", Code: code, Message: text, Topic: topic}
-}
-
-// newID returns a random 128-bit message id in hex: unique without
-// coordination, even across restarts. An id is not a secret, so it comes
-// from math/rand/v2's generator (ChaCha8, seeded by the OS): an id costs
-// 24 ns here, against 82 ns with crypto/rand, once per message.
-func newID() string {
-	var raw [16]byte
-	binary.LittleEndian.PutUint64(raw[:8], rand.Uint64())
-	binary.LittleEndian.PutUint64(raw[8:], rand.Uint64())
-	return hex.EncodeToString(raw[:])
-}
-
-// notify signals ch, a channel of capacity one, without waiting: a signal
-// already pending says the same.
-func notify(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
-}
-
 // # Retention (detail)
 //
 // A topic's log keeps at most MaxMessages messages and MaxLogBytes
@@ -3899,6 +3962,14 @@ func (t *topic) forget(n int) uint64 {
 	last := gone[n-1].seq
 	t.index.Remove(0, n)
 	return last
+}
+
+// applyCaps drops from t's index the oldest messages over MaxMessages or
+// MaxLogBytes, and has the log trim them. The caller holds t.mu.
+func (b *Broker) applyCaps(t *topic) {
+	if over := t.excess(b.opts.MaxMessages, b.opts.MaxLogBytes); over > 0 {
+		b.log.Trim(t.name, t.forget(over))
+	}
 }
 
 // excess is how many of the oldest messages must leave the index for it
@@ -3996,6 +4067,52 @@ func (s *subscription) skipped(b *Broker, after, last uint64) {
 // refuses is asked for again by the next publish, whose confirm (or
 // Publish's error) says store_failed meanwhile. Shutdown seals every
 // topic, writing its newest seq as its head, and gives out no more.
+
+// loadTopics rebuilds each stored topic's head and index at start. The
+// stored head is where seqs go on: after a clean stop the newest seq,
+// after a crash the end of the topic's reservation, past any seq that
+// reached a subscriber and not the disk (see the log's section).
+func (b *Broker) loadTopics() error {
+	heads, err := b.store.Topics()
+	if err != nil {
+		return fmt.Errorf("load topics: %w", err)
+	}
+	// b.legacyGap is 8,192 on a log that a broker from before reserved
+	// seqs left unclean, and 0 on any other.
+	gap, err := b.legacyGap()
+	if err != nil {
+		return err
+	}
+	raised := map[string]uint64{}
+	for name, head := range heads {
+		t := newTopic(name)
+		t.head = head + gap
+		t.reserved, t.asked, raised[name] = t.head, t.head, t.head
+
+		// Read the log in chunks: retention keeps it short, but a broker
+		// restarted with a smaller cap still has the old, longer one.
+		// t.remember adds each message to the index (Retention).
+		for after := uint64(0); ; {
+			msgs, err := b.store.Read(name, after, replayChunk, maxQueueBytes)
+			if err != nil {
+				return fmt.Errorf("load topic %q: %w", name, err)
+			}
+			if len(msgs) == 0 {
+				break
+			}
+			for _, m := range msgs {
+				t.remember(m)
+			}
+			after = msgs[len(msgs)-1].Seq
+		}
+		b.topics[name] = t
+	}
+	if gap == 0 {
+		return nil
+	}
+	return b.store.Commit(&Batch{Heads: raised,
+		Cursors: map[string]uint64{legacyClean: 1}})
+}
 
 // waitForSeq returns once t's next seq is covered by its stored head,
 // asking the log for a new block if none is on its way. It releases t.mu
