@@ -192,9 +192,6 @@ const (
 	// queue, twice) before the ask is on disk.
 	reserveAhead = 2 * maxQueueMessages
 	reserveBlock = 2 * reserveAhead
-	// legacyClean is the cursor where brokers before reservations marked
-	// the log closed (1) or in use (0).
-	legacyClean = "\x00clean"
 )
 
 // Close codes the broker uses, beside the WebSocket standard ones (1001
@@ -4077,17 +4074,9 @@ func (b *Broker) loadTopics() error {
 	if err != nil {
 		return fmt.Errorf("load topics: %w", err)
 	}
-	// b.legacyGap is 8,192 on a log that a broker from before reserved
-	// seqs left unclean, and 0 on any other.
-	gap, err := b.legacyGap()
-	if err != nil {
-		return err
-	}
-	raised := map[string]uint64{}
 	for name, head := range heads {
 		t := newTopic(name)
-		t.head = head + gap
-		t.reserved, t.asked, raised[name] = t.head, t.head, t.head
+		t.head, t.reserved, t.asked = head, head, head
 
 		// Read the log in chunks: retention keeps it short, but a broker
 		// restarted with a smaller cap still has the old, longer one.
@@ -4107,11 +4096,7 @@ func (b *Broker) loadTopics() error {
 		}
 		b.topics[name] = t
 	}
-	if gap == 0 {
-		return nil
-	}
-	return b.store.Commit(&Batch{Heads: raised,
-		Cursors: map[string]uint64{legacyClean: 1}})
+	return nil
 }
 
 // waitForSeq returns once t's next seq is covered by its stored head,
@@ -4178,20 +4163,6 @@ func (b *Broker) seal() {
 		}
 		t.mu.Unlock()
 	}
-}
-
-// legacyGap is how far to raise every stored head on a log last used by
-// a broker from before reservations, which did not close it: such a
-// broker delivered up to 8,192 seqs per topic past its stored heads.
-func (b *Broker) legacyGap() (uint64, error) {
-	clean, known, err := b.store.Cursor(legacyClean)
-	if err != nil {
-		return 0, fmt.Errorf("load topics: %w", err)
-	}
-	if known && clean == 0 && b.shared == nil {
-		return 2 * maxQueueMessages, nil
-	}
-	return 0, nil
 }
 
 // # After a commit (detail)

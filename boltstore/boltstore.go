@@ -26,6 +26,9 @@
 // caller an error that names the file, never the process, and the
 // command's db check and db salvage read what is left.
 //
+// A file written by a broker from before seqs were reserved on disk, and
+// left unclean, has its heads raised once at Open (closeLegacyGap).
+//
 // # What each speed trick buys
 //
 // Measured with the benchmarks named (docs/performance.md says how):
@@ -123,13 +126,41 @@ func Open(path string, logger *slog.Logger) (_ *Store, err error) {
 				return err
 			}
 		}
-		return nil
+		return closeLegacyGap(tx)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	logger = cmp.Or(logger, slog.Default())
 	return &Store{db: db, path: path, logger: logger}, nil
+}
+
+// legacyClean is the cursor where brokers from before popsub.go reserved
+// seqs on disk marked the file closed (1) or in use (0), and legacyGap
+// how far past its stored head such a broker, stopped unclean, may have
+// delivered a topic's seqs: 8,192, twice its queue.
+const (
+	legacyClean = "\x00clean"
+	legacyGap   = 8192
+)
+
+// closeLegacyGap raises every topic's head by legacyGap, once, on a file
+// such a broker left unclean, so that no seq a subscriber may have seen
+// is given out again; then it marks the file closed.
+func closeLegacyGap(tx *bolt.Tx) error {
+	cursors, topics := tx.Bucket(CursorsBucket), tx.Bucket(TopicsBucket)
+	if clean, ok := SeqOf(cursors.Get([]byte(legacyClean))); !ok || clean != 0 {
+		return nil
+	}
+	err := topics.ForEachBucket(func(name []byte) error {
+		bucket := topics.Bucket(name)
+		head, _ := SeqOf(bucket.Get(HeadKey))
+		return bucket.Put(HeadKey, SeqKey(head+legacyGap))
+	})
+	if err != nil {
+		return fmt.Errorf("close the legacy gap: %w", err)
+	}
+	return cursors.Put([]byte(legacyClean), SeqKey(1))
 }
 
 // Guard turns a panic, or a fault on the file's memory map, into an

@@ -217,3 +217,25 @@ func benchBatch(seq *uint64, n int) *popsub.Batch {
 	}
 	return batch
 }
+
+// A file that a broker from before reserved seqs left unclean has every
+// head raised by legacyGap, once: seqs go on past any a subscriber may
+// have seen, and a second Open changes nothing.
+func TestOpen_ClosesALegacyGapOnce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "popsub.db")
+	store := openStore(t, path)
+	err := store.Commit(&popsub.Batch{Heads: map[string]uint64{"t": 5},
+		Cursors: map[string]uint64{legacyClean: 0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.Close()
+	for range 2 {
+		store = openStore(t, path)
+		heads, err := store.Topics()
+		store.Close()
+		if err != nil || heads["t"] != 5+legacyGap {
+			t.Fatalf("head %d, %v; want %d", heads["t"], err, 5+legacyGap)
+		}
+	}
+}
