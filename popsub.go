@@ -91,7 +91,6 @@ import (
 	"runtime/debug"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1766,6 +1765,14 @@ func (s *subscription) fallBehind(b *Broker, after uint64) {
 	go s.replay(b, after, true)
 }
 
+// appendDelivery makes m's message frame at attempt (wire.AppendMessage
+// writes it by hand: encoding/json cost several times as much, once per
+// message and once per retry).
+func appendDelivery(buf []byte, m *Message, attempt int) []byte {
+	return wire.AppendMessage(buf, m.Topic, m.ID, m.Payload, m.Timestamp,
+		m.QoS, m.Seq, attempt)
+}
+
 // # The outbox and back-pressure
 //
 // The original had no back-pressure: a slow subscriber's channel simply
@@ -3364,48 +3371,6 @@ func (cf confirm) frame() []byte {
 	}
 	data, _ := json.Marshal(r)
 	return data
-}
-
-// # Writing deliveries by hand (detail)
-//
-// A delivery is encoded once per message, by hand, and the same bytes go
-// to every subscriber (Broker.fanOut): encoding/json would cost several
-// times as much, once per message, and a retry encodes it again. Field
-// order and names are the original's, with the fields PopSub adds at the
-// end. Only the frame's skeleton is by hand: its strings are quoted by
-// encoding/json.
-
-// appendDelivery appends the message frame for m at attempt. It is
-// written by hand because it runs once per publish and once per retry,
-// and encoding/json costs several times as much. Field order and names
-// are the original's, with seq and attempt added at the end.
-func appendDelivery(buf []byte, m *Message, attempt int) []byte {
-	// Topic and id are escaped; the payload is copied as it is, because
-	// it was validated and compacted when it was published. Room for all
-	// of it is made at once, so the frame is one allocation.
-	buf = slices.Grow(buf, 128+len(m.Topic)+len(m.ID)+len(m.Payload))
-	buf = appendString(append(buf, `{"type":"message","topic":`...), m.Topic)
-	buf = append(append(buf, `,"payload":`...), m.Payload...)
-	buf = strconv.AppendInt(append(buf, `,"timestamp":`...), m.Timestamp, 10)
-	buf = appendString(append(buf, `,"message_id":`...), m.ID)
-	buf = strconv.AppendInt(append(buf, `,"qos":`...), int64(m.QoS), 10)
-	buf = strconv.AppendUint(append(buf, `,"seq":`...), m.Seq, 10)
-	buf = strconv.AppendInt(append(buf, `,"attempt":`...), int64(attempt), 10)
-	return append(buf, '}')
-}
-
-// appendString appends s as a JSON string. s is valid UTF-8 (every frame
-// is checked on arrival), so most strings need only their quotes; the
-// rare one with a quote, a backslash or a control character goes through
-// encoding/json, which escapes it.
-func appendString(buf []byte, s string) []byte {
-	if strings.ContainsFunc(s, func(r rune) bool {
-		return r < 0x20 || r == '"' || r == '\\'
-	}) {
-		quoted, _ := json.Marshal(s)
-		return append(buf, quoted...)
-	}
-	return append(append(append(buf, '"'), s...), '"')
 }
 
 // # Waking writers (detail)

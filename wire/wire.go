@@ -1,18 +1,20 @@
 // Package wire holds PopSub's protocol as a client sees it: the frames a
 // client sends (Frame), the frames the broker sends back (Received), the
 // payload of a dead letter (DeadLetter), and the events of the x-ray on
-// $sys/events (Event); and the broker's way of reading a frame: by hand
-// for the common shape (Scan), and, for one that does not decode, what
-// is wrong with it in the protocol's words (Explain). It has no dependencies, so that any Go client can
-// decode them, the playground's included, which is compiled to
-// WebAssembly and cannot import the broker (its store, bbolt, does not
-// build there). docs/protocol.md says what each field means; popsub.go
-// keeps hand-tuned encoders of its own, and a test holds the two to the
-// same fields.
+// $sys/events (Event); and the broker's way of reading and writing the
+// busiest frames by hand: a publish or an ack in the common shape (Scan),
+// a message (AppendMessage), and, for a frame that does not decode, what
+// is wrong with it in the protocol's words (Explain). It imports no other
+// package of PopSub's, so that any Go client can decode with it, the
+// playground's included, and a test holds the hand-written frames to the
+// fields encoding/json would give. docs/protocol.md says what each field
+// means.
 package wire
 
 import (
 	"encoding/json"
+	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -96,4 +98,38 @@ func BearerToken(authorization string) string {
 		return ""
 	}
 	return strings.TrimSpace(token)
+}
+
+// AppendMessage appends a message frame, as the broker delivers it at
+// attempt. It is written by hand because a broker runs it once per
+// publish and once per retry, and encoding/json costs several times as
+// much. Field order and names are the original PopSub's, with seq and
+// attempt added at the end. Topic and id are escaped; the payload is
+// copied as it is, because it is valid, compact JSON. Room for all of it
+// is made at once, so the frame is one allocation.
+func AppendMessage(buf []byte, topic, id string, payload []byte,
+	timestamp int64, qos int, seq uint64, attempt int) []byte {
+	buf = slices.Grow(buf, 128+len(topic)+len(id)+len(payload))
+	buf = appendString(append(buf, `{"type":"message","topic":`...), topic)
+	buf = append(append(buf, `,"payload":`...), payload...)
+	buf = strconv.AppendInt(append(buf, `,"timestamp":`...), timestamp, 10)
+	buf = appendString(append(buf, `,"message_id":`...), id)
+	buf = strconv.AppendInt(append(buf, `,"qos":`...), int64(qos), 10)
+	buf = strconv.AppendUint(append(buf, `,"seq":`...), seq, 10)
+	buf = strconv.AppendInt(append(buf, `,"attempt":`...), int64(attempt), 10)
+	return append(buf, '}')
+}
+
+// appendString appends s as a JSON string. s is valid UTF-8 (the broker
+// checks every frame on arrival), so most strings need only their
+// quotes; the rare one with a quote, a backslash or a control character
+// goes through encoding/json, which escapes it.
+func appendString(buf []byte, s string) []byte {
+	if strings.ContainsFunc(s, func(r rune) bool {
+		return r < 0x20 || r == '"' || r == '\\'
+	}) {
+		quoted, _ := json.Marshal(s)
+		return append(buf, quoted...)
+	}
+	return append(append(append(buf, '"'), s...), '"')
 }
