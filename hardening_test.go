@@ -361,43 +361,6 @@ func TestBroker_LoginUnderAttack(t *testing.T) {
 				}
 			})
 		})
-	t.Run("a first login is hashed before the guesses of sockets that "+
-		"failed", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			ps := startPipeBroker(t, Options{Users: loginUsers(t)})
-			defer ps.stop()
-			b := ps.broker
-			// Every hash is under way: the broker's one place is taken,
-			// and a guesser that failed before waits in the guesses' one
-			// place, while another waits behind it.
-			b.hashing = make(chan struct{}, 1)
-			b.hashing <- struct{}{}
-			for i := range 2 {
-				c := &connection{broker: b, done: make(chan struct{}),
-					loginFailed: true}
-				go c.verifyPassword(User{}, "guess", fmt.Sprint(i), nil)
-			}
-			synctest.Wait()
-			first := &connection{broker: b, done: make(chan struct{})}
-			got := make(chan bool)
-			go func() {
-				right, _ := first.verifyPassword(b.opts.Users["alice"],
-					"correct horse", "alice", nil)
-				got <- right
-			}()
-			synctest.Wait()
-			// So the first login queues for the next hash behind one
-			// guess, not two: the other waits for the guesses' place.
-			if len(b.retrying) != 1 {
-				t.Fatalf("%d guesses in the guesses' place, want 1",
-					len(b.retrying))
-			}
-			<-b.hashing // the hash under way ends
-			if !<-got {
-				t.Fatal("the right password was refused")
-			}
-		})
-	})
 }
 
 func TestAuthDeadline_StopsWhileTheBrokerHashes(t *testing.T) {
@@ -439,9 +402,9 @@ func TestLoginThrottle_SlowsGuessesNeverTheUser(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			users := loginUsers(t)
 			b := &Broker{opts: Options{Users: users,
-				Secret: testSecret}.withDefaults(), logger: quietLogger,
-				hashing: make(chan struct{}, 1), retrying: make(chan struct{}, 1),
-				dummy: func() string { return dummyHash(users) }}
+				Secret: testSecret}.withDefaults(), logger: quietLogger}
+			b.startLogins()
+			b.logins = login.NewGate(1, nil) // one hash at a time
 			var wg sync.WaitGroup
 			for range guessers {
 				c := &connection{broker: b, remote: "203.0.113.9:4000",

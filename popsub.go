@@ -454,14 +454,12 @@ type Broker struct {
 	// open counts connections for MaxConnections, from before the
 	// upgrade until unregister.
 	open atomic.Int64
-	// logins remembers recent login failures by user and by address;
-	// hashing holds a token per password hash under way, retrying one
-	// for the guess of a connection that failed before, which waits for
-	// a hash; dummy is the hash an unknown user is checked against,
-	// which dummyHash makes on first use (all in Logins, a detail).
-	logins            login.Throttle
-	hashing, retrying chan struct{}
-	dummy             func() string
+	// logins rations password hashes and remembers recent failures by
+	// user and by address; dummy is the hash an unknown user is checked
+	// against, which dummyHash makes on first use (both in Logins, a
+	// detail).
+	logins *login.Gate
+	dummy  func() string
 	// largeFrames holds a token per large frame being read or handled,
 	// as many as largeFramesBytes holds frames of the full limit
 	// (Reading frames, a detail).
@@ -535,15 +533,11 @@ func New(opts Options) (*Broker, error) {
 		topics: map[string]*topic{}, wildcards: map[*subscription]struct{}{},
 		connections: map[*connection]struct{}{}, groups: map[string]*group{},
 		durables: map[string]*subscription{}, stop: make(chan struct{}),
-		xray:     newEvents(opts),
-		hashing:  make(chan struct{}, max(runtime.GOMAXPROCS(0)/2, 1)),
-		retrying: make(chan struct{}, 1),
+		xray: newEvents(opts),
 		largeFrames: make(chan struct{}, max(1,
-			largeFramesBytes/opts.MaxFrameBytes)),
-		dummy: sync.OnceValue(func() string {
-			return dummyHash(opts.Users)
-		})}
+			largeFramesBytes/opts.MaxFrameBytes))}
 	b.shared, _ = opts.Store.(SharedLog)
+	b.startLogins()
 
 	// The index of every stored topic is rebuilt before the first client
 	// arrives (b.loadTopics, in Seqs reserved on disk): seqs continue
@@ -2790,14 +2784,14 @@ func (c *connection) recoverPanic() {
 //     seconds, however many sockets ask (login.Throttle).
 //   - A connection's first login is always hashed, and before the
 //     guesses of connections that failed already: of those, one at a
-//     time waits for a hash (Broker.retrying). So a user who logs in
+//     time waits for a hash (login.Gate). So a user who logs in
 //     while strangers guess her password, from her own address even,
 //     waits for the hashes under way and one more, not for the flood.
 //   - A further guess, on a connection that failed before, whose wrong
 //     answer would leave after its auth timeout, behind the answers
 //     still held for its address, is not hashed at all: nobody would
 //     hear the answer.
-//   - Hashes take turns, half the cores at most (Broker.hashing), so a
+//   - Hashes take turns, half the cores at most (login.Gate), so a
 //     flood from many addresses costs the broker part of the machine,
 //     never all of it. The time a hash takes is the broker's, not the
 //     client's: the auth timeout stops while it runs.
@@ -2909,49 +2903,18 @@ func (c *connection) waitUntil(at time.Time) {
 	}
 }
 
-// verifyPassword waits for a turn to hash, then checks password against
-// user's hash, with the auth timeout paused. checked is false if the
-// connection ended first, or if, on a connection that failed before, by
-// its turn a wrong answer to a guess from address would come too late
-// to be heard: that guess is not worth a hash.
+// verifyPassword checks password against user's hash, when the login
+// gate gives it a turn, with the auth timeout paused; checked is false
+// if the connection ended first, or if the gate found the guess not
+// worth a hash (login.Gate says when).
 func (c *connection) verifyPassword(user User, password, address string,
 	deadline *authDeadline) (right, checked bool) {
-	// A connection that failed before queues for a hash only through
-	// the guesses' one place, so first logins pass it in the queue.
-	b, guessing := c.broker, c.loginFailed
-	if guessing && !c.enter(b.retrying) {
-		return false, false
+	var at time.Time
+	if deadline != nil {
+		at = deadline.at
 	}
-	entered := c.enter(b.hashing)
-	if guessing {
-		<-b.retrying
-	}
-	if !entered {
-		return false, false
-	}
-	defer func() { <-b.hashing }()
-	if guessing && deadline != nil && b.logins.TooLate(address, deadline.at) {
-		return false, false
-	}
-	resume, ok := deadline.pause()
-	if !ok {
-		return false, false
-	}
-	defer resume()
-	return login.Check(user.PasswordHash, password), true
-}
-
-// enter takes a place in turns, a channel whose capacity is the places,
-// unless the connection ends or the broker stops first; it reports
-// whether it got one.
-func (c *connection) enter(turns chan struct{}) bool {
-	select {
-	case turns <- struct{}{}:
-		return true
-	case <-c.done:
-	case <-c.broker.stop:
-	}
-	return false
+	return c.broker.logins.Check(c.done, user.PasswordHash, password,
+		c.loginFailed, address, at, deadline.pause)
 }
 
 // loginToken signs a token for a user who logged in, with the user's
@@ -2968,15 +2931,19 @@ func (b *Broker) loginToken(name string, user User) (string, error) {
 	return claims.Sign(b.opts.Secret)
 }
 
-// dummyHash makes the hash unknown users are checked against, as costly
-// as the costliest user's (login.Dummy). The broker makes it on first
-// use (Broker.dummy): hashing takes a noticeable moment.
-func dummyHash(users map[string]User) string {
-	var hashes []string
-	for _, user := range users {
-		hashes = append(hashes, user.PasswordHash)
-	}
-	return login.Dummy(hashes)
+// startLogins sets up what logins need: a gate that lets half the cores
+// hash at once, and the hash unknown users are checked against, as
+// costly as the costliest user's (login.Dummy), made on first use:
+// hashing takes a noticeable moment.
+func (b *Broker) startLogins() {
+	b.logins = login.NewGate(max(runtime.GOMAXPROCS(0)/2, 1), b.stop)
+	b.dummy = sync.OnceValue(func() string {
+		var hashes []string
+		for _, user := range b.opts.Users {
+			hashes = append(hashes, user.PasswordHash)
+		}
+		return login.Dummy(hashes)
+	})
 }
 
 // # Reading frames (detail)
@@ -3007,6 +2974,19 @@ const (
 // connection's reader: an idle connection holds none, and a busy one
 // takes one only while a frame is being read and handled.
 var readBufferPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// enter takes a place in turns, a channel whose capacity is the places,
+// unless the connection ends or the broker stops first; it reports
+// whether it got one.
+func (c *connection) enter(turns chan struct{}) bool {
+	select {
+	case turns <- struct{}{}:
+		return true
+	case <-c.done:
+	case <-c.broker.stop:
+	}
+	return false
+}
 
 // readFrame reads the rest of a frame from r into a pooled buffer,
 // taking a place for a large frame (Broker.largeFrames) once it is past

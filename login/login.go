@@ -217,3 +217,71 @@ func (t *Throttle) Count(key string) int {
 	defer t.mu.Unlock()
 	return t.recent(key, time.Now()).count
 }
+
+// Gate rations password hashes, which are slow on purpose. Hashes take
+// turns, at most the places NewGate is given; a connection's first login
+// goes ahead of the guesses of connections that failed before, which
+// queue for a turn one at a time; and a guess whose wrong answer would
+// leave too late to be heard is not hashed at all. Its Throttle holds
+// the answers to failures.
+type Gate struct {
+	Throttle
+	// hashing holds a token per hash under way; retrying one for the
+	// guess that waits for a turn.
+	hashing, retrying chan struct{}
+	// stop ends every wait: the broker is shutting down.
+	stop <-chan struct{}
+}
+
+// NewGate returns a gate that lets places hashes run at once, and ends
+// every wait once stop is closed.
+func NewGate(places int, stop <-chan struct{}) *Gate {
+	return &Gate{hashing: make(chan struct{}, places),
+		retrying: make(chan struct{}, 1), stop: stop}
+}
+
+// Check waits for a turn, then reports whether password matches hash.
+// guessing says the connection failed a login before: then, if by its
+// turn the answer to a failure for address would leave after deadline
+// (zero: none), the guess is not hashed. pause stops the caller's clock
+// while the hash runs and returns the function that starts it again, or
+// false if the clock ran out first. checked is false if nothing was
+// hashed: done or stop closed first, the guess came too late, or the
+// clock ran out.
+func (g *Gate) Check(done <-chan struct{}, hash, password string,
+	guessing bool, address string, deadline time.Time,
+	pause func() (resume func(), ok bool)) (right, checked bool) {
+	if guessing && !g.enter(g.retrying, done) {
+		return false, false
+	}
+	entered := g.enter(g.hashing, done)
+	if guessing {
+		<-g.retrying
+	}
+	if !entered {
+		return false, false
+	}
+	defer func() { <-g.hashing }()
+	if guessing && !deadline.IsZero() && g.TooLate(address, deadline) {
+		return false, false
+	}
+	resume, ok := pause()
+	if !ok {
+		return false, false
+	}
+	defer resume()
+	return Check(hash, password), true
+}
+
+// enter takes a place in turns, a channel whose capacity is the places,
+// unless done or the gate's stop is closed first; it reports whether it
+// got one.
+func (g *Gate) enter(turns chan struct{}, done <-chan struct{}) bool {
+	select {
+	case turns <- struct{}{}:
+		return true
+	case <-done:
+	case <-g.stop:
+	}
+	return false
+}

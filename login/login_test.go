@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -47,4 +48,41 @@ func TestHash_ChecksOnlyItsOwnPassword(t *testing.T) {
 	if Check("pbkdf2-sha256$0$$", "") || Check("not a hash", "") {
 		t.Error("Check accepted a malformed hash")
 	}
+}
+
+// A first login is hashed before the guesses of connections that failed
+// before: while every hash is under way, one guess waits in the guesses'
+// one place and another behind it, and the first login queues for the
+// next hash behind one guess, not two.
+func TestGate_AFirstLoginGoesBeforeTheGuessesOfSocketsThatFailed(
+	t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hash, err := HashAt("correct horse", 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := NewGate(1, nil)
+		g.hashing <- struct{}{} // the hash under way
+		pause := func() (func(), bool) { return func() {}, true }
+		for i := range 2 {
+			go g.Check(nil, hash, "guess", true, fmt.Sprint(i), time.Time{},
+				pause)
+		}
+		synctest.Wait()
+		got := make(chan bool)
+		go func() {
+			right, _ := g.Check(nil, hash, "correct horse", false, "alice",
+				time.Time{}, pause)
+			got <- right
+		}()
+		synctest.Wait()
+		if len(g.retrying) != 1 {
+			t.Fatalf("%d guesses in the guesses' place, want 1",
+				len(g.retrying))
+		}
+		<-g.hashing // the hash under way ends
+		if !<-got {
+			t.Fatal("the right password was refused")
+		}
+	})
 }
