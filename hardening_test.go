@@ -20,6 +20,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub/login"
+	"github.com/popsub/popsub/socket"
 )
 
 // These tests cover what a broker on an open socket must do when clients
@@ -841,7 +842,7 @@ func TestBroker_LargeFramesTakeTurnsForTheirPlaces(t *testing.T) {
 	if cap(b.largeFrames) != 1 {
 		t.Fatalf("%d places, want 1", cap(b.largeFrames))
 	}
-	payload := `"` + strings.Repeat("x", 2*largeFrame) + `"`
+	payload := `"` + strings.Repeat("x", 2*socket.LargeFrame) + `"`
 	frame := []byte(`{"type":"publish","topic":"big","qos":1,` +
 		`"message_id":"half","payload":` + payload + `}`)
 	alice := ts.dial("alice")
@@ -851,7 +852,7 @@ func TestBroker_LargeFramesTakeTurnsForTheirPlaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The library sends what it has buffered only as its buffer fills:
-	// all but the last 100 bytes is well past largeFrame on the wire.
+	// all but the last 100 bytes is well past socket.LargeFrame on the wire.
 	writer.Write(frame[:len(frame)-100])
 	waitFor(t, func() bool { return len(b.largeFrames) == 1 },
 		"alice's half frame to take the place")

@@ -79,7 +79,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
@@ -180,7 +179,8 @@ const (
 	maxMessageIDBytes = 256             // the longest message_id, in bytes
 	replayChunk       = 256             // messages read from the log at a time
 	maxQueueMessages  = 4096            // messages waiting for the log
-	maxQueueBytes     = 1 << 20         // their bytes; see b.log.admit
+	maxQueueBytes     = 1 << 20         // their bytes; see b.log.Admit
+	largeFramesBytes  = 64 << 20        // frames over 64 KiB, together
 	deadPrefix        = "$dead/"        // dead letters of T go to $dead/T
 	// commitLinger is the longest a batch nobody waits for waits for
 	// company (committer.linger).
@@ -460,9 +460,9 @@ type Broker struct {
 	// detail).
 	logins *login.Gate
 	dummy  func() string
-	// largeFrames holds a token per large frame being read or handled,
-	// as many as largeFramesBytes holds frames of the full limit
-	// (Reading frames, a detail).
+	// largeFrames holds a token per frame over 64 KiB being read or
+	// handled, as many as largeFramesBytes holds frames of the full
+	// limit: 64 with the defaults (see c.read).
 	largeFrames chan struct{}
 	// xray queues x-ray events and publishes them on its own goroutine
 	// (package xray); delivered counts first deliveries (Delivered). See
@@ -773,10 +773,12 @@ func RestoreMessage(frame []byte, publisher string) (*Message, error) {
 // and frames what the broker sends; a test, or a page, may keep the same
 // contract another way.
 type Socket interface {
-	// Read returns the next text frame. An error means the socket is
-	// done: closed, reset, or closed by the socket for a binary frame
-	// (1003) or one over the read limit (1009).
-	Read() (io.Reader, error)
+	// Read returns the next text frame, valid until the next Read. One
+	// over 64 KiB first takes a place among b.largeFrames, held until
+	// the next Read or a close. An error means the socket is done:
+	// closed, reset, or closed by the socket for a binary frame (1003)
+	// or one over the read limit (1009).
+	Read() ([]byte, error)
 	// SetReadLimit caps the frames Read returns, in bytes.
 	SetReadLimit(n int64)
 	// Send writes frames in order, each a WebSocket frame, or, joined,
@@ -799,7 +801,8 @@ func (b *Broker) acceptSocket(w http.ResponseWriter, r *http.Request,
 	beforeRead func()) (Socket, error) {
 	return socket.Accept(w, r, socket.Options{
 		OriginPatterns: b.opts.OriginPatterns,
-		WriteTimeout:   b.opts.WriteTimeout, BeforeRead: beforeRead})
+		WriteTimeout:   b.opts.WriteTimeout, BeforeRead: beforeRead,
+		LargeFrames: b.largeFrames, Stop: b.stop})
 }
 
 // commitLog is the committer, b.log (package groupcommit): one goroutine
@@ -880,9 +883,8 @@ type connection struct {
 	// frame resets it.
 	expiry *time.Timer
 	// batch is set when the client opted into several objects a frame;
-	// loginFailed once a login on it failed (Logins), large while the
-	// frame being read holds a place (Reading frames). The reader's alone.
-	batch, loginFailed, large bool
+	// loginFailed once a login on it failed (Logins). The reader's alone.
+	batch, loginFailed bool
 	// tokens and refilled are the publish rate limit's bucket; the
 	// reader goroutine's alone.
 	tokens   float64
@@ -1051,12 +1053,11 @@ func (c *connection) serve() {
 	// Frames are handled one at a time, in order: a ping's pong proves
 	// that everything sent before it has been handled.
 	for {
-		buffer, ok := c.read()
+		data, ok := c.read()
 		if !ok {
 			return
 		}
-		c.handleFrame(buffer.Bytes())
-		c.recycle(buffer)
+		c.handleFrame(data)
 	}
 }
 
@@ -1096,12 +1097,11 @@ func (c *connection) authenticate() bool {
 	// malformed frame, ends the connection: a stranger gets no second
 	// chance to probe the protocol.
 	for {
-		buffer, ok := c.read()
+		data, ok := c.read()
 		if !ok {
 			return false
 		}
-		f, problem := decodeFrame(buffer.Bytes())
-		c.recycle(buffer)
+		f, problem := decodeFrame(data)
 		switch {
 		case problem.Type == "" && f.Type == "login":
 			c.writeNow(c.login(f, deadline))
@@ -1152,16 +1152,16 @@ func (c *connection) accept(f frame) bool {
 	return true
 }
 
-// read returns the next text frame. Binary frames and invalid UTF-8 close
-// the connection: encoding/json would silently replace bad bytes, and
-// then a payload would not be what its publisher sent. A frame over the
-// read limit is closed with 1009 by the WebSocket library itself, before
-// it is buffered.
-//
-// The frame is read into a pooled buffer, which the caller hands back
-// with c.recycle once the frame is handled. It is taken only once a frame
-// has begun to arrive, so an idle connection holds none.
-func (c *connection) read() (*bytes.Buffer, bool) {
+// read returns the next text frame, valid until the next read. Binary
+// frames and invalid UTF-8 close the connection: encoding/json would
+// silently replace bad bytes, and then a payload would not be what its
+// publisher sent. A frame over the read limit is closed with 1009 by the
+// socket itself, before it is buffered; one over 64 KiB first waits for
+// one of the broker's places for large frames (b.largeFrames), which it
+// holds until it has been handled: a thousand publishers of 1 MiB frames,
+// each held while its publish waits for room in the log's queue, held
+// gigabytes.
+func (c *connection) read() ([]byte, bool) {
 	// Any read error (a close, a reset, a frame over the limit, a binary
 	// frame) ends the connection; the socket has sent whatever close
 	// applies.
@@ -1170,21 +1170,16 @@ func (c *connection) read() (*bytes.Buffer, bool) {
 		limit = c.broker.opts.MaxFrameBytes
 	}
 	c.ws.SetReadLimit(limit)
-	reader, err := c.ws.Read()
+	data, err := c.ws.Read()
 	if err != nil {
 		return nil, false
 	}
-	// c.readFrame reads the frame into a pooled buffer; one past 64 KiB
-	// first waits for one of the broker's places for large frames, which
-	// c.recycle gives back (Reading frames, a detail).
-	buffer, ok := c.readFrame(reader)
-	if ok && !utf8.Valid(buffer.Bytes()) {
-		c.recycle(buffer)
+	if !utf8.Valid(data) {
 		c.closeSocket(websocket.StatusInvalidFramePayloadData,
 			"invalid UTF-8")
 		return nil, false
 	}
-	return buffer, ok
+	return data, true
 }
 
 // handle decodes one frame and answers it. A bad frame costs the client
@@ -2944,83 +2939,6 @@ func (b *Broker) startLogins() {
 		}
 		return login.Dummy(hashes)
 	})
-}
-
-// # Reading frames (detail)
-//
-// Each connection reads one frame at a time, so what a connection holds
-// while reading is bounded by the frame limit (1 MiB). What many
-// connections hold together needs a bound of its own: a thousand
-// publishers of 1 MiB frames, each held while its publish waits for room
-// in the log's queue, held gigabytes. So a frame may take its first
-// 64 KiB freely, and a larger one first waits for one of the broker's
-// places for large frames, as many as largeFramesBytes holds frames of
-// the full limit (64 with the defaults), until it has been handled.
-// The wait is TCP's push back on that publisher alone. A place is held
-// by one whole frame and needs nothing else to be given back, so the
-// places cannot deadlock, as byte-by-byte grants would, each reader
-// holding part of what it needs. Only an authenticated client can send
-// a frame over 8 KiB, and one that stalls halfway through a frame is
-// closed within two ping intervals, like any silent peer.
-
-// largeFrame is the size past which a frame needs a place, and
-// largeFramesBytes the bytes those places stand for, together.
-const (
-	largeFrame       = 64 << 10
-	largeFramesBytes = 64 << 20
-)
-
-// readBufferPool holds the buffers frames are read into, shared by every
-// connection's reader: an idle connection holds none, and a busy one
-// takes one only while a frame is being read and handled.
-var readBufferPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-// enter takes a place in turns, a channel whose capacity is the places,
-// unless the connection ends or the broker stops first; it reports
-// whether it got one.
-func (c *connection) enter(turns chan struct{}) bool {
-	select {
-	case turns <- struct{}{}:
-		return true
-	case <-c.done:
-	case <-c.broker.stop:
-	}
-	return false
-}
-
-// readFrame reads the rest of a frame from r into a pooled buffer,
-// taking a place for a large frame (Broker.largeFrames) once it is past
-// largeFrame bytes. It reports false if the read failed or the
-// connection ended while it waited.
-func (c *connection) readFrame(r io.Reader) (*bytes.Buffer, bool) {
-	buffer := readBufferPool.Get().(*bytes.Buffer)
-	buffer.Reset()
-	_, err := buffer.ReadFrom(io.LimitReader(r, largeFrame+1))
-	if err == nil && buffer.Len() > largeFrame {
-		if c.large = c.enter(c.broker.largeFrames); !c.large {
-			c.recycle(buffer)
-			return nil, false
-		}
-		_, err = buffer.ReadFrom(r)
-	}
-	if err != nil {
-		c.recycle(buffer)
-		return nil, false
-	}
-	return buffer, true
-}
-
-// recycle hands a read buffer back to the pool, and its frame's place if
-// it took one. A buffer that grew past 64 KiB for a large frame is left
-// to the garbage collector instead.
-func (c *connection) recycle(buffer *bytes.Buffer) {
-	if c.large {
-		<-c.broker.largeFrames
-		c.large = false
-	}
-	if buffer.Cap() <= largeFrame {
-		readBufferPool.Put(buffer)
-	}
 }
 
 // # Topic rules (detail)

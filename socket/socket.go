@@ -10,6 +10,18 @@
 // CloseNow do what they say. Conn keeps it over github.com/coder/websocket,
 // and a test or a page may keep it another way.
 //
+// # Reading frames
+//
+// A frame is read into a pooled buffer, taken only once a frame has
+// begun to arrive, so an idle connection holds none. It may take its
+// first 64 KiB (LargeFrame) freely; a larger one first waits for one of
+// the places in Options.LargeFrames, which the broker sizes, and holds
+// it until the next Read: until the broker has handled it. The wait is
+// TCP's push back on that one client. A place is held by one whole frame
+// and needs nothing else to be given back, so the places cannot
+// deadlock, as byte-by-byte grants would, each reader holding part of
+// what it needs.
+//
 // # One write per batch
 //
 // The broker's writer takes every frame queued for a connection at once;
@@ -37,6 +49,7 @@ package socket
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -49,8 +62,11 @@ import (
 	"github.com/coder/websocket"
 )
 
-// Sizes of what Send writes.
+// Sizes of what Read reads and Send writes.
 const (
+	// LargeFrame is the size past which a frame needs a place among
+	// Options.LargeFrames.
+	LargeFrame = 64 << 10
 	// MaxJoined bounds a run of frames joined by newlines: a frame of a
 	// whole 4 MiB outbox held that much per writer; smaller runs cost a
 	// burst more CPU and cut off more of its readers (performance.md).
@@ -70,12 +86,28 @@ type Options struct {
 	// BeforeRead, if set, runs before each read from the socket: the
 	// broker starts there the writers a burst of publishes filled.
 	BeforeRead func()
+	// LargeFrames holds a token per frame over LargeFrame being read or
+	// handled, on every socket that shares it; its capacity is the
+	// places. Stop, once closed, ends every wait for one.
+	LargeFrames chan struct{}
+	Stop        <-chan struct{}
 }
 
 // Conn is one client's WebSocket, accepted by Accept.
 type Conn struct {
 	ws     *websocket.Conn
 	shared *sharedSocket
+	opts   Options
+	// closed is closed by Close or CloseNow: a Read waiting for a place
+	// gives up.
+	closed    chan struct{}
+	closeOnce sync.Once
+
+	// mu guards the frame Read returned last: its buffer, and whether
+	// it holds a place.
+	mu     sync.Mutex
+	buffer *bytes.Buffer
+	large  bool
 }
 
 // Accept upgrades a request to a WebSocket. It checks the Origin header:
@@ -89,17 +121,20 @@ func Accept(w http.ResponseWriter, r *http.Request, opts Options) (*Conn,
 	if err != nil {
 		return nil, err
 	}
-	return &Conn{ws: ws, shared: hijack.socket}, nil
+	return &Conn{ws: ws, shared: hijack.socket, opts: opts,
+		closed: make(chan struct{})}, nil
 }
 
 // SetReadLimit caps the frames Read returns; a larger one closes the
 // socket with 1009 before it is buffered.
 func (c *Conn) SetReadLimit(n int64) { c.ws.SetReadLimit(n) }
 
-// Read returns the next text frame's reader. Any error (a close, a
-// reset, a frame over the limit) ends the socket, and the library has
-// sent whatever close applies; a binary frame is closed with 1003.
-func (c *Conn) Read() (io.Reader, error) {
+// Read returns the next text frame, valid until the next Read, which
+// gives back its buffer and its place. Any error (a close, a reset, a
+// frame over the limit) ends the socket, and the library has sent
+// whatever close applies; a binary frame is closed with 1003.
+func (c *Conn) Read() ([]byte, error) {
+	c.release(true)
 	typ, reader, err := c.ws.Reader(context.Background())
 	if err != nil {
 		return nil, err
@@ -108,8 +143,61 @@ func (c *Conn) Read() (io.Reader, error) {
 		c.ws.Close(websocket.StatusUnsupportedData, "text frames only")
 		return nil, errors.New("binary frame")
 	}
-	return reader, nil
+	buffer := readBufferPool.Get().(*bytes.Buffer)
+	buffer.Reset()
+	c.mu.Lock()
+	c.buffer = buffer
+	c.mu.Unlock()
+	_, err = buffer.ReadFrom(io.LimitReader(reader, LargeFrame+1))
+	if err == nil && buffer.Len() > LargeFrame {
+		if !c.takePlace() {
+			return nil, net.ErrClosed
+		}
+		_, err = buffer.ReadFrom(reader)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return buffer.Bytes(), nil
 }
+
+// takePlace waits for a place among LargeFrames, unless the socket is
+// closed or Stop is first; it reports whether it got one.
+func (c *Conn) takePlace() bool {
+	select {
+	case c.opts.LargeFrames <- struct{}{}:
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.large = true
+		return true
+	case <-c.closed:
+	case <-c.opts.Stop:
+	}
+	return false
+}
+
+// release gives back the last frame's place, if it took one, and, when
+// the reader is done with it (reused), its buffer to the pool. A buffer
+// that grew past LargeFrame is left to the garbage collector instead.
+func (c *Conn) release(reused bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.large {
+		<-c.opts.LargeFrames
+		c.large = false
+	}
+	if reused && c.buffer != nil && c.buffer.Cap() <= LargeFrame {
+		readBufferPool.Put(c.buffer)
+	}
+	if reused {
+		c.buffer = nil
+	}
+}
+
+// readBufferPool holds the buffers frames are read into, shared by every
+// connection: an idle connection holds none, and a busy one takes one
+// only while a frame is being read and handled.
+var readBufferPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 // Ping pings the peer and waits for its pong or for ctx to end.
 func (c *Conn) Ping(ctx context.Context) error { return c.ws.Ping(ctx) }
@@ -117,11 +205,24 @@ func (c *Conn) Ping(ctx context.Context) error { return c.ws.Ping(ctx) }
 // Close sends a close frame, waits briefly for the peer's, and closes the
 // socket.
 func (c *Conn) Close(code websocket.StatusCode, reason string) error {
+	c.end()
 	return c.ws.Close(code, reason)
 }
 
 // CloseNow closes the socket without a close frame.
-func (c *Conn) CloseNow() error { return c.ws.CloseNow() }
+func (c *Conn) CloseNow() error {
+	c.end()
+	return c.ws.CloseNow()
+}
+
+// end gives up any wait for a place, and gives back the place the last
+// frame holds, if any: a reader that stops reading after a panic must
+// not keep it. The buffer stays with the reader, which may still read
+// it, and goes to the garbage collector.
+func (c *Conn) end() {
+	c.closeOnce.Do(func() { close(c.closed) })
+	c.release(false)
+}
 
 // Send writes frames in order: each its own WebSocket frame or, joined,
 // runs of them joined by newlines in one frame, under MaxJoined unless
