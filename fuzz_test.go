@@ -22,7 +22,7 @@ func FuzzFrame(f *testing.F) {
 		if problem.Type != "" {
 			return
 		}
-		validFilter(frame.Topic)
+		wire.ValidFilter(frame.Topic)
 		m, problem := newMessage(frame)
 		if problem.Type != "" {
 			return
@@ -47,17 +47,17 @@ func FuzzCovers(f *testing.F) {
 		f.Add(seed[0], seed[1])
 	}
 	f.Fuzz(func(t *testing.T, grant, topic string) {
-		Covers(grant, topic)
-		if validTopic(topic) != "" {
+		wire.Covers(grant, topic)
+		if wire.ValidTopic(topic) != "" {
 			return
 		}
 
 		// Two properties any matcher must keep: a topic covers itself,
 		// and # covers every topic that is not the broker's own.
-		if !Covers(topic, topic) {
+		if !wire.Covers(topic, topic) {
 			t.Fatalf("%q does not cover itself", topic)
 		}
-		if !strings.HasPrefix(topic, "$") && !Covers("#", topic) {
+		if !strings.HasPrefix(topic, "$") && !wire.Covers("#", topic) {
 			t.Fatalf("# does not cover %q", topic)
 		}
 	})

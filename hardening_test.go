@@ -21,6 +21,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub/login"
 	"github.com/popsub/popsub/socket"
+	"github.com/popsub/popsub/wire"
 )
 
 // These tests cover what a broker on an open socket must do when clients
@@ -90,8 +91,8 @@ func TestCovers_Grants(t *testing.T) {
 		{"+/#", "a/b", true},
 	}
 	for _, tc := range cases {
-		if got := Covers(tc.grant, tc.filter); got != tc.want {
-			t.Errorf("Covers(%q, %q) = %v, want %v", tc.grant, tc.filter,
+		if got := wire.Covers(tc.grant, tc.filter); got != tc.want {
+			t.Errorf("wire.Covers(%q, %q) = %v, want %v", tc.grant, tc.filter,
 				got, tc.want)
 		}
 	}

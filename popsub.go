@@ -175,7 +175,6 @@ const (
 	authReadLimit     = 8 << 10         // bytes a frame may have before auth
 	maxTokenBytes     = 4 << 10         // a JWT longer than this is not parsed
 	tokenLeeway       = 5 * time.Second // clock skew allowed on exp
-	maxTopicBytes     = 256             // the longest topic name, in bytes
 	maxMessageIDBytes = 256             // the longest message_id, in bytes
 	replayChunk       = 256             // messages read from the log at a time
 	maxQueueMessages  = 4096            // messages waiting for the log
@@ -1292,7 +1291,7 @@ func (c *connection) subscribe(f frame) {
 	// failure is the one reported. validFilter explains what is wrong
 	// with a filter, isWildcard says it has + or #, and Allowed whether
 	// the token's grants cover it (Topic rules, a detail).
-	if msg := validFilter(f.Topic); msg != "" {
+	if msg := wire.ValidFilter(f.Topic); msg != "" {
 		c.reply(topicError("invalid_topic", msg, f.Topic))
 		return
 	}
@@ -1306,7 +1305,7 @@ func (c *connection) subscribe(f frame) {
 			f.Topic, f.Topic))
 		return
 	}
-	if isWildcard(f.Topic) {
+	if wire.IsWildcard(f.Topic) {
 		c.subscribeWildcard(f)
 		return
 	}
@@ -1468,7 +1467,7 @@ func (c *connection) dropSubscription(s *subscription) {
 // unsubscribeFrame answers an unsubscribe frame. Unsubscribing from a
 // topic one is not subscribed to is not an error: the result is the same.
 func (c *connection) unsubscribeFrame(f frame) {
-	if msg := validFilter(f.Topic); msg != "" {
+	if msg := wire.ValidFilter(f.Topic); msg != "" {
 		c.reply(topicError("invalid_topic", msg, f.Topic))
 		return
 	}
@@ -1595,8 +1594,8 @@ func (c *connection) publish(f frame) {
 // validFilter does for a subscription's.
 func newMessage(f frame) (*Message, reply) {
 	switch {
-	case validTopic(f.Topic) != "":
-		return nil, topicError("invalid_topic", validTopic(f.Topic), f.Topic)
+	case wire.ValidTopic(f.Topic) != "":
+		return nil, topicError("invalid_topic", wire.ValidTopic(f.Topic), f.Topic)
 	case len(f.Payload) == 0:
 		return nil, topicError("missing_field", "publish needs a payload",
 			f.Topic)
@@ -1730,13 +1729,13 @@ func (b *Broker) fanOut(t *topic, m *Message, last uint64, wake *wakeups) {
 	}
 
 	// Wildcards live in one table, read-locked: subscribing to a filter
-	// is rare, publishing is not. Covers(filter, topic) is the match. A
+	// is rare, publishing is not. wire.Covers(filter, topic) is the match. A
 	// wildcard spans logs, so it has none to fall back on: without room,
 	// it is cut off.
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	for s := range b.wildcards {
-		if Covers(s.filter, t.name) &&
+		if wire.Covers(s.filter, t.name) &&
 			(gap || !s.conn.deliver(s, m, m.frame, 1, deadline, wake)) {
 			s.conn.cutOff("fell behind")
 		}
@@ -2277,7 +2276,7 @@ func (b *Broker) deadLetter(p *pending, c *connection) {
 	b.logger.Warn("dead letter", "topic", m.Topic, "message_id", m.ID,
 		"seq", m.Seq, "subscriber", c.subject, "attempts", p.attempt)
 	dead := deadPrefix + m.Topic
-	if strings.HasPrefix(m.Topic, deadPrefix) || len(dead) > maxTopicBytes {
+	if strings.HasPrefix(m.Topic, deadPrefix) || len(dead) > wire.MaxTopicBytes {
 		return
 	}
 	payload, _ := json.Marshal(wire.DeadLetter{
@@ -2947,80 +2946,11 @@ func (b *Broker) startLogins() {
 // separated by "/", "+" matches one level, "#" matches the rest and must
 // come last, and a wildcard in the first level never matches a topic
 // starting with "$", so that "#" does not drown a subscriber in the
-// broker's own traffic. The same matcher routes messages and checks
-// permissions, so the two can never disagree about what a filter means.
-
-// validTopic explains why name cannot be published to, or returns "".
-func validTopic(name string) string {
-	if msg := validFilter(name); msg != "" || !isWildcard(name) {
-		return msg
-	}
-	return "wildcards are for subscriptions, not publishes"
-}
-
-// validFilter explains why filter cannot be subscribed to, or returns "".
-// NUL is refused because durable keys use it as a separator.
-func validFilter(filter string) string {
-	switch {
-	case filter == "":
-		return "topic is missing or empty"
-	case len(filter) > maxTopicBytes:
-		return "topic is longer than 256 bytes"
-	case strings.ContainsRune(filter, 0):
-		return "topic contains a NUL character"
-	}
-	// Wildcards must fill a level: "a+" or "#b" would be a typo that MQTT
-	// refuses too, not a pattern. SplitSeq, not Split: every publish
-	// comes through here, and it allocates nothing.
-	afterHash := false
-	for level := range strings.SplitSeq(filter, "/") {
-		if afterHash {
-			return "# must be the last level"
-		}
-		if strings.ContainsAny(level, "+#") && len(level) > 1 {
-			return "a wildcard must fill a whole level"
-		}
-		afterHash = level == "#"
-	}
-	return ""
-}
-
-// isWildcard reports whether filter has a + or # level. validFilter has
-// already checked that a wildcard fills its level.
-func isWildcard(filter string) bool {
-	return strings.ContainsAny(filter, "+#")
-}
-
-// Covers reports whether every topic that filter matches is also matched
-// by grant. For a plain topic as filter, that is "grant matches topic",
-// so one function routes messages and checks permissions; a SharedLog
-// feeds a broker the topics its clients' filters cover.
-func Covers(grant, filter string) bool {
-	if strings.HasPrefix(filter, "$") && (strings.HasPrefix(grant, "+") ||
-		strings.HasPrefix(grant, "#")) {
-		return false
-	}
-
-	// Walk both level by level. "#" in the grant covers whatever is
-	// left; in the filter it is covered only by a "#" in the grant.
-	for {
-		level, rest, more := strings.Cut(grant, "/")
-		if level == "#" {
-			return true
-		}
-		name, filterRest, filterMore := strings.Cut(filter, "/")
-		if name == "#" || (level != "+" && level != name) {
-			return false
-		}
-		if !filterMore {
-			return !more || rest == "#"
-		}
-		if !more {
-			return false
-		}
-		grant, filter = rest, filterRest
-	}
-}
+// broker's own traffic. They are the protocol's, so package wire holds
+// them for every client too: wire.ValidTopic and wire.ValidFilter say
+// what is wrong with a name, and wire.Covers whether a filter covers
+// another. The same matcher routes messages and checks permissions, so
+// the two can never disagree about what a filter means.
 
 // Allowed reports whether grants permit filter. No grants at all (nil)
 // means every ordinary topic; $-topics always need an explicit grant.
@@ -3029,7 +2959,7 @@ func Allowed(grants []string, filter string) bool {
 		return !strings.HasPrefix(filter, "$")
 	}
 	return slices.ContainsFunc(grants, func(grant string) bool {
-		return Covers(grant, filter)
+		return wire.Covers(grant, filter)
 	})
 }
 

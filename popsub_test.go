@@ -679,8 +679,8 @@ func TestCovers_MatchesTopics(t *testing.T) {
 		{"a/+/c", "a//c", true},
 	}
 	for _, tc := range cases {
-		if got := Covers(tc.filter, tc.topic); got != tc.want {
-			t.Errorf("Covers(%q, %q) = %v, want %v", tc.filter, tc.topic,
+		if got := wire.Covers(tc.filter, tc.topic); got != tc.want {
+			t.Errorf("wire.Covers(%q, %q) = %v, want %v", tc.filter, tc.topic,
 				got, tc.want)
 		}
 	}

@@ -64,6 +64,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/wire"
 )
 
 // Options configure a Log. Retention mirrors the broker's options of the
@@ -771,7 +772,7 @@ func (l *Log) learn(topic string) {
 	l.mu.Lock()
 	l.listed[topic] = true
 	wanted := s.wanted || slices.ContainsFunc(l.filters,
-		func(filter string) bool { return popsub.Covers(filter, topic) })
+		func(filter string) bool { return wire.Covers(filter, topic) })
 	s.wanted = wanted
 	l.mu.Unlock()
 	if wanted {
@@ -817,7 +818,7 @@ func (l *Log) wantFilter(filter string) []string {
 	}
 	var covered []string
 	for _, topic := range names {
-		if popsub.Covers(filter, topic) {
+		if wire.Covers(filter, topic) {
 			covered = append(covered, topic)
 		}
 	}

@@ -133,3 +133,81 @@ func appendString(buf []byte, s string) []byte {
 	}
 	return append(append(append(buf, '"'), s...), '"')
 }
+
+// Topics follow MQTT's rules: levels separated by "/", "+" matches one
+// level, "#" matches the rest and must come last, and a wildcard in the
+// first level never matches a topic starting with "$".
+
+// MaxTopicBytes is the longest topic name or filter, in bytes.
+const MaxTopicBytes = 256
+
+// ValidTopic explains why name cannot be published to, or returns "".
+func ValidTopic(name string) string {
+	if msg := ValidFilter(name); msg != "" || !IsWildcard(name) {
+		return msg
+	}
+	return "wildcards are for subscriptions, not publishes"
+}
+
+// ValidFilter explains why filter cannot be subscribed to, or returns "".
+// NUL is refused because durable keys use it as a separator.
+func ValidFilter(filter string) string {
+	switch {
+	case filter == "":
+		return "topic is missing or empty"
+	case len(filter) > MaxTopicBytes:
+		return "topic is longer than 256 bytes"
+	case strings.ContainsRune(filter, 0):
+		return "topic contains a NUL character"
+	}
+	// Wildcards must fill a level: "a+" or "#b" would be a typo that MQTT
+	// refuses too, not a pattern. SplitSeq, not Split: every publish
+	// comes through here, and it allocates nothing.
+	afterHash := false
+	for level := range strings.SplitSeq(filter, "/") {
+		if afterHash {
+			return "# must be the last level"
+		}
+		if strings.ContainsAny(level, "+#") && len(level) > 1 {
+			return "a wildcard must fill a whole level"
+		}
+		afterHash = level == "#"
+	}
+	return ""
+}
+
+// IsWildcard reports whether filter has a + or # level. ValidFilter has
+// already checked that a wildcard fills its level.
+func IsWildcard(filter string) bool {
+	return strings.ContainsAny(filter, "+#")
+}
+
+// Covers reports whether every topic that filter matches is also matched
+// by grant. For a plain topic as filter, that is "grant matches topic",
+// so one function routes messages and checks permissions.
+func Covers(grant, filter string) bool {
+	if strings.HasPrefix(filter, "$") && (strings.HasPrefix(grant, "+") ||
+		strings.HasPrefix(grant, "#")) {
+		return false
+	}
+
+	// Walk both level by level. "#" in the grant covers whatever is
+	// left; in the filter it is covered only by a "#" in the grant.
+	for {
+		level, rest, more := strings.Cut(grant, "/")
+		if level == "#" {
+			return true
+		}
+		name, filterRest, filterMore := strings.Cut(filter, "/")
+		if name == "#" || (level != "+" && level != name) {
+			return false
+		}
+		if !filterMore {
+			return !more || rest == "#"
+		}
+		if !more {
+			return false
+		}
+		grant, filter = rest, filterRest
+	}
+}
