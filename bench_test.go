@@ -15,6 +15,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/popsub/popsub/login"
+	"github.com/popsub/popsub/wire"
 )
 
 // Benchmarks for the hot paths. Speed is measured here and with popsub
@@ -30,7 +31,7 @@ func BenchmarkDecodeFrame(b *testing.B) {
 }
 
 func BenchmarkAppendDelivery(b *testing.B) {
-	m := &Message{Topic: "bench/0", ID: newID(), Seq: 123456, QoS: 1,
+	m := &Message{Topic: "bench/0", ID: wire.NewMessageID(), Seq: 123456, QoS: 1,
 		Timestamp: 1795997686774, Payload: json.RawMessage(
 			`{"p":0,"n":123,"t":1795997686774000000,"x":"xxxxxxxx"}`)}
 	buffer := make([]byte, 0, 256)

@@ -74,14 +74,11 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -100,7 +97,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub/groupcommit"
 	"github.com/popsub/popsub/login"
-	queuepkg "github.com/popsub/popsub/queue"
+	"github.com/popsub/popsub/queue"
 	"github.com/popsub/popsub/socket"
 	"github.com/popsub/popsub/wire"
 	"github.com/popsub/popsub/xray"
@@ -308,21 +305,6 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// check refuses a negative limit: MaxRetries is the one whose negative
-// means something. Every number in Options is a limit, so a new one is
-// checked without a line of its own.
-func (o Options) check() error {
-	fields := reflect.ValueOf(o)
-	for i := range fields.NumField() {
-		name, v := fields.Type().Field(i).Name, fields.Field(i)
-		if name != "MaxRetries" && (v.CanInt() && v.Int() < 0 ||
-			v.CanFloat() && v.Float() < 0) {
-			return fmt.Errorf("popsub: Options.%s is negative", name)
-		}
-	}
-	return nil
-}
-
 // Message is one published message, as stored in a topic's log. Once it
 // has a seq it is shared by every goroutine that delivers it and is never
 // changed again.
@@ -495,9 +477,9 @@ type topic struct {
 	// lastTime is the newest timestamp given, in Unix milliseconds.
 	lastTime int64
 	// index lists the retained messages in seq order, without payloads:
-	// a queue (queue.live lists them; the queues' detail says how it
+	// a queue (index.Live lists them; the queues' detail says how it
 	// keeps its memory), taken from the front as messages expire.
-	index queue[entry]
+	index queue.Queue[entry]
 	// bytes adds up the index's sizes, against MaxLogBytes.
 	bytes int
 	// ids maps the key of each retained QoS 1 message to its seq.
@@ -524,6 +506,8 @@ func New(opts Options) (*Broker, error) {
 	if opts.Store == nil {
 		return nil, errors.New("popsub: Options.Store is required")
 	}
+	// opts.check refuses a negative limit (Keepalives, limits and
+	// batches).
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
@@ -535,6 +519,7 @@ func New(opts Options) (*Broker, error) {
 		xray: newEvents(opts),
 		largeFrames: make(chan struct{}, max(1,
 			largeFramesBytes/opts.MaxFrameBytes))}
+	// b.startLogins readies the password checks (Logins, a detail).
 	b.shared, _ = opts.Store.(SharedLog)
 	b.startLogins()
 
@@ -542,9 +527,9 @@ func New(opts Options) (*Broker, error) {
 	// arrives (b.loadTopics, in Seqs reserved on disk): seqs continue
 	// where they stopped, and a publisher's retry of a message stored
 	// before a crash is still recognised. Then b.startLog starts the
-	// committer's goroutine. A shared log's
-	// shared.Follow starts feeding b.feed whatever any broker committed,
-	// to fan out here (the shared log's detail).
+	// committer's goroutine. A shared log's shared.Follow starts feeding
+	// b.feed whatever any broker committed, to fan out here (the shared
+	// log's detail).
 	if err := b.loadTopics(); err != nil {
 		return nil, err
 	}
@@ -556,9 +541,10 @@ func New(opts Options) (*Broker, error) {
 	// Retries, keepalives, retention and x-ray events run on loops of
 	// their own. A retry is late by at most RetryInterval, a fifth of
 	// the ack timeout (but the loop is no busier than a millisecond, and
-	// no lazier than the original's one second); b.trimExpired drops
-	// what outlived the TTL (Retention, a detail), at most a tenth of it
-	// late.
+	// no lazier than the original's one second); b.ping checks that
+	// every peer still answers (Keepalives, limits and batches);
+	// b.trimExpired drops what outlived the TTL (Retention, a detail), at
+	// most a tenth of it late.
 	b.loops.Add(4)
 	go b.every(RetryInterval(opts.AckTimeout), b.retry)
 	go b.every(opts.PingInterval, b.ping)
@@ -930,12 +916,9 @@ var connectionIDs atomic.Uint64
 // be simpler, and would keep the HTTP server's request, context and stack
 // frames alive with it, a quarter of an idle connection's memory.
 func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	// Refusing before the upgrade costs one HTTP response, not a socket
-	// and two goroutines.
-	if n := b.open.Add(1); b.opts.MaxConnections > 0 &&
-		n > int64(b.opts.MaxConnections) {
-		b.open.Add(-1)
-		http.Error(w, "too many connections", http.StatusServiceUnavailable)
+	// b.overCapacity refuses a connection past MaxConnections before the
+	// upgrade, with one HTTP response (Keepalives, limits and batches).
+	if b.overCapacity(w) {
 		return
 	}
 
@@ -1056,23 +1039,9 @@ func (c *connection) serve() {
 		if !ok {
 			return
 		}
+		// c.handleFrame hands c.handle each object of a batch frame, or
+		// the frame (Keepalives, limits and batches).
 		c.handleFrame(data)
-	}
-}
-
-// handleFrame handles the objects in one frame: one, or, from a client
-// that opted into batches, one per line, as it receives them. A publisher
-// then pays for one frame, and one system call, per batch of publishes
-// rather than per message.
-func (c *connection) handleFrame(data []byte) {
-	if !c.batch {
-		c.handle(data)
-		return
-	}
-	for line := range bytes.Lines(data) {
-		if len(bytes.TrimSpace(line)) > 0 {
-			c.handle(line)
-		}
 	}
 }
 
@@ -1082,7 +1051,7 @@ func (c *connection) handleFrame(data []byte) {
 func (c *connection) authenticate() bool {
 	// A timer, not a context: a cancelled Read drops the socket without
 	// a close frame, and the client deserves to hear 4001. c.authTimer
-	// starts it; c.login answers a login frame, stopping the timer while
+	// starts it, deadline.stop stops it; c.login answers a login frame, stopping the timer while
 	// the broker hashes the password (both in Logins, a detail).
 	// A client that can set headers may send its token with the upgrade
 	// (Authorization: Bearer), as on every HTTP path; it is then
@@ -1094,7 +1063,9 @@ func (c *connection) authenticate() bool {
 	defer deadline.stop()
 	// Only two frames are understood before auth. Anything else, even a
 	// malformed frame, ends the connection: a stranger gets no second
-	// chance to probe the protocol.
+	// chance to probe the protocol. c.refuse sends the error frame, then
+	// closes with 4001; c.writeNow writes a reply straight to the socket
+	// (both in Tokens).
 	for {
 		data, ok := c.read()
 		if !ok {
@@ -1128,6 +1099,8 @@ type Claims struct {
 // accept checks the auth frame's token and, if it is good, starts the
 // session: the subject, the grants, and a timer for the token's expiry.
 func (c *connection) accept(f frame) bool {
+	// c.broker.Verify checks the token, and c.tokenExpired ends the
+	// session when untilExpiry has passed (Tokens, a detail).
 	claims, err := c.broker.Verify(f.Token)
 	if err != nil {
 		// The parser's error says what was wrong, never the token.
@@ -1193,7 +1166,7 @@ func (c *connection) handle(data []byte) {
 	// Each frame type has one handler; each handler validates its own
 	// fields, so that its error names exactly what was wrong.
 	switch f.Type {
-	case "auth":
+	case "auth": // c.reauthenticate takes a fresh token (Tokens)
 		c.reauthenticate(f)
 	case "login":
 		c.reply(c.login(f, nil))
@@ -1213,34 +1186,18 @@ func (c *connection) handle(data []byte) {
 }
 
 // decodeFrame parses one frame, or explains what is wrong with it. data
-// is valid UTF-8, and is not kept: the caller may reuse it.
+// is valid UTF-8, and is not kept: the caller may reuse it. wire.Decode
+// reads the common shape by hand, in one pass, and says what is wrong in
+// the protocol's words.
 func decodeFrame(data []byte) (frame, reply) {
-	// The common shape is read by hand, in one pass: wire.Scan returns
-	// the frame encoding/json would decode, or false, and then
-	// encoding/json decodes it. Unknown fields are ignored, as the
-	// original did: a newer client may send fields this broker does not
-	// know yet.
-	f, ok := wire.Scan(data)
-	if !ok {
-		// wire.Explain says what is wrong in the protocol's words.
-		var err error
-		if f, err = unmarshalFrame(data); err != nil {
-			return f, errorReply("bad_frame",
-				"malformed frame: "+wire.Explain(err))
-		}
-	}
-	if f.Type == "" {
+	f, err := wire.Decode(data)
+	switch {
+	case err != nil:
+		return f, errorReply("bad_frame", "malformed frame: "+err.Error())
+	case f.Type == "":
 		return f, errorReply("missing_field", "frame has no type")
 	}
 	return f, reply{}
-}
-
-// unmarshalFrame decodes a frame with encoding/json. It is a function of
-// its own so that only this path pays for the frame escaping to the heap.
-func unmarshalFrame(data []byte) (frame, error) {
-	var f frame
-	err := json.Unmarshal(data, &f)
-	return f, err
 }
 
 // # Subscribing
@@ -1352,6 +1309,7 @@ func (c *connection) newSubscription(filter string, t *topic,
 	s := &subscription{conn: c, filter: filter, topic: t,
 		cancel: make(chan struct{})}
 	if durable != "" {
+		// newDurableCursor keys it (Durable subscriptions).
 		s.durable = newDurableCursor(c.subject, durable, filter)
 	}
 	// The old subscription is ended outside c.mu: unsubscribe takes the
@@ -1499,6 +1457,7 @@ func (b *Broker) unsubscribe(s *subscription) {
 		delete(s.topic.subscribers, s)
 		s.topic.mu.Unlock()
 	}
+	// b.releaseDurable gives its durable name up (Durable subscriptions).
 	b.mu.Lock()
 	delete(b.wildcards, s)
 	b.releaseDurable(s)
@@ -1562,7 +1521,7 @@ func (c *connection) publish(f frame) {
 	case !Allowed(c.claims.Publish, m.Topic):
 		problem = topicError("forbidden", "token may not publish to "+
 			m.Topic, m.Topic)
-	case !c.allowPublish():
+	case !c.allowPublish(): // c.allowPublish: PublishRate (Keepalives…)
 		problem = topicError("rate_limited", "publishing too fast", m.Topic)
 	}
 	if problem.Type != "" {
@@ -1590,12 +1549,12 @@ func (c *connection) publish(f frame) {
 }
 
 // newMessage validates a publish frame and builds its message.
-// validTopic explains what is wrong with a topic to publish to, as
-// validFilter does for a subscription's.
+// wire.ValidTopic explains what is wrong with a topic to publish to, as
+// wire.ValidFilter does for a subscription's.
 func newMessage(f frame) (*Message, reply) {
-	switch {
-	case wire.ValidTopic(f.Topic) != "":
-		return nil, topicError("invalid_topic", wire.ValidTopic(f.Topic), f.Topic)
+	switch problem := wire.ValidTopic(f.Topic); {
+	case problem != "":
+		return nil, topicError("invalid_topic", problem, f.Topic)
 	case len(f.Payload) == 0:
 		return nil, topicError("missing_field", "publish needs a payload",
 			f.Topic)
@@ -1614,27 +1573,8 @@ func newMessage(f frame) (*Message, reply) {
 		json.Compact(&compact, payload)
 		payload = compact.Bytes()
 	}
-	id := cmp.Or(f.MessageID, newID())
-	return &Message{Topic: f.Topic, ID: id, QoS: f.QoS,
+	return &Message{Topic: f.Topic, ID: f.MessageID, QoS: f.QoS,
 		Payload: payload}, reply{}
-}
-
-// allowPublish takes one publish from the connection's token bucket,
-// which refills at PublishRate per second up to one second's worth.
-// Only the reader goroutine calls it, so the bucket needs no lock.
-func (c *connection) allowPublish() bool {
-	rate := c.broker.opts.PublishRate
-	if rate <= 0 {
-		return true
-	}
-	now := time.Now()
-	c.tokens = min(max(rate, 1), c.tokens+now.Sub(c.refilled).Seconds()*rate)
-	c.refilled = now
-	if c.tokens < 1 {
-		return false
-	}
-	c.tokens--
-	return true
 }
 
 // publish waits for room in the log's queue, then sequences m, queues it
@@ -1648,6 +1588,8 @@ func (c *connection) allowPublish() bool {
 // inside the process: start them at once).
 func (b *Broker) publish(m *Message, done <-chan struct{},
 	wake *wakeups) (uint64, bool, *outcome) {
+	// A message with no message_id gets a random one (wire.NewMessageID).
+	m.ID = cmp.Or(m.ID, wire.NewMessageID())
 	// The x-ray's events are about this broker's own connections, so
 	// even on a shared log they are sequenced and committed here.
 	if b.shared != nil && !strings.HasPrefix(m.Topic, "$sys/") {
@@ -2079,9 +2021,8 @@ func (c *connection) record(s *subscription, m *Message, deadline time.Time) {
 		p = c.owe(pending{subscription: s, message: m, attempt: 1,
 			deadline: deadline})
 	}
-	// A delivery is counted, and reported only while someone watches the
-	// x-ray: an event per delivery, for /metrics to count, cost a busy
-	// broker 6 % of its CPU with ten subscribers, more with a hundred.
+	// A delivery is counted, and b.noteDelivery reports it to the x-ray
+	// only while someone watches.
 	c.broker.delivered.Add(1)
 	c.broker.noteDelivery(c, m, p)
 	// d.delivered moves a durable cursor past m, or up to it until it is
@@ -2276,7 +2217,8 @@ func (b *Broker) deadLetter(p *pending, c *connection) {
 	b.logger.Warn("dead letter", "topic", m.Topic, "message_id", m.ID,
 		"seq", m.Seq, "subscriber", c.subject, "attempts", p.attempt)
 	dead := deadPrefix + m.Topic
-	if strings.HasPrefix(m.Topic, deadPrefix) || len(dead) > wire.MaxTopicBytes {
+	if strings.HasPrefix(m.Topic, deadPrefix) ||
+		len(dead) > wire.MaxTopicBytes {
 		return
 	}
 	payload, _ := json.Marshal(wire.DeadLetter{
@@ -2284,8 +2226,7 @@ func (b *Broker) deadLetter(p *pending, c *connection) {
 		Reason: "not acknowledged", Attempts: p.attempt,
 		Subscriber: c.subject, Client: c.client,
 	})
-	b.publish(&Message{Topic: dead, ID: newID(), QoS: 1, Payload: payload},
-		b.stop, nil)
+	b.publish(&Message{Topic: dead, QoS: 1, Payload: payload}, b.stop, nil)
 }
 
 // # Replay
@@ -2549,17 +2490,6 @@ func topicError(code, text, topic string) reply {
 	return reply{Type: "error", Code: code, Message: text, Topic: topic}
 }
 
-// newID returns a random 128-bit message id in hex: unique without
-// coordination, even across restarts. An id is not a secret, so it comes
-// from math/rand/v2's generator (ChaCha8, seeded by the OS): an id costs
-// 24 ns here, against 82 ns with crypto/rand, once per message.
-func newID() string {
-	var raw [16]byte
-	binary.LittleEndian.PutUint64(raw[:8], rand.Uint64())
-	binary.LittleEndian.PutUint64(raw[8:], rand.Uint64())
-	return hex.EncodeToString(raw[:])
-}
-
 // notify signals ch, a channel of capacity one, without waiting: a signal
 // already pending says the same.
 func notify(ch chan struct{}) {
@@ -2646,26 +2576,18 @@ func (c *connection) revokeBeyond(grants []string) {
 	}
 }
 
-// Verify checks a token: HS256 only (so neither alg none nor an RSA key
-// passed off as an HMAC secret gets through), exp and sub required, and
-// iss and aud when the broker is configured with them.
+// Verify checks a token (login.VerifyToken says how: HS256 only, exp
+// required, iss and aud when the broker is configured with them) and
+// requires a sub.
 func (b *Broker) Verify(token string) (*Claims, error) {
 	// The length cap comes before parsing: a forged token cannot make the
 	// parser decode megabytes of base64.
 	if len(token) == 0 || len(token) > maxTokenBytes {
 		return nil, errors.New("token missing or too long")
 	}
-	options := []jwt.ParserOption{jwt.WithValidMethods([]string{"HS256"}),
-		jwt.WithExpirationRequired(), jwt.WithLeeway(tokenLeeway)}
-	if b.opts.Issuer != "" {
-		options = append(options, jwt.WithIssuer(b.opts.Issuer))
-	}
-	if b.opts.Audience != "" {
-		options = append(options, jwt.WithAudience(b.opts.Audience))
-	}
 	claims := &Claims{}
-	_, err := jwt.ParseWithClaims(token, claims,
-		func(*jwt.Token) (any, error) { return b.opts.Secret, nil }, options...)
+	err := login.VerifyToken(token, claims, b.opts.Secret, b.opts.Issuer,
+		b.opts.Audience, tokenLeeway)
 	if err != nil {
 		return nil, err
 	}
@@ -2710,13 +2632,20 @@ func (c *Claims) UnmarshalJSON(data []byte) error {
 	return json.Unmarshal(data, (*plain)(c))
 }
 
-// # Keepalives and mistakes (detail)
+// # Keepalives, limits and batches (detail)
 //
 // Once a client is in, the broker pings it every PingInterval, and a peer
 // that does not answer by the next ping is closed, so a client that
 // vanished without a word does not hold its subscriptions, or its
 // durable name, for ever. One loop for the broker, rather than a ticker
 // per connection, is what lets an idle connection have no writer.
+//
+// Limits keep one client from taking more than its share: a cap on
+// connections, refused before the upgrade; a publish rate per
+// connection, a token bucket with a second's burst; and New refuses a
+// negative limit, which would otherwise read as "none". A client may
+// also opt into batches: several objects a frame, one per line, each way,
+// so that a burst of publishes costs one frame and one system call.
 //
 // The first reading also assumed a client that means well and a broker
 // without bugs. Small defences cover the rest, each in one place rather
@@ -2727,6 +2656,68 @@ func (c *Claims) UnmarshalJSON(data []byte) error {
 // mistake is not to be read as a date. And a frame that does not decode
 // is answered in the protocol's words, "field seq must be a whole
 // number, 0 or more", not Go's (wire.Explain).
+
+// overCapacity counts a new connection, and refuses it with HTTP 503 if
+// it is one past MaxConnections: refusing before the upgrade costs one
+// HTTP response, not a socket and two goroutines.
+func (b *Broker) overCapacity(w http.ResponseWriter) bool {
+	if n := b.open.Add(1); b.opts.MaxConnections > 0 &&
+		n > int64(b.opts.MaxConnections) {
+		b.open.Add(-1)
+		http.Error(w, "too many connections", http.StatusServiceUnavailable)
+		return true
+	}
+	return false
+}
+
+// check refuses a negative limit: MaxRetries is the one whose negative
+// means something. Every number in Options is a limit, so a new one is
+// checked without a line of its own.
+func (o Options) check() error {
+	fields := reflect.ValueOf(o)
+	for i := range fields.NumField() {
+		name, v := fields.Type().Field(i).Name, fields.Field(i)
+		if name != "MaxRetries" && (v.CanInt() && v.Int() < 0 ||
+			v.CanFloat() && v.Float() < 0) {
+			return fmt.Errorf("popsub: Options.%s is negative", name)
+		}
+	}
+	return nil
+}
+
+// allowPublish takes one publish from the connection's token bucket,
+// which refills at PublishRate per second up to one second's worth.
+// Only the reader goroutine calls it, so the bucket needs no lock.
+func (c *connection) allowPublish() bool {
+	rate := c.broker.opts.PublishRate
+	if rate <= 0 {
+		return true
+	}
+	now := time.Now()
+	c.tokens = min(max(rate, 1), c.tokens+now.Sub(c.refilled).Seconds()*rate)
+	c.refilled = now
+	if c.tokens < 1 {
+		return false
+	}
+	c.tokens--
+	return true
+}
+
+// handleFrame handles the objects in one frame: one, or, from a client
+// that opted into batches, one per line, as it receives them. A publisher
+// then pays for one frame, and one system call, per batch of publishes
+// rather than per message.
+func (c *connection) handleFrame(data []byte) {
+	if !c.batch {
+		c.handle(data)
+		return
+	}
+	for line := range bytes.Lines(data) {
+		if len(bytes.TrimSpace(line)) > 0 {
+			c.handle(line)
+		}
+	}
+}
 
 // ping starts a keepalive for every connection; it runs once per
 // PingInterval. One loop for the broker, rather than a ticker in each
@@ -3260,21 +3251,17 @@ func (w *wakeups) start() {
 // appended to at the back and taken from at the front, and both must
 // cost nothing for an idle connection or a quiet topic: a channel or a
 // ring sized up front would cost its whole size for each of the ten
-// thousand idle connections a small server may hold.
-
-// queue is a slice appended to at the back and taken from at the front
-// (package queue): queue.Live returns the items, oldest first;
-// queue.Insert puts one at a place, at the back usually; queue.Remove
-// drops a run of them, and queue.Drop those that match. Taking from the
-// front copies nothing, and a queue that stays about as long allocates
-// nothing.
-type queue[T any] = queuepkg.Queue[T]
+// thousand idle connections a small server may hold. So both are a
+// queue.Queue (package queue): Live returns the items, oldest first;
+// Insert puts one at a place, at the back usually; Remove drops a run of
+// them, and Drop those that match. Taking from the front copies nothing,
+// and a queue that stays about as long allocates nothing.
 
 // pendingQueue is one topic's pending deliveries on one connection, in seq
 // order. Deliveries mostly come in order and are acked in it, so it is a
 // queue: acks take from its front, and new deliveries go on its back.
 type pendingQueue struct {
-	queue[pending]
+	queue.Queue[pending]
 }
 
 // add puts p in seq order and returns where it went, and whether it was
@@ -3565,15 +3552,15 @@ func (c *connection) take(s *subscription, p pending, must bool) bool {
 // as they happen. Events are queued and published by one goroutine,
 // never by the code that noticed them, which often holds a lock; a full
 // queue drops events: the x-ray must never slow the broker it watches
-// (b.xray, a Feed from package xray). Nothing is queued while nobody subscribes to a $sys topic, and
-// no event is made about a $sys topic, so the feed cannot feed on itself.
-// The event types live in package wire, which clients decode without
-// the broker, and the queue and its goroutine in package xray. Every
-// transition the x-ray reports also goes to Options.OnEvent, watched or
-// not, but deliveries, which the broker counts
-// itself (Delivered, in record): the command counts them for /metrics,
-// and so each note function costs a branch when nobody listens, and a
-// little more than an event's fields when someone does.
+// (b.xray, a Feed from package xray). Nothing is queued while nobody
+// subscribes to a $sys topic, and no event is made about a $sys topic,
+// so the feed cannot feed on itself. The event types live in package
+// wire, which clients decode without the broker. Every transition the
+// x-ray reports also goes to Options.OnEvent, watched or not, but
+// deliveries, which the broker counts itself (Delivered, in record): the
+// command counts them for /metrics, and so each note function costs a
+// branch when nobody listens, and a little more than an event's fields
+// when someone does.
 
 // EventsTopic is the topic the broker publishes its transitions on.
 const EventsTopic = "$sys/events"
@@ -3584,8 +3571,7 @@ const EventsTopic = "$sys/events"
 // falls behind reads on from the log.
 func (b *Broker) publishEvent(e wire.Event) {
 	payload, _ := json.Marshal(e)
-	b.publish(&Message{Topic: EventsTopic, ID: newID(), Payload: payload},
-		b.stop, nil)
+	b.publish(&Message{Topic: EventsTopic, Payload: payload}, b.stop, nil)
 }
 
 // noteMessage emits a message's transition, seen from connection c (nil
@@ -3622,8 +3608,8 @@ func (b *Broker) noteConnection(kind string, c *connection, reason string) {
 	if c.subject == "" {
 		return
 	}
-	b.xray.Emit(wire.Event{Kind: kind, Conn: c.id, Client: c.client, Sub: c.subject,
-		Reason: reason})
+	b.xray.Emit(wire.Event{Kind: kind, Conn: c.id, Client: c.client,
+		Sub: c.subject, Reason: reason})
 }
 
 // noteSubscription emits a subscription's transition, and keeps count of
@@ -3641,8 +3627,8 @@ func (b *Broker) noteSubscription(kind string, s *subscription) {
 		return
 	}
 	c := s.conn
-	b.xray.Emit(wire.Event{Kind: kind, Conn: c.id, Client: c.client, Sub: c.subject,
-		Topic: s.filter})
+	b.xray.Emit(wire.Event{Kind: kind, Conn: c.id, Client: c.client,
+		Sub: c.subject, Topic: s.filter})
 }
 
 // snapshot copies the broker's tables, one lock at a time. It is not one

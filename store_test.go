@@ -21,6 +21,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/popsub/popsub/wire"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -326,7 +327,7 @@ func TestBroker_RetentionInFakeTime(t *testing.T) {
 			t.Fatal(err)
 		}
 		publish := func() {
-			b.publish(&Message{Topic: "t", ID: newID(),
+			b.publish(&Message{Topic: "t", ID: wire.NewMessageID(),
 				Payload: json.RawMessage(`1`)}, nil, nil)
 		}
 		publish()

@@ -48,8 +48,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -677,7 +675,7 @@ func publishFrameOf(r *http.Request, topic string) (publishFrame, frame) {
 	// A message_id the caller did not give is made here: every answer is
 	// matched to its request by it (see publisher).
 	if publish.MessageID == "" {
-		publish.MessageID = newID()
+		publish.MessageID = wire.NewMessageID()
 	}
 	return publish, noProblem
 }
@@ -728,13 +726,6 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) (
 
 // noProblem is the frame a check returns when it found nothing wrong.
 var noProblem frame
-
-// newID returns a random message id.
-func newID() string {
-	var b [12]byte
-	rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
 
 // budget is a number of bytes that requests take and give back, waiting
 // a moment for room when there is none.

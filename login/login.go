@@ -1,5 +1,6 @@
-// Package login is the machinery behind PopSub's login frame: password
-// hashes, and a throttle that rations guesses.
+// Package login is the machinery behind PopSub's credentials: password
+// hashes, a gate and a throttle that ration guesses, and the checks a
+// token must pass.
 //
 // # The contract
 //
@@ -8,7 +9,8 @@
 // says whether a password matches its stored hash, in constant time;
 // Dummy makes a hash as costly as the costliest user's, for names that
 // do not exist; and a Throttle says when the answer to a failure may
-// leave, one at a time per user and per address.
+// leave, one at a time per user and per address; and VerifyToken says
+// whether a token is genuine and current.
 //
 // # Hashes
 //
@@ -42,6 +44,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/golang-jwt/jwt/v5"
 )
 
 // Password hashing is PBKDF2-SHA256 from the standard library, at the
@@ -284,4 +288,23 @@ func (g *Gate) enter(turns chan struct{}, done <-chan struct{}) bool {
 	case <-g.stop:
 	}
 	return false
+}
+
+// VerifyToken parses token into claims and checks it with secret: HS256
+// only (so neither alg none nor an RSA key passed off as an HMAC secret
+// gets through), exp required and honoured within leeway, and iss and aud
+// when issuer and audience are not empty.
+func VerifyToken(token string, claims jwt.Claims, secret []byte,
+	issuer, audience string, leeway time.Duration) error {
+	options := []jwt.ParserOption{jwt.WithValidMethods([]string{"HS256"}),
+		jwt.WithExpirationRequired(), jwt.WithLeeway(leeway)}
+	if issuer != "" {
+		options = append(options, jwt.WithIssuer(issuer))
+	}
+	if audience != "" {
+		options = append(options, jwt.WithAudience(audience))
+	}
+	_, err := jwt.ParseWithClaims(token, claims,
+		func(*jwt.Token) (any, error) { return secret, nil }, options...)
+	return err
 }

@@ -248,3 +248,27 @@ func Explain(err error) string {
 var kinds = map[string]string{"uint64": "a whole number, 0 or more",
 	"int": "a whole number", "string": "a string", "bool": "true or false",
 	"[]string": "a list of strings"}
+
+// Decode decodes one frame, the common shape by hand (Scan) and anything
+// else with encoding/json, or returns what is wrong with it in the
+// protocol's words (Explain). Unknown fields are ignored, as the original
+// PopSub did: a newer client may send fields an older broker does not
+// know yet. data must be valid UTF-8, and is not kept.
+func Decode(data []byte) (Frame, error) {
+	if f, ok := Scan(data); ok {
+		return f, nil
+	}
+	f, err := unmarshal(data)
+	if err != nil {
+		return f, errors.New(Explain(err))
+	}
+	return f, nil
+}
+
+// unmarshal decodes a frame with encoding/json. It is a function of its
+// own so that only this path pays for the frame escaping to the heap.
+func unmarshal(data []byte) (Frame, error) {
+	var f Frame
+	err := json.Unmarshal(data, &f)
+	return f, err
+}
