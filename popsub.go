@@ -1051,8 +1051,9 @@ func (c *connection) serve() {
 func (c *connection) authenticate() bool {
 	// A timer, not a context: a cancelled Read drops the socket without
 	// a close frame, and the client deserves to hear 4001. c.authTimer
-	// starts it, deadline.stop stops it; c.login answers a login frame, stopping the timer while
-	// the broker hashes the password (both in Logins, a detail).
+	// starts it, deadline.stop stops it; c.login answers a login frame,
+	// stopping the timer while the broker hashes the password (all in
+	// Logins, a detail).
 	// A client that can set headers may send its token with the upgrade
 	// (Authorization: Bearer), as on every HTTP path; it is then
 	// answered as if its first frame had been auth.
