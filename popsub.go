@@ -106,66 +106,12 @@ import (
 // # Options, messages and frames
 //
 // We start with everything a reader meets on the wire and in the
-// configuration. Every limit is a named default with its unit and its
-// reason, and the command's flags change each one. The timing defaults
-// are the original PopSub's, so its users see the same behaviour; the
-// size limits are ours, so that one misbehaving client costs a bounded
-// amount of memory. The protocol is the original's too: one JSON object
-// per text frame, with a "type". PopSub adds fields and frames and never
-// changes one. Incoming frames decode into one flat struct rather than a
-// type per frame, so you see the whole protocol in one place: package
+// configuration. Every limit is an option with a named default (the
+// Defaults detail gives each one's unit and reason). The protocol is the
+// original's: one JSON object per text frame, with a "type"; PopSub adds
+// fields and frames and never changes one. Incoming frames decode into
+// one flat struct, so you see the whole protocol in one place: package
 // wire, which every Go client decodes with too.
-
-// Defaults for Options. A zero field in Options takes these values.
-const (
-	// DefaultAckTimeout is how long a QoS 1 delivery waits for its ack
-	// before it is sent again: the original PopSub's five seconds.
-	DefaultAckTimeout = 5 * time.Second
-	// DefaultMaxRetries is how many times a delivery is retried after the
-	// first attempt before it is dead-lettered: the original's five.
-	DefaultMaxRetries = 5
-	// DefaultMaxMessages is how many messages a topic's log keeps: enough
-	// to cover a subscriber's reconnect, small enough to load at start.
-	DefaultMaxMessages = 1000
-	// DefaultMaxLogBytes bounds the same log in bytes: a thousand 512 KiB
-	// messages would keep half a gigabyte on disk and in the file's
-	// memory map, for one topic.
-	DefaultMaxLogBytes = 64 << 20
-	// DefaultTTL is how long a message stays in a topic's log.
-	DefaultTTL = time.Hour
-	// DefaultMaxFrameBytes caps one incoming frame after authentication.
-	DefaultMaxFrameBytes = 1 << 20
-	// DefaultOutboxBytes bounds the frames waiting for one connection's
-	// writer. NATS lets a connection have 64 MB pending, centrifuge 1 MB
-	// queued. Here a subscriber that fills its outbox loses nothing (it
-	// reads on from the log), so the outbox need only keep the writer
-	// busy: a full commit batch (maxQueueBytes) and change. A subscriber
-	// that reads nothing costs at most this much.
-	DefaultOutboxBytes = 4 << 20
-	// DefaultMaxInflight is how many QoS 1 deliveries one connection may
-	// owe acks for; more wait in the log until acks make room.
-	DefaultMaxInflight = 1000
-	// DefaultMaxInflightBytes bounds the same window in payload bytes:
-	// a thousand deliveries of 512 KiB would otherwise pin 512 MiB.
-	DefaultMaxInflightBytes = 16 << 20
-	// DefaultGroupWindow is how many QoS 1 jobs one member of a work
-	// queue may hold unacked: a worker that acks within a millisecond
-	// still does 32,000 jobs a second, and one that never acks holds 32
-	// jobs an ack timeout, not its share of the queue.
-	DefaultGroupWindow = 32
-	// DefaultWriteTimeout is how long one write to a socket may wait for
-	// a peer that does not read before the peer is cut off: NATS's
-	// write deadline. Shorter would cut off a phone on a slow network.
-	DefaultWriteTimeout = 10 * time.Second
-	// DefaultAuthTimeout is how long a new connection has to authenticate.
-	DefaultAuthTimeout = 5 * time.Second
-	// DefaultPingInterval is how often the broker pings each connection.
-	// A peer that misses one ping is closed, so a dead one is noticed
-	// within two intervals, well before a NAT forgets the flow.
-	DefaultPingInterval = 20 * time.Second
-	// DefaultLoginTokenTTL is how long a token from login is valid.
-	DefaultLoginTokenTTL = time.Hour
-)
 
 // Limits that are not options: they protect the broker, not a policy.
 const (
@@ -282,27 +228,6 @@ type Options struct {
 	// command counts them for /metrics. It runs on the broker's
 	// goroutines, under its locks, and must only count.
 	OnEvent func(wire.Event)
-}
-
-// withDefaults returns a copy of o with every zero field set to its default.
-func (o Options) withDefaults() Options {
-	// Options is a value, so the caller's copy keeps its zeros.
-	o.AckTimeout = cmp.Or(o.AckTimeout, DefaultAckTimeout)
-	o.MaxRetries = cmp.Or(o.MaxRetries, DefaultMaxRetries)
-	o.MaxMessages = cmp.Or(o.MaxMessages, DefaultMaxMessages)
-	o.MaxLogBytes = cmp.Or(o.MaxLogBytes, DefaultMaxLogBytes)
-	o.TTL = cmp.Or(o.TTL, DefaultTTL)
-	o.MaxFrameBytes = cmp.Or(o.MaxFrameBytes, DefaultMaxFrameBytes)
-	o.OutboxBytes = cmp.Or(o.OutboxBytes, DefaultOutboxBytes)
-	o.MaxInflight = cmp.Or(o.MaxInflight, DefaultMaxInflight)
-	o.MaxInflightBytes = cmp.Or(o.MaxInflightBytes, DefaultMaxInflightBytes)
-	o.GroupWindow = cmp.Or(o.GroupWindow, DefaultGroupWindow)
-	o.WriteTimeout = cmp.Or(o.WriteTimeout, DefaultWriteTimeout)
-	o.AuthTimeout = cmp.Or(o.AuthTimeout, DefaultAuthTimeout)
-	o.PingInterval = cmp.Or(o.PingInterval, DefaultPingInterval)
-	o.LoginTokenTTL = cmp.Or(o.LoginTokenTTL, DefaultLoginTokenTTL)
-	o.Logger = cmp.Or(o.Logger, slog.Default())
-	return o
 }
 
 // Message is one published message, as stored in a topic's log. Once it
@@ -511,6 +436,7 @@ func New(opts Options) (*Broker, error) {
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
+	// opts.withDefaults gives every zero field its default (Defaults).
 	opts = opts.withDefaults()
 	b := &Broker{opts: opts, logger: opts.Logger, store: opts.Store,
 		topics: map[string]*topic{}, wildcards: map[*subscription]struct{}{},
@@ -649,8 +575,8 @@ func (b *Broker) topicList() []*topic {
 // ms for company, so that a quiet broker syncs a few hundred times a
 // second, not once a message; a QoS 1 publish ends the wait.
 // The disk sits behind Store, five methods, so that another engine can
-// replace it without touching the broker: package boltstore is bbolt, and a log
-// shared by several brokers adds three more (SharedLog).
+// replace it without touching the broker (SharedLog adds three for a log
+// shared by several brokers).
 //
 // Two moments in a message's life matter: it gets its seq, and its batch
 // is synced. Deliveries leave at the first, confirms at the second. A
@@ -667,9 +593,7 @@ func (b *Broker) topicList() []*topic {
 // first after a restart, waits for a sync. After a crash each topic
 // starts at its stored head, past any seq that can have been seen; a
 // clean stop gives the unused seqs back, so that seqs go on from the
-// last one. (An earlier version skipped 8,192 seqs after an unclean
-// start, but only in memory: a topic that never reached the disk, or a
-// second crash before a sync, gave seen seqs out again.)
+// last one.
 //
 // The alternatives cost more. Waiting for the sync put a millisecond or
 // two on every delivery; a log of its own, written before bbolt to mark a
@@ -728,32 +652,6 @@ type Batch = groupcommit.Batch[*Message]
 // and outcome.Duplicate bring the log's answer for its one message.
 type outcome = groupcommit.Outcome
 
-// Frame is m's delivery frame at attempt 1, which holds every field of a
-// Message: what a Store keeps, and RestoreMessage reads back.
-func (m *Message) Frame() []byte {
-	// A message the broker did not sequence has no frame yet.
-	if m.frame == nil {
-		return appendDelivery(nil, m, 1)
-	}
-	return m.frame
-}
-
-// Publisher is the token subject that published m: a SharedLog scopes
-// its dedup of message_ids to it, and a Store keeps it with Frame.
-func (m *Message) Publisher() string { return m.publisher }
-
-// RestoreMessage reads back a message a Store kept: its Frame and its
-// Publisher. The frame's type and attempt are ignored, and a record
-// written before frames were stored, the Message's fields alone, reads
-// the same.
-func RestoreMessage(frame []byte, publisher string) (*Message, error) {
-	m := &Message{publisher: publisher}
-	if err := json.Unmarshal(frame, m); err != nil {
-		return nil, err
-	}
-	return m, nil
-}
-
 // Socket is one client's WebSocket: package socket accepts one over HTTP
 // and frames what the broker sends; a test, or a page, may keep the same
 // contract another way.
@@ -789,6 +687,13 @@ func (b *Broker) acceptSocket(w http.ResponseWriter, r *http.Request,
 		WriteTimeout:   b.opts.WriteTimeout, BeforeRead: beforeRead,
 		LargeFrames: b.largeFrames, Stop: b.stop})
 }
+
+// wakeups are the writers a connection's reader owes a start
+// (socket.Wakeups): wake.Owe(write) owes one, or on a nil wakeups starts
+// it at once, and wake.Start starts them all. The reader starts them
+// before it reads its socket again, so a burst of publishes reaches each
+// subscriber in one write.
+type wakeups = socket.Wakeups
 
 // commitLog is the committer, b.log (package groupcommit): one goroutine
 // that writes what is queued in one transaction and one sync, taking a
@@ -925,7 +830,7 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Before each read of the socket, the reader starts the writers its
 	// publishes filled (c.wake.start, in Waking writers).
 	var c *connection
-	ws, err := b.acceptSocket(w, r, func() { c.wake.start() })
+	ws, err := b.acceptSocket(w, r, func() { c.wake.Start() })
 	if err != nil {
 		b.open.Add(-1)
 		b.logger.Debug("upgrade refused", "remote", r.RemoteAddr, "err", err)
@@ -952,7 +857,7 @@ func (b *Broker) newConnection(ws Socket, remote string) *connection {
 		room: make(chan struct{}, 1), done: make(chan struct{}),
 		subscriptions: map[string]*subscription{},
 		unacked:       map[string]*pendingQueue{}}
-	c.outbox = outbox{limit: b.opts.OutboxBytes, write: c.writeLoop}
+	c.outbox = newOutbox(b.opts.OutboxBytes, c.writeLoop)
 	return c
 }
 
@@ -1023,7 +928,7 @@ func (c *connection) serve() {
 	// A reader that leaves starts the writers its publishes owe;
 	// c.recoverPanic logs a panic here and lets the connection end
 	// (Mistakes and strangers, a detail).
-	defer c.wake.start()
+	defer c.wake.Start()
 	defer c.recoverPanic()
 	if !c.authenticate() {
 		return
@@ -1245,33 +1150,15 @@ type subscription struct {
 
 // subscribe answers a subscribe frame.
 func (c *connection) subscribe(f frame) {
-	// Checks run from the cheapest to the most specific, and the first
-	// failure is the one reported. validFilter explains what is wrong
-	// with a filter, isWildcard says it has + or #, and Allowed whether
-	// the token's grants cover it (Topic rules, a detail).
-	if msg := wire.ValidFilter(f.Topic); msg != "" {
-		c.reply(topicError("invalid_topic", msg, f.Topic))
-		return
-	}
-	if f.After != nil && f.Last != nil || f.Durable != "" && f.Group != "" {
-		c.reply(topicError("bad_frame",
-			"use after or last, and durable or group, not both", f.Topic))
-		return
-	}
-	if !Allowed(c.claims.Subscribe, f.Topic) {
-		c.reply(topicError("forbidden", "token may not subscribe to "+
-			f.Topic, f.Topic))
+	// c.subscribeProblem checks the frame against the topic rules and
+	// the token's grants, and c.subscribeWildcard subscribes to a filter
+	// with + or # (both in Topic rules, a detail).
+	if problem := c.subscribeProblem(f); problem.Type != "" {
+		c.reply(problem)
 		return
 	}
 	if wire.IsWildcard(f.Topic) {
 		c.subscribeWildcard(f)
-		return
-	}
-	// A NUL separates a cursor key's parts, so no name may hold one.
-	if strings.ContainsRune(f.Durable+f.Group, 0) ||
-		max(len(f.Durable), len(f.Group)) > 256 {
-		c.reply(topicError("bad_frame", "invalid durable or group name",
-			f.Topic))
 		return
 	}
 	// A group shares the topic among its members, each message to one
@@ -1281,25 +1168,6 @@ func (c *connection) subscribe(f frame) {
 		return
 	}
 	c.subscribeTopic(f)
-}
-
-// subscribeWildcard adds a live-only filter subscription.
-func (c *connection) subscribeWildcard(f frame) {
-	if f.Durable != "" || f.Group != "" || f.After != nil || f.Last != nil {
-		c.reply(topicError("bad_frame",
-			"wildcard subscriptions are live only", f.Topic))
-		return
-	}
-	// A wildcard subscription has no replay, so it is live at once and
-	// its reply carries no seq: there is no single head to report.
-	// b.want tells a shared log to feed this broker the filter's topics.
-	s := c.newSubscription(f.Topic, nil, "")
-	c.broker.want(f.Topic)
-	c.broker.mu.Lock()
-	c.broker.wildcards[s] = struct{}{}
-	c.broker.mu.Unlock()
-	c.broker.noteSubscription("subscribed", s)
-	c.reply(reply{Type: "subscribed", Topic: f.Topic})
 }
 
 // newSubscription registers a subscription on c, replacing any earlier
@@ -1341,22 +1209,15 @@ func (c *connection) subscribeTopic(f frame) {
 	s := c.newSubscription(f.Topic, t, f.Durable)
 
 	// A durable name resumes from its cursor, which wins over after:
-	// b.claimDurable takes the name from any older owner and returns
-	// the stored position, or nil for a name never seen.
-	if s.durable != nil {
-		after, err := b.claimDurable(s)
-		if err != nil {
-			c.dropSubscription(s)
-			c.reply(topicError("store_failed", err.Error(), f.Topic))
-			return
-		}
-		if after != nil {
-			f.After, f.Last = after, nil
-		}
+	// c.resume takes the name from any older owner and sets f.After to
+	// the stored position, if any, or reports false when the store
+	// failed, and the client has heard why (Durable subscriptions).
+	if s.durable != nil && !c.resume(s, &f) {
+		return
 	}
 
-	// A shared log feeds this broker only the topics it wants, and
-	// catches up first, so that the head below is the log's.
+	// A shared log feeds this broker only the topics it wants (b.want),
+	// and catches up first, so that the head below is the log's.
 	b.want(f.Topic)
 
 	// Registering and reading the head happen under one lock, so the
@@ -1501,10 +1362,9 @@ func (b *Broker) unsubscribe(s *subscription) {
 // seq, encode its delivery frame once, hand it to the committer, and
 // offer that one frame to every live subscriber's outbox. Only a QoS 1
 // publisher waits for the sync, on its connection's confirmer, before it
-// hears "published". Fanning out after the sync, as this broker once
-// did, put one or two syncs (a millisecond or more here) between every
-// publish and every delivery; the log's section said why delivering
-// first is safe.
+// hears "published". Fanning out after the sync would put one or two
+// syncs (a millisecond or more here) between every publish and every
+// delivery; the log's section said why delivering first is safe.
 
 // confirm is a QoS 1 publish waiting for its batch to reach the disk.
 type confirm struct {
@@ -1519,7 +1379,7 @@ func (c *connection) publish(f frame) {
 	m, problem := newMessage(f)
 	switch {
 	case problem.Type != "":
-	case !Allowed(c.claims.Publish, m.Topic):
+	case !Allowed(c.claims.Publish, m.Topic): // Allowed: Topic rules
 		problem = topicError("forbidden", "token may not publish to "+
 			m.Topic, m.Topic)
 	case !c.allowPublish(): // c.allowPublish: PublishRate (Keepalives…)
@@ -1598,7 +1458,7 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 	}
 	// The wait comes before the topic's lock: the committer takes that
 	// lock to hand messages over, and it is the committer that makes room.
-	if !b.log.Admit(m.size(), done, wake.start) {
+	if !b.log.Admit(m.size(), done, wake.Start) {
 		return 0, false, nil
 	}
 	t := b.topic(m.Topic)
@@ -1710,14 +1570,16 @@ func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 // filled. Here every queue has a bound, in bytes as well as in count, and
 // each bound says who waits when it is reached:
 //
-//   - the log's queue (b.log.admit): a publisher's reader waits for
+//   - the log's queue (b.log.Admit): a publisher's reader waits for
 //     room, so TCP pushes back on that publisher alone, at any QoS;
-//   - each connection's outbox, drained by its own writer: a reply to the
-//     client's own request waits for room; a live delivery never waits,
-//     because a publisher must not stall for one slow subscriber. A
-//     subscription whose outbox or in-flight window has no room for a
-//     message drops back to reading the log, as a late subscriber does, and
-//     turns live again once it has caught up (subscription.fallBehind);
+//   - each connection's outbox (newOutbox, in The queues), drained by its
+//     own writer: o.push queues frames, all or none, within its bytes,
+//     o.pushWithin within fewer, and o.take hands the writer everything
+//     queued. A reply to the client's own request waits for room; a live
+//     delivery never waits, because a publisher must not stall for one
+//     slow subscriber: a subscription with no room drops back to reading
+//     the log, and turns live again once it has caught up
+//     (subscription.fallBehind);
 //   - the socket: one write waits at most WriteTimeout for its peer.
 //
 // A subscriber is cut off with 4008 only for what it failed to drain: its
@@ -1726,83 +1588,6 @@ func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 // is told what it missed (Replay). Cutting off whoever filled a fixed
 // queue was simpler, and cut off fast readers too: any burst bigger than
 // the queue overflowed it, however fast they read.
-
-// outbox is a connection's queue of frames for its writer, at most limit
-// bytes. A channel would be simpler, but it bounds frames rather than
-// bytes, and allocates every slot up front, for every idle connection.
-// This queue grows with a burst and gives the memory back once drained.
-type outbox struct {
-	mu      sync.Mutex // guards the fields below
-	frames  [][]byte   // queued, oldest first
-	bytes   int        // the frames' lengths, added up
-	limit   int        // Options.OutboxBytes
-	writing bool       // a writer goroutine owns the socket's write side
-	write   func()     // the writer: connection.writeLoop
-}
-
-// push queues frames, all or none: none if they would take the outbox
-// past limit bytes, unless it is empty and they are one frame, which may
-// then be as large as a frame can be. The first frames into an idle
-// outbox start a writer goroutine.
-func (o *outbox) push(frames ...[]byte) bool {
-	return o.pushWithin(o.limit, nil, frames...)
-}
-
-// pushWithin is push with a lower limit, for a sender that may use only
-// part of the outbox. With wake (a publisher's fan-out), the writer is
-// not started here: wake.owe(o) owes it a start, which the publisher's
-// reader makes with wake.start() once it is about to read or wait, so
-// that a subscriber gets a read's worth of publishes in one write
-// (wakeups, in Waking writers). A nil wake starts it now.
-func (o *outbox) pushWithin(limit int, wake *wakeups, frames ...[]byte) bool {
-	size := 0
-	for _, frame := range frames {
-		size += len(frame)
-	}
-	o.mu.Lock()
-	if o.bytes+size > limit && (o.bytes > 0 || len(frames) > 1) {
-		o.mu.Unlock()
-		return false
-	}
-	if o.frames == nil {
-		o.frames = *spareFrames.Get().(*[][]byte)
-	}
-	o.frames = append(o.frames, frames...)
-	o.bytes += size
-	idle := !o.writing
-	o.writing = true
-	o.mu.Unlock()
-	if idle {
-		wake.owe(o)
-	}
-	return true
-}
-
-// take returns every queued frame, in order, and keeps the writer's
-// written batch, emptied, to queue the next ones in: the two arrays
-// change hands at each take, so a busy outbox grows neither. An empty
-// batch means the outbox is idle: the writer must exit, the next push
-// starts another, and a large array goes to spareFrames, for the next
-// outbox to fill, rather than staying with an idle connection.
-func (o *outbox) take(written [][]byte) [][]byte {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	clear(written[:cap(written)])
-	batch := o.frames
-	o.frames, o.bytes, o.writing = written[:0], 0, len(batch) > 0
-	if !o.writing && cap(o.frames) > 64 {
-		spareFrames.Put(new(o.frames))
-		o.frames = nil
-	}
-	return batch
-}
-
-// spareFrames holds the frame arrays nobody is using: those of outboxes
-// gone idle and of writers that exited, emptied. A writer exits whenever
-// its outbox empties, and the next burst into an empty outbox grew an
-// array from nothing again: a quarter of what a busy broker allocated,
-// and the collections that come with it.
-var spareFrames = sync.Pool{New: func() any { return new([][]byte) }}
 
 // writeLoop is the connection's only writer while frames are queued: it
 // writes until the outbox is empty, then exits. A writer that waited for
@@ -1872,12 +1657,12 @@ func (c *connection) reply(r reply) {
 
 // enqueue queues frames, waiting for room or for the connection to end.
 // The poll covers a wake-up taken by another waiter on this connection.
-// Before it waits, c.wake.start() starts the writers this connection's
+// Before it waits, c.wake.Start() starts the writers this connection's
 // reader owes, its own among them perhaps: nothing waits for a writer
 // that nobody started.
 func (c *connection) enqueue(frames ...[]byte) bool {
 	for !c.outbox.push(frames...) {
-		c.wake.start()
+		c.wake.Start()
 		select {
 		case <-c.room:
 		case <-time.After(10 * time.Millisecond):
@@ -1930,15 +1715,12 @@ func (c *connection) closeWith(last reply, code websocket.StatusCode,
 // not two.
 //
 // The entries are kept per topic, in seq order, in a pendingQueue (the
-// queues' detail): q.Live() lists them oldest first, q.add(p) puts one
-// in its place (or replaces the same message's), q.Remove(i, j) drops a
-// run of them, q.Drop(match) drops those match picks, and bySeq compares
-// one with a seq for a binary search. Deliveries mostly come in seq
-// order and are acked in it, so adding one is an append, and an ack
-// takes from the front: an ack "up to seq" is a binary search, whatever
-// the window holds. A map keyed by message id was simpler, and made each
-// such ack walk the whole table: QoS 1 to 100 subscribers cost 3.8 times
-// QoS 0.
+// queues' detail): q.add(p) puts one in its place, or replaces the same
+// message's, and bySeq compares one with a seq for a binary search.
+// Deliveries mostly come in seq order and are acked in it, so adding one
+// is an append and an ack "up to seq" a binary search. A map keyed by
+// message id made each such ack walk the whole table: QoS 1 to 100
+// subscribers cost 3.8 times QoS 0.
 
 // pending is one QoS 1 delivery the subscriber has not acknowledged.
 type pending struct {
@@ -1989,7 +1771,7 @@ func (c *connection) deliver(s *subscription, m *Message, frame []byte,
 // c.mu.
 func (c *connection) push(s *subscription, frame []byte, share int,
 	wake *wakeups) bool {
-	limit := c.outbox.limit / share
+	limit := c.broker.opts.OutboxBytes / share
 	if s.notice == nil {
 		return c.outbox.pushWithin(limit, wake, frame)
 	}
@@ -2197,14 +1979,10 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 		i, _ := slices.BinarySearchFunc(q.Live(), p.message.Seq, bySeq)
 		c.settle(q, i, i+1, "dead_lettered")
 	}
-	// A move leaves this member's window; the group places it after c.mu.
+	// c.release takes a move out of this member's window; the group
+	// places it after c.mu (Work queues).
 	for _, p := range moves {
-		n := c.unacked[p.message.Topic].Drop(func(e pending) bool {
-			return e.message == p.message && e.subscription == p.subscription
-		})
-		c.inflight -= n
-		c.inflightBytes -= n * p.message.size()
-		p.subscription.jobs -= n
+		c.release(p)
 	}
 	return retries, dead, moves
 }
@@ -2251,13 +2029,10 @@ func (b *Broker) deadLetter(p *pending, c *connection) {
 // overtook it while it read. It is told, in a "skipped" frame that says
 // up to which seq the messages are gone and how many it missed, and goes
 // on from the oldest message kept, as a resume with "after" would, with
-// "recovered":false. Cutting such a reader off, as this broker once
-// did, treated a reader that drains its socket, only not as fast as a
-// burst, like one that stopped: only one whose socket takes nothing for
-// WriteTimeout is cut off. A QoS 1 message skipped this way is gone from
-// the log, payload and all, so it cannot be dead-lettered: the skipped
-// frame counts it. A new subscription's replay just starts from the
-// oldest message kept.
+// "recovered":false. Cutting such a reader off would treat one that
+// drains its socket, only not as fast as a burst, like one that stopped.
+// A QoS 1 message skipped this way is gone from the log, payload and
+// all, so it cannot be dead-lettered: the skipped frame counts it.
 
 // replay sends the log after seq start, then turns s live. It runs on its
 // own goroutine and ends early if s or its connection ends. behind says
@@ -2498,6 +2273,86 @@ func notify(ch chan struct{}) {
 	case ch <- struct{}{}:
 	default:
 	}
+}
+
+// # Defaults (detail)
+//
+// Every limit is a named default with its unit and its reason, so that a
+// zero Options works and the command's flags change each one. The timing
+// defaults are the original PopSub's, so its users see the same
+// behaviour; the size limits are ours, so that one misbehaving client
+// costs a bounded amount of memory.
+
+// Defaults for Options. A zero field in Options takes these values.
+const (
+	// DefaultAckTimeout is how long a QoS 1 delivery waits for its ack
+	// before it is sent again: the original PopSub's five seconds.
+	DefaultAckTimeout = 5 * time.Second
+	// DefaultMaxRetries is how many times a delivery is retried after the
+	// first attempt before it is dead-lettered: the original's five.
+	DefaultMaxRetries = 5
+	// DefaultMaxMessages is how many messages a topic's log keeps: enough
+	// to cover a subscriber's reconnect, small enough to load at start.
+	DefaultMaxMessages = 1000
+	// DefaultMaxLogBytes bounds the same log in bytes: a thousand 512 KiB
+	// messages would keep half a gigabyte on disk and in the file's
+	// memory map, for one topic.
+	DefaultMaxLogBytes = 64 << 20
+	// DefaultTTL is how long a message stays in a topic's log.
+	DefaultTTL = time.Hour
+	// DefaultMaxFrameBytes caps one incoming frame after authentication.
+	DefaultMaxFrameBytes = 1 << 20
+	// DefaultOutboxBytes bounds the frames waiting for one connection's
+	// writer. NATS lets a connection have 64 MB pending, centrifuge 1 MB
+	// queued. Here a subscriber that fills its outbox loses nothing (it
+	// reads on from the log), so the outbox need only keep the writer
+	// busy: a full commit batch (maxQueueBytes) and change. A subscriber
+	// that reads nothing costs at most this much.
+	DefaultOutboxBytes = 4 << 20
+	// DefaultMaxInflight is how many QoS 1 deliveries one connection may
+	// owe acks for; more wait in the log until acks make room.
+	DefaultMaxInflight = 1000
+	// DefaultMaxInflightBytes bounds the same window in payload bytes:
+	// a thousand deliveries of 512 KiB would otherwise pin 512 MiB.
+	DefaultMaxInflightBytes = 16 << 20
+	// DefaultGroupWindow is how many QoS 1 jobs one member of a work
+	// queue may hold unacked: a worker that acks within a millisecond
+	// still does 32,000 jobs a second, and one that never acks holds 32
+	// jobs an ack timeout, not its share of the queue.
+	DefaultGroupWindow = 32
+	// DefaultWriteTimeout is how long one write to a socket may wait for
+	// a peer that does not read before the peer is cut off: NATS's
+	// write deadline. Shorter would cut off a phone on a slow network.
+	DefaultWriteTimeout = 10 * time.Second
+	// DefaultAuthTimeout is how long a new connection has to authenticate.
+	DefaultAuthTimeout = 5 * time.Second
+	// DefaultPingInterval is how often the broker pings each connection.
+	// A peer that misses one ping is closed, so a dead one is noticed
+	// within two intervals, well before a NAT forgets the flow.
+	DefaultPingInterval = 20 * time.Second
+	// DefaultLoginTokenTTL is how long a token from login is valid.
+	DefaultLoginTokenTTL = time.Hour
+)
+
+// withDefaults returns a copy of o with every zero field set to its default.
+func (o Options) withDefaults() Options {
+	// Options is a value, so the caller's copy keeps its zeros.
+	o.AckTimeout = cmp.Or(o.AckTimeout, DefaultAckTimeout)
+	o.MaxRetries = cmp.Or(o.MaxRetries, DefaultMaxRetries)
+	o.MaxMessages = cmp.Or(o.MaxMessages, DefaultMaxMessages)
+	o.MaxLogBytes = cmp.Or(o.MaxLogBytes, DefaultMaxLogBytes)
+	o.TTL = cmp.Or(o.TTL, DefaultTTL)
+	o.MaxFrameBytes = cmp.Or(o.MaxFrameBytes, DefaultMaxFrameBytes)
+	o.OutboxBytes = cmp.Or(o.OutboxBytes, DefaultOutboxBytes)
+	o.MaxInflight = cmp.Or(o.MaxInflight, DefaultMaxInflight)
+	o.MaxInflightBytes = cmp.Or(o.MaxInflightBytes, DefaultMaxInflightBytes)
+	o.GroupWindow = cmp.Or(o.GroupWindow, DefaultGroupWindow)
+	o.WriteTimeout = cmp.Or(o.WriteTimeout, DefaultWriteTimeout)
+	o.AuthTimeout = cmp.Or(o.AuthTimeout, DefaultAuthTimeout)
+	o.PingInterval = cmp.Or(o.PingInterval, DefaultPingInterval)
+	o.LoginTokenTTL = cmp.Or(o.LoginTokenTTL, DefaultLoginTokenTTL)
+	o.Logger = cmp.Or(o.Logger, slog.Default())
+	return o
 }
 
 // # Tokens (detail)
@@ -2944,6 +2799,49 @@ func (b *Broker) startLogins() {
 // another. The same matcher routes messages and checks permissions, so
 // the two can never disagree about what a filter means.
 
+// subscribeProblem checks a subscribe frame, from the cheapest check
+// to the most specific, and returns the first failure's error frame, or
+// a zero reply. wire.ValidFilter explains what is wrong with a filter,
+// and Allowed whether the token's grants cover it.
+func (c *connection) subscribeProblem(f frame) reply {
+	switch {
+	case wire.ValidFilter(f.Topic) != "":
+		return topicError("invalid_topic", wire.ValidFilter(f.Topic),
+			f.Topic)
+	case f.After != nil && f.Last != nil || f.Durable != "" && f.Group != "":
+		return topicError("bad_frame",
+			"use after or last, and durable or group, not both", f.Topic)
+	case !Allowed(c.claims.Subscribe, f.Topic):
+		return topicError("forbidden", "token may not subscribe to "+
+			f.Topic, f.Topic)
+	case strings.ContainsRune(f.Durable+f.Group, 0) ||
+		max(len(f.Durable), len(f.Group)) > 256:
+		// A NUL separates a cursor key's parts, so no name may hold one.
+		return topicError("bad_frame", "invalid durable or group name",
+			f.Topic)
+	}
+	return reply{}
+}
+
+// subscribeWildcard adds a live-only filter subscription.
+func (c *connection) subscribeWildcard(f frame) {
+	if f.Durable != "" || f.Group != "" || f.After != nil || f.Last != nil {
+		c.reply(topicError("bad_frame",
+			"wildcard subscriptions are live only", f.Topic))
+		return
+	}
+	// A wildcard subscription has no replay, so it is live at once and
+	// its reply carries no seq: there is no single head to report.
+	// b.want tells a shared log to feed this broker the filter's topics.
+	s := c.newSubscription(f.Topic, nil, "")
+	c.broker.want(f.Topic)
+	c.broker.mu.Lock()
+	c.broker.wildcards[s] = struct{}{}
+	c.broker.mu.Unlock()
+	c.broker.noteSubscription("subscribed", s)
+	c.reply(reply{Type: "subscribed", Topic: f.Topic})
+}
+
 // Allowed reports whether grants permit filter. No grants at all (nil)
 // means every ordinary topic; $-topics always need an explicit grant.
 func Allowed(grants []string, filter string) bool {
@@ -3000,6 +2898,22 @@ func (b *Broker) releaseDurable(s *subscription) {
 	if s.durable != nil && b.durables[s.durable.key] == s {
 		delete(b.durables, s.durable.key)
 	}
+}
+
+// resume claims s's durable name and points f.After at its stored
+// cursor, if one is stored. It reports false if the store failed: then
+// s is dropped and the client hears store_failed.
+func (c *connection) resume(s *subscription, f *frame) bool {
+	after, err := c.broker.claimDurable(s)
+	if err != nil {
+		c.dropSubscription(s)
+		c.reply(topicError("store_failed", err.Error(), f.Topic))
+		return false
+	}
+	if after != nil {
+		f.After, f.Last = after, nil
+	}
+	return true
 }
 
 // claimDurable makes s the owner of its durable name and returns the
@@ -3193,70 +3107,105 @@ func (cf confirm) frame() []byte {
 	return data
 }
 
-// # Waking writers (detail)
-//
-// A writer started at once, for each frame a publish queues, wrote each
-// delivery of a burst alone, a system call each. So a reader's fan-out
-// only notes the outboxes it filled, and starts their writers when it is
-// about to read its socket again, or to wait: then each writer finds a
-// whole read's worth of publishes queued for its subscriber, and nothing
-// waits for a timer. nats-server's read loop does the same
-// (flushClients).
-
-// wakeups are the writers a reader's publishes owe a start: the idle
-// outboxes its fan-out filled since it last read the socket. A writer
-// started at once, per push, wrote each delivery of a burst alone, a
-// system call each; started when the reader is about to read again, or
-// to wait, it finds everything one read's worth of publishes queued for
-// its subscriber, and nothing waits for a timer. nats-server's read loop
-// does the same (flushClients). Whoever waits for room in an outbox
-// starts them first (enqueue), since the outbox may be one of them. mu
-// is a leaf: a close's handshake reads the socket from another
-// goroutine.
-type wakeups struct {
-	mu       sync.Mutex
-	outboxes []*outbox // owed a writer, in the order they were filled
-}
-
-// owe starts o's writer, or, on w, owes it one. A nil w owes nothing.
-func (w *wakeups) owe(o *outbox) {
-	if w == nil {
-		go o.write()
-		return
-	}
-	w.mu.Lock()
-	w.outboxes = append(w.outboxes, o)
-	w.mu.Unlock()
-}
-
-// start starts every writer owed.
-func (w *wakeups) start() {
-	if w == nil {
-		return
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, o := range w.outboxes {
-		go o.write()
-	}
-	w.outboxes = slices.Delete(w.outboxes, 0, len(w.outboxes)) // cleared
-}
-
 // # The queues (detail)
 //
-// Besides the outbox, which has a section of its own, the broker keeps
-// two queues: each connection's pending deliveries, the QoS 1 deliveries
-// waiting for acks (a pendingQueue per topic), and each topic's index of
-// retained messages. The first reading says why each exists and when it
-// is used; here is how each keeps its order and its memory. Both are
-// appended to at the back and taken from at the front, and both must
-// cost nothing for an idle connection or a quiet topic: a channel or a
-// ring sized up front would cost its whole size for each of the ten
-// thousand idle connections a small server may hold. So both are a
-// queue.Queue (package queue): Live returns the items, oldest first;
-// Insert puts one at a place, at the back usually; Remove drops a run of
-// them, and Drop those that match. Taking from the front copies nothing,
-// and a queue that stays about as long allocates nothing.
+// The broker keeps three queues: each connection's outbox, the frames
+// waiting for its writer; each connection's pending deliveries, the QoS 1
+// deliveries waiting for acks (a pendingQueue per topic); and each
+// topic's index of retained messages. The first reading says why each
+// exists and when it is used; here is how each keeps its order and its
+// memory. All are appended to at the back and taken from at the front,
+// and all must cost nothing for an idle connection or a quiet topic: a
+// channel or a ring sized up front would cost its whole size for each of
+// the ten thousand idle connections a small server may hold. The outbox
+// bounds bytes, and hands its array to the writer and back; the other two
+// are a queue.Queue (package queue): Live returns the items, oldest
+// first; Insert puts one at a place, at the back usually; Remove drops a
+// run of them, and Drop those that match. Taking from the front copies
+// nothing, and a queue that stays about as long allocates nothing.
+
+// outbox is a connection's queue of frames for its writer, at most limit
+// bytes. A channel would be simpler, but it bounds frames rather than
+// bytes, and allocates every slot up front, for every idle connection.
+// This queue grows with a burst and gives the memory back once drained.
+type outbox struct {
+	mu      sync.Mutex // guards the fields below
+	frames  [][]byte   // queued, oldest first
+	bytes   int        // the frames' lengths, added up
+	limit   int        // Options.OutboxBytes
+	writing bool       // a writer goroutine owns the socket's write side
+	write   func()     // the writer: connection.writeLoop
+}
+
+// push queues frames, all or none: none if they would take the outbox
+// past limit bytes, unless it is empty and they are one frame, which may
+// then be as large as a frame can be. The first frames into an idle
+// outbox start a writer goroutine.
+func (o *outbox) push(frames ...[]byte) bool {
+	return o.pushWithin(o.limit, nil, frames...)
+}
+
+// pushWithin is push with a lower limit, for a sender that may use only
+// part of the outbox. With wake (a publisher's fan-out), the writer is
+// not started here: wake.Owe(o.write) owes it a start, which the publisher's
+// reader makes with wake.start() once it is about to read or wait, so
+// that a subscriber gets a read's worth of publishes in one write
+// (wakeups, in Waking writers). A nil wake starts it now.
+func (o *outbox) pushWithin(limit int, wake *wakeups, frames ...[]byte) bool {
+	size := 0
+	for _, frame := range frames {
+		size += len(frame)
+	}
+	o.mu.Lock()
+	if o.bytes+size > limit && (o.bytes > 0 || len(frames) > 1) {
+		o.mu.Unlock()
+		return false
+	}
+	if o.frames == nil {
+		o.frames = *spareFrames.Get().(*[][]byte)
+	}
+	o.frames = append(o.frames, frames...)
+	o.bytes += size
+	idle := !o.writing
+	o.writing = true
+	o.mu.Unlock()
+	if idle {
+		wake.Owe(o.write)
+	}
+	return true
+}
+
+// take returns every queued frame, in order, and keeps the writer's
+// written batch, emptied, to queue the next ones in: the two arrays
+// change hands at each take, so a busy outbox grows neither. An empty
+// batch means the outbox is idle: the writer must exit, the next push
+// starts another, and a large array goes to spareFrames, for the next
+// outbox to fill, rather than staying with an idle connection.
+func (o *outbox) take(written [][]byte) [][]byte {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	clear(written[:cap(written)])
+	batch := o.frames
+	o.frames, o.bytes, o.writing = written[:0], 0, len(batch) > 0
+	if !o.writing && cap(o.frames) > 64 {
+		spareFrames.Put(new(o.frames))
+		o.frames = nil
+	}
+	return batch
+}
+
+// spareFrames holds the frame arrays nobody is using: those of outboxes
+// gone idle and of writers that exited, emptied. A writer exits whenever
+// its outbox empties, and the next burst into an empty outbox grew an
+// array from nothing again: a quarter of what a busy broker allocated,
+// and the collections that come with it.
+var spareFrames = sync.Pool{New: func() any { return new([][]byte) }}
+
+// newOutbox returns an empty outbox of limit bytes, whose writer is
+// write.
+func newOutbox(limit int, write func()) outbox {
+	return outbox{limit: limit, write: write}
+}
 
 // pendingQueue is one topic's pending deliveries on one connection, in seq
 // order. Deliveries mostly come in order and are acked in it, so it is a
@@ -3472,6 +3421,17 @@ func (s *subscription) offer(m *Message, frame []byte, share int,
 		}
 	}
 	return false
+}
+
+// release takes p, a job the retry loop moves to another member, out of
+// c's window. The caller holds c.mu.
+func (c *connection) release(p pending) {
+	n := c.unacked[p.message.Topic].Drop(func(e pending) bool {
+		return e.message == p.message && e.subscription == p.subscription
+	})
+	c.inflight -= n
+	c.inflightBytes -= n * p.message.size()
+	p.subscription.jobs -= n
 }
 
 // cutOff cuts off the subscriber: its connection, or a group's members.
@@ -4014,6 +3974,39 @@ func (b *Broker) forgetFailed(msgs []*Message) {
 		})
 		t.mu.Unlock()
 	}
+}
+
+// # Messages at rest (detail)
+//
+// A store keeps each message as its delivery frame at attempt 1, which
+// holds every field a subscriber sees, and its publisher beside it: one
+// encoding serves the log and every subscriber, and RestoreMessage reads
+// it back. Both engines use it; the broker never does.
+
+// Frame is m's delivery frame at attempt 1, which holds every field of a
+// Message: what a Store keeps, and RestoreMessage reads back.
+func (m *Message) Frame() []byte {
+	// A message the broker did not sequence has no frame yet.
+	if m.frame == nil {
+		return appendDelivery(nil, m, 1)
+	}
+	return m.frame
+}
+
+// Publisher is the token subject that published m: a SharedLog scopes
+// its dedup of message_ids to it, and a Store keeps it with Frame.
+func (m *Message) Publisher() string { return m.publisher }
+
+// RestoreMessage reads back a message a Store kept: its Frame and its
+// Publisher. The frame's type and attempt are ignored, and a record
+// written before frames were stored, the Message's fields alone, reads
+// the same.
+func RestoreMessage(frame []byte, publisher string) (*Message, error) {
+	m := &Message{publisher: publisher}
+	if err := json.Unmarshal(frame, m); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // # A log shared by several brokers (detail)

@@ -56,6 +56,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -370,4 +371,42 @@ func (h *hijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		lock: make(chan struct{}, 1)}
 	rw.Writer.Reset(h.socket)
 	return h.socket, rw, nil
+}
+
+// Wakeups are the writers a reader's work owes a start: the idle
+// outboxes its publishes filled since it last read its socket. A writer
+// started at once, for each frame a publish queues, wrote each delivery
+// of a burst alone, a system call each; started when the reader is
+// about to read again (Options.BeforeRead), or to wait, it finds a whole
+// read's worth of publishes queued for its subscriber, and nothing waits
+// for a timer. nats-server's read loop does the same (flushClients). mu
+// is a leaf: a close's handshake reads the socket from another goroutine.
+type Wakeups struct {
+	mu      sync.Mutex
+	writers []func() // owed a start, in the order they were filled
+}
+
+// Owe owes write a start, or, on a nil w, starts it at once.
+func (w *Wakeups) Owe(write func()) {
+	if w == nil {
+		go write()
+		return
+	}
+	w.mu.Lock()
+	w.writers = append(w.writers, write)
+	w.mu.Unlock()
+}
+
+// Start starts every writer owed, each on a goroutine of its own. A nil
+// w owes none.
+func (w *Wakeups) Start() {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, write := range w.writers {
+		go write()
+	}
+	w.writers = slices.Delete(w.writers, 0, len(w.writers)) // cleared
 }
