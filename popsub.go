@@ -1,15 +1,11 @@
 // Package popsub is a small publish/subscribe broker that speaks JSON over
-// WebSocket: small enough to read in an afternoon, careful enough to run
-// for demos and small deployments at the edge.
+// WebSocket: its behaviour reads in an afternoon, and it is careful enough
+// to run for demos and small deployments at the edge.
 //
 // It rebuilds the original PopSub (written in Rust) and goes further where
-// that one stopped: every subscriber owes its own acknowledgement, a retry
-// goes only to the subscriber that did not ack, every topic is a log with
-// dense sequence numbers that late subscribers replay as a contract, state
-// is split per topic and per connection instead of behind one lock, every
-// queue is bounded (a publisher faster than the disk waits, a subscriber
-// that falls behind reads on from the log), and durable subscriptions
-// keep a cursor on disk that survives a crash.
+// that one stopped: per-subscriber acks and retries, topics as logs with
+// dense seqs that replay as a contract, no global lock, bounded queues,
+// and durable subscriptions whose cursors survive a crash.
 //
 // # What it promises
 //
@@ -29,36 +25,29 @@
 //
 // On its own it does not replicate, order messages across topics, or
 // speak TLS. Several brokers can share one log on NATS JetStream (the
-// SharedLog seam; jetstream), so that clients reach any of
-// them; docs/ says where to go beyond that.
+// SharedLog seam; package jetstream), so that clients reach any of them;
+// docs/ says where to go beyond that.
 //
 // # Reading path
 //
-// The whole broker is this file, about 3,000 lines of code, 1,500 of them
-// on the first reading, which takes about 4.5 hours at 150 words of prose
-// and 8 lines of code a minute. You follow a message: options and
-// frames; the broker and its topics; the log, which gives a message its
-// seq and then makes it durable; connecting; the outbox and
-// back-pressure; subscribing; publishing and fan-out; acknowledgements;
-// retries and dead letters; replay; shutdown; helpers. Sections marked
-// "(detail)" hold what you may skip the first time: logins, the
-// writer's own framing, the queues' memory, durable cursors, topic
-// rules, confirms, the delivery encoder, the x-ray and, at the end,
-// retention, the seqs reserved on disk, group commit, the shared log and
-// the bbolt store. Wherever the first reading
-// calls into a detail, it says in a line what the call does, so you can
-// skip the detail and still follow every line. The page at /source folds
-// the details away.
+// The broker's behaviour is this file, about 2,200 lines of code, 1,100
+// of them on the first reading, which takes about 3.5 hours at 150 words
+// of prose and 8 lines of code a minute. You follow a message: options
+// and frames; the broker's tables; the log, and the contracts of the
+// machine room under it (the store, group commit, the socket: packages
+// of their own); connecting; subscribing; publishing and fan-out; the
+// outbox; acknowledgements; retries; replay; shutdown. Sections marked
+// "(detail)" may be skipped: where the first reading calls one, it says
+// in a line what the call does. The page at /source folds them away,
+// and shows the machine room's packages after this file.
 //
 // # Goroutines
 //
-// Per connection: the reader, started by the HTTP handler; a writer that
-// owns the socket's write side while frames are queued, and exits when
-// they are written; a confirmer, once the connection publishes with QoS
-// 1; a replayer per subscription while it catches up; and, for a moment
-// each ping interval, a pinger. Per broker: a retry loop, a keepalive
-// loop, a retention loop, the x-ray's events loop and the log's
-// committer.
+// Per connection: the reader; a writer while frames are queued; a
+// confirmer once it publishes at QoS 1; a replayer per subscription
+// while it catches up; and, for a moment each ping interval, a pinger.
+// Per broker: the retry, keepalive and retention loops, the x-ray's
+// events loop and the log's committer.
 //
 // # A session
 //
@@ -304,14 +293,21 @@ func errorReply(code, text string) reply {
 // # The broker and its topics
 //
 // The original kept all its state in one struct behind one mutex, so a
-// slow operation anywhere held up every client. Here the broker's own
-// lock guards only its tables (topics, connections, wildcard
-// subscriptions, durable names), and only for map look-ups, never across
-// I/O. Each topic has a lock of its own for its seq counter and its
-// subscribers, and each connection one for the acks it owes, so
-// publishers to different topics never wait for each other. When you
-// see two locks held, the order is always topic, then broker (read) or
-// connection, then the log committer's.
+// slow operation anywhere held up every client. Here the state is a few
+// tables, each behind its own lock:
+//
+//	Broker.topics      name → topic: head seq, index of the log, subscribers
+//	Broker.wildcards   the + and # subscriptions, live only
+//	Broker.durables    durable key → the subscription that owns it
+//	connection.unacked topic → the QoS 1 deliveries it owes acks for,
+//	                   in seq order: the retry loop's table
+//	connection.outbox  the frames its writer has yet to send
+//
+// The broker's lock guards its maps, and only for look-ups, never across
+// I/O; each topic's lock guards its seq counter and its subscribers, and
+// each connection's the acks it owes, so publishers to different topics
+// never wait for each other. When two locks are held, the order is topic,
+// then broker (read) or connection, then the log committer's.
 
 // Broker routes messages between WebSocket clients. Create one with New,
 // serve it as an http.Handler, and stop it with Shutdown.

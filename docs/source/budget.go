@@ -198,18 +198,24 @@ func lineKinds(src []byte) (map[int]lineKind, map[int]int, error) {
 	return kinds, words, failed
 }
 
-// Claim is the sentence that the README, the package doc, tutorial 6 and
-// the source page use for the file's size: code rounded to the hundred,
-// the first reading's time to the half hour.
-func (b Budget) Claim() string {
+// FirstReadingMinutes is how long the first reading takes, at the stated
+// pace: every section not marked detail.
+func (b Budget) FirstReadingMinutes() int {
 	minutes := 0
 	for _, s := range b.Sections {
 		if !s.Detail {
 			minutes += s.Minutes()
 		}
 	}
-	hours := strconv.FormatFloat(math.Round(float64(minutes)/30)/2, 'f', -1,
-		64)
+	return minutes
+}
+
+// Claim is the sentence that the README, the package doc, tutorial 6 and
+// the source page use for the file's size: code rounded to the hundred,
+// the first reading's time to the half hour.
+func (b Budget) Claim() string {
+	hours := strconv.FormatFloat(
+		math.Round(float64(b.FirstReadingMinutes())/30)/2, 'f', -1, 64)
 	return fmt.Sprintf("about %s lines of code, %s of them on the first "+
 		"reading, which takes about %s hours at %d words of prose and %d "+
 		"lines of code a minute", hundreds(b.Code),

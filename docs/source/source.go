@@ -52,10 +52,17 @@ type File struct {
 // PackageFiles are the broker's files: the broker is one file.
 var PackageFiles = []string{"popsub.go"}
 
-// Load reads PackageFiles from dir.
+// AppendixFiles are the machine room's packages, in the order popsub.go
+// first reaches them, and the protocol: the page shows them after the
+// broker, as an appendix.
+var AppendixFiles = []string{"socket/socket.go", "groupcommit/groupcommit.go",
+	"boltstore/boltstore.go", "jetstream/jetstream.go", "login/login.go",
+	"xray/xray.go", "queue/queue.go", "wire/wire.go", "wire/scan.go"}
+
+// Load reads PackageFiles, then AppendixFiles, from dir.
 func Load(dir string) ([]File, error) {
 	var files []File
-	for _, name := range PackageFiles {
+	for _, name := range append(PackageFiles, AppendixFiles...) {
 		src, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
 			return nil, err
@@ -65,27 +72,63 @@ func Load(dir string) ([]File, error) {
 	return files, nil
 }
 
-// Render returns the page for the first of files, the broker.
+// appendix is one file of the appendix: a machine-room package's file,
+// folded, its anchors prefixed with its path so that they never clash
+// with the broker's.
+type appendix struct {
+	Name     string    // its path, as shown
+	ID       string    // its anchor
+	Minutes  int       // its reading time, from Budget
+	Code     int       // its code lines
+	Sections []section // its package doc first
+}
+
+// Render returns the page for the first of files, the broker, with the
+// rest after it as an appendix.
 func Render(files []File) ([]byte, error) {
 	f := files[0]
-	fset := token.NewFileSet()
-	file, err := parser.ParseFile(fset, f.Name, f.Src, parser.ParseComments)
+	sections, budget, err := renderFile(f, "")
 	if err != nil {
-		return nil, fmt.Errorf("parse %s: %w", f.Name, err)
+		return nil, err
 	}
-	budget, err := Measure(f.Src)
-	if err != nil {
-		return nil, fmt.Errorf("measure %s: %w", f.Name, err)
+	var more []appendix
+	for _, f := range files[1:] {
+		id := anchorOf(f.Name)
+		sections, b, err := renderFile(f, id+".")
+		if err != nil {
+			return nil, err
+		}
+		minutes := 0
+		for _, s := range b.Sections {
+			minutes += s.Minutes()
+		}
+		more = append(more, appendix{Name: f.Name, ID: id,
+			Minutes: minutes, Code: b.Code, Sections: sections})
 	}
-	r := renderer{names: declarationLines(fset, file),
-		links: links(fset, file)}
-	sections := r.split(strings.Split(string(f.Src), "\n"))
 	var out bytes.Buffer
 	err = page.Execute(&out, struct {
 		Name, Claim string
 		Parts       []part
-	}{f.Name, budget.Claim(), group(sections, budget)})
+		Appendix    []appendix
+	}{f.Name, budget.Claim(), group(sections, budget), more})
 	return out.Bytes(), err
+}
+
+// renderFile splits f into its sections, each declaration anchored by
+// prefix and its name, and measures it.
+func renderFile(f File, prefix string) ([]section, Budget, error) {
+	fset := token.NewFileSet()
+	file, err := parser.ParseFile(fset, f.Name, f.Src, parser.ParseComments)
+	if err != nil {
+		return nil, Budget{}, fmt.Errorf("parse %s: %w", f.Name, err)
+	}
+	budget, err := Measure(f.Src)
+	if err != nil {
+		return nil, Budget{}, fmt.Errorf("measure %s: %w", f.Name, err)
+	}
+	r := renderer{names: declarationLines(fset, file),
+		links: links(fset, file), prefix: prefix}
+	return r.split(strings.Split(string(f.Src), "\n")), budget, nil
 }
 
 // group gathers sections into parts, one per banner, with the reading
@@ -163,9 +206,10 @@ func specName(spec ast.Spec) string {
 
 // renderer holds what rendering a file needs beyond its lines.
 type renderer struct {
-	names map[int]string  // declaration lines, from declarationLines
-	links map[link]string // identifiers to link, from links
-	count int             // sections made so far, for their anchors
+	names  map[int]string  // declaration lines, from declarationLines
+	links  map[link]string // identifiers to link, from links
+	count  int             // sections made so far, for their anchors
+	prefix string          // before every anchor: "" for the broker
 }
 
 // split cuts the file's lines into sections: a run of comment-only lines
@@ -212,6 +256,7 @@ func (r *renderer) newSection(prose, code []string, id string,
 	if id == "" {
 		id = fmt.Sprintf("s%d", r.count)
 	}
+	id = r.prefix + id
 	for len(code) > 0 && strings.TrimSpace(code[0]) == "" {
 		code, first = code[1:], first+1
 	}
@@ -221,11 +266,11 @@ func (r *renderer) newSection(prose, code []string, id string,
 	if title, rest, ok := strings.Cut(text, "\n"); ok &&
 		strings.HasPrefix(title, "# ") {
 		s.Title = strings.TrimPrefix(title, "# ")
-		s.ID = anchorOf(strings.TrimSuffix(s.Title, " (detail)"))
+		s.ID = r.prefix + anchorOf(strings.TrimSuffix(s.Title, " (detail)"))
 		text = rest
 	} else if strings.HasPrefix(text, "# ") {
 		s.Title, text = strings.TrimPrefix(text, "# "), ""
-		s.ID = anchorOf(strings.TrimSuffix(s.Title, " (detail)"))
+		s.ID = r.prefix + anchorOf(strings.TrimSuffix(s.Title, " (detail)"))
 	}
 	var parser comment.Parser
 	printer := comment.Printer{HeadingLevel: 3}
@@ -255,8 +300,8 @@ func (r *renderer) anchored(html template.HTML, first int,
 	id string) template.HTML {
 	lines := strings.Split(string(html), "\n")
 	for i := range lines {
-		if name, ok := r.names[first+i]; ok && name != id {
-			lines[i] = `<span id="` + name + `"></span>` + lines[i]
+		if name, ok := r.names[first+i]; ok && r.prefix+name != id {
+			lines[i] = `<span id="` + r.prefix + name + `"></span>` + lines[i]
 		}
 	}
 	return template.HTML(strings.Join(lines, "\n"))
@@ -364,7 +409,7 @@ func (r *renderer) highlight(code string, first int) template.HTML {
 		p := file.Position(pos)
 		at := link{first + p.Line - 1, p.Column}
 		if anchor, ok := r.links[at]; ok {
-			out.WriteString(`<a href="#` + anchor + `">` +
+			out.WriteString(`<a href="#` + r.prefix + anchor + `">` +
 				template.HTMLEscapeString(code[start:end]) + `</a>`)
 		} else {
 			out.WriteString(span(tok, code[start:end]))
@@ -458,6 +503,11 @@ a.anchor { text-decoration: none; float: right; }
 {{range .Parts}}<li{{if .Detail}} class="detail"{{end}}><a href="#{{.ID}}">{{.Title}}</a> <span class="time">{{.Minutes}} min{{if .Detail}} · detail{{end}}</span></li>
 {{end}}</ol>
 <p class="legend">Details (in italics) are folded: a first reading may skip them. A link here opens one; so does a click on its heading.</p>
+{{if .Appendix}}<h2 class="legend">Appendix: the machine room</h2>
+<p class="legend">The packages under popsub.go, each behind a contract it declares, and the protocol (wire).</p>
+<ol>
+{{range .Appendix}}<li class="detail"><a href="#{{.ID}}">{{.Name}}</a> <span class="time">{{.Minutes}} min · {{.Code}} lines</span></li>
+{{end}}</ol>{{end}}
 </nav>
 <main id="main">
 {{range .Parts}}{{if .Detail}}<details class="part" id="{{.ID}}">
@@ -469,7 +519,15 @@ a.anchor { text-decoration: none; float: right; }
 <div class="code"><pre>{{.Code}}</pre></div>
 </div>
 {{end}}{{if .Detail}}</details>{{else}}</div>{{end}}
-{{end}}</main>
+{{end}}{{if .Appendix}}<div class="part" id="appendix"><h2>Appendix: the machine room</h2></div>
+{{range .Appendix}}<details class="part" id="{{.ID}}">
+<summary><h2>{{.Name}}</h2> <span class="time">{{.Minutes}} min · {{.Code}} lines of code</span></summary>
+{{range .Sections}}<div class="section{{if not .Prose}} wide{{end}}"{{if .ID}} id="{{.ID}}"{{end}}>
+<div class="prose">{{if .ID}}<a class="anchor" href="#{{.ID}}">#{{.ID}}</a>{{end}}{{if .Title}}<h3>{{.Title}}</h3>{{end}}{{.Prose}}</div>
+<div class="code"><pre>{{.Code}}</pre></div>
+</div>
+{{end}}</details>
+{{end}}{{end}}</main>
 </div>
 <script>
 function reveal() {
