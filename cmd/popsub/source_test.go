@@ -17,11 +17,12 @@ func TestSourcePage_FindsItsWayAround(t *testing.T) {
 	// The table of contents leads to a detail, folded on a first
 	// reading, and opens it; a click on its summary folds it again, and
 	// another opens it.
-	frames := `details#reading-frames`
+	frames := `details#keepalives-limits-and-batches`
 	err := chromedp.Do(ctx,
 		chromedp.Navigate(page),
-		chromedp.WaitVisible(css(`nav.toc a[href="#reading-frames"]`)),
-		chromedp.Click(css(`nav.toc a[href="#reading-frames"]`)),
+		chromedp.WaitVisible(css(
+			`nav.toc a[href="#keepalives-limits-and-batches"]`)),
+		chromedp.Click(css(`nav.toc a[href="#keepalives-limits-and-batches"]`)),
 		chromedp.WaitVisible(css(frames+` > summary`)),
 	)
 	if err != nil {
@@ -50,7 +51,7 @@ func TestSourcePage_FindsItsWayAround(t *testing.T) {
 
 	// An identifier links to its definition, and a definition inside
 	// another folded detail opens it.
-	encoder := `details#writing-deliveries-by-hand`
+	encoder := `details#topic-rules`
 	err = chromedp.Do(ctx,
 		chromedp.Click(css(frames+` .code a[href="#connection"]`)),
 		chromedp.WaitVisible(css(`#connection`)),
@@ -62,13 +63,24 @@ func TestSourcePage_FindsItsWayAround(t *testing.T) {
 		t.Fatal("the encoder's detail is open before its link is followed")
 	}
 	_, err = chromedp.Run(ctx, chromedp.Evaluate[bool](`[...document.
-		querySelectorAll('a[href="#appendDelivery"]')].
+		querySelectorAll('a[href="#Allowed"]')].
 		find(a => !a.closest("details")).click() ?? true`))
 	if err == nil {
-		err = chromedp.Do(ctx, chromedp.WaitVisible(css(`#appendDelivery`)))
+		err = chromedp.Do(ctx, chromedp.WaitVisible(css(`#Allowed`)))
 	}
 	if err != nil || !open(encoder) {
 		t.Fatalf("the link into a folded detail did not open it: %v", err)
+	}
+
+	// The appendix lists the machine room's packages, folded; its
+	// contents' link opens one.
+	store := `details#boltstore-boltstore-go`
+	err = chromedp.Do(ctx,
+		chromedp.Click(css(`nav.toc a[href="#boltstore-boltstore-go"]`)),
+		chromedp.WaitVisible(css(store+` > summary`)),
+	)
+	if err != nil || !open(store) {
+		t.Fatalf("the appendix's link did not open boltstore: %v", err)
 	}
 	if list := problems(); len(list) > 0 {
 		t.Fatalf("the console reported problems:\n%s",
