@@ -114,7 +114,7 @@ const (
 	largeFramesBytes  = 64 << 20        // frames over 64 KiB, together
 	deadPrefix        = "$dead/"        // dead letters of T go to $dead/T
 	// commitLinger is the longest a batch nobody waits for waits for
-	// company (committer.linger).
+	// company (groupcommit).
 	commitLinger = 5 * time.Millisecond
 	// reserveAhead and reserveBlock size a topic's reservation of seqs
 	// (the log's section): a topic asks for its next block once fewer
@@ -358,7 +358,7 @@ type Broker struct {
 	open atomic.Int64
 	// logins rations password hashes and remembers recent failures by
 	// user and by address; dummy is the hash an unknown user is checked
-	// against, which dummyHash makes on first use (both in Logins, a
+	// against, which b.startLogins makes on first use (both in Logins, a
 	// detail).
 	logins *login.Gate
 	dummy  func() string

@@ -12,7 +12,7 @@
 //
 // # What each trick buys
 //
-// Measured with BenchmarkPublish at the count cap (performance.md):
+// Measured with popsub bench and its profile (performance.md):
 //
 //	trick                               buys
 //	taking from the front moves head    the broker's first profile: 69 %

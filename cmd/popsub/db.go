@@ -20,7 +20,7 @@ import (
 // records on it, and nothing else. bbolt's own Tx.Check is not used: it
 // walks the file on a goroutine of its own, where a fault cannot be
 // caught, and a file cut short then takes the process down. The layout
-// is the one popsub.go's BoltStore writes, read through what it exports
+// is the one package boltstore writes, read through what it exports
 // (TopicsBucket, LogOf, SeqKey, RecordIntact, Guard …), so that the
 // check can never drift from the store it checks.
 
@@ -300,7 +300,7 @@ func writeTopic(out *bolt.DB, topic []byte, head uint64,
 		if err != nil {
 			return err
 		}
-		log.FillPercent = 1.0 // keys go in in order, as BoltStore's do
+		log.FillPercent = 1.0 // keys go in in order, as boltstore's do
 		for _, seq := range slices.Sorted(maps.Keys(records)) {
 			if err := log.Put(boltstore.SeqKey(seq), records[seq]); err != nil {
 				return err
