@@ -236,10 +236,10 @@ type Message struct {
 	// Payload is any JSON value, compacted onto one line.
 	Payload json.RawMessage `json:"payload"`
 
-	// frame is the message's delivery frame at attempt 1, made once when
-	// it is sequenced: every subscriber is sent these bytes, and the log
-	// stores them.
-	frame []byte
+	// delivery is the message's delivery frame at attempt 1, made once
+	// when it is sequenced: every subscriber is sent these bytes, and the
+	// log stores them.
+	delivery []byte
 	// publisher is the token subject that published it, "" from inside
 	// the process: a repeated message_id is a duplicate only from the
 	// same publisher, as Kafka scopes idempotence to its producer.
@@ -1226,7 +1226,7 @@ func (c *connection) subscribeTopic(f frame) {
 
 	// The reply is queued before the replayer starts, so the client hears
 	// "subscribed" before any message of this subscription. With nothing
-	// to replay, s.goLive turns it live here, before the reader reads
+	// to replay, s.finishReplay turns it live here, before the reader reads
 	// the client's next frame: a publish that follows it on the same
 	// connection is delivered before it is confirmed, never after.
 	r := reply{Type: "subscribed", Topic: f.Topic, Seq: &head}
@@ -1235,7 +1235,7 @@ func (c *connection) subscribeTopic(f frame) {
 	}
 	c.reply(r)
 	b.noteSubscription("subscribed", s)
-	if live, _ := s.goLive(start, nil, nil, time.Time{}); !live {
+	if finished, _ := s.finishReplay(start, nil, nil, time.Time{}); !finished {
 		go s.replay(b, start, false)
 	}
 }
@@ -1481,7 +1481,7 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 	t.head++
 	m.Seq = t.head
 	m.Timestamp = max(time.Now().UnixMilli(), t.lastTime)
-	m.frame = appendDelivery(nil, m, 1)
+	m.delivery = appendDelivery(nil, m, 1)
 	stored := b.log.Append(m)
 	t.unsynced = append(t.unsynced, m)
 	b.sequenced(t, m, m.Seq-1, wake)
@@ -1522,7 +1522,7 @@ func (b *Broker) fanOut(t *topic, m *Message, last uint64, wake *wakeups) {
 	// here was sent: each subscriber goes back to the log, to hear it.
 	gap := m.Seq > last+1
 	for s := range t.subscribers {
-		if s.live && (gap || !s.offer(m, m.frame, 1, deadline, wake)) {
+		if s.live && (gap || !s.offer(m, m.delivery, 1, deadline, wake)) {
 			s.fallBehind(b, last)
 		}
 	}
@@ -1535,7 +1535,7 @@ func (b *Broker) fanOut(t *topic, m *Message, last uint64, wake *wakeups) {
 	defer b.mu.RUnlock()
 	for s := range b.wildcards {
 		if wire.Covers(s.filter, t.name) &&
-			(gap || !s.conn.deliver(s, m, m.frame, 1, deadline, wake)) {
+			(gap || !s.conn.deliver(s, m, m.delivery, 1, deadline, wake)) {
 			s.conn.cutOff("fell behind")
 		}
 	}
@@ -1732,15 +1732,17 @@ type pending struct {
 	deadline time.Time
 }
 
-// deliver queues m's frame to s if there is room, and records it: a
-// pending entry if m is QoS 1, due for retry at deadline, and the durable
-// cursor's progress. share is the part of each bound the caller may use:
+// deliver queues m's delivery frame to s if there is room, and records
+// it: a pending entry if m is QoS 1, due for retry at deadline, and the
+// durable cursor's progress. split divides each bound among its users:
 // 1 for live traffic, 2 for replay, which leaves half to live traffic on
 // the connection's other subscriptions. A writer the frame makes due is
 // owed to wake, or started now if wake is nil (pushWithin). It reports
-// false, having changed nothing, when there is no room. It never waits.
-func (c *connection) deliver(s *subscription, m *Message, frame []byte,
-	share int, deadline time.Time, wake *wakeups) bool {
+// true when s is done with m: queued, or no longer wanted because s
+// ended; false, having changed nothing, when there is no room. It never
+// waits.
+func (c *connection) deliver(s *subscription, m *Message, delivery []byte,
+	split int, deadline time.Time, wake *wakeups) bool {
 	// The frame is queued under c.mu, before its pending entry is made:
 	// an ack, which takes c.mu too, cannot look for an entry before it
 	// exists.
@@ -1753,42 +1755,42 @@ func (c *connection) deliver(s *subscription, m *Message, frame []byte,
 	if s.ended() {
 		return s.group == nil
 	}
-	if !c.windowHas(s, m, share) || !c.push(s, frame, share, wake) {
+	if !c.windowHas(s, m, split) || !c.push(s, delivery, split, wake) {
 		return false
 	}
 	c.record(s, m, deadline)
 	return true
 }
 
-// push queues frame to s's connection within share of the outbox, with
+// push queues delivery to s's connection within 1/split of the outbox, with
 // the skipped frame s.notice before it, if the log overtook s (Replay):
 // both or neither, so that the subscriber hears of a gap as the next
 // message comes, never while it has no room for it. The caller holds
 // c.mu.
-func (c *connection) push(s *subscription, frame []byte, share int,
+func (c *connection) push(s *subscription, delivery []byte, split int,
 	wake *wakeups) bool {
-	limit := c.broker.opts.OutboxBytes / share
+	limit := c.broker.opts.OutboxBytes / split
 	if s.notice == nil {
-		return c.outbox.pushWithin(limit, wake, frame)
+		return c.outbox.pushWithin(limit, wake, delivery)
 	}
-	if !c.outbox.pushWithin(limit, wake, s.notice, frame) {
+	if !c.outbox.pushWithin(limit, wake, s.notice, delivery) {
 		return false
 	}
 	s.notice = nil
 	return true
 }
 
-// windowHas reports whether share of the in-flight window has room for
+// windowHas reports whether 1/split of the in-flight window has room for
 // m, by count and by bytes, if it is QoS 1, and, for a group's member s,
 // whether s holds fewer than GroupWindow jobs. An empty window takes one
 // message, however large. The caller holds c.mu.
-func (c *connection) windowHas(s *subscription, m *Message, share int) bool {
+func (c *connection) windowHas(s *subscription, m *Message, split int) bool {
 	o := c.broker.opts
 	if m.QoS == 0 || s.group != nil && s.jobs >= o.GroupWindow {
 		return m.QoS == 0
 	}
-	return c.inflight == 0 || c.inflight < max(o.MaxInflight/share, 1) &&
-		c.inflightBytes+m.size() <= o.MaxInflightBytes/share
+	return c.inflight == 0 || c.inflight < max(o.MaxInflight/split, 1) &&
+		c.inflightBytes+m.size() <= o.MaxInflightBytes/split
 }
 
 // record notes a delivery just queued to s: a pending entry if m is QoS
@@ -1797,7 +1799,7 @@ func (c *connection) windowHas(s *subscription, m *Message, share int) bool {
 func (c *connection) record(s *subscription, m *Message, deadline time.Time) {
 	var p *pending
 	if m.QoS == 1 {
-		p = c.owe(pending{subscription: s, message: m, attempt: 1,
+		p = c.addPending(pending{subscription: s, message: m, attempt: 1,
 			deadline: deadline})
 	}
 	// A delivery is counted, and b.noteDelivery reports it to the x-ray
@@ -1811,9 +1813,9 @@ func (c *connection) record(s *subscription, m *Message, deadline time.Time) {
 	}
 }
 
-// owe adds p to c's pending deliveries and returns where it went. The
+// addPending adds p to c's pending deliveries and returns where it went. The
 // caller holds c.mu.
-func (c *connection) owe(p pending) *pending {
+func (c *connection) addPending(p pending) *pending {
 	q := c.unacked[p.message.Topic]
 	if q == nil {
 		q = &pendingQueue{}
@@ -2085,9 +2087,9 @@ func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 		// Seeing the same synced seq twice means the second: skip past.
 		// A shared log has no such seqs; it reads nothing only until its
 		// feed has caught up (SharedLog), which a moment brings.
-		live, newest := s.goLive(from, nil, nil, time.Time{})
+		finished, newest := s.finishReplay(from, nil, nil, time.Time{})
 		switch {
-		case live:
+		case finished:
 			return
 		case b.shared != nil:
 			time.Sleep(time.Millisecond)
@@ -2129,14 +2131,15 @@ func (t *topic) synced() uint64 {
 	return t.head
 }
 
-// goLive turns s live if nothing after seq was given out; otherwise it
-// returns the newest seq on disk. Under t.mu no fan-out can run, so nothing
-// falls between replay and live. With m, seq's message, it is the
-// hand-over: m goes out first, as live traffic, if it has room, so that
-// once the subscriber sees it, the next message comes by fan-out with
-// the whole window.
-func (s *subscription) goLive(after uint64, m *Message, frame []byte,
-	deadline time.Time) (bool, uint64) {
+// finishReplay turns s live if nothing after seq was given out, and
+// reports whether the replay is finished: s is live, or it ended
+// meanwhile; otherwise it returns the newest seq on disk. Under t.mu no
+// fan-out can run, so nothing falls between replay and live. With m,
+// seq's message, it is the hand-over: m goes out first, as live traffic,
+// if it has room, so that once the subscriber sees it, the next message
+// comes by fan-out with the whole window.
+func (s *subscription) finishReplay(after uint64, m *Message, delivery []byte,
+	deadline time.Time) (finished bool, synced uint64) {
 	t := s.topic
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -2147,7 +2150,8 @@ func (s *subscription) goLive(after uint64, m *Message, frame []byte,
 	// A subscription ended during replay is no longer in the topic, and
 	// must not come back to life.
 	_, subscribed := t.subscribers[s]
-	s.live = subscribed && (m == nil || s.offer(m, frame, 1, deadline, nil))
+	s.live = subscribed &&
+		(m == nil || s.offer(m, delivery, 1, deadline, nil))
 	return s.live || !subscribed, after
 }
 
@@ -2160,7 +2164,7 @@ func (s *subscription) goLive(after uint64, m *Message, frame []byte,
 // of a read may be the newest, so only it takes the topic's lock to look.
 func (s *subscription) deliverReplay(b *Broker, m *Message,
 	behind, last bool) (sent, stop bool) {
-	frame := appendDelivery(nil, m, 1)
+	delivery := appendDelivery(nil, m, 1)
 	for {
 		if s.ended() {
 			return false, true
@@ -2170,11 +2174,12 @@ func (s *subscription) deliverReplay(b *Broker, m *Message,
 		}
 		deadline := time.Now().Add(b.opts.AckTimeout)
 		if last {
-			if live, _ := s.goLive(m.Seq, m, frame, deadline); live {
+			finished, _ := s.finishReplay(m.Seq, m, delivery, deadline)
+			if finished {
 				return false, true
 			}
 		}
-		if s.offer(m, frame, 2, deadline, nil) {
+		if s.offer(m, delivery, 2, deadline, nil) {
 			return true, false
 		}
 
@@ -3082,15 +3087,15 @@ func (c *connection) confirmLoop() {
 		case <-c.done:
 			return
 		}
-		if !c.enqueue(cf.frame()) {
+		if !c.enqueue(cf.answer()) {
 			return
 		}
 	}
 }
 
-// frame is the reply a confirm sends: published, or store_failed. A
+// answer is the reply a confirm sends: published, or store_failed. A
 // shared log's answer brings the seq (see SharedLog).
-func (cf confirm) frame() []byte {
+func (cf confirm) answer() []byte {
 	seq := max(cf.seq, cf.stored.Seq())
 	r := reply{Type: "published", Topic: cf.message.Topic,
 		MessageID: cf.message.ID, Seq: &seq,
@@ -3403,15 +3408,15 @@ func (g *group) leave(s *subscription) {
 // offer queues m to s if there is room: to its connection, or, for a
 // group's feed, to the first member with room, starting at g.turn. wake
 // is as for deliver.
-func (s *subscription) offer(m *Message, frame []byte, share int,
+func (s *subscription) offer(m *Message, delivery []byte, split int,
 	deadline time.Time, wake *wakeups) bool {
 	if s.conn != nil {
-		return s.conn.deliver(s, m, frame, share, deadline, wake)
+		return s.conn.deliver(s, m, delivery, split, deadline, wake)
 	}
 	members, start := s.group.list(), s.group.turn.Load()
 	for i := range uint64(len(members)) {
 		member := members[(start+i)%uint64(len(members))]
-		if member.conn.deliver(member, m, frame, share, deadline, wake) {
+		if member.conn.deliver(member, m, delivery, split, deadline, wake) {
 			s.group.turn.Store(start + i + 1)
 			return true
 		}
@@ -3465,8 +3470,8 @@ func (g *group) place(list []pending, avoid *connection) {
 		turn := append(slices.Clone(members[at:]), members[:at]...)
 		// A member that took nothing had just left: try the others again.
 		if slices.ContainsFunc(turn, func(s *subscription) bool {
-			return s.conn != avoid && s.conn.take(s, p, false)
-		}) || turn[0].conn.take(turn[0], p, true) {
+			return s.conn != avoid && s.conn.assign(s, p, false)
+		}) || turn[0].conn.assign(turn[0], p, true) {
 			i++
 		}
 	}
@@ -3484,20 +3489,20 @@ func (g *group) keep(list []pending) []*subscription {
 	return nil
 }
 
-// take queues p's message to member s as attempt p.attempt, if it has
+// assign queues p's message to member s as attempt p.attempt, if it has
 // room or must take it anyway, and makes the delivery s's to ack. Forced
 // into a full outbox the frame is dropped, as a retry's is, and the
 // retry loop sends it again.
-func (c *connection) take(s *subscription, p pending, must bool) bool {
+func (c *connection) assign(s *subscription, p pending, must bool) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	frame := appendDelivery(nil, p.message, p.attempt)
+	delivery := appendDelivery(nil, p.message, p.attempt)
 	if s.ended() || !must && !c.windowHas(s, p.message, 1) ||
-		!c.outbox.push(frame) && !must {
+		!c.outbox.push(delivery) && !must {
 		return false
 	}
 	p.subscription = s
-	c.broker.noteMessage("redelivered", c, p.message, c.owe(p))
+	c.broker.noteMessage("redelivered", c, p.message, c.addPending(p))
 	return true
 }
 
@@ -3983,10 +3988,10 @@ func (b *Broker) forgetFailed(msgs []*Message) {
 // Message: what a Store keeps, and RestoreMessage reads back.
 func (m *Message) Frame() []byte {
 	// A message the broker did not sequence has no frame yet.
-	if m.frame == nil {
+	if m.delivery == nil {
 		return appendDelivery(nil, m, 1)
 	}
-	return m.frame
+	return m.delivery
 }
 
 // Publisher is the token subject that published m: a SharedLog scopes
@@ -4076,7 +4081,7 @@ func (b *Broker) feed(m *Message) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if m.Seq > t.head {
-		m.frame = appendDelivery(nil, m, 1)
+		m.delivery = appendDelivery(nil, m, 1)
 		b.sequenced(t, m, t.head, nil)
 		b.noteMessage("committed", nil, m, nil)
 		t.head = m.Seq
