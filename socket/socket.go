@@ -58,6 +58,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -104,11 +105,11 @@ type Conn struct {
 	closed    chan struct{}
 	closeOnce sync.Once
 
-	// mu guards the frame Read returned last: its buffer, and whether
-	// it holds a place.
-	mu     sync.Mutex
+	// buffer holds the frame Read returned last; the reader's alone.
 	buffer *bytes.Buffer
-	large  bool
+	// large is set while that frame holds a place. Whoever clears it,
+	// the next Read or a close, gives the place back.
+	large atomic.Bool
 }
 
 // Accept upgrades a request to a WebSocket. It checks the Origin header:
@@ -135,7 +136,11 @@ func (c *Conn) SetReadLimit(n int64) { c.ws.SetReadLimit(n) }
 // frame over the limit) ends the socket, and the library has sent
 // whatever close applies; a binary frame is closed with 1003.
 func (c *Conn) Read() ([]byte, error) {
-	c.release(true)
+	c.givePlaceBack()
+	if c.buffer != nil && c.buffer.Cap() <= LargeFrame {
+		readBufferPool.Put(c.buffer)
+	}
+	c.buffer = nil
 	typ, reader, err := c.ws.Reader(context.Background())
 	if err != nil {
 		return nil, err
@@ -146,9 +151,7 @@ func (c *Conn) Read() ([]byte, error) {
 	}
 	buffer := readBufferPool.Get().(*bytes.Buffer)
 	buffer.Reset()
-	c.mu.Lock()
 	c.buffer = buffer
-	c.mu.Unlock()
 	_, err = buffer.ReadFrom(io.LimitReader(reader, LargeFrame+1))
 	if err == nil && buffer.Len() > LargeFrame {
 		if !c.takePlace() {
@@ -167,31 +170,27 @@ func (c *Conn) Read() ([]byte, error) {
 func (c *Conn) takePlace() bool {
 	select {
 	case c.opts.LargeFrames <- struct{}{}:
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		c.large = true
-		return true
+		c.large.Store(true)
+		// A close that came meanwhile found no place to give back.
+		select {
+		case <-c.closed:
+			c.givePlaceBack()
+			return false
+		default:
+			return true
+		}
 	case <-c.closed:
 	case <-c.opts.Stop:
 	}
 	return false
 }
 
-// release gives back the last frame's place, if it took one, and, when
-// the reader is done with it (reused), its buffer to the pool. A buffer
-// that grew past LargeFrame is left to the garbage collector instead.
-func (c *Conn) release(reused bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.large {
+// givePlaceBack gives back the last frame's place, if it holds one,
+// once: the next Read and a close may both try. A buffer that grew past
+// LargeFrame goes to the garbage collector, not back to the pool.
+func (c *Conn) givePlaceBack() {
+	if c.large.CompareAndSwap(true, false) {
 		<-c.opts.LargeFrames
-		c.large = false
-	}
-	if reused && c.buffer != nil && c.buffer.Cap() <= LargeFrame {
-		readBufferPool.Put(c.buffer)
-	}
-	if reused {
-		c.buffer = nil
 	}
 }
 
@@ -219,10 +218,10 @@ func (c *Conn) CloseNow() error {
 // end gives up any wait for a place, and gives back the place the last
 // frame holds, if any: a reader that stops reading after a panic must
 // not keep it. The buffer stays with the reader, which may still read
-// it, and goes to the garbage collector.
+// it.
 func (c *Conn) end() {
 	c.closeOnce.Do(func() { close(c.closed) })
-	c.release(false)
+	c.givePlaceBack()
 }
 
 // Send writes frames in order: each its own WebSocket frame or, joined,
