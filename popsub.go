@@ -824,7 +824,7 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// Before each read of the socket, the reader starts the writers its
-	// publishes filled (c.wake.start, in Waking writers).
+	// publishes filled (c.wake.Start: wakeups, in the machine room).
 	var c *connection
 	ws, err := b.acceptSocket(w, r, func() { c.wake.Start() })
 	if err != nil {
@@ -923,7 +923,7 @@ func (c *connection) serve() {
 	defer c.broker.unregister(c)
 	// A reader that leaves starts the writers its publishes owe;
 	// c.recoverPanic logs a panic here and lets the connection end
-	// (Mistakes and strangers, a detail).
+	// (Keepalives, limits and batches, a detail).
 	defer c.wake.Start()
 	defer c.recoverPanic()
 	if !c.authenticate() {
@@ -3148,10 +3148,10 @@ func (o *outbox) push(frames ...[]byte) bool {
 
 // pushWithin is push with a lower limit, for a sender that may use only
 // part of the outbox. With wake (a publisher's fan-out), the writer is
-// not started here: wake.Owe(o.write) owes it a start, which the publisher's
-// reader makes with wake.start() once it is about to read or wait, so
-// that a subscriber gets a read's worth of publishes in one write
-// (wakeups, in Waking writers). A nil wake starts it now.
+// not started here: wake.Owe(o.write) owes it a start, which the
+// publisher's reader makes with wake.Start() once it is about to read or
+// wait, so that a subscriber gets a read's worth of publishes in one
+// write (wakeups, in the machine room). A nil wake starts it now.
 func (o *outbox) pushWithin(limit int, wake *wakeups, frames ...[]byte) bool {
 	size := 0
 	for _, frame := range frames {
