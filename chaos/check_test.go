@@ -1,6 +1,9 @@
 package chaos
 
 import (
+	"fmt"
+	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -208,4 +211,67 @@ func TestCheck_ExcusesWhatItWasTold(t *testing.T) {
 				t.Fatalf("a lost unconfirmed message was refused:\n%s", r)
 			}
 		})
+}
+
+// A proxy carries bytes both ways, stops carrying them while held
+// without closing anything, and drops every connection when cut.
+func TestProxy_HoldsAndCuts(t *testing.T) {
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go io.Copy(c, c)
+		}
+	}()
+	p, err := NewProxy(func() string { return echo.Addr().String() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	roundTrip := func(want string) error {
+		if _, err := c.Write([]byte(want)); err != nil {
+			return err
+		}
+		got := make([]byte, len(want))
+		_, err := io.ReadFull(c, got)
+		if err == nil && string(got) != want {
+			err = fmt.Errorf("echoed %q, want %q", got, want)
+		}
+		return err
+	}
+	if err := roundTrip("one"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Held, nothing comes back; resumed, what was sent arrives.
+	p.Hold()
+	c.Write([]byte("two"))
+	c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if n, _ := c.Read(make([]byte, 8)); n != 0 {
+		t.Fatalf("%d bytes came through a held proxy", n)
+	}
+	c.SetReadDeadline(time.Time{})
+	p.Resume()
+	got := make([]byte, 3)
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "two" {
+		t.Fatalf("after resuming: %q, %v", got, err)
+	}
+
+	// Cut, the connection is closed.
+	p.Cut()
+	if _, err := io.ReadFull(c, make([]byte, 1)); err == nil {
+		t.Fatal("a cut connection still reads")
+	}
 }

@@ -5,8 +5,9 @@
 // promises, one invariant at a time.
 //
 // Two drivers use it: `popsub chaos` runs real brokers (bbolt, or
-// several on NATS JetStream) behind TCP proxies and kills, pauses, cuts
-// and stalls them; the root package's simulation runs a broker in fake
+// several on NATS JetStream) behind TCP proxies (Proxy, which can drop
+// every connection or stop carrying bytes) and kills, pauses, cuts and
+// stalls them; the root package's simulation runs a broker in fake
 // time on a disk that loses what it had not synced. Both feed the same
 // clients and the same checker, so a violation means the same thing in
 // either.

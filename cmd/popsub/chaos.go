@@ -156,7 +156,7 @@ type chaosRun struct {
 	// from --nats-every.
 	natsKills sync.Mutex
 	brokers   []*process
-	proxies   []*proxy
+	proxies   []*chaos.Proxy
 	// fresh numbers the new topics the nemesis makes.
 	fresh []string
 }
@@ -293,7 +293,7 @@ func (r *chaosRun) startAll(ctx context.Context) error {
 			return err
 		}
 		r.brokers = append(r.brokers, b)
-		p, err := newProxy(b.addr)
+		p, err := chaos.NewProxy(b.addr)
 		if err != nil {
 			return err
 		}
@@ -440,7 +440,7 @@ func (r *chaosRun) tell() {
 // stopAll stops every process and proxy.
 func (r *chaosRun) stopAll() {
 	for _, p := range r.proxies {
-		p.close()
+		p.Close()
 	}
 	for _, b := range r.brokers {
 		b.stop()
@@ -540,7 +540,7 @@ func (r *chaosRun) client(name string, first int) *chaos.Client {
 		p := r.proxies[next%len(r.proxies)]
 		next++
 		mu.Unlock()
-		ws, _, err := websocket.Dial(ctx, "ws://"+p.addr()+"/ws", nil)
+		ws, _, err := websocket.Dial(ctx, "ws://"+p.Addr()+"/ws", nil)
 		return ws, err
 	}
 	return &chaos.Client{Name: name, Dial: dial, History: r.history,
@@ -551,7 +551,7 @@ func (r *chaosRun) client(name string, first int) *chaos.Client {
 func (r *chaosRun) pinned(name string, i int) *chaos.Client {
 	c := r.client(name, i)
 	c.Dial = func(ctx context.Context) (*websocket.Conn, error) {
-		ws, _, err := websocket.Dial(ctx, "ws://"+r.proxies[i].addr()+"/ws",
+		ws, _, err := websocket.Dial(ctx, "ws://"+r.proxies[i].Addr()+"/ws",
 			nil)
 		return ws, err
 	}
@@ -707,7 +707,7 @@ func (r *chaosRun) pause(ctx context.Context) {
 func (r *chaosRun) cut(context.Context) {
 	i, b := r.anyBroker()
 	healed := r.note("cut", b.name, "every connection dropped at its proxy")
-	r.proxies[i].cut()
+	r.proxies[i].Cut()
 	healed()
 }
 
@@ -719,9 +719,9 @@ func (r *chaosRun) stall(ctx context.Context) {
 	d := time.Duration(r.rand.Int64N(int64(15 * time.Second)))
 	healed := r.note("stall", b.name, fmt.Sprintf("its proxy carries "+
 		"nothing for %.1fs", d.Seconds()))
-	r.proxies[i].hold()
+	r.proxies[i].Hold()
 	sleep(ctx, d)
-	r.proxies[i].resume()
+	r.proxies[i].Resume()
 	healed()
 }
 
@@ -782,7 +782,7 @@ func (r *chaosRun) afterNATSRestart(ctx context.Context) {
 // heal makes sure every server runs and no proxy stalls.
 func (r *chaosRun) heal(ctx context.Context) error {
 	for _, p := range r.proxies {
-		p.resume()
+		p.Resume()
 	}
 	for _, b := range r.brokers {
 		b.signal(syscall.SIGCONT)
@@ -796,125 +796,4 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-time.After(d):
 	case <-ctx.Done():
 	}
-}
-
-// proxy carries TCP connections to a broker, wherever it listens now,
-// and can drop them all or stop carrying bytes for a while.
-type proxy struct {
-	listener net.Listener
-	upstream func() string // the broker's address now
-
-	mu    sync.Mutex // guards the fields below
-	conns map[net.Conn]struct{}
-	// held, while not nil, stops every copy until it is closed.
-	held chan struct{}
-}
-
-// newProxy listens on 127.0.0.1 and carries connections to upstream.
-func newProxy(upstream func() string) (*proxy, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	p := &proxy{listener: l, upstream: upstream,
-		conns: map[net.Conn]struct{}{}}
-	go p.accept()
-	return p, nil
-}
-
-// addr is where clients connect.
-func (p *proxy) addr() string { return p.listener.Addr().String() }
-
-// accept carries each new connection until the proxy closes.
-func (p *proxy) accept() {
-	for {
-		client, err := p.listener.Accept()
-		if err != nil {
-			return
-		}
-		server, err := net.Dial("tcp", p.upstream())
-		if err != nil {
-			client.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns[client], p.conns[server] = struct{}{}, struct{}{}
-		p.mu.Unlock()
-		go p.carry(client, server)
-		go p.carry(server, client)
-	}
-}
-
-// carry copies from one side to the other until either closes, waiting
-// while the proxy is held.
-func (p *proxy) carry(from, to net.Conn) {
-	defer p.drop(from, to)
-	buffer := make([]byte, 32<<10)
-	for {
-		n, err := from.Read(buffer)
-		if n > 0 {
-			p.wait()
-			if _, err := to.Write(buffer[:n]); err != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-// wait returns once the proxy is not held.
-func (p *proxy) wait() {
-	p.mu.Lock()
-	held := p.held
-	p.mu.Unlock()
-	if held != nil {
-		<-held
-	}
-}
-
-// drop closes both sides and forgets them.
-func (p *proxy) drop(a, b net.Conn) {
-	a.Close()
-	b.Close()
-	p.mu.Lock()
-	delete(p.conns, a)
-	delete(p.conns, b)
-	p.mu.Unlock()
-}
-
-// cut closes every connection the proxy carries.
-func (p *proxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for c := range p.conns {
-		c.Close()
-	}
-}
-
-// hold stops carrying bytes, without closing anything.
-func (p *proxy) hold() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.held == nil {
-		p.held = make(chan struct{})
-	}
-}
-
-// resume carries bytes again.
-func (p *proxy) resume() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.held != nil {
-		close(p.held)
-		p.held = nil
-	}
-}
-
-// close stops the proxy and drops its connections.
-func (p *proxy) close() {
-	p.listener.Close()
-	p.resume()
-	p.cut()
 }
