@@ -2,11 +2,17 @@ package socket
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 )
 
 // recordingConn is a socket that keeps what is written to it.
@@ -63,5 +69,77 @@ func TestSend_JoinsRunsStrictlyUnderMaxJoined(t *testing.T) {
 		if !bytes.Equal(got[i], batch[i]) {
 			t.Fatalf("frame %d is %q, want %q", i, got[i], batch[i])
 		}
+	}
+}
+
+// A frame over LargeFrame holds a place until the next Read, and a
+// close gives it back too: a reader that stops reading (after a panic,
+// say) must not keep one of the places every connection shares.
+func TestRead_ALargeFrameHoldsAPlaceUntilTheNextReadOrAClose(t *testing.T) {
+	places := make(chan struct{}, 1)
+	accepted := make(chan *Conn, 2)
+	server := httptest.NewServer(http.HandlerFunc(
+		func(w http.ResponseWriter, r *http.Request) {
+			c, err := Accept(w, r, Options{WriteTimeout: time.Second,
+				LargeFrames: places})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			accepted <- c
+		}))
+	defer server.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dial := func() *websocket.Conn {
+		t.Helper()
+		ws, _, err := websocket.Dial(ctx,
+			"ws"+strings.TrimPrefix(server.URL, "http"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws.SetReadLimit(-1)
+		return ws
+	}
+	large := bytes.Repeat([]byte("x"), 2*LargeFrame)
+
+	// The first frame takes the one place, and holds it while handled.
+	one := dial()
+	defer one.CloseNow()
+	first := <-accepted
+	first.SetReadLimit(1 << 20)
+	if err := one.Write(ctx, websocket.MessageText, large); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := first.Read(); err != nil || len(data) != len(large) {
+		t.Fatalf("Read: %d bytes, %v", len(data), err)
+	}
+	if len(places) != 1 {
+		t.Fatalf("%d places taken while the frame is handled, want 1",
+			len(places))
+	}
+
+	// A close gives it back: the reader never reads again.
+	first.CloseNow()
+	if len(places) != 0 {
+		t.Fatalf("%d places taken after a close, want 0", len(places))
+	}
+
+	// And the next Read does, on a connection that goes on.
+	two := dial()
+	defer two.CloseNow()
+	second := <-accepted
+	second.SetReadLimit(1 << 20)
+	for range 2 {
+		if err := two.Write(ctx, websocket.MessageText, large); err != nil {
+			t.Fatal(err)
+		}
+		if data, err := second.Read(); err != nil || len(data) != len(large) {
+			t.Fatalf("Read: %d bytes, %v", len(data), err)
+		}
+	}
+	if len(places) != 1 {
+		t.Fatalf("%d places taken, want the second frame's only",
+			len(places))
 	}
 }
