@@ -133,6 +133,11 @@ func (c *client) run() {
 			continue
 		}
 		c.attach(s, conn)
+		// A token pasted while this connection was being made found no
+		// connection to refresh: it goes on this one now.
+		if newer := c.page.currentToken(); newer != token {
+			c.refresh(newer)
+		}
 		info := c.readLoop(s)
 		c.page.disown(conn)
 		if info.Code == 4001 || info.Code == 4003 {
