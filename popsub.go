@@ -599,13 +599,11 @@ func (b *Broker) topicList() []*topic {
 // reach the disk in any order.
 //
 // The committer (b.log) and the store are machinery, in packages of
-// their own; what the first reading needs of them is their contracts, in
-// the next section.
-//
-// And of the reservations ("Seqs reserved on disk"): b.waitForSeq(t,
-// done) returns once t's next seq is covered, b.askAhead(t) asks for
-// the next block when the end of this one is near, and b.seal(), at
-// Shutdown, gives the unused seqs back.
+// their own; the first reading needs only their contracts, in the next
+// section. Of the reservations ("Seqs reserved on disk", a detail) it
+// needs three calls: b.waitForSeq(t, done) returns once t's next seq is
+// covered, b.askAhead(t) asks for the next block when the end of this
+// one is near, and b.seal(), at Shutdown, gives the unused seqs back.
 
 // # The machine room
 //
@@ -615,8 +613,8 @@ func (b *Broker) topicList() []*topic {
 // their own, each with a literate header and a table of what its speed
 // tricks buy: the disk (package boltstore, or package jetstream for a
 // log shared by several brokers), group commit (groupcommit), the
-// WebSocket (socket), password hashing (login), the x-ray's queue (xray)
-// and the queue our tables use (queue). The first reading reaches them
+// WebSocket (socket), passwords and tokens (login), the x-ray's queue
+// (xray) and the queue our tables use (queue). The first reading reaches them
 // only through the declarations below, each with its contract in a line,
 // and a test holds it to that. The compiler holds the rest: this file
 // imports no storage engine and builds for a browser (GOOS=js).
