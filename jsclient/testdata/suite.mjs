@@ -91,6 +91,36 @@ test("publish answers a QoS 1 publish with its confirm", async (env) => {
   equal(await c.publish(t, "fire and forget"), undefined, "a QoS 0 publish");
 });
 
+test("publishes made in one tick leave in one frame, and arrive in order",
+  async (env) => {
+    // A WebSocket that counts what the client sends, after its auth.
+    const sent = [];
+    const Counting = class extends globalThis.WebSocket {
+      send(data) { sent.push(String(data)); super.send(data); }
+    };
+    const token = await tokenFor(env, "alice");
+    const c = env.track(await env.lib.connect(env.base + "/ws",
+      {token, WebSocket: Counting}));
+    const reader = env.track(await env.lib.connect(env.base + "/ws",
+      {token}));
+    const t = topic("tick");
+    const {got, handler} = collector();
+    await reader.subscribe(t, handler, {after: 0});
+    sent.length = 0;
+    const confirms = await Promise.all(Array.from({length: 200},
+      (_, i) => c.publish(t, {i}, {qos: 1})));
+    equal(confirms.map((cf) => cf.seq),
+      Array.from({length: 200}, (_, i) => i + 1), "the confirms' seqs");
+    const publishes = sent.filter((d) => d.includes('"publish"'));
+    assert(publishes.length <= 2,
+      `200 publishes left in ${publishes.length} frames, want 1 or 2`);
+    equal(publishes.join("\n").split("\n").length, 200,
+      "publishes in the frames");
+    await waitUntil(() => got.length === 200, "200 deliveries");
+    equal(got.map((m) => m.payload.i),
+      Array.from({length: 200}, (_, i) => i), "the deliveries, in order");
+  });
+
 test("a refused publish rejects with the broker's code", async (env) => {
   const c = env.track(await env.lib.connect(env.base + "/ws",
     {token: await tokenFor(env, "sensor", {publish: ["sensors/#"]})}));
