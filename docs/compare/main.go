@@ -6,6 +6,7 @@
 //
 //	go run . run --popsub $(go env GOPATH)/bin/popsub
 //	go run . latency --popsub $(go env GOPATH)/bin/popsub
+//	go run . confirms --popsub $(go env GOPATH)/bin/popsub
 //
 // It starts each server as a child process on 127.0.0.1, and never
 // loads any other host.
@@ -36,13 +37,16 @@ func main() {
 	var err error
 	switch os.Args[1] {
 	case "nats-server":
-		err = serveNATS(os.Args[2], os.Args[3])
+		err = serveNATS(os.Args[2], os.Args[3],
+			len(os.Args) > 4 && os.Args[4] == "always")
 	case "centrifuge-server":
 		err = serveCentrifuge(os.Args[2])
 	case "run":
 		err = runAll(os.Args[2:])
 	case "latency":
 		err = runLatency(os.Args[2:])
+	case "confirms":
+		err = runConfirms(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
@@ -53,12 +57,14 @@ func main() {
 }
 
 // serveNATS runs a NATS server with JetStream on file storage until
-// SIGINT.
-func serveNATS(addr, dir string) error {
+// SIGINT; with syncAlways, it syncs every write before it acknowledges
+// (sync_interval: always), PopSub's promise.
+func serveNATS(addr, dir string, syncAlways bool) error {
 	host, port, _ := net.SplitHostPort(addr)
 	p, _ := strconv.Atoi(port)
 	ns, err := natsserver.NewServer(&natsserver.Options{Host: host, Port: p,
-		JetStream: true, StoreDir: dir, NoSigs: true})
+		JetStream: true, StoreDir: dir, NoSigs: true,
+		SyncAlways: syncAlways})
 	if err != nil {
 		return err
 	}
