@@ -70,7 +70,7 @@ func setups(popsub, self, only string) []setup {
 // allSetups are every server compared.
 func allSetups(popsub, self string) []setup {
 	const secret = "compare-secret-of-at-least-32-bytes-long"
-	popsubSetup := func(batch bool) func(string, string) (*exec.Cmd,
+	popsubSetup := func(batch, coalesce bool) func(string, string) (*exec.Cmd,
 		target, error) {
 		return func(addr, dir string) (*exec.Cmd, target, error) {
 			token, err := exec.Command(popsub, "token", "--sub", "bench",
@@ -82,12 +82,15 @@ func allSetups(popsub, self string) []setup {
 				filepath.Join(dir, "popsub.db"), "--secret", secret,
 				"--log-level", "error")
 			return cmd, &popsubTarget{url: "ws://" + addr + "/ws",
-				token: strings.TrimSpace(string(token)), batch: batch}, nil
+				token: strings.TrimSpace(string(token)), batch: batch,
+				coalesce: coalesce}, nil
 		}
 	}
 	return []setup{
-		{"PopSub, one object per frame", popsubSetup(false)},
-		{"PopSub, batch:true subscribers", popsubSetup(true)},
+		{"PopSub, one object per frame", popsubSetup(false, false)},
+		{"PopSub, batch:true subscribers", popsubSetup(true, false)},
+		{"PopSub, batch:true, a tick's publishes in one frame (popsub.js)",
+			popsubSetup(true, true)},
 		{"NATS, JetStream file storage, ordered consumers", func(addr,
 			dir string) (*exec.Cmd,
 			target, error) {
