@@ -50,17 +50,21 @@ type benchConfig struct {
 
 // benchResult is the summary, printed as text or as one JSON object.
 type benchResult struct {
-	Publishers        int     `json:"publishers"`
-	Subscribers       int     `json:"subscribers"`
-	Topics            int     `json:"topics"`
-	PayloadBytes      int     `json:"payload_bytes"`
-	QoS               int     `json:"qos"`
-	Seconds           float64 `json:"seconds"`
-	Published         int64   `json:"published"`
-	Delivered         int64   `json:"delivered"`
-	PublishedPerSec   float64 `json:"published_per_sec"`
-	DeliveredPerSec   float64 `json:"delivered_per_sec"`
-	Lost              int64   `json:"lost"`
+	Publishers      int     `json:"publishers"`
+	Subscribers     int     `json:"subscribers"`
+	Topics          int     `json:"topics"`
+	PayloadBytes    int     `json:"payload_bytes"`
+	QoS             int     `json:"qos"`
+	Seconds         float64 `json:"seconds"`
+	Published       int64   `json:"published"`
+	Delivered       int64   `json:"delivered"`
+	PublishedPerSec float64 `json:"published_per_sec"`
+	DeliveredPerSec float64 `json:"delivered_per_sec"`
+	Lost            int64   `json:"lost"`
+	// Skipped counts what the broker told subscribers they missed, in
+	// skipped frames: a reader overtaken by more than the log keeps
+	// hears of it and goes on. It is not lost: it was said.
+	Skipped           int64   `json:"skipped,omitempty"`
 	Duplicated        int64   `json:"duplicated"`
 	CutOff            int64   `json:"cut_off"`
 	LatencyP50Micros  float64 `json:"latency_p50_us"`
@@ -400,8 +404,8 @@ func printBench(w io.Writer, asJSON bool, r benchResult) error {
 		r.PayloadBytes, r.QoS, r.Seconds)
 	fmt.Fprintf(w, "published  %d (%.0f/s)\ndelivered  %d (%.0f/s)\n",
 		r.Published, r.PublishedPerSec, r.Delivered, r.DeliveredPerSec)
-	fmt.Fprintf(w, "lost %d, duplicated %d, cut off %d\n", r.Lost,
-		r.Duplicated, r.CutOff)
+	fmt.Fprintf(w, "lost %d, duplicated %d, cut off %d, skipped (and "+
+		"said) %d\n", r.Lost, r.Duplicated, r.CutOff, r.Skipped)
 	if r.Stuck > 0 {
 		fmt.Fprintf(w, "stuck subscribers %d, cut off %d\n", r.Stuck,
 			r.StuckCutOff)

@@ -41,7 +41,9 @@ type benchSubscriber struct {
 	acking   chan struct{} // wakes ackLoop; closed when reading ends
 	latency  latencies     // the reader's alone until the run ends
 	dups     atomic.Int64
-	closed   atomic.Bool
+	// skipped counts the messages skipped frames said it missed.
+	skipped atomic.Int64
+	closed  atomic.Bool
 }
 
 // runLoad publishes for the configured duration and reports.
@@ -306,6 +308,12 @@ func notify(ch chan struct{}) {
 // to measure.
 func (l *load) count(s *benchSubscriber, line []byte, now int64,
 	acks map[string]uint64) {
+	if bytes.Contains(line, []byte(`"type":"skipped"`)) {
+		if missed, _, ok := field(line, `"missed":`); ok {
+			s.skipped.Add(missed)
+		}
+		return
+	}
 	topic, rest := between(line, `"topic":"`, `"`)
 	p, rest, okP := field(rest, `"p":`)
 	n, rest, okN := field(rest, `"n":`)
@@ -348,16 +356,26 @@ func (l *load) drain() {
 	}
 }
 
-// caughtUp reports whether every live subscriber has everything sent.
+// caughtUp reports whether every live subscriber has everything sent,
+// or was told it skipped it.
 func (l *load) caughtUp() bool {
 	for _, s := range l.subscribers {
-		for p := range l.sent {
-			if !s.closed.Load() && s.received[p].Load() < l.sent[p].Load() {
-				return false
-			}
+		if !s.closed.Load() && s.missing(l.sent) > 0 {
+			return false
 		}
 	}
 	return true
+}
+
+// missing is how many of the messages sent s neither received nor was
+// told it skipped. Skipped frames say how many, not whose, so they are
+// counted against all publishers together.
+func (s *benchSubscriber) missing(sent []atomic.Int64) int64 {
+	n := -s.skipped.Load()
+	for p := range sent {
+		n += sent[p].Load() - s.received[p].Load()
+	}
+	return max(n, 0)
 }
 
 // result summarizes the run.
@@ -371,12 +389,12 @@ func (l *load) result(elapsed time.Duration) benchResult {
 	}
 	for _, s := range l.subscribers {
 		r.Duplicated += s.dups.Load()
+		r.Skipped += s.skipped.Load()
 		for p := range l.sent {
-			got := s.received[p].Load()
-			r.Delivered += got
-			if !s.closed.Load() {
-				r.Lost += l.sent[p].Load() - got
-			}
+			r.Delivered += s.received[p].Load()
+		}
+		if !s.closed.Load() {
+			r.Lost += s.missing(l.sent)
 		}
 	}
 	r.PublishedPerSec = float64(r.Published) / elapsed.Seconds()
