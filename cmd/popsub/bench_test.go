@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -69,5 +71,35 @@ func TestBench_RefusesOtherMachines(t *testing.T) {
 		io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "not this machine") {
 		t.Fatalf("got %v, want a refusal before any connection", err)
+	}
+}
+
+// A message a reader was told it missed, in a skipped frame, is counted
+// as skipped, not lost, and a reader with nothing else missing has
+// caught up.
+func TestBench_CountsWhatASkippedFrameSaysAsSkipped(t *testing.T) {
+	l := &load{cfg: benchConfig{publishers: 1}, sent: make([]atomic.Int64, 1)}
+	s := &benchSubscriber{received: make([]atomic.Int64, 1),
+		seen: make([][]bool, 1)}
+	l.subscribers = []*benchSubscriber{s}
+	l.sent[0].Store(10)
+	for n := range 4 {
+		line := fmt.Appendf(nil, `{"type":"message","topic":"bench/0",`+
+			`"payload":{"p":0,"n":%d,"t":%d},"seq":%d}`, n,
+			time.Now().UnixNano(), n+1)
+		l.count(s, line, time.Now().UnixNano(), nil)
+	}
+	if l.caughtUp() {
+		t.Fatal("caught up with 6 of 10 neither received nor skipped")
+	}
+	l.count(s, []byte(`{"type":"skipped","topic":"bench/0","seq":10,`+
+		`"missed":6}`), time.Now().UnixNano(), nil)
+	if !l.caughtUp() {
+		t.Fatal("not caught up after a skipped frame said the rest")
+	}
+	r := l.result(time.Second)
+	if r.Lost != 0 || r.Skipped != 6 || r.Delivered != 4 {
+		t.Fatalf("lost %d, skipped %d, delivered %d; want 0, 6, 4",
+			r.Lost, r.Skipped, r.Delivered)
 	}
 }
