@@ -11,11 +11,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -40,13 +40,10 @@ type confirmer interface {
 // runConfirms is the confirms command.
 func runConfirms(args []string) error {
 	fs := flag.NewFlagSet("compare confirms", flag.ContinueOnError)
-	popsub := fs.String("popsub", "popsub", "the popsub binary")
+	f := addFlags(fs)
 	counts := fs.String("publishers", "1,16,256", "publisher counts")
 	window := fs.Int("window", 16, "unconfirmed publishes each publisher "+
 		"may have in flight")
-	duration := fs.Duration("duration", 5*time.Second, "publishing time")
-	only := fs.String("only", "", "measure only the servers whose name "+
-		"contains this")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -54,23 +51,16 @@ func runConfirms(args []string) error {
 	if err != nil {
 		return err
 	}
-	const secret = "compare-secret-of-at-least-32-bytes-long"
 	servers := []struct {
 		name  string
 		start func(addr, dir string) (*exec.Cmd, confirmer, error)
 	}{
 		{"PopSub, QoS 1 (confirmed after its sync)", func(addr, dir string) (
 			*exec.Cmd, confirmer, error) {
-			token, err := exec.Command(*popsub, "token", "--sub", "bench",
-				"--secret", secret).Output()
-			if err != nil {
-				return nil, nil, fmt.Errorf("popsub token: %w", err)
-			}
-			return exec.Command(*popsub, "serve", "--addr", addr, "--db",
-					filepath.Join(dir, "popsub.db"), "--secret", secret,
-					"--log-level", "error", "--max-messages", "100000"),
-				&popsubConfirmer{url: "ws://" + addr + "/ws",
-					token: strings.TrimSpace(string(token))}, nil
+			cmd, token, err := popsubServe(*f.popsub, addr, dir,
+				"--max-messages", "100000")
+			return cmd, &popsubConfirmer{url: "ws://" + addr + "/ws",
+				token: token}, err
 		}},
 		{"NATS JetStream, sync_interval: always (the same promise)",
 			func(addr, dir string) (*exec.Cmd, confirmer, error) {
@@ -87,7 +77,7 @@ func runConfirms(args []string) error {
 		"| server CPU per confirm |")
 	fmt.Println("|---|---|---|---|---|---|---|")
 	for _, s := range servers {
-		if !strings.Contains(s.name, *only) {
+		if !strings.Contains(s.name, *f.only) {
 			continue
 		}
 		for _, field := range strings.Split(*counts, ",") {
@@ -95,7 +85,7 @@ func runConfirms(args []string) error {
 			if err != nil {
 				return err
 			}
-			row, err := measureConfirms(s.start, n, *window, *duration)
+			row, err := measureConfirms(s.start, n, *window, *f.duration)
 			if err != nil {
 				return fmt.Errorf("%s, %d publishers: %w", s.name, n, err)
 			}
@@ -105,34 +95,21 @@ func runConfirms(args []string) error {
 	return nil
 }
 
-// measureConfirms starts a server, runs n publishers for duration, and
-// returns the table row's last four cells.
+// measureConfirms starts a server (startServer), runs n publishers for
+// duration, and returns the table row's last four cells.
 func measureConfirms(start func(addr, dir string) (*exec.Cmd, confirmer,
 	error), n, window int, duration time.Duration) (string, error) {
-	dir, err := os.MkdirTemp("", "confirms")
+	var c confirmer
+	pid, stopServer, err := startServer(func(addr, dir string) (*exec.Cmd,
+		error) {
+		cmd, started, err := start(addr, dir)
+		c = started
+		return cmd, err
+	})
 	if err != nil {
 		return "", err
 	}
-	defer os.RemoveAll(dir)
-	addr, err := freeAddress()
-	if err != nil {
-		return "", err
-	}
-	cmd, c, err := start(addr, dir)
-	if err != nil {
-		return "", err
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		return "", err
-	}
-	defer func() {
-		cmd.Process.Signal(os.Interrupt)
-		cmd.Wait()
-	}()
-	if err := waitForPort(addr); err != nil {
-		return "", err
-	}
+	defer stopServer()
 
 	var mu sync.Mutex
 	var all []time.Duration
@@ -142,12 +119,12 @@ func measureConfirms(start func(addr, dir string) (*exec.Cmd, confirmer,
 		mu.Unlock()
 	}
 	stop := make(chan struct{})
-	before, began := cpuTime(cmd.Process.Pid), time.Now()
+	before, began := cpuTime(pid), time.Now()
 	time.AfterFunc(duration, func() { close(stop) })
 	if err := c.run(n, window, stop, record); err != nil {
 		return "", err
 	}
-	elapsed, cpu := time.Since(began), cpuTime(cmd.Process.Pid)-before
+	elapsed, cpu := time.Since(began), cpuTime(pid)-before
 	mu.Lock()
 	defer mu.Unlock()
 	if len(all) == 0 {
@@ -169,23 +146,29 @@ func (p *popsubConfirmer) run(publishers, window int,
 	stop <-chan struct{}, record func(time.Duration)) error {
 	target := &popsubTarget{url: p.url, token: p.token}
 	defer target.close()
-	var wg sync.WaitGroup
-	errs := make(chan error, publishers)
+	loops := make([]func() error, publishers)
 	for i := range publishers {
 		ws, err := target.dial(false)
 		if err != nil {
 			return err
 		}
-		wg.Go(func() { errs <- confirmLoop(ws, i, window, stop, record) })
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			return err
+		loops[i] = func() error {
+			return confirmLoop(ws, i, window, stop, record)
 		}
 	}
-	return nil
+	return together(loops)
+}
+
+// together runs every loop on a goroutine of its own, waits for all of
+// them, and returns the first error any returned.
+func together(loops []func() error) error {
+	errs := make([]error, len(loops))
+	var wg sync.WaitGroup
+	for i, loop := range loops {
+		wg.Go(func() { errs[i] = loop() })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // confirmLoop keeps window publishes in flight on ws until stop, then
@@ -259,9 +242,8 @@ type natsConfirmer struct{ url string }
 
 func (t *natsConfirmer) run(publishers, window int, stop <-chan struct{},
 	record func(time.Duration)) error {
-	var wg sync.WaitGroup
-	errs := make(chan error, publishers)
-	for range publishers {
+	loops := make([]func() error, publishers)
+	for i := range publishers {
 		nc, err := nats.Connect(t.url)
 		if err != nil {
 			return err
@@ -278,16 +260,9 @@ func (t *natsConfirmer) run(publishers, window int, stop <-chan struct{},
 		if err != nil {
 			return err
 		}
-		wg.Go(func() { errs <- natsLoop(js, window, stop, record) })
+		loops[i] = func() error { return natsLoop(js, window, stop, record) }
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return together(loops)
 }
 
 // natsLoop keeps window publishes in flight until stop.

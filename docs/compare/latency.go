@@ -20,12 +20,9 @@ import (
 // chat would publish, not a burst.
 func runLatency(args []string) error {
 	fs := flag.NewFlagSet("compare latency", flag.ContinueOnError)
-	popsub := fs.String("popsub", "popsub", "the popsub binary")
+	f := addFlags(fs)
 	rates := fs.String("rates", "1000,10000", "messages per second")
 	n := fs.Int("subscribers", 10, "subscribers")
-	duration := fs.Duration("duration", 5*time.Second, "publishing time")
-	only := fs.String("only", "", "measure only the servers whose name "+
-		"contains this")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -35,13 +32,13 @@ func runLatency(args []string) error {
 	}
 	fmt.Println("| server | msg/s | p50 | p90 | p99 | max | server CPU per delivery | client CPU per delivery |")
 	fmt.Println("|---|---|---|---|---|---|---|---|")
-	for _, s := range setups(*popsub, self, *only) {
+	for _, s := range setups(*f.popsub, self, *f.only) {
 		if strings.Contains(s.name, "batch") {
 			continue // one message a frame: batches add nothing here
 		}
 		for _, field := range strings.Split(*rates, ",") {
 			rate, _ := strconv.ParseFloat(field, 64)
-			l, err := measureLatency(s, *n, rate, *duration)
+			l, err := measureLatency(s, *n, rate, *f.duration)
 			if err != nil {
 				return fmt.Errorf("%s at %v/s: %w", s.name, rate, err)
 			}

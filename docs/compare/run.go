@@ -24,13 +24,10 @@ type setup struct {
 // table of deliveries per second and server CPU per delivery.
 func runAll(args []string) error {
 	fs := flag.NewFlagSet("compare run", flag.ContinueOnError)
-	popsub := fs.String("popsub", "popsub", "the popsub binary")
+	f := addFlags(fs)
 	counts := fs.String("subscribers", "1,10,100", "subscriber counts")
 	window := fs.Int64("window", 2000, "most messages the publisher may "+
 		"be ahead of the slowest subscriber")
-	duration := fs.Duration("duration", 5*time.Second, "publishing time")
-	only := fs.String("only", "", "measure only the servers whose name "+
-		"contains this")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -40,10 +37,10 @@ func runAll(args []string) error {
 	}
 	fmt.Println("| server | subscribers | deliveries/s | server CPU per delivery |")
 	fmt.Println("|---|---|---|---|")
-	for _, s := range setups(*popsub, self, *only) {
+	for _, s := range setups(*f.popsub, self, *f.only) {
 		for _, field := range strings.Split(*counts, ",") {
 			n, _ := strconv.Atoi(field)
-			rate, cpu, err := measure(s, n, *window, *duration)
+			rate, cpu, err := measure(s, n, *window, *f.duration)
 			if err != nil {
 				return fmt.Errorf("%s, %d subscribers: %w", s.name, n, err)
 			}
@@ -67,23 +64,31 @@ func setups(popsub, self, only string) []setup {
 	return chosen
 }
 
+// popsubServe returns the command that serves popsub on addr with its
+// database in dir, and a token for it. extra are more serve flags.
+func popsubServe(popsub, addr, dir string, extra ...string) (*exec.Cmd,
+	string, error) {
+	const secret = "compare-secret-of-at-least-32-bytes-long"
+	token, err := exec.Command(popsub, "token", "--sub", "bench",
+		"--secret", secret).Output()
+	if err != nil {
+		return nil, "", fmt.Errorf("popsub token: %w", err)
+	}
+	args := append([]string{"serve", "--addr", addr, "--db",
+		filepath.Join(dir, "popsub.db"), "--secret", secret,
+		"--log-level", "error"}, extra...)
+	return exec.Command(popsub, args...), strings.TrimSpace(string(token)),
+		nil
+}
+
 // allSetups are every server compared.
 func allSetups(popsub, self string) []setup {
-	const secret = "compare-secret-of-at-least-32-bytes-long"
 	popsubSetup := func(batch, coalesce bool) func(string, string) (*exec.Cmd,
 		target, error) {
 		return func(addr, dir string) (*exec.Cmd, target, error) {
-			token, err := exec.Command(popsub, "token", "--sub", "bench",
-				"--secret", secret).Output()
-			if err != nil {
-				return nil, nil, fmt.Errorf("popsub token: %w", err)
-			}
-			cmd := exec.Command(popsub, "serve", "--addr", addr, "--db",
-				filepath.Join(dir, "popsub.db"), "--secret", secret,
-				"--log-level", "error")
+			cmd, token, err := popsubServe(popsub, addr, dir)
 			return cmd, &popsubTarget{url: "ws://" + addr + "/ws",
-				token: strings.TrimSpace(string(token)), batch: batch,
-				coalesce: coalesce}, nil
+				token: token, batch: batch, coalesce: coalesce}, err
 		}
 	}
 	return []setup{
@@ -165,19 +170,35 @@ func measure(s setup, n int, window int64, duration time.Duration) (float64,
 		float64(cpu.Microseconds()) / float64(delivered), nil
 }
 
-// launch starts s's server in a temporary folder on a free port, waits
-// for it to listen, and returns the client's target, the server's pid,
-// and a func that stops both and removes the folder.
+// launch starts s's server (startServer) and returns the client's
+// target, the server's pid, and a func that stops both.
 func launch(s setup) (target, int, func(), error) {
-	dir, err := os.MkdirTemp("", "compare")
+	var t target
+	pid, stop, err := startServer(func(addr, dir string) (*exec.Cmd,
+		error) {
+		cmd, started, err := s.start(addr, dir)
+		t = started
+		return cmd, err
+	})
 	if err != nil {
 		return nil, 0, nil, err
 	}
+	return t, pid, func() { t.close(); stop() }, nil
+}
+
+// startServer runs the command start makes for a free port on 127.0.0.1
+// and a temporary folder, waits for it to listen, and returns its pid
+// and a func that stops it and removes the folder.
+func startServer(start func(addr, dir string) (*exec.Cmd, error)) (int,
+	func(), error) {
+	dir, err := os.MkdirTemp("", "compare")
+	if err != nil {
+		return 0, nil, err
+	}
 	var cmd *exec.Cmd
-	var t target
 	addr, err := freeAddress()
 	if err == nil {
-		cmd, t, err = s.start(addr, dir)
+		cmd, err = start(addr, dir)
 	}
 	if err == nil {
 		cmd.Stderr = os.Stderr
@@ -185,19 +206,32 @@ func launch(s setup) (target, int, func(), error) {
 	}
 	if err != nil {
 		os.RemoveAll(dir)
-		return nil, 0, nil, err
+		return 0, nil, err
 	}
 	stop := func() {
-		t.close()
 		cmd.Process.Signal(os.Interrupt)
 		cmd.Wait()
 		os.RemoveAll(dir)
 	}
 	if err := waitForPort(addr); err != nil {
 		stop()
-		return nil, 0, nil, err
+		return 0, nil, err
 	}
-	return t, cmd.Process.Pid, stop, nil
+	return cmd.Process.Pid, stop, nil
+}
+
+// flags are the flags every measuring command takes.
+type flags struct {
+	popsub, only *string
+	duration     *time.Duration
+}
+
+// addFlags registers them on fs.
+func addFlags(fs *flag.FlagSet) flags {
+	return flags{popsub: fs.String("popsub", "popsub", "the popsub binary"),
+		only: fs.String("only", "", "measure only the servers whose name "+
+			"contains this"),
+		duration: fs.Duration("duration", 5*time.Second, "publishing time")}
 }
 
 // freeAddress finds a free port on 127.0.0.1.
