@@ -127,29 +127,11 @@ func prose(text string) string {
 // prose (a method as x.method, anything else by its name), where its
 // contract is said in a line.
 func TestPopsubGo_FirstReadingNamesTheDetailsItUses(t *testing.T) {
-	fset := gotoken.NewFileSet()
-	file, err := parser.ParseFile(fset, "popsub.go", nil,
-		parser.ParseComments)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info := &types.Info{Uses: map[*ast.Ident]types.Object{}}
-	conf := types.Config{Importer: importer.ForCompiler(fset, "gc",
-		exportData(t))}
-	pkg, err := conf.Check("github.com/popsub/popsub", fset,
-		[]*ast.File{file}, info)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fset, file, info, pkg := typeChecked(t)
 
 	// Which lines are a detail's, and what the first reading says.
-	sections := measure(t).Sections
-	detail := func(line int) bool {
-		i := sort.Search(len(sections), func(i int) bool {
-			return sections[i].Line > line
-		})
-		return i > 0 && sections[i-1].Detail
-	}
+	sectionAt := sections(t)
+	detail := func(line int) bool { return sectionAt(line).Detail }
 	var prose strings.Builder
 	for _, group := range file.Comments {
 		if !detail(fset.Position(group.Pos()).Line) {
@@ -195,6 +177,41 @@ func TestPopsubGo_FirstReadingNamesTheDetailsItUses(t *testing.T) {
 	if len(unnamed) > 0 {
 		t.Errorf("the first reading uses these details without naming "+
 			"them in its prose: %s", strings.Join(unnamed, ", "))
+	}
+}
+
+// typeChecked parses and type-checks popsub.go, recording the objects
+// its identifiers declare and use.
+func typeChecked(t *testing.T) (*gotoken.FileSet, *ast.File, *types.Info,
+	*types.Package) {
+	t.Helper()
+	fset := gotoken.NewFileSet()
+	file, err := parser.ParseFile(fset, "popsub.go", nil,
+		parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := &types.Info{Uses: map[*ast.Ident]types.Object{},
+		Defs: map[*ast.Ident]types.Object{}}
+	conf := types.Config{Importer: importer.ForCompiler(fset, "gc",
+		exportData(t))}
+	pkg, err := conf.Check("github.com/popsub/popsub", fset,
+		[]*ast.File{file}, info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fset, file, info, pkg
+}
+
+// sections returns the function that finds the section popsub.go's
+// line is in.
+func sections(t *testing.T) func(line int) source.SectionBudget {
+	all := measure(t).Sections
+	return func(line int) source.SectionBudget {
+		i := sort.Search(len(all), func(i int) bool {
+			return all[i].Line > line
+		})
+		return all[max(i-1, 0)]
 	}
 }
 
@@ -278,28 +295,10 @@ const (
 // for one.
 func TestPopsubGo_FirstReadingReachesTheMachineRoomOnlyThroughItsContracts(
 	t *testing.T) {
-	fset := gotoken.NewFileSet()
-	file, err := parser.ParseFile(fset, "popsub.go", nil,
-		parser.ParseComments)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info := &types.Info{Uses: map[*ast.Ident]types.Object{},
-		Defs: map[*ast.Ident]types.Object{}}
-	conf := types.Config{Importer: importer.ForCompiler(fset, "gc",
-		exportData(t))}
-	pkg, err := conf.Check("github.com/popsub/popsub", fset,
-		[]*ast.File{file}, info)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sections := measure(t).Sections
+	fset, file, info, pkg := typeChecked(t)
+	sectionAt := sections(t)
 	sectionOf := func(pos gotoken.Pos) source.SectionBudget {
-		line := fset.Position(pos).Line
-		i := sort.Search(len(sections), func(i int) bool {
-			return sections[i].Line > line
-		})
-		return sections[max(i-1, 0)]
+		return sectionAt(fset.Position(pos).Line)
 	}
 	inContracts := func(pos gotoken.Pos) bool {
 		return sectionOf(pos).Title == contractsSection
