@@ -699,18 +699,6 @@ func TestAppendDelivery_IsValidJSON(t *testing.T) {
 	}
 }
 
-// decodeExactly decodes a JSON object, keeping numbers as written.
-func decodeExactly(t *testing.T, data []byte) map[string]any {
-	t.Helper()
-	decoder := json.NewDecoder(bytes.NewReader(data))
-	decoder.UseNumber()
-	var v map[string]any
-	if err := decoder.Decode(&v); err != nil {
-		t.Fatalf("%s: %v", data, err)
-	}
-	return v
-}
-
 func TestBroker_ShutdownClosesClientsWith1001(t *testing.T) {
 	ts := startBroker(t, Options{})
 	c := dialRaw(t, ts.url, "reader")

@@ -70,7 +70,6 @@ var simOptions = Options{AckTimeout: time.Second, MaxMessages: 1 << 20,
 
 // world is one schedule's broker, disk and network.
 type world struct {
-	start   time.Time
 	t       *testing.T
 	history *chaos.History
 

@@ -34,18 +34,18 @@ const benchSecret = "popsub-bench-secret-of-at-least-32-bytes"
 
 // benchConfig is what the flags ask for.
 type benchConfig struct {
-	url, secret, token, nats             string
-	urls                                 []string // url, split at commas
-	brokers                              int
-	publishers, subscribers, topics      int
-	size, qos, window, idle, burst       int
-	stuck                                int
-	bystander                            bool
-	rate                                 float64
-	duration                             time.Duration
-	jsonOut, allowRemote, batch, noServe bool
-	flood                                string // benchflood.go
-	connections                          int
+	url, secret, token, nats        string
+	urls                            []string // url, split at commas
+	brokers                         int
+	publishers, subscribers, topics int
+	size, qos, window, idle, burst  int
+	stuck                           int
+	bystander                       bool
+	rate                            float64
+	duration                        time.Duration
+	jsonOut, allowRemote, batch     bool
+	flood                           string // benchflood.go
+	connections                     int
 }
 
 // benchResult is the summary, printed as text or as one JSON object.

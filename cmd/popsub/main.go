@@ -34,10 +34,8 @@ import (
 	"regexp"
 	"runtime/pprof"
 	"runtime/trace"
-	"strconv"
 	"strings"
 	"syscall"
-	"time"
 )
 
 // usage is printed for -h and for an unknown command.
@@ -142,41 +140,6 @@ func env(name, fallback string) string {
 		return v
 	}
 	return fallback
-}
-
-// envInt is env for a whole number.
-func envInt(name string, fallback int) (int, error) {
-	return envParse(name, fallback, strconv.Atoi, "a whole number")
-}
-
-// envFloat is env for a number such as 2.5.
-func envFloat(name string, fallback float64) (float64, error) {
-	return envParse(name, fallback, func(v string) (float64, error) {
-		return strconv.ParseFloat(v, 64)
-	}, "a number")
-}
-
-// envDuration is env for a duration such as 5s or 1h.
-func envDuration(name string, fallback time.Duration) (time.Duration,
-	error) {
-	return envParse(name, fallback, time.ParseDuration,
-		"a duration (try 5s or 1h)")
-}
-
-// envParse reads name with parse, or returns fallback when it is unset;
-// a malformed value is an error that names the variable and says what
-// it should be.
-func envParse[T any](name string, fallback T, parse func(string) (T, error),
-	what string) (T, error) {
-	v, ok := os.LookupEnv(name)
-	if !ok {
-		return fallback, nil
-	}
-	parsed, err := parse(v)
-	if err != nil {
-		return fallback, fmt.Errorf("%s=%q: not %s", name, v, what)
-	}
-	return parsed, nil
 }
 
 // parseInterleaved parses flags that may come before, between or after
