@@ -1034,14 +1034,18 @@ func (c *connection) accept(f frame) bool {
 // each held while its publish waits for room in the log's queue, held
 // gigabytes.
 func (c *connection) read() ([]byte, bool) {
-	// Any read error (a close, a reset, a frame over the limit, a binary
-	// frame) ends the connection; the socket has sent whatever close
-	// applies.
+	// The limit follows the session: 8 KiB until the client has
+	// authenticated (c.claims is set), MaxFrameBytes after. Setting it
+	// each frame costs an atomic store, and keeps it in one place.
 	limit := int64(authReadLimit)
 	if c.claims != nil {
 		limit = c.broker.opts.MaxFrameBytes
 	}
 	c.ws.SetReadLimit(limit)
+
+	// Any read error (a close, a reset, a frame over the limit, a binary
+	// frame) ends the connection; the socket has sent whatever close
+	// applies.
 	data, err := c.ws.Read()
 	if err != nil {
 		return nil, false
@@ -2254,11 +2258,11 @@ func (b *Broker) shutdownOnce(ctx context.Context) error {
 
 // # Helpers
 //
-// Small functions you have met above. The topic rules (which names are
-// valid, what a wildcard matches, what a grant covers) and the delivery
-// encoder have sections of their own. After this, the details that the
-// first reading only named: retention, the seqs reserved on disk, group
-// commit and the shared log. The bbolt store is package boltstore.
+// Small functions you have met above. The first reading ends here. After
+// it come the details it only named, in the order it reached them: from
+// tokens and logins to retention, the seqs reserved on disk, what a
+// commit settles and the shared log. The machinery under the broker is
+// in its packages, which /source shows after this file.
 
 // topicError is an error frame about one topic.
 func topicError(code, text, topic string) reply {
