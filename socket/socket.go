@@ -195,7 +195,9 @@ func (c *Conn) takePlace() bool {
 // once: the next Read and a close may both try. A buffer that grew past
 // LargeFrame goes to the garbage collector, not back to the pool.
 func (c *Conn) givePlaceBack() {
-	if c.large.CompareAndSwap(true, false) {
+	// A load first: most frames are small, and a load costs less than a
+	// swap on every read.
+	if c.large.Load() && c.large.CompareAndSwap(true, false) {
 		<-c.opts.LargeFrames
 	}
 }
