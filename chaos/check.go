@@ -31,6 +31,16 @@ type Line struct {
 	Invariant  string
 	Violations int
 	Examples   []string
+	// Marks name the messages the examples are about, for a page that
+	// draws the run (the lab) to point at.
+	Marks []Mark
+}
+
+// Mark names one message a violation is about: by topic and seq, or
+// by topic and message_id, or both.
+type Mark struct {
+	Topic, ID string
+	Seq       uint64
 }
 
 // maxExamples is how many examples a line keeps.
@@ -70,6 +80,11 @@ func (r Report) String() string {
 	return b.String()
 }
 
+// mark notes a message the next violation is about.
+func (l *Line) mark(topic, id string, seq uint64) {
+	l.Marks = append(l.Marks, Mark{topic, id, seq})
+}
+
 // violation adds a broken invariant to the line.
 func (l *Line) violation(format string, args ...any) {
 	l.Violations++
@@ -101,12 +116,8 @@ func Check(h *History) Report {
 	for _, c := range h.Confirms {
 		confirmed[key{c.Topic, c.ID}] = c.Seq
 	}
-	stored := map[key][]uint64{}
-	for topic, log := range h.Final {
-		for _, m := range log {
-			stored[key{topic, m.ID}] = append(stored[key{topic, m.ID}],
-				m.Seq)
-		}
+	stored := storedIDs(h)
+	for _, log := range h.Final {
 		r.Stored += len(log)
 	}
 	r.Attempted, r.Confirmed = len(attempted), len(confirmed)
@@ -148,6 +159,7 @@ func checkConfirmed(h *History, stored map[key][]uint64) Line {
 	for _, c := range h.Confirms {
 		k := key{c.Topic, c.ID}
 		if !seen[k] && len(stored[k]) == 0 {
+			l.mark(c.Topic, c.ID, c.Seq)
 			l.violation("%s %s: confirmed at seq %d by %s, not in the log",
 				c.Topic, c.ID, c.Seq, c.Publisher)
 		}
@@ -163,6 +175,7 @@ func checkConfirmedSeqs(h *History, stored map[key][]uint64) Line {
 	for _, c := range h.Confirms {
 		seqs := stored[key{c.Topic, c.ID}]
 		if len(seqs) > 0 && !slices.Contains(seqs, c.Seq) {
+			l.mark(c.Topic, c.ID, c.Seq)
 			l.violation("%s %s: confirmed at seq %d, stored at %v",
 				c.Topic, c.ID, c.Seq, seqs)
 		}
@@ -212,6 +225,7 @@ func checkOneValuePerSeq(h *History) Line {
 		var named []string
 		for _, id := range slices.Sorted(maps.Keys(more[p])) {
 			named = append(named, id+" ("+more[p][id]+")")
+			l.mark(p.topic, id, p.seq)
 		}
 		l.violation("%s seq %d: %s", p.topic, p.seq, strings.Join(named, ", "))
 	}
@@ -223,6 +237,7 @@ func checkOneSeqPerID(stored map[key][]uint64) Line {
 	l := Line{Invariant: "no message_id is stored under two seqs"}
 	for _, k := range sortedKeys(stored) {
 		if seqs := stored[k]; len(seqs) > 1 {
+			l.mark(k.topic, k.id, 0)
 			l.violation("%s %s: stored at seqs %v", k.topic, k.id, seqs)
 		}
 	}
@@ -268,10 +283,12 @@ func checkOrder(h *History) Line {
 			last, again := attempts[d.Seq]
 			switch {
 			case again && d.Attempt <= last:
+				l.mark(s.Topic, d.ID, d.Seq)
 				l.violation("%s on %s: seq %d again at attempt %d",
 					s.Subscriber, s.Topic, d.Seq, d.Attempt)
 			// A group member's retry may be a seq moved from another.
 			case !again && d.Seq < newest && (s.Group == "" || d.Attempt == 1):
+				l.mark(s.Topic, d.ID, d.Seq)
 				l.violation("%s on %s: seq %d after seq %d",
 					s.Subscriber, s.Topic, d.Seq, newest)
 			}
@@ -321,6 +338,7 @@ func checkGaps(h *History) Line {
 			}
 			for _, m := range storedBetween(h.Final[s.Topic], from, d.Seq) {
 				if !delivered[m.Seq] {
+					l.mark(s.Topic, m.ID, m.Seq)
 					l.violation("%s on %s: seq %d (%s) skipped, between "+
 						"%d and %d", s.Subscriber, s.Topic, m.Seq, m.ID, from,
 						d.Seq)

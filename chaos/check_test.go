@@ -16,23 +16,23 @@ import (
 // them between two members, the log keeps both.
 func clean() *History {
 	h := &History{}
-	h.attempt(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-1", Value: "v1"})
-	h.attempt(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-2", Value: "v2"})
-	h.confirm(Confirm{Publisher: "alice", Topic: "jobs", ID: "a-1", Seq: 1, Duplicate: false})
-	h.confirm(Confirm{Publisher: "alice", Topic: "jobs", ID: "a-2", Seq: 2, Duplicate: false})
-	s := h.subscribe(&Subscription{Subscriber: "bob", Topic: "jobs",
+	h.Sent(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-1", Value: "v1"})
+	h.Sent(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-2", Value: "v2"})
+	h.Confirmed(Confirm{Publisher: "alice", Topic: "jobs", ID: "a-1", Seq: 1, Duplicate: false})
+	h.Confirmed(Confirm{Publisher: "alice", Topic: "jobs", ID: "a-2", Seq: 2, Duplicate: false})
+	s := h.Subscribed(&Subscription{Subscriber: "bob", Topic: "jobs",
 		Durable: "bob"})
-	h.replied(s, 0, true)
-	h.delivered(s, Delivery{1, "a-1", "v1", 1})
-	h.delivered(s, Delivery{1, "a-1", "v1", 2})
-	h.delivered(s, Delivery{2, "a-2", "v2", 1})
+	h.Replied(s, 0, true)
+	h.Delivered(s, Delivery{Seq: 1, ID: "a-1", Value: "v1", Attempt: 1})
+	h.Delivered(s, Delivery{Seq: 1, ID: "a-1", Value: "v1", Attempt: 2})
+	h.Delivered(s, Delivery{Seq: 2, ID: "a-2", Value: "v2", Attempt: 1})
 	for i, id := range []string{"a-1", "a-2"} {
-		s := h.subscribe(&Subscription{Subscriber: []string{"w1", "w2"}[i],
+		s := h.Subscribed(&Subscription{Subscriber: []string{"w1", "w2"}[i],
 			Topic: "jobs", Group: "workers"})
-		h.replied(s, 0, true)
-		h.delivered(s, Delivery{uint64(i + 1), id, "v" + id[2:], 1})
+		h.Replied(s, 0, true)
+		h.Delivered(s, Delivery{Seq: uint64(i + 1), ID: id, Value: "v" + id[2:], Attempt: 1})
 	}
-	h.stored("jobs", []Stored{{1, "a-1", "v1"}, {2, "a-2", "v2"}})
+	h.SetFinal("jobs", []Stored{{1, "a-1", "v1"}, {2, "a-2", "v2"}})
 	h.Fault("kill", "broker-1")()
 	return h
 }
@@ -74,9 +74,9 @@ func TestCheck_FindsEachViolation(t *testing.T) {
 		{"a seq delivered as one value and stored as another",
 			func(h *History) {
 				s := h.Subscriptions[0]
-				s.Deliveries = append(s.Deliveries, Delivery{3, "a-3", "v3", 1})
-				h.attempt(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-3", Value: "v3"})
-				h.attempt(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-4", Value: "v4"})
+				s.Deliveries = append(s.Deliveries, Delivery{Seq: 3, ID: "a-3", Value: "v3", Attempt: 1})
+				h.Sent(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-3", Value: "v3"})
+				h.Sent(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-4", Value: "v4"})
 				h.Final["jobs"] = append(h.Final["jobs"],
 					Stored{3, "a-4", "v4"})
 				h.Fault("kill", "broker-1")() // what left them unanswered
@@ -97,10 +97,10 @@ func TestCheck_FindsEachViolation(t *testing.T) {
 			s.Deliveries[1].Attempt = 1
 		}, "each subscription's seqs come in order"},
 		{"a stored message skipped", func(h *History) {
-			s := h.subscribe(&Subscription{Subscriber: "carol",
+			s := h.Subscribed(&Subscription{Subscriber: "carol",
 				Topic: "jobs"})
-			h.replied(s, 0, true)
-			h.delivered(s, Delivery{2, "a-2", "v2", 1})
+			h.Replied(s, 0, true)
+			h.Delivered(s, Delivery{Seq: 2, ID: "a-2", Value: "v2", Attempt: 1})
 		}, "no subscription skips a message unannounced"},
 		{"a durable subscriber that never got a confirmed value",
 			func(h *History) {
@@ -114,22 +114,22 @@ func TestCheck_FindsEachViolation(t *testing.T) {
 			}, "every group's members have every confirmed value"},
 		{"a group member's first attempts out of order", func(h *History) {
 			s := h.Subscriptions[1]
-			s.Deliveries = append(s.Deliveries, Delivery{2, "a-2", "v2", 2},
-				Delivery{1, "a-1", "v1", 1})
+			s.Deliveries = append(s.Deliveries, Delivery{Seq: 2, ID: "a-2", Value: "v2", Attempt: 2},
+				Delivery{Seq: 1, ID: "a-1", Value: "v1", Attempt: 1})
 		}, "each subscription's seqs come in order"},
 		{"a fault left in place", func(h *History) {
 			h.Fault("pause", "broker-1")
 		}, "every fault was healed"},
 		{"a publish never answered while nothing failed", func(h *History) {
-			h.attempt(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-3",
+			h.Sent(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-3",
 				Value: "v3"})
 		}, "every publish made while nothing failed was answered within 30s"},
 		{"a publish answered too late", func(h *History) {
-			h.attempt(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-3",
+			h.Sent(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-3",
 				Value: "v3"})
 			h.Attempts[len(h.Attempts)-1].At = h.Attempts[0].At.Add(
 				-time.Minute)
-			h.refused(Refusal{Publisher: "alice", Topic: "jobs", ID: "a-3",
+			h.Refused(Refusal{Publisher: "alice", Topic: "jobs", ID: "a-3",
 				Code: "store_failed"})
 		}, "every publish made while nothing failed was answered within 30s"},
 		{"a probe that stalled", func(h *History) {
@@ -155,9 +155,9 @@ func TestCheck_FindsEachViolation(t *testing.T) {
 func TestCheck_ExcusesWhatItWasTold(t *testing.T) {
 	t.Run("a gap announced with recovered false", func(t *testing.T) {
 		h := clean()
-		s := h.subscribe(&Subscription{Subscriber: "carol", Topic: "jobs"})
-		h.replied(s, 2, false)
-		h.delivered(s, Delivery{2, "a-2", "v2", 1})
+		s := h.Subscribed(&Subscription{Subscriber: "carol", Topic: "jobs"})
+		h.Replied(s, 2, false)
+		h.Delivered(s, Delivery{Seq: 2, ID: "a-2", Value: "v2", Attempt: 1})
 		if r := Check(h); !r.OK() || r.Announced != 1 {
 			t.Fatalf("an announced gap was refused:\n%s", r)
 		}
@@ -165,11 +165,11 @@ func TestCheck_ExcusesWhatItWasTold(t *testing.T) {
 	t.Run("a gap announced with skipped, and only that gap",
 		func(t *testing.T) {
 			h := clean()
-			s := h.subscribe(&Subscription{Subscriber: "carol", Topic: "jobs",
+			s := h.Subscribed(&Subscription{Subscriber: "carol", Topic: "jobs",
 				After: new(uint64)})
-			h.replied(s, 0, true)
-			h.skipped(s, 1)
-			h.delivered(s, Delivery{2, "a-2", "v2", 1})
+			h.Replied(s, 0, true)
+			h.Skipped(s, 1)
+			h.Delivered(s, Delivery{Seq: 2, ID: "a-2", Value: "v2", Attempt: 1})
 			if r := Check(h); !r.OK() {
 				t.Fatalf("an announced skip was refused:\n%s", r)
 			}
@@ -183,7 +183,7 @@ func TestCheck_ExcusesWhatItWasTold(t *testing.T) {
 		h := clean()
 		s := h.Subscriptions[0]
 		s.Deliveries = s.Deliveries[:2]
-		h.dead([]wire.DeadLetter{{Topic: "jobs", MessageID: "a-2", Seq: 2,
+		h.Dead([]wire.DeadLetter{{Topic: "jobs", MessageID: "a-2", Seq: 2,
 			Subscriber: "bob"}})
 		if r := Check(h); !r.OK() || r.DeadLettered != 1 {
 			t.Fatalf("a dead-lettered value was held against bob:\n%s", r)
@@ -192,19 +192,19 @@ func TestCheck_ExcusesWhatItWasTold(t *testing.T) {
 	t.Run("a lost unconfirmed message, then its re-send at a new seq",
 		func(t *testing.T) {
 			h := clean()
-			h.attempt(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-3", Value: "v3"})
+			h.Sent(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-3", Value: "v3"})
 			s := h.Subscriptions[0]
-			h.delivered(s, Delivery{3, "a-3", "v3", 1})
+			h.Delivered(s, Delivery{Seq: 3, ID: "a-3", Value: "v3", Attempt: 1})
 			h.Fault("kill", "broker-1")()
 			// The broker died before the disk had seq 3; after the
 			// restart seqs jump, and the re-send is stored at 16387.
-			again := h.subscribe(&Subscription{Subscriber: "bob",
+			again := h.Subscribed(&Subscription{Subscriber: "bob",
 				Topic: "jobs", Durable: "bob"})
-			h.replied(again, 16386, true)
-			h.attempt(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-3", Value: "v3"})
-			h.confirm(Confirm{Publisher: "alice", Topic: "jobs", ID: "a-3", Seq: 16387, Duplicate: false})
-			h.delivered(again, Delivery{16387, "a-3", "v3", 1})
-			h.delivered(h.Subscriptions[1], Delivery{16387, "a-3", "v3", 1})
+			h.Replied(again, 16386, true)
+			h.Sent(Attempt{Publisher: "alice", Topic: "jobs", ID: "a-3", Value: "v3"})
+			h.Confirmed(Confirm{Publisher: "alice", Topic: "jobs", ID: "a-3", Seq: 16387, Duplicate: false})
+			h.Delivered(again, Delivery{Seq: 16387, ID: "a-3", Value: "v3", Attempt: 1})
+			h.Delivered(h.Subscriptions[1], Delivery{Seq: 16387, ID: "a-3", Value: "v3", Attempt: 1})
 			h.Final["jobs"] = append(h.Final["jobs"],
 				Stored{16387, "a-3", "v3"})
 			if r := Check(h); !r.OK() {

@@ -45,6 +45,15 @@ type History struct {
 	Final map[string][]Stored
 	// DeadLetters are the run's topics' dead letters, read after it.
 	DeadLetters []wire.DeadLetter
+	// Acks lists every ack sent, for the checks of a run still going
+	// (Promises).
+	Acks []Ack
+}
+
+// Ack is one ack frame sent for one delivery.
+type Ack struct {
+	Subscriber, Topic, ID string
+	At                    time.Time
 }
 
 // Attempt is one publish frame sent.
@@ -97,6 +106,9 @@ type Subscription struct {
 	Deliveries []Delivery
 	// Skips are the "skipped" frames it got: the log overtook it.
 	Skips []Skip
+	// Ended is set when its connection ended; End is when.
+	Ended bool
+	End   time.Time
 }
 
 // Skip is one "skipped" frame: the messages up to Seq left the log
@@ -112,6 +124,10 @@ type Delivery struct {
 	ID      string
 	Value   string
 	Attempt int
+	// QoS and At are the delivery's QoS and when it came; At is set by
+	// Delivered.
+	QoS int
+	At  time.Time
 }
 
 // Stored is one message of a topic's final log.
@@ -132,24 +148,24 @@ type Fault struct {
 	End    time.Time
 }
 
-// attempt records a publish about to be sent.
-func (h *History) attempt(a Attempt) {
+// Sent records a publish about to be sent.
+func (h *History) Sent(a Attempt) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	a.At = time.Now()
 	h.Attempts = append(h.Attempts, a)
 }
 
-// confirm records a "published" reply.
-func (h *History) confirm(c Confirm) {
+// Confirmed records a "published" reply.
+func (h *History) Confirmed(c Confirm) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	c.At = time.Now()
 	h.Confirms = append(h.Confirms, c)
 }
 
-// refused records an error reply that named a publish.
-func (h *History) refused(r Refusal) {
+// Refused records an error reply that named a publish.
+func (h *History) Refused(r Refusal) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	r.At = time.Now()
@@ -164,31 +180,48 @@ func (h *History) Stalled(what string) {
 	h.Stalls = append(h.Stalls, what)
 }
 
-// subscribe records a subscribe frame about to be sent, and returns the
+// Subscribed records a subscribe frame about to be sent, and returns the
 // record its replies go into.
-func (h *History) subscribe(s *Subscription) *Subscription {
+func (h *History) Subscribed(s *Subscription) *Subscription {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.Subscriptions = append(h.Subscriptions, s)
 	return s
 }
 
-// replied records the "subscribed" reply of s.
-func (h *History) replied(s *Subscription, head uint64, recovered bool) {
+// Replied records the "subscribed" reply of s.
+func (h *History) Replied(s *Subscription, head uint64, recovered bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s.Replied, s.Head, s.Unrecovered = true, head, !recovered
 }
 
-// delivered records a message frame of s.
-func (h *History) delivered(s *Subscription, d Delivery) {
+// Delivered records a message frame of s.
+func (h *History) Delivered(s *Subscription, d Delivery) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	d.At = time.Now()
 	s.Deliveries = append(s.Deliveries, d)
 }
 
-// skipped records a "skipped" frame of s.
-func (h *History) skipped(s *Subscription, seq uint64) {
+// Acked records an ack frame about to be sent.
+func (h *History) Acked(subscriber, topic, id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.Acks = append(h.Acks, Ack{subscriber, topic, id, time.Now()})
+}
+
+// Closed records that the connection of s ended.
+func (h *History) Closed(s *Subscription) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !s.Ended {
+		s.Ended, s.End = true, time.Now()
+	}
+}
+
+// Skipped records a "skipped" frame of s.
+func (h *History) Skipped(s *Subscription, seq uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s.Skips = append(s.Skips, Skip{len(s.Deliveries), seq})
@@ -208,8 +241,8 @@ func (h *History) Fault(kind, target string) (heal func()) {
 	}
 }
 
-// stored records a topic's final log.
-func (h *History) stored(topic string, log []Stored) {
+// SetFinal records a topic's final log.
+func (h *History) SetFinal(topic string, log []Stored) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.Final == nil {
@@ -218,8 +251,8 @@ func (h *History) stored(topic string, log []Stored) {
 	h.Final[topic] = log
 }
 
-// dead records dead letters read after the run.
-func (h *History) dead(letters []wire.DeadLetter) {
+// Dead records dead letters read after the run.
+func (h *History) Dead(letters []wire.DeadLetter) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.DeadLetters = append(h.DeadLetters, letters...)

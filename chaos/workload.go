@@ -182,14 +182,14 @@ func (p *publisher) session(ctx context.Context, ws *websocket.Conn) {
 		case f.Type == "error" && f.Code == "store_failed" &&
 			f.MessageID != "":
 			// Not stored: send it again, now, with the same id.
-			p.History.refused(Refusal{p.Name, f.Topic, f.MessageID, f.Code,
+			p.History.Refused(Refusal{p.Name, f.Topic, f.MessageID, f.Code,
 				time.Time{}})
 			if p.publish(ctx, ws, f.MessageID) != nil {
 				return
 			}
 		case f.Type == "error":
 			if f.MessageID != "" {
-				p.History.refused(Refusal{p.Name, f.Topic, f.MessageID,
+				p.History.Refused(Refusal{p.Name, f.Topic, f.MessageID,
 					f.Code, time.Time{}})
 			}
 			due--
@@ -200,7 +200,7 @@ func (p *publisher) session(ctx context.Context, ws *websocket.Conn) {
 // publish records and sends one value, its id as its payload.
 func (p *publisher) publish(ctx context.Context, ws *websocket.Conn,
 	id string) error {
-	p.History.attempt(Attempt{Publisher: p.Name, Topic: p.topic, ID: id,
+	p.History.Sent(Attempt{Publisher: p.Name, Topic: p.topic, ID: id,
 		Value: id})
 	return send(ctx, ws, map[string]any{"type": "publish",
 		"topic": p.topic, "payload": id, "qos": 1, "message_id": id})
@@ -208,7 +208,7 @@ func (p *publisher) publish(ctx context.Context, ws *websocket.Conn,
 
 // confirmed records a confirm and forgets the value's id.
 func (p *publisher) confirmed(f frame) {
-	p.History.confirm(Confirm{Publisher: p.Name, Topic: f.Topic,
+	p.History.Confirmed(Confirm{Publisher: p.Name, Topic: f.Topic,
 		ID: f.MessageID, Seq: f.Seq, Duplicate: f.Duplicate})
 	p.unconfirmed = slices.DeleteFunc(p.unconfirmed, func(id string) bool {
 		return id == f.MessageID
@@ -298,7 +298,7 @@ func (c *Client) read(ctx context.Context, ws *websocket.Conn,
 	if s.After != nil {
 		request["after"], newest = *s.After, *s.After
 	}
-	c.History.subscribe(s)
+	c.History.Subscribed(s)
 	if send(ctx, ws, request) != nil {
 		return false, newest
 	}
@@ -309,15 +309,14 @@ func (c *Client) read(ctx context.Context, ws *websocket.Conn,
 		}
 		switch f.Type {
 		case "subscribed":
-			c.History.replied(s, f.Seq, f.Recovered == nil || *f.Recovered)
+			c.History.Replied(s, f.Seq, f.Recovered == nil || *f.Recovered)
 		case "skipped":
-			c.History.skipped(s, f.Seq)
+			c.History.Skipped(s, f.Seq)
 			newest = max(newest, f.Seq)
 		case "message":
 			var value string
 			json.Unmarshal(f.Payload, &value)
-			c.History.delivered(s, Delivery{f.Seq, f.MessageID, value,
-				f.Attempt})
+			c.History.Delivered(s, Delivery{Seq: f.Seq, ID: f.MessageID, Value: value, Attempt: f.Attempt})
 			newest = max(newest, f.Seq)
 			if f.QoS == 1 && send(ctx, ws, map[string]any{"type": "ack",
 				"topic": s.Topic, "message_id": f.MessageID}) != nil {
@@ -341,7 +340,7 @@ func (c *Client) ReadLog(ctx context.Context, topic, until string) error {
 		log, err := readLog(ctx, ws, topic, until)
 		ws.CloseNow()
 		if err == nil {
-			c.History.stored(topic, log)
+			c.History.SetFinal(topic, log)
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -373,7 +372,7 @@ func (c *Client) ReadDeadLetters(ctx context.Context, topic string) error {
 					letters = append(letters, letter)
 				}
 			}
-			c.History.dead(letters)
+			c.History.Dead(letters)
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -433,7 +432,7 @@ func (c *Client) OnFirstDelivery(ctx context.Context, topic, id string,
 	}
 	defer ws.CloseNow()
 	zero := uint64(0)
-	s := c.History.subscribe(&Subscription{Subscriber: c.Name,
+	s := c.History.Subscribed(&Subscription{Subscriber: c.Name,
 		Topic: topic, After: nil})
 	err = send(ctx, ws, map[string]any{"type": "subscribe", "topic": topic,
 		"last": zero})
@@ -446,11 +445,11 @@ func (c *Client) OnFirstDelivery(ctx context.Context, topic, id string,
 		case "subscribed":
 			// Only new messages: as if it asked for everything after
 			// the head.
-			c.History.replied(s, f.Seq, true)
+			c.History.Replied(s, f.Seq, true)
 			head := f.Seq
 			s.After = &head
 			if id != "" {
-				c.History.attempt(Attempt{Publisher: c.Name, Topic: topic,
+				c.History.Sent(Attempt{Publisher: c.Name, Topic: topic,
 					ID: id, Value: id, Unread: true})
 				err = send(ctx, ws, map[string]any{"type": "publish",
 					"topic": topic, "payload": id, "qos": 1,
@@ -460,8 +459,7 @@ func (c *Client) OnFirstDelivery(ctx context.Context, topic, id string,
 			then()
 			var value string
 			json.Unmarshal(f.Payload, &value)
-			c.History.delivered(s, Delivery{f.Seq, f.MessageID, value,
-				f.Attempt})
+			c.History.Delivered(s, Delivery{Seq: f.Seq, ID: f.MessageID, Value: value, Attempt: f.Attempt})
 			return nil
 		}
 	}

@@ -7,8 +7,10 @@
 // popsub.go declares what a connection needs of its socket (the Socket
 // contract in its section "The machine room"): Read returns the next
 // text frame; Send writes a run of frames in order; Ping, Close and
-// CloseNow do what they say. Conn keeps it over github.com/coder/websocket,
-// and a test or a page may keep it another way.
+// CloseNow do what they say. Conn keeps it over github.com/coder/websocket;
+// a request may carry a socket kept another way (WithEndpoint), as the
+// lab page's network keeps one in memory, in a browser, where nothing
+// can be accepted.
 //
 // # Reading frames
 //
@@ -118,11 +120,35 @@ type Conn struct {
 	large atomic.Bool
 }
 
+// Endpoint is the contract a socket keeps: popsub.go's Socket, met by a
+// Conn or by a socket a request carries.
+type Endpoint interface {
+	Read() ([]byte, error)
+	SetReadLimit(n int64)
+	Send(frames [][]byte, joined bool) error
+	Ping(ctx context.Context) error
+	Close(code websocket.StatusCode, reason string) error
+	CloseNow() error
+}
+
+// endpointKey is the request context's key for a socket kept another way.
+type endpointKey struct{}
+
+// WithEndpoint returns r carrying a socket kept another way: Accept
+// returns open(opts) in place of upgrading r.
+func WithEndpoint(r *http.Request, open func(Options) Endpoint) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), endpointKey{}, open))
+}
+
 // Accept upgrades a request to a WebSocket. It checks the Origin header:
 // a page from another site, running in a user's browser, may not open a
-// socket unless opts allows its origin.
-func Accept(w http.ResponseWriter, r *http.Request, opts Options) (*Conn,
+// socket unless opts allows its origin. A request from WithEndpoint gets
+// the socket it carries.
+func Accept(w http.ResponseWriter, r *http.Request, opts Options) (Endpoint,
 	error) {
+	if open, ok := r.Context().Value(endpointKey{}).(func(Options) Endpoint); ok {
+		return open(opts), nil
+	}
 	hijack := &hijacker{ResponseWriter: w, opts: opts}
 	ws, err := websocket.Accept(hijack, r,
 		&websocket.AcceptOptions{OriginPatterns: opts.OriginPatterns})

@@ -86,7 +86,7 @@ func TestRead_ALargeFrameHoldsAPlaceUntilTheNextReadOrAClose(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			accepted <- c
+			accepted <- c.(*Conn)
 		}))
 	defer server.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -1,0 +1,177 @@
+package chaos
+
+import (
+	"cmp"
+	"maps"
+	"slices"
+	"time"
+)
+
+// # Promises, while a run goes on
+//
+// Check judges a finished run, after its drain. The lab page judges one
+// after every event, while messages are still on their way, so it asks
+// Promises: Check's lines that hold at every moment, grouped into the
+// promises a learner reads, and two that need the run's clock. A
+// promise that can only break later (a delivery whose ack timeout has
+// not passed yet) is held so far. The lines that need a drain (every
+// durable subscriber and every group has every value) are Check's
+// alone.
+
+// Promise is one promise and its verdict so far: broken if Violations
+// is not zero.
+type Promise struct {
+	Name       string
+	Violations int
+	Examples   []string
+	Marks      []Mark
+}
+
+// Promises judges h, a run still going, as at now, for a broker whose
+// ack timeout is ackTimeout and whose retries come up to late after
+// their deadline. Its log, h.Final, is what the disk holds now.
+func Promises(h *History, ackTimeout, late time.Duration,
+	now time.Time) []Promise {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	w := h.workload()
+	stored := storedIDs(w)
+	return []Promise{
+		promise("no confirmed message is lost",
+			checkConfirmed(w, stored), checkConfirmedSeqs(w, stored)),
+		promise("no seq is given to two messages",
+			checkOneValuePerSeq(w), checkOneSeqPerID(stored)),
+		promise("each subscriber sees its topic in seq order, with no "+
+			"silent gap", checkOrder(w), checkGaps(w)),
+		promise("a QoS 1 delivery is retried until acked or "+
+			"dead-lettered, once", checkRetried(w, ackTimeout+late, now)),
+		promise("a group's job is with one member at a time",
+			checkOneHolder(w, ackTimeout)),
+	}
+}
+
+// promise joins lines into one promise.
+func promise(name string, lines ...Line) Promise {
+	p := Promise{Name: name}
+	for _, l := range lines {
+		p.Violations += l.Violations
+		p.Examples = append(p.Examples, l.Examples...)
+		p.Marks = append(p.Marks, l.Marks...)
+	}
+	return p
+}
+
+// storedIDs maps each message of the final logs to the seqs it is
+// stored at.
+func storedIDs(h *History) map[key][]uint64 {
+	stored := map[key][]uint64{}
+	for topic, log := range h.Final {
+		for _, m := range log {
+			stored[key{topic, m.ID}] = append(stored[key{topic, m.ID}],
+				m.Seq)
+		}
+	}
+	return stored
+}
+
+// checkRetried: a QoS 1 delivery is followed, within its ack timeout and
+// the retry loop's lateness (within), by its ack, a retry, its move to
+// another member of its group, a dead letter, or the end of its
+// connection (its subscription's is another promise); and no delivery
+// is dead-lettered twice. A fault under way excuses the wait: a paused
+// broker retries late.
+func checkRetried(h *History, within time.Duration, now time.Time) Line {
+	l := Line{Invariant: "a QoS 1 delivery is retried until acked or " +
+		"dead-lettered, once"}
+	type letter struct{ subscriber, topic, id string }
+	dead := map[letter]int{}
+	for _, d := range h.DeadLetters {
+		dead[letter{d.Subscriber, d.Topic, d.MessageID}]++
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(dead), func(a, b letter) int {
+		return cmp.Or(cmp.Compare(a.topic, b.topic), cmp.Compare(a.id, b.id),
+			cmp.Compare(a.subscriber, b.subscriber))
+	}) {
+		if dead[k] > 1 {
+			l.mark(k.topic, k.id, 0)
+			l.violation("%s on %s: dead-lettered %d times for %s", k.id,
+				k.topic, dead[k], k.subscriber)
+		}
+	}
+	for _, s := range h.Subscriptions {
+		for i, d := range s.Deliveries {
+			if d.QoS != 1 || dead[letter{s.Subscriber, s.Topic, d.ID}] > 0 ||
+				now.Sub(d.At) <= within || faultBetween(h, d.At, now) {
+				continue
+			}
+			answered := s.Ended && !s.End.After(d.At.Add(within)) ||
+				slices.ContainsFunc(s.Deliveries[i+1:], func(e Delivery) bool {
+					return e.ID == d.ID
+				}) ||
+				slices.ContainsFunc(h.Acks, func(a Ack) bool {
+					return a.Subscriber == s.Subscriber && a.Topic == s.Topic &&
+						a.ID == d.ID && !a.At.Before(d.At)
+				}) ||
+				s.Group != "" && movedAfter(h, s, d)
+			if !answered {
+				l.mark(s.Topic, d.ID, d.Seq)
+				l.violation("%s on %s: seq %d, attempt %d at %s, neither "+
+					"acked, retried nor dead-lettered since", s.Subscriber,
+					s.Topic, d.Seq, d.Attempt, d.At.Format("15:04:05.000"))
+			}
+		}
+	}
+	return l
+}
+
+// movedAfter reports whether another member of the group of s got the
+// delivery d after s did.
+func movedAfter(h *History, s *Subscription, d Delivery) bool {
+	return slices.ContainsFunc(h.Subscriptions, func(o *Subscription) bool {
+		return o != s && o.Group == s.Group && o.Topic == s.Topic &&
+			slices.ContainsFunc(o.Deliveries, func(e Delivery) bool {
+				return e.ID == d.ID && !e.At.Before(d.At)
+			})
+	})
+}
+
+// checkOneHolder: no member of a group gets a job while another member
+// holds it: from its delivery until its ack, the end of its connection,
+// or its ack timeout, as the members saw it.
+func checkOneHolder(h *History, ackTimeout time.Duration) Line {
+	l := Line{Invariant: "a group's job is with one member at a time"}
+	for _, a := range h.Subscriptions {
+		if a.Group == "" {
+			continue
+		}
+		for _, d := range a.Deliveries {
+			if d.QoS != 1 {
+				continue
+			}
+			end := d.At.Add(ackTimeout)
+			if a.Ended && a.End.Before(end) {
+				end = a.End
+			}
+			for _, ack := range h.Acks {
+				if ack.Subscriber == a.Subscriber && ack.Topic == a.Topic &&
+					ack.ID == d.ID && !ack.At.Before(d.At) && ack.At.Before(end) {
+					end = ack.At
+				}
+			}
+			for _, b := range h.Subscriptions {
+				if b == a || b.Group != a.Group || b.Topic != a.Topic {
+					continue
+				}
+				for _, e := range b.Deliveries {
+					if e.ID == d.ID && !e.At.Before(d.At) && e.At.Before(end) {
+						l.mark(a.Topic, d.ID, d.Seq)
+						l.violation("group %q on %s: seq %d with %s and %s "+
+							"at %s", a.Group, a.Topic, d.Seq, a.Subscriber,
+							b.Subscriber, e.At.Format("15:04:05.000"))
+					}
+				}
+			}
+		}
+	}
+	return l
+}

@@ -1,0 +1,197 @@
+package lab
+
+import (
+	"errors"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/popsub/popsub"
+)
+
+// # The disk
+//
+// Disk is the lab's storage engine, a disk as a learner pictures one. A
+// commit is first written (into the kernel's page cache: buffered), then
+// synced, and only then does Commit return, as the Store contract asks:
+// a confirm leaves after the sync. A kill -9 keeps what was written,
+// synced or not, since the page cache outlives the process; a power cut
+// keeps only what was synced. The broker that used a disk is gone once
+// either happens: its commits under way fail, and the next broker starts
+// on what the disk kept.
+
+// syncTime is how long a sync takes in the lab: long enough to see a
+// batch wait for it.
+const syncTime = 40 * time.Millisecond
+
+// contents are a disk's topic logs, heads and durable cursors.
+type contents struct {
+	logs    map[string][]*popsub.Message
+	heads   map[string]uint64
+	cursors map[string]uint64
+}
+
+func newContents() contents {
+	return contents{logs: map[string][]*popsub.Message{},
+		heads: map[string]uint64{}, cursors: map[string]uint64{}}
+}
+
+// clone copies c; the messages are shared, as they never change.
+func (c contents) clone() contents {
+	d := newContents()
+	for topic, log := range c.logs {
+		d.logs[topic] = slices.Clone(log)
+	}
+	maps.Copy(d.heads, c.heads)
+	maps.Copy(d.cursors, c.cursors)
+	return d
+}
+
+// apply applies a batch as the Batch type says: appends, trims, heads,
+// cursors. keepHeads false drops the heads the broker reserved, as the
+// lab's broker without reservations does (noreserve.go).
+func (c contents) apply(b *popsub.Batch) {
+	for _, m := range b.Messages {
+		c.logs[m.Topic] = append(c.logs[m.Topic], m)
+		c.heads[m.Topic] = max(c.heads[m.Topic], m.Seq)
+	}
+	for topic, upTo := range b.Trims {
+		c.logs[topic] = slices.DeleteFunc(c.logs[topic],
+			func(m *popsub.Message) bool { return m.Seq <= upTo })
+	}
+	if keepHeads {
+		maps.Copy(c.heads, b.Heads)
+	}
+	maps.Copy(c.cursors, b.Cursors)
+}
+
+// Disk is the lab's Store.
+type Disk struct {
+	// gate holds commits while the broker is paused.
+	gate *gate
+	// written hears of each write and sync, for the page.
+	written func(what string, b *popsub.Batch)
+
+	mu sync.Mutex
+	// synced is what a power cut keeps; buffered what a write put in
+	// the page cache and no sync has reached yet, in order.
+	synced   contents
+	buffered []*popsub.Batch
+	// gone is set once the process using the disk died.
+	gone bool
+}
+
+// errGone is what a dead broker's commit gets.
+var errGone = errors.New("the broker using this disk is gone")
+
+// Commit writes the batch, waits for the sync, and applies it.
+func (d *Disk) Commit(b *popsub.Batch) error {
+	d.gate.wait()
+	d.mu.Lock()
+	if d.gone {
+		d.mu.Unlock()
+		return errGone
+	}
+	d.buffered = append(d.buffered, b)
+	d.mu.Unlock()
+	d.written("write", b)
+	time.Sleep(syncTime)
+	d.gate.wait()
+	d.mu.Lock()
+	if d.gone {
+		d.mu.Unlock()
+		return errGone
+	}
+	d.synced.apply(b)
+	d.buffered = slices.DeleteFunc(d.buffered,
+		func(o *popsub.Batch) bool { return o == b })
+	d.mu.Unlock()
+	d.written("sync", b)
+	return nil
+}
+
+// view is what reads see: the synced contents and the page cache's.
+func (d *Disk) view() contents {
+	v := d.synced.clone()
+	for _, b := range d.buffered {
+		v.apply(b)
+	}
+	return v
+}
+
+// Read returns up to limit messages of topic after seq.
+func (d *Disk) Read(topic string, after uint64, limit,
+	maxBytes int) ([]*popsub.Message, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []*popsub.Message
+	size := 0
+	for _, m := range d.view().logs[topic] {
+		if m.Seq > after && len(out) < limit && size < maxBytes {
+			out = append(out, m)
+			size += len(m.Payload)
+		}
+	}
+	return out, nil
+}
+
+// Topics returns each topic's head.
+func (d *Disk) Topics() (map[string]uint64, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.view().heads, nil
+}
+
+// Cursor returns a durable cursor.
+func (d *Disk) Cursor(key string) (uint64, bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	position, ok := d.view().cursors[key]
+	return position, ok, nil
+}
+
+// Close does nothing: the lab's disk outlives its brokers.
+func (d *Disk) Close() error { return nil }
+
+// after returns the disk the next broker starts on, once the process
+// using d dies: with the page cache's writes (a kill) or without (a
+// power cut).
+func (d *Disk) after(powerCut bool) *Disk {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.gone = true
+	kept := d.synced.clone()
+	if !powerCut {
+		kept = d.view()
+	}
+	return &Disk{gate: d.gate, written: d.written, synced: kept}
+}
+
+// picture returns each topic's messages as the disk holds them, synced
+// or only written, with the topic's head, and the durable cursors.
+func (d *Disk) picture() (logs map[string][]diskMessage,
+	heads, cursors map[string]uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v := d.view()
+	logs = map[string][]diskMessage{}
+	synced := map[*popsub.Message]bool{}
+	for _, log := range d.synced.logs {
+		for _, m := range log {
+			synced[m] = true
+		}
+	}
+	for topic, log := range v.logs {
+		for _, m := range log {
+			logs[topic] = append(logs[topic], diskMessage{m, synced[m]})
+		}
+	}
+	return logs, v.heads, v.cursors
+}
+
+// diskMessage is a message on the disk, and whether it is synced.
+type diskMessage struct {
+	*popsub.Message
+	synced bool
+}
