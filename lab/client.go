@@ -395,7 +395,7 @@ func (c *client) cut() {
 		return
 	}
 	c.lab.history.Fault("cut", c.name)()
-	c.lab.record(Event{Kind: "cut", From: c.name, To: "broker",
+	c.lab.record(Event{Kind: "cut", From: c.name, To: c.name,
 		Label: "link cut"})
 	c.conn.link.close(-1, "the link was cut")
 }

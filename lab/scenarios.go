@@ -77,7 +77,9 @@ var Scenarios = []Scenario{{
 		"block, so no seq bob saw can name another message; bob's " +
 		"\"after 1\" skips nothing. Without the reservation the next " +
 		"message would be seq 1 again, and a subscriber resuming after 1 " +
-		"would never see it: the bug PopSub once had.",
+		"would never see it: the bug PopSub once had. (Bob's reply says " +
+		"some messages are gone: the log cannot show him the seqs up to " +
+		"the head, so it says so rather than stay silent.)",
 	Links: []Link{{"The log: why seqs are reserved",
 		"the-log-seq-first-sync-second"},
 		{"waitForSeq: a publish waits for its block", "Broker.waitForSeq"},

@@ -18,6 +18,8 @@
 //	                                  every promise the protocol makes
 //	popsub db check|salvage           report damage in a database, and
 //	                                  copy what is readable to a new one
+//	popsub lab --out DIR              write the lab (the broker in a
+//	                                  page) as static files
 //
 // Every flag can also be set from the environment (POPSUB_ADDR, …);
 // a flag wins over the environment, which wins over the default.
@@ -56,6 +58,8 @@ commands:
   db check --db FILE         report what a database holds, and damage
   db salvage --db FILE --to NEW
                              copy every readable record to a new file
+  lab --out DIR              write the lab page (the real broker, in the
+                             browser) as files any static server serves
 
 Run 'popsub <command> -h' for its flags.
 `
@@ -126,6 +130,8 @@ func run(ctx context.Context, args []string, stdout,
 		return chaosCommand(ctx, args[1:], stdout, stderr)
 	case "db":
 		return dbCommand(args[1:], stdout, stderr)
+	case "lab":
+		return labCommand(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil

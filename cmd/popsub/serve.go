@@ -26,6 +26,7 @@ import (
 	"github.com/popsub/popsub/gateway"
 	"github.com/popsub/popsub/jetstream"
 	"github.com/popsub/popsub/jsclient"
+	labpage "github.com/popsub/popsub/lab/page"
 	"github.com/popsub/popsub/playground"
 )
 
@@ -380,7 +381,7 @@ func serveUntilDone(ctx context.Context, listener net.Listener,
 
 // routes serves the WebSocket at /ws, and at / for upgrade requests as
 // the original's clients expect; HTTP publish and Server-Sent Events at
-// /topics/{topic}; the JavaScript client at /popsub.js; popsub.go as a page at /source; the
+// /topics/{topic}; the JavaScript client at /popsub.js; popsub.go as a page at /source; the lab at /lab/; the
 // tutorials and references as pages under /docs/; /metrics,
 // /healthz and /readyz for an operator's tools; other requests get the
 // playground.
@@ -394,6 +395,7 @@ func routes(broker *popsub.Broker, topics *gateway.Gateway,
 	mux.Handle("GET /popsub.js", javascriptClient())
 	mux.Handle("GET /source", playground.Document("text/html; charset=utf-8",
 		docs.SourcePage))
+	mux.Handle("GET /lab/", http.StripPrefix("/lab", labpage.Handler(docs.SourcePage)))
 	serveDocs(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {

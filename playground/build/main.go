@@ -1,12 +1,15 @@
-// Command build makes the playground's client: it compiles ../wasm for
-// js/wasm, reproducibly, gzips it into static/popsub.wasm.gz, and copies
+// Command build makes a page's WebAssembly: it compiles a package for
+// js/wasm, reproducibly, gzips it into the static folder, and copies
 // wasm_exec.js from the Go that built it (the two must match). It runs
-// from the playground folder, through go generate.
+// from a page's folder, through go generate: the playground's client by
+// default (../wasm into static/popsub.wasm.gz), the lab's with -src and
+// -out.
 package main
 
 import (
 	"bytes"
 	"compress/gzip"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,8 +17,15 @@ import (
 	"strings"
 )
 
+// What to build, and where to put it.
+var (
+	src = flag.String("src", "../wasm", "the package to compile")
+	out = flag.String("out", "static/popsub.wasm.gz", "the gzipped result")
+)
+
 // main builds, compresses and copies, or exits with the reason.
 func main() {
+	flag.Parse()
 	if err := build(); err != nil {
 		fmt.Fprintln(os.Stderr, "build:", err)
 		os.Exit(1)
@@ -32,19 +42,19 @@ func build() error {
 
 	// -trimpath and no VCS stamp make the bytes the same in any folder
 	// on any machine with this Go, so CI can check the committed file.
-	out := filepath.Join(dir, "popsub.wasm")
+	wasmFile := filepath.Join(dir, "page.wasm")
 	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false",
-		"-ldflags=-s -w", "-o", out, "../wasm")
+		"-ldflags=-s -w", "-o", wasmFile, *src)
 	cmd.Env = append(os.Environ(), "GOOS=js", "GOARCH=wasm")
 	cmd.Stderr = os.Stderr
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("go build: %w", err)
 	}
-	wasm, err := os.ReadFile(out)
+	wasm, err := os.ReadFile(wasmFile)
 	if err != nil {
 		return err
 	}
-	if err := writeGzip("static/popsub.wasm.gz", wasm); err != nil {
+	if err := writeGzip(*out, wasm); err != nil {
 		return err
 	}
 	return copyWasmExec()
@@ -77,5 +87,6 @@ func copyWasmExec() error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile("static/wasm_exec.js", glue, 0o644)
+	return os.WriteFile(filepath.Join(filepath.Dir(*out), "wasm_exec.js"),
+		glue, 0o644)
 }

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/popsub/popsub/lab"
+)
+
+// openLab opens the lab at page and waits until its Go is running.
+func openLab(t *testing.T, ctx context.Context, page string, width,
+	height int64) {
+	t.Helper()
+	do(t, ctx, "open the lab", chromedp.EmulateViewport(width, height),
+		chromedp.Navigate(page))
+	until(t, ctx, "the lab starts", "document.body.dataset.ready !== "+
+		"undefined || document.body.dataset.failed !== undefined")
+	if failed := evaluate[string](t, ctx, "document.body.dataset.failed ?? ''"); failed != "" {
+		t.Fatalf("the lab did not start: %s", failed)
+	}
+}
+
+// evaluate evaluates a JavaScript expression.
+func evaluate[T any](t *testing.T, ctx context.Context, expression string) T {
+	t.Helper()
+	value, err := chromedp.Run(ctx, chromedp.Evaluate[T](expression))
+	if err != nil {
+		t.Fatalf("%s: %v", expression, err)
+	}
+	return value
+}
+
+// playScenario plays a guided scenario in the page at 16× speed,
+// answers its question, and returns the verdict the page shows once
+// the fault has run: held or broken.
+func playScenario(t *testing.T, ctx context.Context, s lab.Scenario) string {
+	t.Helper()
+	do(t, ctx, "pick "+s.Name,
+		chromedp.SetValue(css("#speed"), "16"),
+		chromedp.Click(css(`.pick[data-scenario="`+s.Name+`"]`)))
+	until(t, ctx, s.Name+" asks its question",
+		`document.body.dataset.phase === "asking"`)
+	do(t, ctx, "answer "+s.Name, chromedp.Click(css(`.choice[data-choice="0"]`)))
+	until(t, ctx, s.Name+" runs its fault", `document.body.dataset.phase === "done"`)
+	until(t, ctx, s.Name+" explains", exists(`#explain:not([hidden]) .links a`))
+	return evaluate[string](t, ctx, "document.body.dataset.verdict")
+}
+
+// Every guided scenario runs in Chromium, at a laptop's size and a
+// phone's, and the page's checker says every promise held.
+func TestLab_EveryScenarioHoldsInThePage(t *testing.T) {
+	chromium := browser(t)
+	wsURL, _, _ := startServe(t)
+	page := "http://" + strings.TrimPrefix(wsURL, "ws://") + "/lab/"
+	ctx, problems := startBrowser(t, chromium)
+	for _, size := range [][2]int64{{1366, 900}, {390, 844}} {
+		openLab(t, ctx, page, size[0], size[1])
+		for i, s := range lab.Scenarios {
+			if verdict := playScenario(t, ctx, s); verdict != "held" {
+				t.Errorf("%dpx, %s: the page says %s:\n%s", size[0], s.Name,
+					verdict, evaluate[string](t, ctx,
+						`document.getElementById("checker").innerText`))
+			}
+			// The README's picture: a kill, and the checker's verdict.
+			if i == 0 && size[0] == 1366 {
+				shoot(t, ctx, "lab.png")
+			}
+			if held := evaluate[int](t, ctx,
+				`document.querySelectorAll("#checker .promise.held").length`); held != 5 {
+				t.Errorf("%dpx, %s: %d promises held, want 5", size[0], s.Name, held)
+			}
+		}
+		wide := evaluate[bool](t, ctx,
+			"document.documentElement.scrollWidth <= window.innerWidth")
+		if !wide {
+			t.Errorf("at %dpx the page scrolls sideways", size[0])
+		}
+	}
+	if p := problems(); len(p) > 0 {
+		t.Errorf("console errors: %v", p)
+	}
+}
+
+// A shared run replays event for event: the link a scenario's run gives
+// opens, twice, to histories byte for byte the same as the run's own.
+func TestLab_ASharedRunReplaysByteForByte(t *testing.T) {
+	chromium := browser(t)
+	wsURL, _, _ := startServe(t)
+	page := "http://" + strings.TrimPrefix(wsURL, "ws://") + "/lab/"
+	ctx, problems := startBrowser(t, chromium)
+	openLab(t, ctx, page, 1366, 900)
+	playScenario(t, ctx, lab.Scenarios[1])
+	// Free clicks after the scenario go into the link too.
+	do(t, ctx, "click on", chromedp.Click(css(`.tab[data-client="carol"]`)),
+		chromedp.Click(css(`[data-act="publish"][data-qos="1"]`)),
+		chromedp.Click(css(`[data-act="kill"]`)),
+		chromedp.Click(css("#step")), chromedp.Click(css("#step")))
+	original := evaluate[string](t, ctx, "lab.history()")
+	hash := evaluate[string](t, ctx, "lab.hash()")
+	var replays []string
+	for range 2 {
+		do(t, ctx, "leave", chromedp.Navigate("about:blank"))
+		openLab(t, ctx, page+"#"+hash, 1366, 900)
+		replays = append(replays, evaluate[string](t, ctx, "lab.history()"))
+	}
+	if replays[0] != replays[1] {
+		t.Errorf("two replays differ:\n%s\n%s", replays[0], replays[1])
+	}
+	if replays[0] != original {
+		t.Errorf("the replay differs from the run:\n%s\n%s", original, replays[0])
+	}
+	if !strings.Contains(original, `"kind":"power"`) ||
+		!strings.Contains(original, `"kind":"kill"`) {
+		t.Errorf("the run lacks its faults: %s", original)
+	}
+	if p := problems(); len(p) > 0 {
+		t.Errorf("console errors: %v", p)
+	}
+}
+
+// The folder popsub lab --out writes works from a plain static file
+// server, with no popsub process; and the lab's WebAssembly built
+// without seq reservations, dropped into it, makes the page's checker
+// report the reused seq of the first scenario, on the events that
+// reuse it.
+func TestLab_ExportedFolderWorksAndItsCheckerBites(t *testing.T) {
+	chromium := browser(t)
+	dir := t.TempDir()
+	if err := run(context.Background(), []string{"lab", "--out", dir},
+		io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	files := httptest.NewServer(http.FileServer(http.Dir(dir)))
+	defer files.Close()
+	ctx, problems := startBrowser(t, chromium)
+	openLab(t, ctx, files.URL+"/index.html", 1366, 900)
+	if verdict := playScenario(t, ctx, lab.Scenarios[0]); verdict != "held" {
+		t.Errorf("the exported lab says %s", verdict)
+	}
+	if ready := evaluate[string](t, ctx, "document.body.dataset.ready"); ready != "" {
+		t.Logf("interactive after %s ms", ready)
+	}
+
+	// The same folder, with the broker built to forget its reservations.
+	wasm := filepath.Join(t.TempDir(), "lab.wasm")
+	build := exec.Command("go", "build", "-tags", "labnoreserve",
+		"-ldflags=-s -w", "-o", wasm, "../../lab/wasm")
+	build.Env = append(os.Environ(), "GOOS=js", "GOARCH=wasm")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build -tags labnoreserve: %v\n%s", err, out)
+	}
+	raw, err := os.ReadFile(wasm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var zipped bytes.Buffer
+	zw := gzip.NewWriter(&zipped)
+	zw.Write(raw)
+	zw.Close()
+	if err := os.WriteFile(filepath.Join(dir, "lab.wasm.gz"), zipped.Bytes(),
+		0o644); err != nil {
+		t.Fatal(err)
+	}
+	openLab(t, ctx, files.URL+"/index.html", 1366, 900)
+	if verdict := playScenario(t, ctx, lab.Scenarios[0]); verdict != "broken" {
+		t.Errorf("without reservations the page says %s", verdict)
+	}
+	broken := evaluate[string](t, ctx,
+		`document.querySelector("#checker .promise.broken")?.innerText ?? ""`)
+	if !strings.Contains(broken, "no seq is given to two messages") {
+		t.Errorf("the broken promise is not the reused seq: %q", broken)
+	}
+	if marked := evaluate[int](t, ctx,
+		`document.querySelectorAll("#diagram .ev.marked").length`); marked < 2 {
+		t.Errorf("%d events marked, want the two deliveries of seq 1", marked)
+	}
+	if p := problems(); len(p) > 0 {
+		t.Errorf("console errors: %v", p)
+	}
+}
