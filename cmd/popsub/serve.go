@@ -319,7 +319,7 @@ func (s scheme) socket() string {
 func printBanner(w io.Writer, s scheme, addr, where, localToken string,
 	random bool) {
 	host := strings.Replace(addr, "0.0.0.0", "127.0.0.1", 1)
-	fmt.Fprintf(w, "popsub listening on %s://%s (playground at /, "+
+	fmt.Fprintf(w, "popsub listening on %s://%s (playground at /, lab at /lab/, "+
 		"WebSocket at %s://%s/ws, %s)\n", s.page(), host, s.socket(), host,
 		where)
 	if !random {
