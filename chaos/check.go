@@ -542,7 +542,7 @@ func (h *History) workload() *History {
 	own := func(topic string) bool { return strings.HasPrefix(topic, "$") }
 	w := &History{Subscriptions: h.Subscriptions, Faults: h.Faults,
 		Final: h.Final, DeadLetters: h.DeadLetters, Refusals: h.Refusals,
-		Stalls: h.Stalls}
+		Stalls: h.Stalls, Acks: h.Acks}
 	for _, a := range h.Attempts {
 		if !own(a.Topic) {
 			w.Attempts = append(w.Attempts, a)

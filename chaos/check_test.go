@@ -275,3 +275,70 @@ func TestProxy_HoldsAndCuts(t *testing.T) {
 		t.Fatal("a cut connection still reads")
 	}
 }
+
+// Promises, on a run still going: a QoS 1 delivery left without an ack,
+// a retry or a dead letter past its ack timeout breaks the retry
+// promise, and one dead-lettered twice does too; a group's job with two
+// members at once breaks the group's. Their answers keep them held.
+func TestPromises_JudgeARunStillGoing(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return start.Add(time.Duration(ms) * time.Millisecond) }
+	broken := func(h *History, now time.Time) map[string]int {
+		found := map[string]int{}
+		for _, p := range Promises(h, time.Second, 200*time.Millisecond, now) {
+			if p.Violations > 0 {
+				found[p.Name] = p.Violations
+			}
+		}
+		return found
+	}
+	const retried = "a QoS 1 delivery is retried until acked or dead-lettered, once"
+	const oneHolder = "a group's job is with one member at a time"
+
+	h := &History{}
+	s := &Subscription{Subscriber: "bob", Topic: "jobs"}
+	h.Subscriptions = []*Subscription{s}
+	s.Deliveries = []Delivery{{Seq: 1, ID: "a-1", Value: "v", Attempt: 1,
+		QoS: 1, At: at(0)}}
+	if got := broken(h, at(1000)); len(got) != 0 {
+		t.Errorf("within the ack timeout: %v", got)
+	}
+	if got := broken(h, at(1500)); got[retried] != 1 {
+		t.Errorf("past the ack timeout, unanswered: %v", got)
+	}
+	h.Acks = []Ack{{"bob", "jobs", "a-1", at(10)}}
+	if got := broken(h, at(60000)); len(got) != 0 {
+		t.Errorf("acked: %v", got)
+	}
+	h.Acks = nil
+	s.Deliveries = append(s.Deliveries, Delivery{Seq: 1, ID: "a-1",
+		Value: "v", Attempt: 2, QoS: 1, At: at(1100)})
+	if got := broken(h, at(2000)); len(got) != 0 {
+		t.Errorf("retried in time: %v", got)
+	}
+	letter := wire.DeadLetter{Topic: "jobs", MessageID: "a-1", Seq: 1,
+		Subscriber: "bob"}
+	h.DeadLetters = []wire.DeadLetter{letter}
+	if got := broken(h, at(60000)); len(got) != 0 {
+		t.Errorf("dead-lettered once: %v", got)
+	}
+	h.DeadLetters = append(h.DeadLetters, letter)
+	if got := broken(h, at(60000)); got[retried] != 1 {
+		t.Errorf("dead-lettered twice: %v", got)
+	}
+
+	g := &History{}
+	a := &Subscription{Subscriber: "bob", Topic: "jobs", Group: "w",
+		Deliveries: []Delivery{{Seq: 1, ID: "a-1", Attempt: 1, QoS: 1, At: at(0)}}}
+	b := &Subscription{Subscriber: "carol", Topic: "jobs", Group: "w",
+		Deliveries: []Delivery{{Seq: 1, ID: "a-1", Attempt: 2, QoS: 1, At: at(500)}}}
+	g.Subscriptions = []*Subscription{a, b}
+	g.Acks = []Ack{{"carol", "jobs", "a-1", at(510)}}
+	if got := broken(g, at(600)); got[oneHolder] != 1 {
+		t.Errorf("moved while bob held it: %v", got)
+	}
+	a.Ended, a.End = true, at(400)
+	if got := broken(g, at(600)); len(got) != 0 {
+		t.Errorf("moved after bob left: %v", got)
+	}
+}

@@ -1,11 +1,14 @@
 package lab
 
 import (
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/popsub/popsub"
 )
 
 // run starts a lab in fake time, applies actions a tick apart, lets
@@ -62,22 +65,6 @@ func TestLab_AQoS1PublishIsDeliveredAckedAndConfirmed(t *testing.T) {
 	})
 }
 
-func TestLab_Trace(t *testing.T) {
-	run(t, []Action{
-		{Do: "subscribe", Client: "bob", Topic: "news"},
-		{Do: "publish", Client: "alice", Topic: "news"},
-	}, 0, func(l *Lab) {
-		l.Do(Action{Do: "kill"})
-		time.Sleep(2 * time.Second)
-		l.Do(Action{Do: "publish", Client: "alice", Topic: "news"})
-		time.Sleep(time.Second)
-		t.Log("\n" + labels(l))
-		for _, p := range l.Promises() {
-			t.Log(p.Name, p.Violations, p.Examples)
-		}
-	})
-}
-
 // Each guided scenario, played as the page plays it, keeps every
 // promise; its answer is what the run shows.
 func TestScenarios_KeepEveryPromise(t *testing.T) {
@@ -120,4 +107,94 @@ func TestChecker_BitesWithoutReservations(t *testing.T) {
 	if out, err := test.CombinedOutput(); err != nil {
 		t.Fatalf("go test -tags labnoreserve: %v\n%s", err, out)
 	}
+}
+
+// held fails the test for each broken promise.
+func held(t *testing.T, l *Lab) {
+	t.Helper()
+	for _, p := range l.Promises() {
+		if p.Violations > 0 {
+			t.Errorf("%s: broken: %v\n%s", p.Name, p.Examples, labels(l))
+		}
+	}
+}
+
+// A delivery acked long ago keeps the retry promise, and one whose ack
+// is held is retried, then dead-lettered once, as the promise says.
+func TestLab_HeldAcksAreRetriedThenDeadLettered(t *testing.T) {
+	run(t, []Action{
+		{Do: "subscribe", Client: "bob", Topic: "jobs"},
+		{Do: "subscribe", Client: "carol", Topic: "jobs"},
+		{Do: "hold", Client: "carol"},
+		{Do: "publish", Client: "alice", Topic: "jobs", QoS: 1},
+	}, 20*time.Second, func(l *Lab) {
+		held(t, l)
+		got := labels(l)
+		for _, want := range []string{"message broker→carol: retry 1 of seq 1",
+			"message broker→carol: retry 2 of seq 1",
+			"dead broker→carol: seq 1 to $dead/jobs"} {
+			if !strings.Contains(got, want) {
+				t.Errorf("no %q in\n%s", want, got)
+			}
+		}
+		if n := strings.Count(got, "dead broker→carol"); n != 1 {
+			t.Errorf("%d dead letters for carol, want 1", n)
+		}
+		for _, c := range l.View().Clients {
+			if c.Name == "carol" && len(c.Held) != 0 {
+				t.Errorf("carol still holds %v after its dead letter", c.Held)
+			}
+		}
+	})
+}
+
+// The disk: a kill keeps what was written and not synced, a power cut
+// drops it; and the broker whose process died commits nothing more.
+func TestDisk_AKillKeepsThePageCacheAPowerCutDoesNot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		written := make(chan string, 10)
+		d := &Disk{gate: &gate{}, synced: newContents(),
+			written: func(what string, _ *popsub.Batch) { written <- what }}
+		m := func(seq uint64) *popsub.Message {
+			return &popsub.Message{Topic: "t", Seq: seq, ID: fmt.Sprint(seq)}
+		}
+		if err := d.Commit(&popsub.Batch{Messages: []*popsub.Message{m(1)}}); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- d.Commit(&popsub.Batch{Messages: []*popsub.Message{m(2)}}) }()
+		synctest.Wait() // the second batch is written, its sync under way
+		kill, power := d.after(false), d.after(true)
+		if err := <-done; err == nil {
+			t.Error("a dead broker's commit succeeded")
+		}
+		for _, c := range []struct {
+			disk *Disk
+			want int
+		}{{kill, 2}, {power, 1}} {
+			if got, _ := c.disk.Read("t", 0, 10, 1<<20); len(got) != c.want {
+				t.Errorf("kept %d messages, want %d", len(got), c.want)
+			}
+		}
+		if err := d.Commit(&popsub.Batch{}); err == nil {
+			t.Error("a commit after the crash succeeded")
+		}
+	})
+}
+
+// A click the lab cannot do says why, and does nothing.
+func TestLab_ABadActionSaysWhy(t *testing.T) {
+	run(t, nil, 0, func(l *Lab) {
+		for _, a := range []Action{{Do: "publish", Client: "mallory", Topic: "t"},
+			{Do: "publish", Client: "alice", Topic: "a/#"},
+			{Do: "subscribe", Client: "alice", Topic: ""},
+			{Do: "dance", Client: "alice", Topic: "t"}} {
+			if err := l.Do(a); err == nil {
+				t.Errorf("%+v: no error", a)
+			}
+		}
+		if got := labels(l); got != "" {
+			t.Errorf("bad actions did something:\n%s", got)
+		}
+	})
 }

@@ -20,8 +20,8 @@ var lanes = []string{"alice", "bob", "carol", "broker", "disk"}
 // Diagram geometry: lanes laneGap apart after a column of times, rows
 // rowHeight apart; the diagram draws the last maxRows events.
 const (
-	laneLeft  = 70
-	laneGap   = 96
+	laneLeft  = 60
+	laneGap   = 90
 	rowHeight = 24
 	rowTop    = 34
 	maxRows   = 120
@@ -38,7 +38,7 @@ func laneX(lane string) int {
 }
 
 // diagramWidth is the diagram's width.
-func diagramWidth() int { return laneLeft + (len(lanes)-1)*laneGap + 110 }
+func diagramWidth() int { return laneLeft + (len(lanes)-1)*laneGap + 100 }
 
 // shown returns the events the diagram draws, and the index of the
 // first in the run.
@@ -131,7 +131,7 @@ func Diagram(v View, fresh int) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 4, "\" role=\"img\" aria-label=\"Sequence diagram of the run\"><defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\"><path d=\"M0,0 L10,5 L0,10 z\" fill=\"context-stroke\"></path></marker></defs> ")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 4, "\" role=\"img\" aria-label=\"Sequence diagram of the run\"><defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerWidth=\"8\" markerHeight=\"8\" markerUnits=\"userSpaceOnUse\" orient=\"auto-start-reverse\"><path d=\"M0,0 L10,5 L0,10 z\" fill=\"context-stroke\"></path></marker></defs> ")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
