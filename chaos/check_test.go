@@ -323,8 +323,12 @@ func TestPromises_JudgeARunStillGoing(t *testing.T) {
 		t.Errorf("dead-lettered once: %v", got)
 	}
 	h.DeadLetters = append(h.DeadLetters, letter)
+	if got := broken(h, at(60000)); len(got) != 0 {
+		t.Errorf("dead-lettered again to a plain subscription: %v", got)
+	}
+	s.Durable = "bob-jobs"
 	if got := broken(h, at(60000)); got[retried] != 1 {
-		t.Errorf("dead-lettered twice: %v", got)
+		t.Errorf("dead-lettered twice on one durable cursor: %v", got)
 	}
 
 	g := &History{}

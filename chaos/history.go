@@ -257,3 +257,11 @@ func (h *History) Dead(letters []wire.DeadLetter) {
 	defer h.mu.Unlock()
 	h.DeadLetters = append(h.DeadLetters, letters...)
 }
+
+// SetDeadLetters replaces the dead letters with those a run still going
+// has on disk now.
+func (h *History) SetDeadLetters(letters []wire.DeadLetter) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.DeadLetters = letters
+}

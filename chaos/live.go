@@ -78,8 +78,8 @@ func storedIDs(h *History) map[key][]uint64 {
 // the retry loop's lateness (within), by its ack, a retry, its move to
 // another member of its group, a dead letter, or the end of its
 // connection (its subscription's is another promise); and no delivery
-// is dead-lettered twice. A fault under way excuses the wait: a paused
-// broker retries late.
+// is dead-lettered twice on one durable cursor or group. A fault under
+// way excuses the wait: a paused broker retries late.
 func checkRetried(h *History, within time.Duration, now time.Time) Line {
 	l := Line{Invariant: "a QoS 1 delivery is retried until acked or " +
 		"dead-lettered, once"}
@@ -92,7 +92,7 @@ func checkRetried(h *History, within time.Duration, now time.Time) Line {
 		return cmp.Or(cmp.Compare(a.topic, b.topic), cmp.Compare(a.id, b.id),
 			cmp.Compare(a.subscriber, b.subscriber))
 	}) {
-		if dead[k] > 1 {
+		if dead[k] > 1 && oneLineage(h, k.subscriber, k.topic) {
 			l.mark(k.topic, k.id, 0)
 			l.violation("%s on %s: dead-lettered %d times for %s", k.id,
 				k.topic, dead[k], k.subscriber)
@@ -124,6 +124,38 @@ func checkRetried(h *History, within time.Duration, now time.Time) Line {
 	return l
 }
 
+// oneLineage reports whether every subscription subscriber made on
+// topic carried on one chain of deliveries: all under one durable name,
+// or all in one group. A plain subscription, or a new durable name, may
+// ask for a message again, and its dead letter is another one.
+func oneLineage(h *History, subscriber, topic string) bool {
+	lineage := ""
+	for _, s := range h.Subscriptions {
+		if s.Subscriber != subscriber || s.Topic != topic {
+			continue
+		}
+		this := "durable " + s.Durable
+		if s.Group != "" {
+			this = "group " + s.Group
+		}
+		if s.Durable == "" && s.Group == "" || lineage != "" && this != lineage {
+			return false
+		}
+		lineage = this
+	}
+	return lineage != ""
+}
+
+// delayed reports whether, at some moment from start to end, the broker
+// was paused or subscriber was not reading: what it got then may have
+// been sent before.
+func delayed(h *History, subscriber string, start, end time.Time) bool {
+	return slices.ContainsFunc(h.Faults, func(f *Fault) bool {
+		return (f.Kind == "pause" || f.Kind == "stop" && f.Target == subscriber) &&
+			!f.Start.After(end) && (!f.Healed || !f.End.Before(start))
+	})
+}
+
 // movedAfter reports whether another member of the group of s got the
 // delivery d after s did.
 func movedAfter(h *History, s *Subscription, d Delivery) bool {
@@ -137,15 +169,22 @@ func movedAfter(h *History, s *Subscription, d Delivery) bool {
 
 // checkOneHolder: no member of a group gets a job while another member
 // holds it: from its delivery until its ack, the end of its connection,
-// or its ack timeout, as the members saw it.
+// or its ack timeout, as the members saw it, but for deliveries a pause
+// or a stop in reading may have delayed, to either member.
 func checkOneHolder(h *History, ackTimeout time.Duration) Line {
 	l := Line{Invariant: "a group's job is with one member at a time"}
-	for _, a := range h.Subscriptions {
+	for ai, a := range h.Subscriptions {
 		if a.Group == "" {
 			continue
 		}
 		for _, d := range a.Deliveries {
 			if d.QoS != 1 {
+				continue
+			}
+			// A paused broker, or a member not reading, hands the member
+			// a delivery late: it held it, as the broker saw it, from
+			// before it saw it.
+			if delayed(h, a.Subscriber, d.At.Add(-ackTimeout), d.At) {
 				continue
 			}
 			end := d.At.Add(ackTimeout)
@@ -158,12 +197,16 @@ func checkOneHolder(h *History, ackTimeout time.Duration) Line {
 					end = ack.At
 				}
 			}
-			for _, b := range h.Subscriptions {
+			for bi, b := range h.Subscriptions {
 				if b == a || b.Group != a.Group || b.Topic != a.Topic {
 					continue
 				}
 				for _, e := range b.Deliveries {
-					if e.ID == d.ID && !e.At.Before(d.At) && e.At.Before(end) {
+					// At one instant, the subscription made later got
+					// it later.
+					later := e.At.After(d.At) || e.At.Equal(d.At) && bi > ai
+					if e.ID == d.ID && later && e.At.Before(end) &&
+						!delayed(h, b.Subscriber, e.At.Add(-ackTimeout), e.At) {
 						l.mark(a.Topic, d.ID, d.Seq)
 						l.violation("group %q on %s: seq %d with %s and %s "+
 							"at %s", a.Group, a.Topic, d.Seq, a.Subscriber,

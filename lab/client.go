@@ -65,6 +65,10 @@ type client struct {
 	subs    []sub
 	current map[string]*chaos.Subscription
 	newest  map[string]uint64
+	// replacing are subscriptions sent on a topic the connection already
+	// has one on, waiting for their reply: until it comes, deliveries
+	// are the old one's.
+	replacing map[string][]*chaos.Subscription
 	// holding is set while the learner holds its acks; held are the
 	// deliveries waiting for one.
 	holding bool
@@ -189,9 +193,14 @@ func (c *client) sendSubscribe(s sub) {
 		s.group == "" {
 		after = &newest
 	}
-	c.current[s.topic] = c.lab.history.Subscribed(&chaos.Subscription{
+	record := c.lab.history.Subscribed(&chaos.Subscription{
 		Subscriber: c.name, Topic: s.topic, Durable: s.durable,
 		Group: s.group, After: after})
+	if c.current[s.topic] == nil {
+		c.current[s.topic] = record
+	} else {
+		c.replacing[s.topic] = append(c.replacing[s.topic], record)
+	}
 	c.queue(wire.Frame{Type: "subscribe", Topic: s.topic, After: after,
 		Durable: s.durable, Group: s.group})
 	label := "subscribe " + s.topic
@@ -312,6 +321,13 @@ func (c *client) handle(f wire.Received) {
 		}
 		c.ack(f.Topic, f.Seq, f.MessageID)
 	case "subscribed":
+		// A reply is the current subscription's until it has one;
+		// then the next replacement's.
+		if next := c.replacing[f.Topic]; len(next) > 0 && (s == nil || s.Replied) {
+			h.Closed(s)
+			s, c.current[f.Topic], c.replacing[f.Topic] = next[0], next[0],
+				next[1:]
+		}
 		if s != nil {
 			h.Replied(s, f.Seq, f.Recovered == nil || *f.Recovered)
 		}
@@ -442,7 +458,13 @@ func (c *client) disconnected(l *link) {
 	for _, s := range c.current {
 		c.lab.history.Closed(s)
 	}
+	for _, list := range c.replacing {
+		for _, s := range list {
+			c.lab.history.Closed(s)
+		}
+	}
 	clear(c.current)
+	clear(c.replacing)
 	c.held = nil
 	time.AfterFunc(reconnectDelay, c.connect)
 }

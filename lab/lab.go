@@ -63,6 +63,13 @@ const (
 	reconnectDelay = time.Second
 )
 
+// deadPrefix starts the topics dead letters go to.
+const deadPrefix = "$dead/"
+
+// commitTime is how long a dead letter may take to reach the disk: a
+// batch's wait for company, its write and its sync, with room to spare.
+const commitTime = 500 * time.Millisecond
+
 // maxCount bounds one action's publishes.
 const maxCount = 100
 
@@ -116,6 +123,7 @@ func New() (*Lab, error) {
 		l.clients[name] = &client{lab: l, name: name,
 			current: map[string]*chaos.Subscription{}, reading: open(),
 			newest:      map[string]uint64{},
+			replacing:   map[string][]*chaos.Subscription{},
 			unconfirmed: map[string][]byte{}}
 	}
 	if err := l.startBroker(); err != nil {
@@ -355,9 +363,6 @@ func (l *Lab) heard(run int, e wire.Event) {
 	}
 	switch e.Kind {
 	case "dead_lettered":
-		l.history.Dead([]wire.DeadLetter{{Topic: e.Topic,
-			MessageID: e.MessageID, Seq: e.Seq, Reason: e.Reason,
-			Attempts: e.Attempt, Subscriber: e.Sub, Client: e.Client}})
 		l.note(Event{Kind: "dead", From: "broker", To: e.Sub,
 			Label: fmt.Sprintf("seq %d to $dead/%s", e.Seq, e.Topic),
 			Topic: e.Topic, Seq: e.Seq, ID: e.MessageID})
@@ -368,10 +373,22 @@ func (l *Lab) heard(run int, e wire.Event) {
 	}
 }
 
-// Promises holds the run so far to PopSub's promises.
+// Promises holds the run so far to PopSub's promises: the logs and the
+// dead letters are what the disk holds now. A dead letter counts once
+// it is on disk: one a power cut took was never given, and the broker
+// gives it again.
 func (l *Lab) Promises() []chaos.Promise {
 	logs, _, _ := l.currentDisk().picture()
+	var dead []wire.DeadLetter
 	for topic, log := range logs {
+		if strings.HasPrefix(topic, deadPrefix) {
+			for _, m := range log {
+				var letter wire.DeadLetter
+				if json.Unmarshal(m.Payload, &letter) == nil {
+					dead = append(dead, letter)
+				}
+			}
+		}
 		if strings.HasPrefix(topic, "$") {
 			continue
 		}
@@ -382,8 +399,9 @@ func (l *Lab) Promises() []chaos.Promise {
 		}
 		l.history.SetFinal(topic, final)
 	}
+	l.history.SetDeadLetters(dead)
 	return chaos.Promises(l.history, brokerOptions.AckTimeout,
-		popsub.RetryInterval(brokerOptions.AckTimeout), time.Now())
+		popsub.RetryInterval(brokerOptions.AckTimeout)+commitTime, time.Now())
 }
 
 // currentDisk returns the disk the broker runs on now.

@@ -2,6 +2,7 @@ package lab
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"os/exec"
 	"strings"
 	"testing"
@@ -39,7 +40,7 @@ func labels(l *Lab) string {
 	defer l.mu.Unlock()
 	var b strings.Builder
 	for _, e := range l.events {
-		b.WriteString(e.Kind + " " + e.From + "→" + e.To + ": " + e.Label + "\n")
+		b.WriteString(fmt.Sprint(e.At) + " " + e.Topic + " " + e.Kind + " " + e.From + "→" + e.To + ": " + e.Label + "\n")
 	}
 	return b.String()
 }
@@ -197,4 +198,53 @@ func TestLab_ABadActionSaysWhy(t *testing.T) {
 			t.Errorf("bad actions did something:\n%s", got)
 		}
 	})
+}
+
+// A newcomer's clicks come in every order: seeded random runs of every
+// action the page offers, faults among them, keep every promise.
+func TestLab_RandomClicksKeepEveryPromise(t *testing.T) {
+	kinds := []string{"subscribe", "subscribe", "subscribe", "publish",
+		"publish", "publish", "publish", "publish", "ack", "hold",
+		"release", "cut", "stop", "read", "read", "kill", "power", "pause",
+		"resume", "resume"}
+	topics := []string{"jobs", "news"}
+	for seed := range uint64(200) {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := rand.New(rand.NewPCG(seed, 1))
+				l, err := New()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer l.Close()
+				for range 40 {
+					a := Action{Do: kinds[r.IntN(len(kinds))],
+						Client: Names[r.IntN(len(Names))],
+						Topic:  topics[r.IntN(len(topics))], QoS: r.IntN(2)}
+					if a.Do == "subscribe" {
+						switch r.IntN(4) {
+						case 1:
+							a.Durable = a.Client + "-" + a.Topic
+						case 2:
+							a.Group = "workers"
+						case 3:
+							a.After = new(uint64)
+						}
+					}
+					if err := l.Do(a); err != nil {
+						t.Fatalf("%+v: %v", a, err)
+					}
+					time.Sleep(time.Duration(r.IntN(1500)) * time.Millisecond)
+				}
+				// The faults heal, and the run settles.
+				l.Do(Action{Do: "resume"})
+				for _, name := range Names {
+					l.Do(Action{Do: "read", Client: name})
+					l.Do(Action{Do: "ack", Client: name})
+				}
+				time.Sleep(30 * time.Second)
+				held(t, l)
+			})
+		})
+	}
 }
