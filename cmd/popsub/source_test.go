@@ -37,9 +37,10 @@ func TestSourcePage_FindsItsWayAround(t *testing.T) {
 		}
 		return v
 	}
-	if !open(frames) {
-		t.Fatal("the contents' link landed on the detail's closed heading")
-	}
+	// The page opens the detail when the address changes, after the
+	// click: wait for it, as a reader's eye does.
+	until(t, ctx, "the contents' link opens the detail",
+		`document.querySelector("`+frames+`").open`)
 	err = chromedp.Do(ctx, chromedp.Click(css(frames+` > summary`)))
 	if err != nil || open(frames) {
 		t.Fatalf("a click on the summary did not fold the detail: %v", err)
@@ -68,9 +69,11 @@ func TestSourcePage_FindsItsWayAround(t *testing.T) {
 	if err == nil {
 		err = chromedp.Do(ctx, chromedp.WaitVisible(css(`#Allowed`)))
 	}
-	if err != nil || !open(encoder) {
-		t.Fatalf("the link into a folded detail did not open it: %v", err)
+	if err != nil {
+		t.Fatalf("the link into a folded detail: %v", err)
 	}
+	until(t, ctx, "the link into a folded detail opens it",
+		`document.querySelector("`+encoder+`").open`)
 
 	// The appendix lists the machine room's packages, folded; its
 	// contents' link opens one.
@@ -79,9 +82,11 @@ func TestSourcePage_FindsItsWayAround(t *testing.T) {
 		chromedp.Click(css(`nav.toc a[href="#boltstore-boltstore-go"]`)),
 		chromedp.WaitVisible(css(store+` > summary`)),
 	)
-	if err != nil || !open(store) {
-		t.Fatalf("the appendix's link did not open boltstore: %v", err)
+	if err != nil {
+		t.Fatalf("the appendix's link: %v", err)
 	}
+	until(t, ctx, "the appendix's link opens boltstore",
+		`document.querySelector("`+store+`").open`)
 	if list := problems(); len(list) > 0 {
 		t.Fatalf("the console reported problems:\n%s",
 			strings.Join(list, "\n"))
