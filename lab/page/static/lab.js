@@ -148,7 +148,10 @@
 		state.textContent = "broker " + v.broker;
 		state.className = "state " + v.broker;
 		document.body.classList.toggle("broken", v.broken);
-		$("share").href = "#" + shareHash();
+		// The address is the run: copy it, and it replays.
+		const hash = "#" + shareHash();
+		$("share").href = hash;
+		history.replaceState(null, "", hash);
 	}
 
 	// The clock: play moves to each next wake-up after as much real time
@@ -341,7 +344,7 @@
 				const mode = $("mode").value;
 				if (mode === "durable") action.durable = client + "-" + action.topic;
 				if (mode === "group") action.group = "workers";
-				if (mode === "after0") action.after = 0;
+				if (mode === "after") action.after = Math.max(0, Math.floor(Number($("after").value)) || 0);
 			}
 			act(action);
 		};
