@@ -327,17 +327,17 @@ func (l *Lab) record(e Event) {
 
 // written hears the disk write or sync a batch.
 func (l *Lab) written(what string, b *popsub.Batch) {
-	var seqs []string
+	var seqs []uint64
 	var topic string
 	for _, m := range b.Messages {
 		if !strings.HasPrefix(m.Topic, "$") {
-			seqs, topic = append(seqs, fmt.Sprint(m.Seq)), m.Topic
+			seqs, topic = append(seqs, m.Seq), m.Topic
 		}
 	}
 	label := what
 	switch {
 	case len(seqs) > 0:
-		label += " seq " + strings.Join(seqs, ",")
+		label += " seq " + ranges(seqs)
 	case len(b.Heads) > 0:
 		label += " reserved heads"
 	case len(b.Cursors) > 0:
@@ -351,6 +351,23 @@ func (l *Lab) written(what string, b *popsub.Batch) {
 	}
 	l.record(Event{Kind: what, From: from, To: to, Label: label,
 		Topic: topic})
+}
+
+// ranges writes seqs, in order, as runs: 2-5,9.
+func ranges(seqs []uint64) string {
+	var parts []string
+	for i := 0; i < len(seqs); {
+		j := i
+		for j+1 < len(seqs) && seqs[j+1] == seqs[j]+1 {
+			j++
+		}
+		part := fmt.Sprint(seqs[i])
+		if j > i {
+			part += fmt.Sprint("-", seqs[j])
+		}
+		parts, i = append(parts, part), j+1
+	}
+	return strings.Join(parts, ",")
 }
 
 // heard takes an event of broker run's x-ray: a dead letter is the

@@ -248,3 +248,27 @@ func TestLab_RandomClicksKeepEveryPromise(t *testing.T) {
 		})
 	}
 }
+
+// The diagram folds a run of like frames into one row that counts them,
+// and never folds a fault.
+func TestDiagram_FoldsARunOfLikeFrames(t *testing.T) {
+	var v View
+	for i := range 5 {
+		v.Events = append(v.Events, Event{Kind: "publish", From: "alice",
+			To: "broker", Label: fmt.Sprint("publish alice-", i+1)})
+	}
+	v.Events = append(v.Events, Event{Kind: "kill", From: "broker",
+		To: "broker"}, Event{Kind: "kill", From: "broker", To: "broker"},
+		Event{Kind: "kill", From: "broker", To: "broker"})
+	rows := v.shown()
+	if len(rows) != 4 || rows[0].Label != "publish alice-1 … publish alice-5 (5)" ||
+		rows[0].last != 4 {
+		t.Errorf("rows: %+v", rows)
+	}
+}
+
+func TestRanges_WritesRunsOfSeqs(t *testing.T) {
+	if got := ranges([]uint64{2, 3, 4, 5, 9, 11, 12}); got != "2-5,9,11-12" {
+		t.Errorf("ranges: %q", got)
+	}
+}

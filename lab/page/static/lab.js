@@ -136,11 +136,17 @@
 	}
 
 	// paint draws a view.
+	// The diagram follows the newest event, unless the learner has
+	// scrolled up to look at an older one.
+	let follow = true;
+	$("diagram").addEventListener("scroll", () => {
+		const wrap = $("diagram");
+		follow = wrap.scrollTop + wrap.clientHeight >= wrap.scrollHeight - 30;
+	});
 	function paint(v) {
 		const wrap = $("diagram");
-		const atBottom = wrap.scrollTop + wrap.clientHeight >= wrap.scrollHeight - 30;
 		wrap.innerHTML = v.diagram;
-		if (atBottom) wrap.scrollTop = wrap.scrollHeight;
+		if (follow) wrap.scrollTop = wrap.scrollHeight;
 		$("checker").innerHTML = v.checker;
 		$("tables").innerHTML = v.tables;
 		$("time").textContent = (v.now / 1000).toFixed(3) + " s";
