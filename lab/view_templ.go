@@ -38,7 +38,7 @@ func laneX(lane string) int {
 }
 
 // diagramWidth is the diagram's width.
-func diagramWidth() int { return laneLeft + (len(lanes)-1)*laneGap + 100 }
+func diagramWidth() int { return laneLeft + (len(lanes)-1)*laneGap + 140 }
 
 // row is one row of the diagram: an event, or a run of like events
 // (the same kind between the same lanes) drawn as one, with the index
@@ -393,7 +393,7 @@ func Diagram(v View, fresh int) templ.Component {
 					return templ_7745c5c3_Err
 				}
 				var templ_7745c5c3_Var19 string
-				templ_7745c5c3_Var19, templ_7745c5c3_Err = templruntime.NewAttributeExpression(itoa(laneLeft - 20)).Resolve(ctx)
+				templ_7745c5c3_Var19, templ_7745c5c3_Err = templruntime.NewAttributeExpression(itoa(laneLeft - 12)).Resolve(ctx)
 				if templ_7745c5c3_Err != nil {
 					return templ.Error{Err: templ_7745c5c3_Err, FileName: `../view.templ`, Line: 124, Col: 48}
 				}
