@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -153,8 +154,13 @@ func (p *popsubTarget) close() {
 type natsTarget struct {
 	url   string
 	plain bool
-	conns []*nats.Conn
-	js    jetstream.JetStream
+	// unacked publishes with core NATS into the stream's subject: the
+	// stream stores each, and sends no ack back, as PopSub sends no
+	// confirm for QoS 0.
+	unacked bool
+	conns   []*nats.Conn
+	js      jetstream.JetStream
+	pub     *nats.Conn // the publisher's connection
 }
 
 // connect connects and makes the stream on first use.
@@ -204,9 +210,15 @@ func (t *natsTarget) publish(n int, payload []byte) error {
 		if err != nil {
 			return err
 		}
-		t.js = js
+		t.js, t.pub = js, t.conns[len(t.conns)-1]
 	}
 	for range n {
+		if t.unacked {
+			if err := t.pub.Publish("bench", payload); err != nil {
+				return err
+			}
+			continue
+		}
 		if _, err := t.js.PublishAsync("bench", payload); err != nil {
 			return err
 		}
@@ -228,6 +240,9 @@ type centrifugeTarget struct {
 	url       string
 	clients   []*centrifugeclient.Client
 	publisher *centrifugeclient.Client
+	// api, if set, is the server API's address: publishes go there, a
+	// request per chunk, as an application's backend sends them.
+	api string
 }
 
 // connect makes a connected client.
@@ -271,8 +286,21 @@ func (t *centrifugeTarget) subscribe(got func([]byte)) error {
 	return nil
 }
 
-// publish sends n publishes, 16 in flight at a time.
+// publish sends n publishes, 16 in flight at a time, or, through the
+// server API, in one request.
 func (t *centrifugeTarget) publish(n int, payload []byte) error {
+	if t.api != "" {
+		resp, err := http.Post(fmt.Sprintf("%s?n=%d", t.api, n),
+			"application/json", bytes.NewReader(payload))
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("centrifuge API: %s", resp.Status)
+		}
+		return nil
+	}
 	if t.publisher == nil {
 		c, err := t.connect()
 		if err != nil {

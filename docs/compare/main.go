@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -106,6 +107,20 @@ func serveCentrifuge(addr string) error {
 	mux := http.NewServeMux()
 	mux.Handle("/connection/websocket", centrifugeserver.NewWebsocketHandler(
 		node, centrifugeserver.WebsocketConfig{}))
+	// The server API: how centrifuge's applications publish, from their
+	// backend (Centrifugo's HTTP API batches the same way): n copies of
+	// the body, on bench.
+	mux.HandleFunc("POST /publish", func(w http.ResponseWriter,
+		r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		data, _ := io.ReadAll(r.Body)
+		for range n {
+			if _, err := node.Publish("bench", data); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+		}
+	})
 	go http.ListenAndServe(addr, mux)
 	waitForSignal()
 	return nil

@@ -51,9 +51,12 @@ func runAll(args []string) error {
 }
 
 // setups are the servers compared whose names contain only: PopSub with
-// one object per frame and with batch:true subscribers, NATS with
-// JetStream on file storage (ordered consumers, and plain subscribers),
-// and centrifuge.
+// one object per frame, with batch:true subscribers, and with a tick's
+// publishes in one frame; NATS with JetStream on file storage (ordered
+// consumers, plain subscribers, and plain subscribers with publishes the
+// stream does not ack, as nobody confirms PopSub's QoS 0); and
+// centrifuge, publishing through its client or, as its applications do,
+// through the server API.
 func setups(popsub, self, only string) []setup {
 	var chosen []setup
 	for _, s := range allSetups(popsub, self) {
@@ -107,10 +110,23 @@ func allSetups(popsub, self string) []setup {
 			return exec.Command(self, "nats-server", addr, dir),
 				&natsTarget{url: "nats://" + addr, plain: true}, nil
 		}},
+		{"NATS, JetStream file storage, plain subscribers, unacked publishes",
+			func(addr, dir string) (*exec.Cmd, target, error) {
+				return exec.Command(self, "nats-server", addr, dir),
+					&natsTarget{url: "nats://" + addr, plain: true,
+						unacked: true}, nil
+			}},
 		{"centrifuge", func(addr, dir string) (*exec.Cmd, target, error) {
 			return exec.Command(self, "centrifuge-server", addr),
 				&centrifugeTarget{url: "ws://" + addr +
 					"/connection/websocket"}, nil
+		}},
+		{"centrifuge, publishes through the server API", func(addr,
+			dir string) (*exec.Cmd, target, error) {
+			return exec.Command(self, "centrifuge-server", addr),
+				&centrifugeTarget{url: "ws://" + addr +
+					"/connection/websocket",
+					api: "http://" + addr + "/publish"}, nil
 		}},
 	}
 }
