@@ -138,7 +138,8 @@ func oneLineage(h *History, subscriber, topic string) bool {
 		if s.Group != "" {
 			this = "group " + s.Group
 		}
-		if s.Durable == "" && s.Group == "" || lineage != "" && this != lineage {
+		plain := s.Durable == "" && s.Group == ""
+		if plain || lineage != "" && this != lineage {
 			return false
 		}
 		lineage = this
@@ -151,8 +152,10 @@ func oneLineage(h *History, subscriber, topic string) bool {
 // been sent before.
 func delayed(h *History, subscriber string, start, end time.Time) bool {
 	return slices.ContainsFunc(h.Faults, func(f *Fault) bool {
-		return (f.Kind == "pause" || f.Kind == "stop" && f.Target == subscriber) &&
-			!f.Start.After(end) && (!f.Healed || !f.End.Before(start))
+		slowed := f.Kind == "pause" ||
+			f.Kind == "stop" && f.Target == subscriber
+		return slowed && !f.Start.After(end) &&
+			(!f.Healed || !f.End.Before(start))
 	})
 }
 
@@ -193,7 +196,8 @@ func checkOneHolder(h *History, ackTimeout time.Duration) Line {
 			}
 			for _, ack := range h.Acks {
 				if ack.Subscriber == a.Subscriber && ack.Topic == a.Topic &&
-					ack.ID == d.ID && !ack.At.Before(d.At) && ack.At.Before(end) {
+					ack.ID == d.ID && !ack.At.Before(d.At) &&
+					ack.At.Before(end) {
 					end = ack.At
 				}
 			}

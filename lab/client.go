@@ -323,7 +323,8 @@ func (c *client) handle(f wire.Received) {
 	case "subscribed":
 		// A reply is the current subscription's until it has one;
 		// then the next replacement's.
-		if next := c.replacing[f.Topic]; len(next) > 0 && (s == nil || s.Replied) {
+		next := c.replacing[f.Topic]
+		if len(next) > 0 && (s == nil || s.Replied) {
 			h.Closed(s)
 			s, c.current[f.Topic], c.replacing[f.Topic] = next[0], next[0],
 				next[1:]

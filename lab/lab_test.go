@@ -40,7 +40,8 @@ func labels(l *Lab) string {
 	defer l.mu.Unlock()
 	var b strings.Builder
 	for _, e := range l.events {
-		b.WriteString(fmt.Sprint(e.At) + " " + e.Topic + " " + e.Kind + " " + e.From + "→" + e.To + ": " + e.Label + "\n")
+		fmt.Fprintf(&b, "%d %s %s %s→%s: %s\n", e.At, e.Topic, e.Kind,
+			e.From, e.To, e.Label)
 	}
 	return b.String()
 }

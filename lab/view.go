@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/popsub/popsub/chaos"
 )
@@ -140,5 +139,5 @@ func (v View) marked(e Event) bool {
 
 // clock formats a run time in milliseconds as seconds.
 func clock(ms int64) string {
-	return fmt.Sprintf("%.3f s", time.Duration(ms*int64(time.Millisecond)).Seconds())
+	return fmt.Sprintf("%.3f s", float64(ms)/1000)
 }

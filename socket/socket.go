@@ -146,7 +146,8 @@ func WithEndpoint(r *http.Request, open func(Options) Endpoint) *http.Request {
 // the socket it carries.
 func Accept(w http.ResponseWriter, r *http.Request, opts Options) (Endpoint,
 	error) {
-	if open, ok := r.Context().Value(endpointKey{}).(func(Options) Endpoint); ok {
+	open, ok := r.Context().Value(endpointKey{}).(func(Options) Endpoint)
+	if ok {
 		return open(opts), nil
 	}
 	hijack := &hijacker{ResponseWriter: w, opts: opts}

@@ -26,7 +26,8 @@ func openLab(t *testing.T, ctx context.Context, page string, width,
 		chromedp.Navigate(page))
 	until(t, ctx, "the lab starts", "document.body.dataset.ready !== "+
 		"undefined || document.body.dataset.failed !== undefined")
-	if failed := evaluate[string](t, ctx, "document.body.dataset.failed ?? ''"); failed != "" {
+	failed := evaluate[string](t, ctx, "document.body.dataset.failed ?? ''")
+	if failed != "" {
 		t.Fatalf("the lab did not start: %s", failed)
 	}
 }
@@ -76,8 +77,9 @@ func TestLab_EveryScenarioHoldsInThePage(t *testing.T) {
 			if i == 0 && size[0] == 1366 {
 				shoot(t, ctx, "lab.png")
 			}
-			if held := evaluate[int](t, ctx,
-				`document.querySelectorAll("#checker .promise.held").length`); held != 5 {
+			held := evaluate[int](t, ctx,
+				`document.querySelectorAll("#checker .promise.held").length`)
+			if held != 5 {
 				t.Errorf("%dpx, %s: %d promises held, want 5", size[0], s.Name, held)
 			}
 		}

@@ -68,7 +68,8 @@ func Export(dir string, source []byte) error {
 		return err
 	}
 	for name, body := range Files(source) {
-		if err := os.WriteFile(filepath.Join(dir, name), body, 0o644); err != nil {
+		err := os.WriteFile(filepath.Join(dir, name), body, 0o644)
+		if err != nil {
 			return err
 		}
 	}
