@@ -261,6 +261,7 @@ func TestBroker_Login(t *testing.T) {
 			"password": "correct horse"})
 		var reply struct{ Type, Token string }
 		_, data, err := c.ws.Read(context.Background())
+		record(t, false, data)
 		if err != nil || json.Unmarshal(data, &reply) != nil ||
 			reply.Type != "login_response" {
 			t.Fatalf("got %s, %v; want login_response", data, err)

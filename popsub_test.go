@@ -820,6 +820,7 @@ func (c *client) objects(n int) ([]got, int) {
 		if err != nil {
 			c.t.Fatalf("%s: read: %v", c.name, err)
 		}
+		record(c.t, false, data)
 		frames++
 		for line := range bytes.Lines(data) {
 			var g got
@@ -878,6 +879,7 @@ func TestBroker_FramesEveryLengthRight(t *testing.T) {
 	seen := map[int]bool{}
 	for _, n := range lengths {
 		_, data, err := plain.ws.Read(context.Background())
+		record(t, false, data)
 		var g got
 		if err != nil || json.Unmarshal(data, &g) != nil ||
 			string(g.Payload) != `"`+strings.Repeat("x", n)+`"` {
@@ -972,6 +974,7 @@ func TestBroker_Batches(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			record(t, false, data)
 			if len(data) >= socket.MaxJoined {
 				t.Fatalf("a frame of %d bytes, want under %d", len(data),
 					socket.MaxJoined)

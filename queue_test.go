@@ -54,6 +54,7 @@ func (m *member) read() {
 		if err != nil {
 			return
 		}
+		record(m.c.t, false, data)
 		var g got
 		if json.Unmarshal(data, &g) != nil || g.Type != "message" {
 			continue

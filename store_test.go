@@ -35,7 +35,14 @@ func TestMain(m *testing.M) {
 		serveChild(path)
 		return
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	// Every frame the tests saw, held to docs/asyncapi.json
+	// (schema_test.go).
+	if err := validateRecorded(); err != nil && code == 0 {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
+	os.Exit(code)
 }
 
 // serveChild runs a broker on 127.0.0.1 over the bbolt file at path and
@@ -395,6 +402,7 @@ func (l *crashLedger) subscribeDurably(t *testing.T, url string,
 		if err != nil {
 			return
 		}
+		record(t, false, data)
 		var g got
 		json.Unmarshal(data, &g)
 		if g.Type != "message" {

@@ -16,6 +16,13 @@ import (
 //go:embed source.html
 var SourcePage []byte
 
+// AsyncAPI is the protocol, machine-readable: an AsyncAPI 3 document
+// with a JSON Schema for every frame (package asyncapi validates frames
+// with it). popsub serve serves it at /asyncapi.json.
+//
+//go:embed asyncapi.json
+var AsyncAPI []byte
+
 // markdown holds the tutorials and references.
 //
 //go:embed *.md

@@ -15,12 +15,14 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/docs/asyncapi"
 	"github.com/popsub/popsub/jetstream/natstest"
 )
 
@@ -94,8 +96,12 @@ type docServer struct {
 	address string       // host:port of the running server
 	token   string       // the token serve printed, if it made one
 	stop    func() error // stops the running server
-	// session is the clients' frames session on the running broker.
+	// session is the clients' frames session on the running broker;
+	// block says where the block it runs now is, for docFrames.
 	session *framesSession
+	block   string
+	// name is the file being run.
+	name string
 	// tutorial is set for the tutorials, which run in one folder one
 	// after the other, and name each client's token in their setup.
 	tutorial bool
@@ -167,12 +173,86 @@ func TestDocs_EveryCommandAndFrameRuns(t *testing.T) {
 			})
 		}
 	}
+	t.Run("every frame is in docs/asyncapi.json", docFrames.check)
+}
+
+// docFrames are the frames the docs' sessions sent and received, held to
+// the protocol's machine-readable description (package asyncapi): a
+// block that shows a frame the document does not describe fails. A frame
+// the broker refuses for its shape (bad_frame, missing_field,
+// unknown_type, invalid_qos, invalid_topic), shown on purpose, is the
+// one exception.
+var docFrames frameLog
+
+// frameLog is a list of frames and where each was seen.
+type frameLog struct {
+	mu     sync.Mutex
+	frames []loggedFrame
+}
+
+// loggedFrame is one frame of a docs block.
+type loggedFrame struct {
+	where, client string
+	fromClient    bool
+	data          []byte
+}
+
+// add logs a frame, or each of a run joined by newlines.
+func (l *frameLog) add(where, client string, fromClient bool, data []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		l.frames = append(l.frames, loggedFrame{where, client, fromClient,
+			bytes.Clone(line)})
+	}
+}
+
+// refusedAsMalformed reports whether the frame at i, a client's, got an
+// error for its shape as the next frame its client received: a doc
+// showing what a bad frame gets.
+func (l *frameLog) refusedAsMalformed(i int) bool {
+	for _, f := range l.frames[i+1:] {
+		if f.client == l.frames[i].client && !f.fromClient {
+			var reply struct{ Type, Code string }
+			json.Unmarshal(f.data, &reply)
+			return reply.Type == "error" && (reply.Code == "bad_frame" ||
+				reply.Code == "missing_field" ||
+				reply.Code == "unknown_type" || reply.Code == "invalid_qos" ||
+				reply.Code == "invalid_topic")
+		}
+	}
+	return false
+}
+
+// check validates every logged frame.
+func (l *frameLog) check(t *testing.T) {
+	client, broker, err := asyncapi.Schemas()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.frames) == 0 {
+		t.Fatal("the docs' sessions exchanged no frames")
+	}
+	for i, f := range l.frames {
+		schema, side := broker, "received"
+		if f.fromClient {
+			schema, side = client, "sent"
+		}
+		if f.fromClient && l.refusedAsMalformed(i) {
+			continue
+		}
+		if err := asyncapi.Validate(schema, f.data); err != nil {
+			t.Errorf("%s %s %s:\n%v", f.where, side, f.data, err)
+		}
+	}
 }
 
 // file runs every block of the Markdown file at path. A tutorial after
 // the first starts with a setup block, as a reader starts a new one.
 func (s *docServer) file(t *testing.T, path string) {
-	s.t = t
+	s.t, s.name = t, filepath.Base(path)
 	text, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -764,7 +844,12 @@ func (s *docServer) frames(lines []string, where string) {
 		s.session = newFramesSession("ws://"+s.address+"/ws",
 			s.tokenFor, io.Discard)
 		s.session.strict = s.tutorial
+		s.session.observe = func(client string, fromClient bool,
+			frame []byte) {
+			docFrames.add(s.block, client, fromClient, frame)
+		}
 	}
+	s.block = s.name + ", " + where
 	ctx := context.Background()
 	start := s.session.line
 	for _, line := range lines {

@@ -54,6 +54,9 @@ type framesSession struct {
 	// number may be any number. Otherwise "…" matches anything.
 	strict bool
 	out    io.Writer
+	// observe, if set, sees every frame a client sent (fromClient) or
+	// received.
+	observe func(client string, fromClient bool, frame []byte)
 
 	mu      sync.Mutex // guards out and every client's frames
 	clients map[string]*framesClient
@@ -232,6 +235,9 @@ func (s *framesSession) write(ctx context.Context, c *framesClient,
 	body string) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	if s.observe != nil {
+		s.observe(c.name, true, []byte(body))
+	}
 	if err := c.ws.Write(ctx, websocket.MessageText, []byte(body)); err != nil {
 		return fmt.Errorf("%s → %s: %w", c.name, body, err)
 	}
@@ -291,6 +297,9 @@ func (s *framesSession) receive(c *framesClient) {
 		if err != nil {
 			c.code = websocket.CloseStatus(err)
 			return
+		}
+		if s.observe != nil {
+			s.observe(c.name, false, data)
 		}
 		s.mu.Lock()
 		typ := frameType(data)

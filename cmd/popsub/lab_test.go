@@ -15,6 +15,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/popsub/popsub/docs"
 	"github.com/popsub/popsub/lab"
 )
 
@@ -191,5 +192,25 @@ func TestLab_ExportedFolderWorksAndItsCheckerBites(t *testing.T) {
 	}
 	if p := problems(); len(p) > 0 {
 		t.Errorf("console errors: %v", p)
+	}
+}
+
+// The protocol's machine-readable description is served, whole, as the
+// JSON the schema test validates frames with.
+func TestServe_ServesTheAsyncAPIDocument(t *testing.T) {
+	wsURL, _, _ := startServe(t)
+	// protocol.md's link, from the page /docs/protocol, redirects there.
+	resp, err := http.Get("http://" + strings.TrimPrefix(wsURL, "ws://") +
+		"/docs/asyncapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK ||
+		!strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") ||
+		!bytes.Equal(body, docs.AsyncAPI) {
+		t.Fatalf("%s %s: %.80s", resp.Status, resp.Header.Get("Content-Type"),
+			body)
 	}
 }

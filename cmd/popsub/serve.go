@@ -381,10 +381,11 @@ func serveUntilDone(ctx context.Context, listener net.Listener,
 
 // routes serves the WebSocket at /ws, and at / for upgrade requests as
 // the original's clients expect; HTTP publish and Server-Sent Events at
-// /topics/{topic}; the JavaScript client at /popsub.js; popsub.go as a page at /source; the lab at /lab/; the
-// tutorials and references as pages under /docs/; /metrics,
-// /healthz and /readyz for an operator's tools; other requests get the
-// playground.
+// /topics/{topic}; the JavaScript client at /popsub.js; popsub.go as a
+// page at /source; the lab at /lab/; the protocol, machine-readable, at
+// /asyncapi.json; the tutorials and references as pages under /docs/;
+// /metrics, /healthz and /readyz for an operator's tools; other
+// requests get the playground.
 func routes(broker *popsub.Broker, topics *gateway.Gateway,
 	settings playground.Settings, ops *operations) http.Handler {
 	page := playground.Handler(settings)
@@ -396,6 +397,8 @@ func routes(broker *popsub.Broker, topics *gateway.Gateway,
 	mux.Handle("GET /source", playground.Document("text/html; charset=utf-8",
 		docs.SourcePage))
 	mux.Handle("GET /lab/", http.StripPrefix("/lab", labpage.Handler(docs.SourcePage)))
+	mux.Handle("GET /asyncapi.json", playground.Document("application/json",
+		docs.AsyncAPI))
 	serveDocs(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
@@ -496,4 +499,7 @@ func serveDocs(mux *http.ServeMux) {
 		mux.Handle("GET /docs/"+name, playground.Document("image/png",
 			picture))
 	}
+	// protocol.md links the machine-readable protocol beside it.
+	mux.Handle("GET /docs/asyncapi.json", http.RedirectHandler(
+		"/asyncapi.json", http.StatusMovedPermanently))
 }
