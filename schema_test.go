@@ -1,10 +1,8 @@
 package popsub
 
 import (
-	"bytes"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
@@ -21,52 +19,18 @@ import (
 // frame the protocol refuses on purpose sends it with sendUndescribed.
 
 // recorded are the frames the tests saw, for validateRecorded.
-var recorded struct {
-	mu     sync.Mutex
-	frames []recordedFrame
-}
+var recorded asyncapi.Recorder
 
-// recordedFrame is one frame and who saw it.
-type recordedFrame struct {
-	test   string
-	fromUs bool // sent by a test's client; else sent by the broker
-	data   []byte
-}
-
-// record keeps a frame, or each of a run joined by newlines.
+// record keeps a frame a test's client sent (fromUs) or received.
 func record(t testing.TB, fromUs bool, data []byte) {
-	recorded.mu.Lock()
-	defer recorded.mu.Unlock()
-	for _, line := range bytes.Split(data, []byte("\n")) {
-		recorded.frames = append(recorded.frames,
-			recordedFrame{t.Name(), fromUs, bytes.Clone(line)})
-	}
+	recorded.Add(t.Name(), "", fromUs, data)
 }
 
-// validateRecorded validates every recorded frame and says what fails,
-// each distinct frame once.
+// validateRecorded validates every recorded frame and says what fails.
 func validateRecorded() error {
-	client, broker, err := asyncapi.Schemas()
+	problems, err := recorded.Check(nil)
 	if err != nil {
 		return fmt.Errorf("docs/asyncapi.json: %w", err)
-	}
-	recorded.mu.Lock()
-	defer recorded.mu.Unlock()
-	var problems []string
-	seen := map[string]bool{} // each distinct frame is checked once
-	for _, f := range recorded.frames {
-		schema, side := broker, "received"
-		if f.fromUs {
-			schema, side = client, "sent"
-		}
-		if seen[side+string(f.data)] {
-			continue
-		}
-		seen[side+string(f.data)] = true
-		if err := asyncapi.Validate(schema, f.data); err != nil {
-			problems = append(problems, fmt.Sprintf("%s %s %s:\n%v",
-				f.test, side, f.data, err))
-		}
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%d frames docs/asyncapi.json does not describe:"+

@@ -142,6 +142,7 @@ func (s *server) post(topic, query, token, body string) (int, wire.Received,
 	defer res.Body.Close()
 	var answer wire.Received
 	data, _ := io.ReadAll(res.Body)
+	frames.Add(s.t.Name(), "", false, data)
 	if err := json.Unmarshal(data, &answer); err != nil {
 		s.t.Fatalf("answer %q: %v", data, err)
 	}
@@ -535,6 +536,7 @@ func (e *events) next() event {
 		case strings.HasPrefix(line, "event: "):
 			ev.name = strings.TrimPrefix(line, "event: ")
 		case strings.HasPrefix(line, "data: "):
+			frames.Add(e.t.Name(), "", false, []byte(line[6:]))
 			if err := json.Unmarshal([]byte(line[6:]), &ev.frame); err != nil {
 				e.t.Fatalf("data %q: %v", line, err)
 			}
@@ -594,6 +596,7 @@ func dial(t *testing.T, url, token string) *socket {
 // send writes one frame.
 func (s *socket) send(frame string) {
 	s.t.Helper()
+	frames.Add(s.t.Name(), "", true, []byte(frame))
 	if err := s.ws.Write(context.Background(), websocket.MessageText,
 		[]byte(frame)); err != nil {
 		s.t.Fatal(err)
@@ -607,6 +610,7 @@ func (s *socket) read() (wire.Received, error) {
 	_, data, err := s.ws.Read(ctx)
 	var f wire.Received
 	if err == nil {
+		frames.Add(s.t.Name(), "", false, data)
 		err = json.Unmarshal(data, &f)
 	}
 	return f, err

@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -173,7 +172,7 @@ func TestDocs_EveryCommandAndFrameRuns(t *testing.T) {
 			})
 		}
 	}
-	t.Run("every frame is in docs/asyncapi.json", docFrames.check)
+	t.Run("every frame is in docs/asyncapi.json", checkDocFrames)
 }
 
 // docFrames are the frames the docs' sessions sent and received, held to
@@ -182,39 +181,30 @@ func TestDocs_EveryCommandAndFrameRuns(t *testing.T) {
 // the broker refuses for its shape (bad_frame, missing_field,
 // unknown_type, invalid_qos, invalid_topic), shown on purpose, is the
 // one exception.
-var docFrames frameLog
+var docFrames asyncapi.Recorder
 
-// frameLog is a list of frames and where each was seen.
-type frameLog struct {
-	mu     sync.Mutex
-	frames []loggedFrame
-}
-
-// loggedFrame is one frame of a docs block.
-type loggedFrame struct {
-	where, client string
-	fromClient    bool
-	data          []byte
-}
-
-// add logs a frame, or each of a run joined by newlines.
-func (l *frameLog) add(where, client string, fromClient bool, data []byte) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, line := range bytes.Split(data, []byte("\n")) {
-		l.frames = append(l.frames, loggedFrame{where, client, fromClient,
-			bytes.Clone(line)})
+// checkDocFrames validates every frame the docs' sessions exchanged.
+func checkDocFrames(t *testing.T) {
+	problems, err := docFrames.Check(refusedAsMalformed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, problem := range problems {
+		t.Error(problem)
 	}
 }
 
-// refusedAsMalformed reports whether the frame at i, a client's, got an
-// error for its shape as the next frame its client received: a doc
-// showing what a bad frame gets.
-func (l *frameLog) refusedAsMalformed(i int) bool {
-	for _, f := range l.frames[i+1:] {
-		if f.client == l.frames[i].client && !f.fromClient {
+// refusedAsMalformed reports whether frame i, a client's, got an error
+// for its shape as the next frame its client received: a doc showing
+// what a bad frame gets.
+func refusedAsMalformed(frames []asyncapi.Frame, i int) bool {
+	if !frames[i].FromClient {
+		return false
+	}
+	for _, f := range frames[i+1:] {
+		if f.Client == frames[i].Client && !f.FromClient {
 			var reply struct{ Type, Code string }
-			json.Unmarshal(f.data, &reply)
+			json.Unmarshal(f.Data, &reply)
 			return reply.Type == "error" && (reply.Code == "bad_frame" ||
 				reply.Code == "missing_field" ||
 				reply.Code == "unknown_type" || reply.Code == "invalid_qos" ||
@@ -222,31 +212,6 @@ func (l *frameLog) refusedAsMalformed(i int) bool {
 		}
 	}
 	return false
-}
-
-// check validates every logged frame.
-func (l *frameLog) check(t *testing.T) {
-	client, broker, err := asyncapi.Schemas()
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.frames) == 0 {
-		t.Fatal("the docs' sessions exchanged no frames")
-	}
-	for i, f := range l.frames {
-		schema, side := broker, "received"
-		if f.fromClient {
-			schema, side = client, "sent"
-		}
-		if f.fromClient && l.refusedAsMalformed(i) {
-			continue
-		}
-		if err := asyncapi.Validate(schema, f.data); err != nil {
-			t.Errorf("%s %s %s:\n%v", f.where, side, f.data, err)
-		}
-	}
 }
 
 // file runs every block of the Markdown file at path. A tutorial after
@@ -846,7 +811,7 @@ func (s *docServer) frames(lines []string, where string) {
 		s.session.strict = s.tutorial
 		s.session.observe = func(client string, fromClient bool,
 			frame []byte) {
-			docFrames.add(s.block, client, fromClient, frame)
+			docFrames.Add(s.block, client, fromClient, frame)
 		}
 	}
 	s.block = s.name + ", " + where

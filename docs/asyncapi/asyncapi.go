@@ -12,6 +12,9 @@ package asyncapi
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
+	"sync"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -47,4 +50,63 @@ func Validate(schema *jsonschema.Schema, frame []byte) error {
 		return err
 	}
 	return schema.Validate(v)
+}
+
+// Frame is one frame a test saw: where, on which client's connection,
+// and which way it went.
+type Frame struct {
+	Where, Client string
+	FromClient    bool
+	Data          []byte
+}
+
+// A Recorder keeps the frames a test suite sends and receives, to be
+// held to the document once it has run. It is safe for concurrent use.
+type Recorder struct {
+	mu     sync.Mutex
+	frames []Frame
+}
+
+// Add keeps a frame, or each of a run joined by newlines.
+func (r *Recorder) Add(where, client string, fromClient bool, data []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		if len(bytes.TrimSpace(line)) > 0 { // an empty body is no frame
+			r.frames = append(r.frames, Frame{where, client, fromClient,
+				bytes.Clone(line)})
+		}
+	}
+}
+
+// Check validates every frame kept, each distinct one once, and returns
+// what the document does not describe, a line each; excused, if not nil,
+// may pass over frame i of frames (one shown being refused, say).
+func (r *Recorder) Check(excused func(frames []Frame, i int) bool) (
+	problems []string, err error) {
+	client, broker, err := Schemas()
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.frames) == 0 {
+		return nil, errors.New("no frames were recorded")
+	}
+	seen := map[string]bool{}
+	for i, f := range r.frames {
+		schema, side := broker, "received"
+		if f.FromClient {
+			schema, side = client, "sent"
+		}
+		if seen[side+string(f.Data)] || excused != nil && excused(r.frames, i) {
+			continue
+		}
+		seen[side+string(f.Data)] = true
+		if err := Validate(schema, f.Data); err != nil {
+			problems = append(problems, fmt.Sprintf("%s %s %s:\n%v", f.Where,
+				side, f.Data, err))
+		}
+	}
+	return problems, nil
 }
