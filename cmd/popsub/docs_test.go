@@ -185,6 +185,9 @@ var docFrames asyncapi.Recorder
 
 // checkDocFrames validates every frame the docs' sessions exchanged.
 func checkDocFrames(t *testing.T) {
+	if docFrames.Len() == 0 {
+		t.Fatal("the docs' sessions exchanged no frames")
+	}
 	problems, err := docFrames.Check(refusedAsMalformed)
 	if err != nil {
 		t.Fatal(err)

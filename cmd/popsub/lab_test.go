@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 
@@ -212,5 +213,36 @@ func TestServe_ServesTheAsyncAPIDocument(t *testing.T) {
 		!bytes.Equal(body, docs.AsyncAPI) {
 		t.Fatalf("%s %s: %.80s", resp.Status, resp.Header.Get("Content-Type"),
 			body)
+	}
+}
+
+// The clock's buttons: play lets the broker's timers fire, at the speed
+// chosen; pause stops time where it is; step moves it to the next timer
+// and no further.
+func TestLab_PlayPauseAndStepDriveTheClock(t *testing.T) {
+	chromium := browser(t)
+	wsURL, _, _ := startServe(t)
+	page := "http://" + strings.TrimPrefix(wsURL, "ws://") + "/lab/"
+	ctx, problems := startBrowser(t, chromium)
+	openLab(t, ctx, page, 1366, 900)
+	now := func() float64 { return evaluate[float64](t, ctx, "lab.view().now") }
+	if start := now(); start != 0 {
+		t.Fatalf("the clock starts at %v ms", start)
+	}
+	do(t, ctx, "play at 16×", chromedp.SetValue(css("#speed"), "16"),
+		chromedp.Click(css("#play")))
+	until(t, ctx, "time passes", "lab.view().now > 2000")
+	do(t, ctx, "pause", chromedp.Click(css("#pause")))
+	paused := now()
+	do(t, ctx, "wait", chromedp.Sleep(300*time.Millisecond))
+	if later := now(); later != paused {
+		t.Errorf("paused at %v ms, the clock moved to %v", paused, later)
+	}
+	do(t, ctx, "step", chromedp.Click(css("#step")))
+	if stepped := now(); stepped <= paused || stepped > paused+10000 {
+		t.Errorf("a step moved the clock from %v to %v ms", paused, stepped)
+	}
+	if p := problems(); len(p) > 0 {
+		t.Errorf("console errors: %v", p)
 	}
 }

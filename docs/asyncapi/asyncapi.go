@@ -12,7 +12,6 @@ package asyncapi
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"sync"
 
@@ -81,7 +80,8 @@ func (r *Recorder) Add(where, client string, fromClient bool, data []byte) {
 
 // Check validates every frame kept, each distinct one once, and returns
 // what the document does not describe, a line each; excused, if not nil,
-// may pass over frame i of frames (one shown being refused, say).
+// may pass over frame i of frames (one shown being refused, say). With
+// no frames kept (tests filtered by -run) there is nothing to say.
 func (r *Recorder) Check(excused func(frames []Frame, i int) bool) (
 	problems []string, err error) {
 	client, broker, err := Schemas()
@@ -90,9 +90,6 @@ func (r *Recorder) Check(excused func(frames []Frame, i int) bool) (
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.frames) == 0 {
-		return nil, errors.New("no frames were recorded")
-	}
 	seen := map[string]bool{}
 	for i, f := range r.frames {
 		schema, side := broker, "received"
@@ -109,4 +106,11 @@ func (r *Recorder) Check(excused func(frames []Frame, i int) bool) (
 		}
 	}
 	return problems, nil
+}
+
+// Len returns how many frames are kept.
+func (r *Recorder) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.frames)
 }
