@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
 
 	"github.com/popsub/popsub/docs"
 	"github.com/popsub/popsub/lab"
@@ -239,10 +240,26 @@ func TestLab_PlayPauseAndStepDriveTheClock(t *testing.T) {
 		t.Errorf("paused at %v ms, the clock moved to %v", paused, later)
 	}
 	do(t, ctx, "step", chromedp.Click(css("#step")))
-	if stepped := now(); stepped <= paused || stepped > paused+10000 {
+	stepped := now()
+	if stepped <= paused || stepped > paused+10000 {
 		t.Errorf("a step moved the clock from %v to %v ms", paused, stepped)
+	}
+	// The keyboard does the same: the right arrow steps.
+	do(t, ctx, "→", chromedp.KeyEvent(kb.ArrowRight))
+	if keyed := now(); keyed <= stepped {
+		t.Errorf("the right arrow left the clock at %v ms", keyed)
 	}
 	if p := problems(); len(p) > 0 {
 		t.Errorf("console errors: %v", p)
+	}
+}
+
+// popsub lab needs a folder to write to, and says so.
+func TestLab_CommandNeedsAFolder(t *testing.T) {
+	var stderr bytes.Buffer
+	err := run(context.Background(), []string{"lab"}, io.Discard, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "--out is required") ||
+		!strings.Contains(stderr.String(), "-out") {
+		t.Fatalf("popsub lab: %v\n%s", err, stderr.String())
 	}
 }

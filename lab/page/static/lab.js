@@ -358,6 +358,14 @@
 	$("play").onclick = play;
 	$("pause").onclick = pause;
 	$("step").onclick = () => { pause(); advance(); };
+	// The keyboard, outside the form's fields: space plays or pauses,
+	// the right arrow steps.
+	document.addEventListener("keydown", (e) => {
+		if (e.target.closest("input, select, textarea") || e.altKey ||
+			e.ctrlKey || e.metaKey) return;
+		if (e.key === " ") { e.preventDefault(); playing ? pause() : play(); }
+		if (e.key === "ArrowRight") { e.preventDefault(); pause(); advance(); }
+	});
 	document.querySelectorAll(".pick").forEach((b) => {
 		b.onclick = () => {
 			document.querySelectorAll(".pick").forEach((o) => o.classList.toggle("current", o === b));
