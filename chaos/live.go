@@ -98,21 +98,23 @@ func checkRetried(h *History, within time.Duration, now time.Time) Line {
 				k.topic, dead[k], k.subscriber)
 		}
 	}
-	for _, s := range h.Subscriptions {
+	acks, jobs := ackTimes(h), groupJobs(h)
+	for si, s := range h.Subscriptions {
+		last := map[string]int{} // each message's last delivery here
+		for i, d := range s.Deliveries {
+			last[d.ID] = i
+		}
 		for i, d := range s.Deliveries {
 			if d.QoS != 1 || dead[letter{s.Subscriber, s.Topic, d.ID}] > 0 ||
 				now.Sub(d.At) <= within || faultBetween(h, d.At, now) {
 				continue
 			}
+			acked := acks[ackKey{s.Subscriber, s.Topic, d.ID}]
 			answered := s.Ended && !s.End.After(d.At.Add(within)) ||
-				slices.ContainsFunc(s.Deliveries[i+1:], func(e Delivery) bool {
-					return e.ID == d.ID
-				}) ||
-				slices.ContainsFunc(h.Acks, func(a Ack) bool {
-					return a.Subscriber == s.Subscriber && a.Topic == s.Topic &&
-						a.ID == d.ID && !a.At.Before(d.At)
-				}) ||
-				s.Group != "" && movedAfter(h, s, d)
+				last[d.ID] > i ||
+				len(acked) > 0 && !acked[len(acked)-1].Before(d.At) ||
+				slices.ContainsFunc(jobs[jobKey{s.Group, s.Topic, d.ID}],
+					func(o job) bool { return o.sub != si && !o.at.Before(d.At) })
 			if !answered {
 				l.mark(s.Topic, d.ID, d.Seq)
 				l.violation("%s on %s: seq %d, attempt %d at %s, neither "+
@@ -159,66 +161,87 @@ func delayed(h *History, subscriber string, start, end time.Time) bool {
 	})
 }
 
-// movedAfter reports whether another member of the group of s got the
-// delivery d after s did.
-func movedAfter(h *History, s *Subscription, d Delivery) bool {
-	return slices.ContainsFunc(h.Subscriptions, func(o *Subscription) bool {
-		return o != s && o.Group == s.Group && o.Topic == s.Topic &&
-			slices.ContainsFunc(o.Deliveries, func(e Delivery) bool {
-				return e.ID == d.ID && !e.At.Before(d.At)
-			})
-	})
-}
-
 // checkOneHolder: no member of a group gets a job while another member
 // holds it: from its delivery until its ack, the end of its connection,
 // or its ack timeout, as the members saw it, but for deliveries a pause
 // or a stop in reading may have delayed, to either member.
 func checkOneHolder(h *History, ackTimeout time.Duration) Line {
 	l := Line{Invariant: "a group's job is with one member at a time"}
+	acks, jobs := ackTimes(h), groupJobs(h)
 	for ai, a := range h.Subscriptions {
 		if a.Group == "" {
 			continue
 		}
 		for _, d := range a.Deliveries {
-			if d.QoS != 1 {
-				continue
-			}
 			// A paused broker, or a member not reading, hands the member
 			// a delivery late: it held it, as the broker saw it, from
 			// before it saw it.
-			if delayed(h, a.Subscriber, d.At.Add(-ackTimeout), d.At) {
+			if d.QoS != 1 ||
+				delayed(h, a.Subscriber, d.At.Add(-ackTimeout), d.At) {
 				continue
 			}
 			end := d.At.Add(ackTimeout)
 			if a.Ended && a.End.Before(end) {
 				end = a.End
 			}
-			for _, ack := range h.Acks {
-				if ack.Subscriber == a.Subscriber && ack.Topic == a.Topic &&
-					ack.ID == d.ID && !ack.At.Before(d.At) &&
-					ack.At.Before(end) {
-					end = ack.At
+			for _, at := range acks[ackKey{a.Subscriber, a.Topic, d.ID}] {
+				if !at.Before(d.At) && at.Before(end) {
+					end = at
 				}
 			}
-			for bi, b := range h.Subscriptions {
-				if b == a || b.Group != a.Group || b.Topic != a.Topic {
-					continue
-				}
-				for _, e := range b.Deliveries {
-					// At one instant, the subscription made later got
-					// it later.
-					later := e.At.After(d.At) || e.At.Equal(d.At) && bi > ai
-					if e.ID == d.ID && later && e.At.Before(end) &&
-						!delayed(h, b.Subscriber, e.At.Add(-ackTimeout), e.At) {
-						l.mark(a.Topic, d.ID, d.Seq)
-						l.violation("group %q on %s: seq %d with %s and %s "+
-							"at %s", a.Group, a.Topic, d.Seq, a.Subscriber,
-							b.Subscriber, e.At.Format("15:04:05.000"))
-					}
+			for _, o := range jobs[jobKey{a.Group, a.Topic, d.ID}] {
+				b := h.Subscriptions[o.sub]
+				// At one instant, the subscription made later got it
+				// later.
+				later := o.at.After(d.At) || o.at.Equal(d.At) && o.sub > ai
+				if o.sub != ai && later && o.at.Before(end) &&
+					!delayed(h, b.Subscriber, o.at.Add(-ackTimeout), o.at) {
+					l.mark(a.Topic, d.ID, d.Seq)
+					l.violation("group %q on %s: seq %d with %s and %s "+
+						"at %s", a.Group, a.Topic, d.Seq, a.Subscriber,
+						b.Subscriber, o.at.Format("15:04:05.000"))
 				}
 			}
 		}
 	}
 	return l
+}
+
+// ackKey names the acks of one subscriber for one message.
+type ackKey struct{ subscriber, topic, id string }
+
+// ackTimes returns when each subscriber acked each message, in order:
+// the checks look them up for every delivery.
+func ackTimes(h *History) map[ackKey][]time.Time {
+	times := map[ackKey][]time.Time{}
+	for _, a := range h.Acks {
+		k := ackKey{a.Subscriber, a.Topic, a.ID}
+		times[k] = append(times[k], a.At)
+	}
+	return times
+}
+
+// jobKey names one message of a group's topic; job is one delivery of
+// it, to the subscription at index sub of the history.
+type (
+	jobKey struct{ group, topic, id string }
+	job    struct {
+		sub int
+		at  time.Time
+	}
+)
+
+// groupJobs returns every group delivery of each message.
+func groupJobs(h *History) map[jobKey][]job {
+	jobs := map[jobKey][]job{}
+	for i, s := range h.Subscriptions {
+		if s.Group == "" {
+			continue
+		}
+		for _, d := range s.Deliveries {
+			k := jobKey{s.Group, s.Topic, d.ID}
+			jobs[k] = append(jobs[k], job{i, d.At})
+		}
+	}
+	return jobs
 }
