@@ -7,8 +7,7 @@
 // the tab.
 package page
 
-//go:generate go tool templ generate -f page.templ
-//go:generate go tool templ generate -f ../view.templ
+//go:generate go tool templ generate -path ../..
 //go:generate go run ../../playground/build -src ../wasm -out static/lab.wasm.gz
 
 import (
