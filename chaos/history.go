@@ -241,6 +241,18 @@ func (h *History) Fault(kind, target string) (heal func()) {
 	}
 }
 
+// FaultsSoFar returns a copy of the faults recorded so far, for a run
+// still going.
+func (h *History) FaultsSoFar() []Fault {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	faults := make([]Fault, len(h.Faults))
+	for i, f := range h.Faults {
+		faults[i] = *f
+	}
+	return faults
+}
+
 // SetFinal records a topic's final log.
 func (h *History) SetFinal(topic string, log []Stored) {
 	h.mu.Lock()

@@ -112,7 +112,12 @@ func (d *Disk) Commit(b *popsub.Batch) error {
 }
 
 // view is what reads see: the synced contents and the page cache's.
+// It is the synced contents themselves when nothing waits for a sync,
+// as is usual: read it, never change it.
 func (d *Disk) view() contents {
+	if len(d.buffered) == 0 {
+		return d.synced
+	}
 	v := d.synced.clone()
 	for _, b := range d.buffered {
 		v.apply(b)
@@ -140,7 +145,7 @@ func (d *Disk) Read(topic string, after uint64, limit,
 func (d *Disk) Topics() (map[string]uint64, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.view().heads, nil
+	return maps.Clone(d.view().heads), nil
 }
 
 // Cursor returns a durable cursor.
@@ -163,7 +168,7 @@ func (d *Disk) after(powerCut bool) *Disk {
 	d.gone = true
 	kept := d.synced.clone()
 	if !powerCut {
-		kept = d.view()
+		kept = d.view().clone()
 	}
 	return &Disk{gate: d.gate, written: d.written, synced: kept}
 }
@@ -187,7 +192,7 @@ func (d *Disk) picture() (logs map[string][]diskMessage,
 			logs[topic] = append(logs[topic], diskMessage{m, synced[m]})
 		}
 	}
-	return logs, v.heads, v.cursors
+	return logs, maps.Clone(v.heads), maps.Clone(v.cursors)
 }
 
 // diskMessage is a message on the disk, and whether it is synced.

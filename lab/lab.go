@@ -246,6 +246,10 @@ func (l *Lab) kill(powerCut bool) {
 	if powerCut {
 		kind, label = "power", "power cut: only what was synced survives"
 	}
+	// A paused broker killed is not paused any more: that fault ends.
+	if l.broken != nil {
+		l.broken()
+	}
 	l.broken = l.history.Fault(kind, "broker")
 	old := l.broker
 	l.disk, l.state = l.disk.after(powerCut), "down"
@@ -396,6 +400,11 @@ func (l *Lab) heard(run int, e wire.Event) {
 // gives it again.
 func (l *Lab) Promises() []chaos.Promise {
 	logs, _, _ := l.currentDisk().picture()
+	return l.promises(logs)
+}
+
+// promises holds the run to the promises, with logs the disk's now.
+func (l *Lab) promises(logs map[string][]diskMessage) []chaos.Promise {
 	var dead []wire.DeadLetter
 	for topic, log := range logs {
 		if strings.HasPrefix(topic, deadPrefix) {

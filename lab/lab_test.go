@@ -273,3 +273,20 @@ func TestRanges_WritesRunsOfSeqs(t *testing.T) {
 		t.Errorf("ranges: %q", got)
 	}
 }
+
+// A broker killed while paused is not paused after its restart: the
+// pause ends with the kill, and each fault is healed once.
+func TestLab_AKillEndsAPause(t *testing.T) {
+	run(t, []Action{{Do: "pause"}, {Do: "kill"}}, time.Second,
+		func(l *Lab) {
+			faults := l.history.FaultsSoFar()
+			if len(faults) != 2 {
+				t.Fatalf("faults: %+v", faults)
+			}
+			for _, f := range faults {
+				if !f.Healed {
+					t.Errorf("%s never healed", f.Kind)
+				}
+			}
+		})
+}

@@ -66,8 +66,8 @@ type CursorView struct {
 
 // View returns the run now.
 func (l *Lab) View() View {
-	promises := l.Promises()
 	logs, heads, cursors := l.currentDisk().picture()
+	promises := l.promises(logs)
 	l.mu.Lock()
 	v := View{Now: l.now(), Broker: l.state, Checks: promises,
 		Events: slices.Clone(l.events)}

@@ -35,6 +35,17 @@ func openLab(t *testing.T, ctx context.Context, page string, width,
 	}
 }
 
+// startLab starts popsub serve and Chromium, and returns the lab's
+// address, the browser, and its console's problems.
+func startLab(t *testing.T) (string, context.Context, func() []string) {
+	t.Helper()
+	chromium := browser(t)
+	wsURL, _, _ := startServe(t)
+	ctx, problems := startBrowser(t, chromium)
+	return "http://" + strings.TrimPrefix(wsURL, "ws://") + "/lab/", ctx,
+		problems
+}
+
 // evaluate evaluates a JavaScript expression.
 func evaluate[T any](t *testing.T, ctx context.Context, expression string) T {
 	t.Helper()
@@ -64,10 +75,7 @@ func playScenario(t *testing.T, ctx context.Context, s lab.Scenario) string {
 // Every guided scenario runs in Chromium, at a laptop's size and a
 // phone's, and the page's checker says every promise held.
 func TestLab_EveryScenarioHoldsInThePage(t *testing.T) {
-	chromium := browser(t)
-	wsURL, _, _ := startServe(t)
-	page := "http://" + strings.TrimPrefix(wsURL, "ws://") + "/lab/"
-	ctx, problems := startBrowser(t, chromium)
+	page, ctx, problems := startLab(t)
 	for _, size := range [][2]int64{{1366, 900}, {390, 844}} {
 		openLab(t, ctx, page, size[0], size[1])
 		for i, s := range lab.Scenarios {
@@ -100,10 +108,7 @@ func TestLab_EveryScenarioHoldsInThePage(t *testing.T) {
 // A shared run replays event for event: the link a scenario's run gives
 // opens, twice, to histories byte for byte the same as the run's own.
 func TestLab_ASharedRunReplaysByteForByte(t *testing.T) {
-	chromium := browser(t)
-	wsURL, _, _ := startServe(t)
-	page := "http://" + strings.TrimPrefix(wsURL, "ws://") + "/lab/"
-	ctx, problems := startBrowser(t, chromium)
+	page, ctx, problems := startLab(t)
 	openLab(t, ctx, page, 1366, 900)
 	playScenario(t, ctx, lab.Scenarios[1])
 	// Free clicks after the scenario go into the link too.
@@ -221,10 +226,7 @@ func TestServe_ServesTheAsyncAPIDocument(t *testing.T) {
 // chosen; pause stops time where it is; step moves it to the next timer
 // and no further.
 func TestLab_PlayPauseAndStepDriveTheClock(t *testing.T) {
-	chromium := browser(t)
-	wsURL, _, _ := startServe(t)
-	page := "http://" + strings.TrimPrefix(wsURL, "ws://") + "/lab/"
-	ctx, problems := startBrowser(t, chromium)
+	page, ctx, problems := startLab(t)
 	openLab(t, ctx, page, 1366, 900)
 	now := func() float64 { return evaluate[float64](t, ctx, "lab.view().now") }
 	if start := now(); start != 0 {

@@ -385,8 +385,6 @@
 	globalThis.lab = {
 		history: () => popsubLab.history(),
 		view: () => run.view,
-		phase: () => run.phase,
-		begin, answer: (i) => answer(scenarioNamed(run.scenario), i),
 		hash: shareHash,
 	};
 })().catch((err) => {
