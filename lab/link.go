@@ -48,8 +48,7 @@ type link struct {
 	ended func(why string)
 
 	mu sync.Mutex
-	// code and reason are the close the broker sent, if any.
-	code   websocket.StatusCode
+	// reason says how the link ended, for the client's last read.
 	reason string
 	limit  int64
 }
@@ -57,7 +56,7 @@ type link struct {
 func newLink(g *gate, ended func(why string)) *link {
 	return &link{gate: g, ended: ended, toBroker: make(chan []byte, 64),
 		toClient: make(chan item, linkFrames), done: make(chan struct{}),
-		code: -1, limit: 1 << 20}
+		limit: 1 << 20}
 }
 
 // open is the link's broker end, for socket.WithEndpoint.
@@ -71,13 +70,13 @@ func (l *link) open(opts socket.Options) socket.Endpoint {
 func (l *link) close(code websocket.StatusCode, reason string) {
 	l.end.Do(func() {
 		l.mu.Lock()
-		l.code, l.reason = code, reason
-		l.mu.Unlock()
-		close(l.done)
 		why := reason
 		if code >= 0 {
 			why = fmt.Sprintf("closed %d: %s", code, reason)
 		}
+		l.reason = why
+		l.mu.Unlock()
+		close(l.done)
 		l.ended(why)
 	})
 }
