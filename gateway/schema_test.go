@@ -19,11 +19,11 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if code == 0 {
 		problems, err := frames.Check(nil)
-		for _, problem := range problems {
-			fmt.Fprintln(os.Stderr, problem)
+		if err != nil {
+			problems = append(problems, err.Error())
 		}
-		if err != nil || len(problems) > 0 {
-			fmt.Fprintln(os.Stderr, "docs/asyncapi.json:", err)
+		for _, problem := range problems {
+			fmt.Fprintln(os.Stderr, "docs/asyncapi.json:", problem)
 			code = 1
 		}
 	}
