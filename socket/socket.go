@@ -7,36 +7,35 @@
 // popsub.go declares what a connection needs of its socket (the Socket
 // contract in its section "The machine room"): Read returns the next
 // text frame; Send writes a run of frames in order; Ping, Close and
-// CloseNow do what they say. Conn keeps it over github.com/coder/websocket;
-// a request may carry a socket kept another way (WithEndpoint), as the
-// lab page's network keeps one in memory, in a browser, where nothing
-// can be accepted.
+// CloseNow do what they say. Conn keeps it over the TCP connection the
+// HTTP server hands over (RFC 6455, server side, without extensions); a
+// request may carry a socket kept another way (WithEndpoint), as the lab
+// page's network keeps one in memory, in a browser, where nothing can be
+// accepted. Clients, the tests and the command use
+// github.com/coder/websocket; the broker used it too, and its reader cost
+// an idle connection 14 KiB, so it frames its own (read.go says how).
 //
 // # Reading frames
 //
-// A frame is read into a pooled buffer, taken only once a frame has
-// begun to arrive, so an idle connection holds none. It may take its
-// first 64 KiB (LargeFrame) freely; a larger one first waits for one of
-// the places in Options.LargeFrames, which the broker sizes, and holds
-// it until the next Read: until the broker has handled it. The wait is
-// TCP's push back on that one client. A place is held by one whole frame
-// and needs nothing else to be given back, so the places cannot
-// deadlock, as byte-by-byte grants would, each reader holding part of
-// what it needs.
+// Bytes come off the socket into a pooled chunk, taken only once the
+// socket is readable and given back as soon as every byte in it is
+// taken, so an idle connection holds none. A frame is gathered into a
+// pooled buffer. It may take its first 64 KiB (LargeFrame) freely; a
+// larger one first waits for one of the places in Options.LargeFrames,
+// which the broker sizes, and holds it until the next Read: until the
+// broker has handled it. The wait is TCP's push back on that one client.
+// A place is held by one whole frame and needs nothing else to be given
+// back, so the places cannot deadlock, as byte-by-byte grants would, each
+// reader holding part of what it needs.
 //
 // # One write per batch
 //
 // The broker's writer takes every frame queued for a connection at once;
 // sending them with one system call is what makes a delivery cheap,
 // since a small write costs about ten microseconds here and the frame
-// itself a fraction of one. The WebSocket library writes and flushes
-// each frame on its own, behind a lock taken with a select, and that was
-// a fifth of the CPU of a delivery at a steady rate. So Send frames the
-// deliveries itself (appendFrame: a server's frame header is two to ten
-// bytes) and writes them straight to the socket, and the library is left
-// the frames it owns: pings, pongs and closes. Forking the library to add
-// a batch write of its own was the alternative; the socket under it
-// (net.Conn, taken through a hijacker) is the seam it already offers.
+// itself a fraction of one. So Send frames the deliveries itself
+// (appendFrame: a server's frame header is two to ten bytes) and writes
+// a whole run at once; pings, pongs and closes are written alone.
 //
 // # What each speed trick buys
 //
@@ -46,23 +45,30 @@
 //	a run of frames in one write        a fifth of a delivery's CPU
 //	runs joined by newlines (joined)    one frame, not one per delivery
 //	framing buffers pooled              a new writer grows no buffer
-//	the library's writer sized to a     3.9 KiB less an idle connection
-//	control frame, not 4 KiB
 //	BeforeRead, before each read        a burst's deliveries in one write
+//	frames read here, not by the        an idle connection 23.5–26.7 →
+//	library; an idle reader waits       15.1–15.3 KiB of the server's
+//	holding no chunk, low on its        memory (popsub bench --idle
+//	stack                               10000, both in one session)
 package socket
 
 import (
-	"bufio"
-	"bytes"
+	"cmp"
 	"context"
+	"crypto/sha1"
+	"encoding/base64"
 	"encoding/binary"
 	"errors"
-	"io"
+	"fmt"
 	"net"
 	"net/http"
+	"net/url"
+	"path"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/coder/websocket"
@@ -80,10 +86,9 @@ const (
 	// writeChunk is what one write to the socket carries at most, each
 	// with a deadline of its own.
 	writeChunk = 64 << 10
-	// controlFrameBytes is the largest frame the library writes: a
-	// control frame's 125 bytes of payload behind a server's two-byte
-	// header.
-	controlFrameBytes = 2 + 125
+	// closeTimeout is how long a close waits for the peer's close frame
+	// before it closes the socket anyway.
+	closeTimeout = 5 * time.Second
 )
 
 // Options configure Accept.
@@ -91,7 +96,7 @@ type Options struct {
 	// OriginPatterns lists foreign origins allowed to open a WebSocket.
 	OriginPatterns []string
 	// WriteTimeout is how long one write may wait for a peer that does
-	// not read.
+	// not read; zero means 10 s.
 	WriteTimeout time.Duration
 	// BeforeRead, if set, runs before each read from the socket: the
 	// broker starts there the writers a burst of publishes filled.
@@ -101,23 +106,6 @@ type Options struct {
 	// places. Stop, once closed, ends every wait for one.
 	LargeFrames chan struct{}
 	Stop        <-chan struct{}
-}
-
-// Conn is one client's WebSocket, accepted by Accept.
-type Conn struct {
-	ws     *websocket.Conn
-	shared *sharedSocket
-	opts   Options
-	// closed is closed by Close or CloseNow: a Read waiting for a place
-	// gives up.
-	closed    chan struct{}
-	closeOnce sync.Once
-
-	// buffer holds the frame Read returned last; the reader's alone.
-	buffer *bytes.Buffer
-	// large is set while that frame holds a place. Whoever clears it,
-	// the next Read or a close, gives the place back.
-	large atomic.Bool
 }
 
 // Endpoint is the contract a socket keeps: popsub.go's Socket, met by a
@@ -140,6 +128,49 @@ func WithEndpoint(r *http.Request, open func(Options) Endpoint) *http.Request {
 	return r.WithContext(context.WithValue(r.Context(), endpointKey{}, open))
 }
 
+// Conn is one client's WebSocket, accepted by Accept.
+type Conn struct {
+	conn net.Conn
+	// raw waits for the socket to be readable without reading it (wait);
+	// nil where the socket offers no such wait, as a pipe's does not.
+	raw  syscall.RawConn
+	opts Options
+	// limit caps a message, in bytes (SetReadLimit).
+	limit atomic.Int64
+
+	// reading is held by whoever reads the socket: Read, or a Close
+	// reading on to the peer's close frame. It is a channel of one, not
+	// a mutex, so that Close can wait for it or for the reader's end.
+	reading chan struct{}
+	// in holds what was read from the socket and not yet taken,
+	// (*in)[r:w]; nil when nothing is, so an idle connection holds none.
+	in   *[]byte
+	r, w int
+	// message holds the frame Read returned last; the reader's alone.
+	message *[]byte
+	// large is set while that frame holds a place. Whoever clears it,
+	// the next Read or a close, gives the place back.
+	large atomic.Bool
+
+	// writing orders writes to the socket, a whole frame or run of
+	// frames at a time, so they never interleave. It is a channel of
+	// one, not a mutex, because it is held across a write that may wait
+	// for its deadline: a goroutine waiting on a channel lets
+	// testing/synctest's fake time pass, so the simulation can stall a
+	// socket. closeSent, under it, is set once a close frame went out:
+	// no frame may follow it (RFC 6455, section 5.5.1).
+	writing   chan struct{}
+	closeSent bool
+
+	// pong is signalled when a pong comes, for Ping.
+	pong chan struct{}
+	// gone is closed when reading ends: the peer's close came, or the
+	// socket failed. closed is closed by Close or CloseNow: a Read
+	// waiting for a place gives up.
+	gone, closed       chan struct{}
+	goneOnce, shutOnce sync.Once
+}
+
 // Accept upgrades a request to a WebSocket. It checks the Origin header:
 // a page from another site, running in a user's browser, may not open a
 // socket unless opts allows its origin. A request from WithEndpoint gets
@@ -150,112 +181,161 @@ func Accept(w http.ResponseWriter, r *http.Request, opts Options) (Endpoint,
 	if ok {
 		return open(opts), nil
 	}
-	hijack := &hijacker{ResponseWriter: w, opts: opts}
-	ws, err := websocket.Accept(hijack, r,
-		&websocket.AcceptOptions{OriginPatterns: opts.OriginPatterns})
-	if err != nil {
+	if status, err := checkUpgrade(w.Header(), r, opts.OriginPatterns); err != nil {
+		http.Error(w, err.Error(), status)
 		return nil, err
 	}
-	return &Conn{ws: ws, shared: hijack.socket, opts: opts,
-		closed: make(chan struct{})}, nil
+	conn, rw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusNotImplemented)
+		return nil, err
+	}
+	opts.WriteTimeout = cmp.Or(opts.WriteTimeout, 10*time.Second)
+	c := &Conn{conn: conn, opts: opts, reading: make(chan struct{}, 1),
+		writing: make(chan struct{}, 1), pong: make(chan struct{}, 1),
+		gone: make(chan struct{}), closed: make(chan struct{})}
+	c.limit.Store(32 << 10)
+	if s, ok := conn.(syscall.Conn); ok {
+		c.raw, _ = s.SyscallConn()
+	}
+	// Whatever the server read past the request is the first frames.
+	if n := rw.Reader.Buffered(); n > 0 {
+		c.in = chunkPool.Get().(*[]byte)
+		c.w, _ = rw.Reader.Read((*c.in)[:min(n, len(*c.in))])
+	}
+	accept := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") +
+		"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+	conn.SetWriteDeadline(time.Now().Add(opts.WriteTimeout))
+	_, err = conn.Write([]byte("HTTP/1.1 101 Switching Protocols\r\n" +
+		"Upgrade: websocket\r\nConnection: Upgrade\r\n" +
+		"Sec-WebSocket-Accept: " + base64.StdEncoding.EncodeToString(accept[:]) +
+		"\r\n\r\n"))
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// checkUpgrade checks that r asks for a WebSocket as RFC 6455 says, from
+// an origin allowed, and returns the HTTP status that refuses it if not.
+// Its refusals keep the statuses github.com/coder/websocket gave.
+func checkUpgrade(h http.Header, r *http.Request, origins []string) (int,
+	error) {
+	key, _ := base64.StdEncoding.DecodeString(r.Header.Get("Sec-WebSocket-Key"))
+	has := func(name, token string) bool {
+		return strings.Contains(strings.ToLower(r.Header.Get(name)), token)
+	}
+	switch {
+	case !r.ProtoAtLeast(1, 1) || r.Method != http.MethodGet:
+		return http.StatusBadRequest, errors.New("WebSocket protocol " +
+			"violation: handshake request must be a GET, HTTP/1.1 or later")
+	case !has("Connection", "upgrade") || !has("Upgrade", "websocket"):
+		h.Set("Connection", "Upgrade")
+		h.Set("Upgrade", "websocket")
+		return http.StatusUpgradeRequired, errors.New("WebSocket protocol " +
+			"violation: not an upgrade to websocket")
+	case r.Header.Get("Sec-WebSocket-Version") != "13":
+		h.Set("Sec-WebSocket-Version", "13")
+		return http.StatusBadRequest, errors.New("unsupported WebSocket " +
+			"protocol version (only 13 is supported)")
+	case len(key) != 16:
+		return http.StatusBadRequest, errors.New("WebSocket protocol " +
+			"violation: invalid Sec-WebSocket-Key")
+	}
+	return http.StatusForbidden, checkOrigin(r, origins)
+}
+
+// checkOrigin allows a request with no Origin (not from a browser), one
+// from its own host, and one whose origin's host (or scheme://host,
+// where the pattern has a scheme) matches one of patterns (path.Match,
+// in any case).
+func checkOrigin(r *http.Request, patterns []string) error {
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return nil
+	}
+	u, err := url.Parse(origin)
+	if err != nil || u.Host == "" {
+		return fmt.Errorf("request Origin %q is not a valid URL with a host",
+			origin)
+	}
+	if strings.EqualFold(r.Host, u.Host) {
+		return nil
+	}
+	for _, pattern := range patterns {
+		target := u.Host
+		if strings.Contains(pattern, "://") {
+			target = u.Scheme + "://" + u.Host
+		}
+		if ok, _ := path.Match(strings.ToLower(pattern),
+			strings.ToLower(target)); ok {
+			return nil
+		}
+	}
+	return fmt.Errorf("request Origin %q is not authorized for Host %q",
+		u.Host, r.Host)
 }
 
 // SetReadLimit caps the frames Read returns; a larger one closes the
 // socket with 1009 before it is buffered.
-func (c *Conn) SetReadLimit(n int64) { c.ws.SetReadLimit(n) }
+func (c *Conn) SetReadLimit(n int64) { c.limit.Store(n) }
 
-// Read returns the next text frame, valid until the next Read, which
-// gives back its buffer and its place. Any error (a close, a reset, a
-// frame over the limit) ends the socket, and the library has sent
-// whatever close applies; a binary frame is closed with 1003.
-func (c *Conn) Read() ([]byte, error) {
-	c.givePlaceBack()
-	if c.buffer != nil && c.buffer.Cap() <= LargeFrame {
-		readBufferPool.Put(c.buffer)
-	}
-	c.buffer = nil
-	typ, reader, err := c.ws.Reader(context.Background())
-	if err != nil {
-		return nil, err
-	}
-	if typ != websocket.MessageText {
-		c.ws.Close(websocket.StatusUnsupportedData, "text frames only")
-		return nil, errors.New("binary frame")
-	}
-	buffer := readBufferPool.Get().(*bytes.Buffer)
-	buffer.Reset()
-	c.buffer = buffer
-	_, err = buffer.ReadFrom(io.LimitReader(reader, LargeFrame+1))
-	if err == nil && buffer.Len() > LargeFrame {
-		if !c.takePlace() {
-			return nil, net.ErrClosed
+// Ping pings the peer and waits for its pong, or for ctx to end, the
+// ping's write too. Any pong proves the peer alive, one to an earlier
+// ping too.
+func (c *Conn) Ping(ctx context.Context) error {
+	deadline, _ := ctx.Deadline()
+	if err := c.writeControl(opPing, nil, deadline); err != nil {
+		// A write cut short by ctx's deadline is ctx's end, which is
+		// due now.
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			<-ctx.Done()
+			return ctx.Err()
 		}
-		_, err = buffer.ReadFrom(reader)
+		return err
 	}
-	if err != nil {
-		return nil, err
-	}
-	return buffer.Bytes(), nil
-}
-
-// takePlace waits for a place among LargeFrames, unless the socket is
-// closed or Stop is first; it reports whether it got one.
-func (c *Conn) takePlace() bool {
 	select {
-	case c.opts.LargeFrames <- struct{}{}:
-		c.large.Store(true)
-		// A close that came meanwhile found no place to give back.
-		select {
-		case <-c.closed:
-			c.givePlaceBack()
-			return false
-		default:
-			return true
-		}
-	case <-c.closed:
-	case <-c.opts.Stop:
-	}
-	return false
-}
-
-// givePlaceBack gives back the last frame's place, if it holds one,
-// once: the next Read and a close may both try. A buffer that grew past
-// LargeFrame goes to the garbage collector, not back to the pool.
-func (c *Conn) givePlaceBack() {
-	// A load first: most frames are small, and a load costs less than a
-	// swap on every read.
-	if c.large.Load() && c.large.CompareAndSwap(true, false) {
-		<-c.opts.LargeFrames
+	case <-c.pong:
+		return nil
+	case <-c.gone:
+		return net.ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
-// readBufferPool holds the buffers frames are read into, shared by every
-// connection: an idle connection holds none, and a busy one takes one
-// only while a frame is being read and handled.
-var readBufferPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-// Ping pings the peer and waits for its pong or for ctx to end.
-func (c *Conn) Ping(ctx context.Context) error { return c.ws.Ping(ctx) }
-
-// Close sends a close frame, waits briefly for the peer's, and closes the
-// socket.
+// Close sends a close frame, waits up to closeTimeout for the peer's,
+// and closes the socket. The reader, if one is reading, sees the peer's
+// close; if none is, Close reads on to it itself.
 func (c *Conn) Close(code websocket.StatusCode, reason string) error {
-	c.end()
-	return c.ws.Close(code, reason)
+	c.shut()
+	if err := c.writeClose(code, reason); err != nil {
+		return c.conn.Close()
+	}
+	timeout := time.NewTimer(closeTimeout)
+	defer timeout.Stop()
+	select {
+	case c.reading <- struct{}{}:
+		c.awaitPeerClose(0)
+		<-c.reading
+	case <-c.gone:
+	case <-timeout.C:
+	}
+	return c.conn.Close()
 }
 
 // CloseNow closes the socket without a close frame.
 func (c *Conn) CloseNow() error {
-	c.end()
-	return c.ws.CloseNow()
+	c.shut()
+	return c.conn.Close()
 }
 
-// end gives up any wait for a place, and gives back the place the last
+// shut gives up any wait for a place, and gives back the place the last
 // frame holds, if any: a reader that stops reading after a panic must
-// not keep it. The buffer stays with the reader, which may still read
-// it.
-func (c *Conn) end() {
-	c.closeOnce.Do(func() { close(c.closed) })
+// not keep it. The frame stays with the reader, which may still read it.
+func (c *Conn) shut() {
+	c.shutOnce.Do(func() { close(c.closed) })
 	c.givePlaceBack()
 }
 
@@ -275,7 +355,7 @@ func (c *Conn) Send(frames [][]byte, joined bool) error {
 		}
 		buffer, frames = appendFrame(buffer, frames[:n]), frames[n:]
 		if len(buffer) >= writeChunk || joined && len(frames) > 0 {
-			if err := c.shared.sendFrames(buffer); err != nil {
+			if err := c.write(buffer, false, time.Time{}); err != nil {
 				return err
 			}
 			buffer = buffer[:0]
@@ -284,7 +364,7 @@ func (c *Conn) Send(frames [][]byte, joined bool) error {
 	if len(buffer) == 0 {
 		return nil
 	}
-	return c.shared.sendFrames(buffer)
+	return c.write(buffer, false, time.Time{})
 }
 
 // writeBufferPool holds the buffers Send frames its runs in, shared by
@@ -293,69 +373,67 @@ func (c *Conn) Send(frames [][]byte, joined bool) error {
 // writes did.
 var writeBufferPool = sync.Pool{New: func() any { return new([]byte) }}
 
-// sharedSocket is a connection's socket, under the WebSocket library. Both
-// the library and Send write to it, a whole frame or run of frames at a
-// time, so their frames never interleave. Each write has a deadline of
-// WriteTimeout, so a peer that does not read cannot hold a writer, or a
-// close, for ever.
-type sharedSocket struct {
-	net.Conn
-	// opts are Accept's; immutable.
-	opts Options
-
-	// lock guards closed and orders writes to the socket. It is a
-	// channel of one, not a mutex, because it is held across a write
-	// that may wait for its deadline: a goroutine waiting on a channel
-	// lets testing/synctest's fake time pass, so the simulation can
-	// stall a socket (the library's own write lock is a channel too).
-	lock chan struct{}
-	// closed is set once the library wrote a close frame: no data frame
-	// may follow it (RFC 6455, section 5.5.1).
-	closed bool
-}
-
-// Write sends a frame the library wrote. Every frame the library writes
-// here is small (a control frame), so its buffered writer hands it over
-// in one Write, and p starts with the frame's first byte.
-func (h *sharedSocket) Write(p []byte) (int, error) {
-	h.lock <- struct{}{}
-	defer func() { <-h.lock }()
-	h.closed = h.closed || len(p) > 0 && p[0] == 0x88 // a final close
-	h.Conn.SetWriteDeadline(time.Now().Add(h.opts.WriteTimeout))
-	return h.Conn.Write(p)
-}
-
-// Read reads the socket, first running BeforeRead. The library reads its
-// socket only once it has handled every frame it read before, so this is
-// the end of one read's worth of publishes.
-func (h *sharedSocket) Read(p []byte) (int, error) {
-	if h.opts.BeforeRead != nil {
-		h.opts.BeforeRead()
-	}
-	return h.Conn.Read(p)
-}
-
-// sendFrames sends frames Send framed, unless the library has closed the
-// socket's write side. A run longer than writeChunk goes out a chunk at
-// a time, each with a deadline of its own, so that WriteTimeout means
-// what it says: the peer took nothing (less than a chunk) for that long.
-// One deadline for a run of 512 KiB cut off a reader that was reading,
-// only slower than the run was long.
-func (h *sharedSocket) sendFrames(framed []byte) error {
-	h.lock <- struct{}{}
-	defer func() { <-h.lock }()
-	if h.closed {
+// write writes framed, frames whole, unless a close frame went out
+// before; closing says framed is one. Each write waits for the peer at
+// most WriteTimeout, and not past until unless it is zero. A run longer
+// than writeChunk goes
+// out a chunk at a time, each with a deadline of its own, so that
+// WriteTimeout means what it says: the peer took nothing (less than a
+// chunk) for that long. One deadline for a run of 512 KiB cut off a
+// reader that was reading, only slower than the run was long.
+func (c *Conn) write(framed []byte, closing bool, until time.Time) error {
+	c.writing <- struct{}{}
+	defer func() { <-c.writing }()
+	if c.closeSent {
 		return net.ErrClosed
 	}
+	c.closeSent = closing
 	for len(framed) > 0 {
 		chunk := framed[:min(len(framed), writeChunk)]
-		h.Conn.SetWriteDeadline(time.Now().Add(h.opts.WriteTimeout))
-		if _, err := h.Conn.Write(chunk); err != nil {
+		deadline := time.Now().Add(c.opts.WriteTimeout)
+		if !until.IsZero() && until.Before(deadline) {
+			deadline = until
+		}
+		c.conn.SetWriteDeadline(deadline)
+		if _, err := c.conn.Write(chunk); err != nil {
 			return err
 		}
 		framed = framed[len(chunk):]
 	}
 	return nil
+}
+
+// Opcodes (RFC 6455, section 5.2).
+const (
+	opContinuation = 0x0
+	opText         = 0x1
+	opBinary       = 0x2
+	opClose        = 0x8
+	opPing         = 0x9
+	opPong         = 0xa
+)
+
+// writeControl writes one control frame, final and unmasked, with up to
+// 125 bytes of payload; until, if not zero, cuts its wait short.
+func (c *Conn) writeControl(op byte, payload []byte, until time.Time) error {
+	var frame [2 + 125]byte
+	n := copy(frame[2:], payload)
+	frame[0], frame[1] = 0x80|op, byte(n)
+	return c.write(frame[:2+n], op == opClose, until)
+}
+
+// writeClose writes a close frame with code and as much of reason as
+// fits, cut at a rune; code 1005 (none given) goes as no payload.
+func (c *Conn) writeClose(code websocket.StatusCode, reason string) error {
+	if code == websocket.StatusNoStatusRcvd {
+		return c.writeControl(opClose, nil, time.Time{})
+	}
+	if len(reason) > 123 {
+		reason = strings.ToValidUTF8(reason[:123], "")
+	}
+	return c.writeControl(opClose,
+		append(binary.BigEndian.AppendUint16(nil, uint16(code)), reason...),
+		time.Time{})
 }
 
 // appendFrame appends one WebSocket text frame holding frames, joined by
@@ -368,11 +446,11 @@ func appendFrame(buffer []byte, frames [][]byte) []byte {
 	}
 	switch {
 	case size < 126:
-		buffer = append(buffer, 0x81, byte(size))
+		buffer = append(buffer, 0x80|opText, byte(size))
 	case size < 1<<16:
-		buffer = append(buffer, 0x81, 126, byte(size>>8), byte(size))
+		buffer = append(buffer, 0x80|opText, 126, byte(size>>8), byte(size))
 	default:
-		buffer = binary.BigEndian.AppendUint64(append(buffer, 0x81, 127),
+		buffer = binary.BigEndian.AppendUint64(append(buffer, 0x80|opText, 127),
 			uint64(size))
 	}
 	for i, frame := range frames {
@@ -382,32 +460,6 @@ func appendFrame(buffer []byte, frames [][]byte) []byte {
 		buffer = append(buffer, frame...)
 	}
 	return buffer
-}
-
-// hijacker is the ResponseWriter that websocket.Accept sees: it wraps
-// the socket the library hijacks in a sharedSocket, and points the
-// library's buffered writer at it.
-type hijacker struct {
-	http.ResponseWriter
-	// opts are Accept's, for the sharedSocket.
-	opts Options
-	// socket is the sharedSocket, once Accept has hijacked the connection.
-	socket *sharedSocket
-}
-
-// Hijack takes the connection from the HTTP server and wraps it.
-func (h *hijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	conn, rw, err := http.NewResponseController(h.ResponseWriter).Hijack()
-	if err != nil {
-		return nil, nil, err
-	}
-	h.socket = &sharedSocket{Conn: conn, opts: h.opts,
-		lock: make(chan struct{}, 1)}
-	// The library writes only control frames through its writer (Send
-	// writes to the socket itself), none over 127 bytes: a buffer that
-	// size, not the server's 4 KiB, is all every idle connection holds.
-	rw.Writer = bufio.NewWriterSize(h.socket, controlFrameBytes)
-	return h.socket, rw, nil
 }
 
 // Wakeups are the writers a reader's work owes a start: the idle

@@ -1,0 +1,351 @@
+package socket
+
+// # Reading
+//
+// The reader is where an idle connection's memory goes, so this file is
+// written for it. The library the broker read with before kept, for
+// every connection, the HTTP server's 4 KiB read buffer, 2 KiB of its
+// own state, and a reader goroutine parked eight calls deep, on a stack
+// of 8 KiB. Here the reader waits for the socket to become readable
+// (wait), with no chunk taken and only a few calls on its stack, so that
+// the garbage collector shrinks the stack to 2 KiB; only then does it
+// take a chunk from chunkPool and read. The chunk goes back the moment
+// its last byte is taken, so a busy reader holds one, an idle one none.
+//
+// Frames are parsed as RFC 6455 says a server must: every frame masked,
+// no reserved bits (no extension is offered), control frames short and
+// whole. A ping is answered here and a pong noted for Ping, so neither
+// wakes the broker. A close is answered and ends Read. Anything else
+// wrong closes the socket with the code the RFC names: 1002 for a
+// broken frame, 1003 for a binary one, 1009 for one over the limit.
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// chunkSize is what one read from the socket takes at most.
+const chunkSize = 16 << 10
+
+// chunkPool holds the chunks sockets read into, shared by every
+// connection; messagePool the buffers frames are gathered in.
+var (
+	chunkPool   = sync.Pool{New: func() any { b := make([]byte, chunkSize); return &b }}
+	messagePool = sync.Pool{New: func() any { return new([]byte) }}
+)
+
+// header is a frame's header (RFC 6455, section 5.2).
+type header struct {
+	fin    bool
+	op     byte
+	length uint64
+	mask   [4]byte
+}
+
+// Read returns the next text frame, valid until the next Read, which
+// gives back its buffer and its place. Any error (a close, a reset, a
+// frame over the limit, a broken one) ends the socket, and Read has sent
+// whatever close applies; a binary frame is closed with 1003.
+func (c *Conn) Read() ([]byte, error) {
+	c.givePlaceBack()
+	if c.message != nil && cap(*c.message) <= LargeFrame {
+		messagePool.Put(c.message)
+	}
+	c.message = nil
+	c.reading <- struct{}{}
+	defer func() { <-c.reading }()
+	// Holding nothing, wait for the socket here, as few calls deep as
+	// can be, with no chunk: the stack of a reader parked here shrinks
+	// to the least a goroutine has.
+	err := c.await()
+	var data []byte
+	if err == nil {
+		data, err = c.readMessage()
+	}
+	if err != nil {
+		c.goneOnce.Do(func() { close(c.gone) })
+		return nil, err
+	}
+	return data, nil
+}
+
+// readMessage reads frames until a whole text message, answering the
+// control frames between them.
+func (c *Conn) readMessage() ([]byte, error) {
+	started := false
+	for {
+		h, err := c.readHeader()
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case h.op >= opClose:
+			if err := c.control(h); err != nil {
+				return nil, err
+			}
+			continue
+		case h.op == opBinary && !started:
+			return nil, c.fail(websocket.StatusUnsupportedData,
+				"text frames only", h.length)
+		case h.op == opText && started, h.op == opContinuation && !started:
+			return nil, c.fail(websocket.StatusProtocolError,
+				fmt.Sprintf("unexpected opcode %d", h.op), 0)
+		}
+		if !started {
+			c.message = messagePool.Get().(*[]byte)
+			*c.message, started = (*c.message)[:0], true
+		}
+		size := uint64(len(*c.message)) + h.length
+		if limit := c.limit.Load(); size > uint64(limit) {
+			return nil, c.fail(websocket.StatusMessageTooBig,
+				fmt.Sprintf("read limited at %d bytes", limit), h.length)
+		}
+		if size > LargeFrame && !c.large.Load() && !c.takePlace() {
+			return nil, net.ErrClosed
+		}
+		start := len(*c.message)
+		*c.message = append(*c.message, make([]byte, h.length)...)
+		if err := c.readFull((*c.message)[start:]); err != nil {
+			return nil, err
+		}
+		unmask((*c.message)[start:], h.mask)
+		if h.fin {
+			return *c.message, nil
+		}
+	}
+}
+
+// readHeader reads the next frame's header and checks it.
+func (c *Conn) readHeader() (header, error) {
+	if err := c.buffer(2); err != nil {
+		return header{}, err
+	}
+	b := (*c.in)[c.r:c.w]
+	h := header{fin: b[0]&0x80 != 0, op: b[0] & 0x0f, length: uint64(b[1] & 0x7f)}
+	var problem string
+	switch {
+	case b[0]&0x70 != 0:
+		problem = "reserved bits set"
+	case b[1]&0x80 == 0:
+		problem = "a client's frames must be masked"
+	case h.op > opPong || h.op > opBinary && h.op < opClose:
+		problem = fmt.Sprintf("unknown opcode %d", h.op)
+	case h.op >= opClose && (!h.fin || h.length > 125):
+		problem = "a control frame must be whole and at most 125 bytes"
+	}
+	if problem != "" {
+		return header{}, c.fail(websocket.StatusProtocolError, problem, 0)
+	}
+	size := 2 + 4
+	switch h.length {
+	case 126:
+		size += 2
+	case 127:
+		size += 8
+	}
+	if err := c.buffer(size); err != nil {
+		return header{}, err
+	}
+	b = (*c.in)[c.r : c.r+size]
+	switch h.length {
+	case 126:
+		h.length = uint64(binary.BigEndian.Uint16(b[2:]))
+	case 127:
+		h.length = binary.BigEndian.Uint64(b[2:]) & (1<<63 - 1)
+	}
+	copy(h.mask[:], b[size-4:])
+	c.take(size)
+	return h, nil
+}
+
+// control answers a control frame: a ping with a pong, a close with a
+// close, and then the error that ends Read. Any of them tells a waiting
+// Ping the peer is there.
+func (c *Conn) control(h header) error {
+	var buffer [125]byte
+	payload := buffer[:h.length]
+	if err := c.readFull(payload); err != nil {
+		return err
+	}
+	unmask(payload, h.mask)
+	select { // a pong, or proof enough that the peer is there
+	case c.pong <- struct{}{}:
+	default:
+	}
+	switch h.op {
+	case opPing:
+		return c.writeControl(opPong, payload, time.Time{})
+	case opClose:
+		closed := websocket.CloseError{Code: websocket.StatusNoStatusRcvd}
+		if len(payload) >= 2 {
+			closed.Code = websocket.StatusCode(binary.BigEndian.Uint16(payload))
+			closed.Reason = string(payload[2:])
+		}
+		c.writeClose(closed.Code, "")
+		c.conn.Close()
+		return closed
+	}
+	return nil // a pong
+}
+
+// fail closes the socket with code and reason, after skipping the rest of
+// the frame in hand (skip bytes) and reading on to the peer's close, as
+// a close must. A broken frame leaves no frames to read on in, so then
+// every byte is read and dropped, up to the peer's end: closing a socket
+// with bytes unread resets it, and the peer might never see the code.
+// It returns the error that ends Read.
+func (c *Conn) fail(code websocket.StatusCode, reason string, skip uint64) error {
+	c.writeClose(code, reason)
+	if code == websocket.StatusProtocolError {
+		skip = 1<<63 - 1
+	}
+	c.awaitPeerClose(skip)
+	c.conn.Close()
+	return fmt.Errorf("socket closed with %d: %s", code, reason)
+}
+
+// awaitPeerClose skips skip bytes, then reads frames until the peer's
+// close, for at most closeTimeout. The caller holds reading.
+func (c *Conn) awaitPeerClose(skip uint64) {
+	c.conn.SetReadDeadline(time.Now().Add(closeTimeout))
+	for {
+		for skip > 0 {
+			if c.r == c.w && c.fill() != nil {
+				return
+			}
+			n := min(skip, uint64(c.w-c.r))
+			c.take(int(n))
+			skip -= n
+		}
+		h, err := c.readHeader()
+		if err != nil || h.op == opClose {
+			return
+		}
+		skip = h.length
+	}
+}
+
+// readFull fills p with the bytes that come next.
+func (c *Conn) readFull(p []byte) error {
+	for len(p) > 0 {
+		if c.r == c.w {
+			if err := c.fill(); err != nil {
+				return err
+			}
+		}
+		n := copy(p, (*c.in)[c.r:c.w])
+		c.take(n)
+		p = p[n:]
+	}
+	return nil
+}
+
+// buffer makes sure at least n bytes are in hand, n at most chunkSize.
+func (c *Conn) buffer(n int) error {
+	for c.w-c.r < n {
+		if err := c.fill(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// await, holding no bytes, runs BeforeRead, waits for the socket to be
+// readable, and only then takes a chunk to read into.
+func (c *Conn) await() error {
+	if c.in != nil {
+		return nil
+	}
+	if c.opts.BeforeRead != nil {
+		c.opts.BeforeRead()
+	}
+	if err := wait(c.raw); err != nil {
+		return err
+	}
+	c.in, c.r, c.w = chunkPool.Get().(*[]byte), 0, 0
+	return nil
+}
+
+// fill reads from the socket what is there, after the bytes in hand,
+// running BeforeRead first.
+func (c *Conn) fill() error {
+	if c.in == nil {
+		if err := c.await(); err != nil {
+			return err
+		}
+	} else if c.opts.BeforeRead != nil {
+		c.opts.BeforeRead()
+	}
+	if c.r > 0 {
+		c.w = copy(*c.in, (*c.in)[c.r:c.w])
+		c.r = 0
+	}
+	n, err := c.conn.Read((*c.in)[c.w:])
+	c.w += n
+	if n > 0 {
+		return nil
+	}
+	c.take(0)
+	if err == nil {
+		err = errors.New("socket: read nothing")
+	}
+	return err
+}
+
+// take takes n bytes in hand, and gives the chunk back once all are taken.
+func (c *Conn) take(n int) {
+	if c.r += n; c.r == c.w && c.in != nil {
+		chunkPool.Put(c.in)
+		c.in, c.r, c.w = nil, 0, 0
+	}
+}
+
+// unmask unmasks a frame's payload in place, eight bytes at a time.
+func unmask(p []byte, mask [4]byte) {
+	key := uint64(binary.LittleEndian.Uint32(mask[:]))
+	key |= key << 32
+	for len(p) >= 8 {
+		binary.LittleEndian.PutUint64(p, binary.LittleEndian.Uint64(p)^key)
+		p = p[8:]
+	}
+	for i := range p {
+		p[i] ^= mask[i%4]
+	}
+}
+
+// takePlace waits for a place among LargeFrames, unless the socket is
+// closed or Stop is first; it reports whether it got one.
+func (c *Conn) takePlace() bool {
+	select {
+	case c.opts.LargeFrames <- struct{}{}:
+		c.large.Store(true)
+		// A close that came meanwhile found no place to give back.
+		select {
+		case <-c.closed:
+			c.givePlaceBack()
+			return false
+		default:
+			return true
+		}
+	case <-c.closed:
+	case <-c.opts.Stop:
+	}
+	return false
+}
+
+// givePlaceBack gives back the last frame's place, if it holds one,
+// once: the next Read and a close may both try. A buffer that grew past
+// LargeFrame goes to the garbage collector, not back to the pool.
+func (c *Conn) givePlaceBack() {
+	// A load first: most frames are small, and a load costs less than a
+	// swap on every read.
+	if c.large.Load() && c.large.CompareAndSwap(true, false) {
+		<-c.opts.LargeFrames
+	}
+}
