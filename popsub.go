@@ -2591,7 +2591,7 @@ func (b *Broker) ping(time.Time) {
 // within one ping interval. A peer that vanished without a FIN would
 // otherwise hold its subscriptions, and its durable name, forever.
 func (c *connection) keepalive() {
-	// The library closes nothing on a ping timeout, so the broker does,
+	// The socket closes nothing on a ping timeout, so the broker does,
 	// without a close frame: a peer that does not read will not read it.
 	ctx, cancel := context.WithTimeout(context.Background(),
 		c.broker.opts.PingInterval)

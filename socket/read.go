@@ -3,10 +3,10 @@ package socket
 // # Reading
 //
 // The reader is where an idle connection's memory goes, so this file is
-// written for it. The library the broker read with before kept, for
-// every connection, the HTTP server's 4 KiB read buffer, 2 KiB of its
-// own state, and a reader goroutine parked eight calls deep, on a stack
-// of 8 KiB. Here the reader waits for the socket to become readable
+// written for it. github.com/coder/websocket's reader keeps, for every
+// connection, the HTTP server's 4 KiB read buffer, 2 KiB of its own
+// state, and a reader goroutine parked eight calls deep, on a stack of
+// 8 KiB. Here the reader waits for the socket to become readable
 // (wait), with no chunk taken and only a few calls on its stack, so that
 // the garbage collector shrinks the stack to 2 KiB; only then does it
 // take a chunk from chunkPool and read. The chunk goes back the moment
@@ -21,7 +21,6 @@ package socket
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -78,7 +77,6 @@ func (c *Conn) Read() ([]byte, error) {
 // readMessage reads frames until a whole text message, answering the
 // control frames between them.
 func (c *Conn) readMessage() ([]byte, error) {
-	started := false
 	for {
 		h, err := c.readHeader()
 		if err != nil {
@@ -90,16 +88,17 @@ func (c *Conn) readMessage() ([]byte, error) {
 				return nil, err
 			}
 			continue
-		case h.op == opBinary && !started:
+		case h.op == opBinary && c.message == nil:
 			return nil, c.fail(websocket.StatusUnsupportedData,
 				"text frames only", h.length)
-		case h.op == opText && started, h.op == opContinuation && !started:
+		case h.op == opText && c.message != nil,
+			h.op == opContinuation && c.message == nil:
 			return nil, c.fail(websocket.StatusProtocolError,
 				fmt.Sprintf("unexpected opcode %d", h.op), 0)
 		}
-		if !started {
+		if c.message == nil {
 			c.message = messagePool.Get().(*[]byte)
-			*c.message, started = (*c.message)[:0], true
+			*c.message = (*c.message)[:0]
 		}
 		size := uint64(len(*c.message)) + h.length
 		if limit := c.limit.Load(); size > uint64(limit) {
@@ -265,10 +264,18 @@ func (c *Conn) await() error {
 	if c.opts.BeforeRead != nil {
 		c.opts.BeforeRead()
 	}
-	if err := wait(c.raw); err != nil {
+	// Where the socket cannot be waited on (TLS, a pipe), a read of one
+	// byte waits instead, so that still no chunk is held.
+	var first [1]byte
+	n, err := 0, wait(c.raw)
+	if c.raw == nil {
+		n, err = c.conn.Read(first[:])
+	}
+	if n == 0 && err != nil {
 		return err
 	}
-	c.in, c.r, c.w = chunkPool.Get().(*[]byte), 0, 0
+	c.in, c.r, c.w = chunkPool.Get().(*[]byte), 0, n
+	(*c.in)[0] = first[0]
 	return nil
 }
 
@@ -288,13 +295,10 @@ func (c *Conn) fill() error {
 	}
 	n, err := c.conn.Read((*c.in)[c.w:])
 	c.w += n
-	if n > 0 {
+	if n > 0 || err == nil {
 		return nil
 	}
 	c.take(0)
-	if err == nil {
-		err = errors.New("socket: read nothing")
-	}
 	return err
 }
 

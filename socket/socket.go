@@ -12,8 +12,8 @@
 // request may carry a socket kept another way (WithEndpoint), as the lab
 // page's network keeps one in memory, in a browser, where nothing can be
 // accepted. Clients, the tests and the command use
-// github.com/coder/websocket; the broker used it too, and its reader cost
-// an idle connection 14 KiB, so it frames its own (read.go says how).
+// github.com/coder/websocket; its server side costs an idle connection
+// 14 KiB more than framing here does (read.go says where it goes).
 //
 // # Reading frames
 //
@@ -219,7 +219,8 @@ func Accept(w http.ResponseWriter, r *http.Request, opts Options) (Endpoint,
 
 // checkUpgrade checks that r asks for a WebSocket as RFC 6455 says, from
 // an origin allowed, and returns the HTTP status that refuses it if not.
-// Its refusals keep the statuses github.com/coder/websocket gave.
+// Its refusals use the statuses github.com/coder/websocket's server
+// uses.
 func checkUpgrade(h http.Header, r *http.Request, origins []string) (int,
 	error) {
 	key, _ := base64.StdEncoding.DecodeString(r.Header.Get("Sec-WebSocket-Key"))
@@ -313,14 +314,12 @@ func (c *Conn) Close(code websocket.StatusCode, reason string) error {
 	if err := c.writeClose(code, reason); err != nil {
 		return c.conn.Close()
 	}
-	timeout := time.NewTimer(closeTimeout)
-	defer timeout.Stop()
 	select {
 	case c.reading <- struct{}{}:
 		c.awaitPeerClose(0)
 		<-c.reading
 	case <-c.gone:
-	case <-timeout.C:
+	case <-time.After(closeTimeout):
 	}
 	return c.conn.Close()
 }

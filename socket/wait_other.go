@@ -4,6 +4,6 @@ package socket
 
 import "syscall"
 
-// wait returns at once where the socket cannot be peeked at; the read
-// that follows waits instead, holding its chunk.
+// wait returns at once where the socket cannot be peeked at, and the
+// read that follows waits holding its chunk.
 func wait(syscall.RawConn) error { return nil }

@@ -7,7 +7,7 @@ import "syscall"
 // wait returns once raw's socket has a byte to read, an end or an error,
 // without reading it: it peeks, and while there is nothing the runtime's
 // poller parks the goroutine right here, a few calls deep. With no raw
-// socket it returns at once, and the read that follows waits instead.
+// socket it returns at once.
 func wait(raw syscall.RawConn) error {
 	if raw == nil {
 		return nil

@@ -74,6 +74,9 @@ type benchResult struct {
 	ServerCPUPerDeliv float64 `json:"server_cpu_us_per_delivery,omitempty"`
 	ServerKiBPerConn  float64 `json:"server_kib_per_connection,omitempty"`
 	IdleConnections   int     `json:"idle_connections,omitempty"`
+	ServerFDs         float64 `json:"server_fds,omitempty"`
+	ServerGoroutines  float64 `json:"server_goroutines,omitempty"`
+	FanOutMillis      float64 `json:"fan_out_ms,omitempty"`
 	Stuck             int     `json:"stuck,omitempty"`
 	StuckCutOff       int64   `json:"stuck_cut_off,omitempty"`
 	BystanderP50Milli float64 `json:"bystander_confirm_p50_ms,omitempty"`
@@ -162,8 +165,9 @@ func parseBench(args []string, stderr io.Writer) (benchConfig, error) {
 		"another topic, every 10ms: its confirm latency")
 	fs.DurationVar(&c.duration, "duration", 5*time.Second,
 		"how long to publish")
-	fs.IntVar(&c.idle, "idle", 0, "instead, open N idle connections with "+
-		"one subscription each and report server memory per connection")
+	fs.IntVar(&c.idle, "idle", 0, "instead, open N idle connections "+
+		"subscribed to one topic, report server memory per connection, "+
+		"and time one publish reaching them all")
 	fs.BoolVar(&c.batch, "batch", true, "several messages a frame: "+
 		"publishers send up to 64, subscribers take runs and ack many at once")
 	fs.StringVar(&c.flood, "flood", "", "instead, run one of the doors' "+
@@ -396,7 +400,9 @@ func printBench(w io.Writer, asJSON bool, r benchResult) error {
 	}
 	if r.IdleConnections > 0 {
 		fmt.Fprintf(w, "idle connections: %d\nserver memory per connection: "+
-			"%.1f KiB\n", r.IdleConnections, r.ServerKiBPerConn)
+			"%.1f KiB\nserver file descriptors %.0f, goroutines %.0f\n"+
+			"one publish reached all in %.1f ms\n", r.IdleConnections,
+			r.ServerKiBPerConn, r.ServerFDs, r.ServerGoroutines, r.FanOutMillis)
 		return nil
 	}
 	fmt.Fprintf(w, "publishers %d, subscribers %d, topics %d, payload %d B, "+

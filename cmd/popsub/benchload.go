@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"math"
+	"net"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -436,8 +439,12 @@ func (l *load) showProgress(w io.Writer, start time.Time,
 	}
 }
 
-// runIdle opens idle connections, one subscription each, and reports
-// the server's memory per connection.
+// runIdle opens idle connections, all subscribed to one topic, from
+// source addresses 127.0.0.2 to 127.0.0.9 (ports run out near 28,000 a
+// source), and reports the server's memory per connection, its file
+// descriptors and goroutines; then one publish to the topic, and how
+// long until every connection has it. Each connection reads from the
+// start, as a real client does, so that it answers the server's pings.
 func runIdle(ctx context.Context, cfg benchConfig,
 	server *benchServer) (benchResult, error) {
 	if server == nil {
@@ -445,27 +452,73 @@ func runIdle(ctx context.Context, cfg benchConfig,
 			"starts itself: leave out --url")
 	}
 	before := server.memory()
-	var open []*websocket.Conn
+	open := make([]*websocket.Conn, 0, cfg.idle)
 	defer func() {
 		for _, ws := range open {
 			ws.CloseNow()
 		}
 	}()
+	subscribe := []byte(`{"type":"subscribe","topic":"idle"}`)
+	var arrived sync.WaitGroup
 	for i := range cfg.idle {
-		ws, err := benchDial(ctx, cfg, "idle-"+strconv.Itoa(i), i, false)
+		dialer := &net.Dialer{LocalAddr: &net.TCPAddr{
+			IP: net.IPv4(127, 0, 0, byte(2+i%8))}}
+		options := &websocket.DialOptions{HTTPClient: &http.Client{
+			Transport: &http.Transport{DialContext: dialer.DialContext}}}
+		token, err := cfg.tokenFor("idle-" + strconv.Itoa(i))
 		if err != nil {
 			return benchResult{}, err
 		}
+		ws, err := dialAuthenticated(ctx, cfg.urls[0], options,
+			map[string]any{"token": token})
+		if err != nil {
+			return benchResult{}, fmt.Errorf("connection %d: %w", i+1, err)
+		}
 		open = append(open, ws)
-		frame := fmt.Sprintf(`{"type":"subscribe","topic":"idle/%d"}`, i)
-		ws.Write(ctx, websocket.MessageText, []byte(frame))
+		ws.Write(ctx, websocket.MessageText, subscribe)
 		if _, _, err := ws.Read(ctx); err != nil {
 			return benchResult{}, err
 		}
+		arrived.Go(func() { ws.Read(ctx) })
 	}
-	after := server.memory()
-	return benchResult{IdleConnections: cfg.idle,
-		ServerKiBPerConn: (after - before) / float64(cfg.idle)}, nil
+	r := benchResult{IdleConnections: cfg.idle,
+		ServerKiBPerConn: (server.memory() - before) / float64(cfg.idle)}
+	metrics := serverMetrics(ctx, cfg.urls[0])
+	r.ServerFDs, r.ServerGoroutines = metrics["process_open_fds"],
+		metrics["go_goroutines"]
+
+	// One publish, which every connection is waiting for.
+	publisher, err := benchDial(ctx, cfg, "idle-publisher", 0, false)
+	if err != nil {
+		return r, err
+	}
+	defer publisher.CloseNow()
+	start := time.Now()
+	publisher.Write(ctx, websocket.MessageText,
+		[]byte(`{"type":"publish","topic":"idle","payload":"all of you"}`))
+	arrived.Wait()
+	r.FanOutMillis = float64(time.Since(start).Microseconds()) / 1000
+	return r, ctx.Err()
+}
+
+// serverMetrics reads the gauges of the server's /metrics, by name.
+func serverMetrics(ctx context.Context, wsURL string) map[string]float64 {
+	gauges := map[string]float64{}
+	target := strings.Replace(strings.TrimSuffix(wsURL, "/ws"), "ws", "http", 1)
+	request, _ := http.NewRequestWithContext(ctx, "GET", target+"/metrics", nil)
+	response, err := http.DefaultClient.Do(request)
+	if err != nil {
+		return gauges
+	}
+	defer response.Body.Close()
+	lines := bufio.NewScanner(response.Body)
+	for lines.Scan() {
+		name, value, ok := strings.Cut(lines.Text(), " ")
+		if n, err := strconv.ParseFloat(value, 64); ok && err == nil {
+			gauges[name] = n
+		}
+	}
+	return gauges
 }
 
 // field reads the integer after key in a frame, without a JSON decoder,
