@@ -109,8 +109,7 @@ func (c *Conn) readMessage() ([]byte, error) {
 			return nil, net.ErrClosed
 		}
 		start := len(*c.message)
-		*c.message = append(*c.message, make([]byte, h.length)...)
-		if err := c.readFull((*c.message)[start:]); err != nil {
+		if err := c.readAppend(c.message, int(h.length)); err != nil {
 			return nil, err
 		}
 		unmask((*c.message)[start:], h.mask)
@@ -168,8 +167,8 @@ func (c *Conn) readHeader() (header, error) {
 // Ping the peer is there.
 func (c *Conn) control(h header) error {
 	var buffer [125]byte
-	payload := buffer[:h.length]
-	if err := c.readFull(payload); err != nil {
+	payload := buffer[:0]
+	if err := c.readAppend(&payload, int(h.length)); err != nil {
 		return err
 	}
 	unmask(payload, h.mask)
@@ -230,17 +229,20 @@ func (c *Conn) awaitPeerClose(skip uint64) {
 	}
 }
 
-// readFull fills p with the bytes that come next.
-func (c *Conn) readFull(p []byte) error {
-	for len(p) > 0 {
+// readAppend appends the next n bytes to *p as they come: a frame's
+// buffer grows with what arrives, not to the length the frame claims, so
+// a peer that claims much and sends little holds little.
+func (c *Conn) readAppend(p *[]byte, n int) error {
+	for n > 0 {
 		if c.r == c.w {
 			if err := c.fill(); err != nil {
 				return err
 			}
 		}
-		n := copy(p, (*c.in)[c.r:c.w])
-		c.take(n)
-		p = p[n:]
+		k := min(n, c.w-c.r)
+		*p = append(*p, (*c.in)[c.r:c.r+k]...)
+		c.take(k)
+		n -= k
 	}
 	return nil
 }
