@@ -64,6 +64,17 @@ func deliveredOnceEach(t *testing.T, r benchResult, subscribers int64) {
 	}
 }
 
+// bench --idle holds its connections, and one publish reaches each of
+// them; the server's /metrics counts them.
+func TestBench_IdleConnectionsAllHearOnePublish(t *testing.T) {
+	r := benchAgainst(t, "--idle", "50")
+	if r.IdleConnections != 50 || r.FanOutMillis <= 0 ||
+		r.ServerFDs < 50 || r.ServerGoroutines < 50 {
+		t.Fatalf("idle: %+v; want 50 connections, a fan-out time, and "+
+			"at least 50 descriptors and goroutines", r)
+	}
+}
+
 func TestBench_RefusesOtherMachines(t *testing.T) {
 	err := run(context.Background(), []string{"bench", "--url",
 		"ws://broker.example.invalid:8080/ws", "--secret",
