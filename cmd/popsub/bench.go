@@ -40,7 +40,7 @@ type benchConfig struct {
 	publishers, subscribers, topics int
 	size, qos, window, idle, burst  int
 	stuck                           int
-	bystander                       bool
+	bystander, bystanderOnly        bool
 	rate                            float64
 	duration                        time.Duration
 	jsonOut, allowRemote, batch     bool
@@ -108,6 +108,14 @@ func benchCommand(ctx context.Context, args []string, stdout,
 			return err
 		}
 	}
+	if cfg.bystanderOnly {
+		if server != nil {
+			return errors.New("--bystander-only needs --url")
+		}
+		return bystand(ctx, cfg, func(d time.Duration) {
+			fmt.Fprintln(stdout, d.Microseconds())
+		})
+	}
 	if cfg.flood != "" {
 		result, err := runFlood(ctx, cfg, server)
 		if err != nil {
@@ -163,6 +171,10 @@ func parseBench(args []string, stderr io.Writer) (benchConfig, error) {
 		"the others")
 	fs.BoolVar(&c.bystander, "bystander", false, "a QoS 1 publisher on "+
 		"another topic, every 10ms: its confirm latency")
+	fs.BoolVar(&c.bystanderOnly, "bystander-only", false, "instead, be "+
+		"only the bystander, against --url, until interrupted, and print "+
+		"each confirm's latency in µs (--bystander runs one so, in a "+
+		"process of its own, so that the bench's readers do not delay it)")
 	fs.DurationVar(&c.duration, "duration", 5*time.Second,
 		"how long to publish")
 	fs.IntVar(&c.idle, "idle", 0, "instead, open N idle connections "+
