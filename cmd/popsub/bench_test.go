@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -73,6 +74,42 @@ func TestBench_IdleConnectionsAllHearOnePublish(t *testing.T) {
 		t.Fatalf("idle: %+v; want 50 connections, a fan-out time, and "+
 			"at least 50 descriptors and goroutines", r)
 	}
+}
+
+// bench --bystander-only publishes as the bystander until interrupted,
+// and prints each confirm's latency: what --bystander reads from it.
+func TestBench_BystanderOnlyPrintsEachConfirm(t *testing.T) {
+	url, _, _ := startServe(t, "--secret", benchTestSecret)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out := &interruptAfter{lines: 3, interrupt: cancel}
+	err := run(ctx, []string{"bench", "--url", url, "--secret",
+		benchTestSecret, "--bystander-only"}, out, io.Discard)
+	lines := strings.Fields(out.String())
+	if err != nil || len(lines) == 0 {
+		t.Fatalf("bench: %v, printed %q", err, out.String())
+	}
+	for _, line := range lines {
+		if micros, err := strconv.Atoi(line); err != nil || micros <= 0 {
+			t.Fatalf("printed %q, want a latency in µs a line", line)
+		}
+	}
+}
+
+// interruptAfter keeps what is written, and calls interrupt once it
+// holds lines lines, as a Ctrl-C would.
+type interruptAfter struct {
+	bytes.Buffer
+	lines     int
+	interrupt func()
+}
+
+func (w *interruptAfter) Write(p []byte) (int, error) {
+	w.Buffer.Write(p)
+	if bytes.Count(w.Bytes(), []byte("\n")) >= w.lines {
+		w.interrupt()
+	}
+	return len(p), nil
 }
 
 func TestBench_RefusesOtherMachines(t *testing.T) {
