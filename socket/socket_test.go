@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -456,5 +457,64 @@ func TestAccept_RefusesWhatIsNotAnUpgradeFromAnOriginAllowed(t *testing.T) {
 				t.Fatalf("status %d, want %d", response.StatusCode, tc.status)
 			}
 		})
+	}
+}
+
+// Seeded runs of messages in random fragments, with pings between them,
+// written in random slices: Read returns every message whole and in
+// order, and a pong answers every ping.
+func TestRead_RandomFragmentsAndSlices(t *testing.T) {
+	for seed := range int64(20) {
+		rng := rand.New(rand.NewSource(seed))
+		server, accepted := serveOne(t, Options{WriteTimeout: time.Second,
+			LargeFrames: make(chan struct{}, 1)})
+		var wire []byte
+		var want []string
+		pings := 0
+		for range 30 {
+			message := strings.Repeat(string(rune('a'+rng.Intn(26))),
+				rng.Intn(3000))
+			want = append(want, message)
+			rest, op := message, byte(opText)
+			for {
+				n := min(len(rest), rng.Intn(1200))
+				last := n == len(rest)
+				wire = append(wire, frame(op, last, rest[:n])...)
+				rest, op = rest[n:], opContinuation
+				if rng.Intn(4) == 0 {
+					wire = append(wire, frame(opPing, true, "p")...)
+					pings++
+				}
+				if last {
+					break
+				}
+			}
+		}
+		// A last message, so that Read takes the pings before it too.
+		wire, want = append(wire, frame(opText, true, "end")...),
+			append(want, "end")
+		client := dialRaw(t, server, nil)
+		c := <-accepted
+		c.SetReadLimit(1 << 20)
+		go func() {
+			for rest := wire; len(rest) > 0; {
+				n := min(len(rest), 1+rng.Intn(700))
+				client.conn.Write(rest[:n])
+				rest = rest[n:]
+			}
+		}()
+		for i, message := range want {
+			data, err := c.Read()
+			if err != nil || string(data) != message {
+				t.Fatalf("seed %d, message %d: %d bytes, %v; want %d",
+					seed, i, len(data), err, len(message))
+			}
+		}
+		for range pings {
+			if op, _ := client.next(); op != opPong {
+				t.Fatalf("seed %d: op %d where a pong was due", seed, op)
+			}
+		}
+		c.CloseNow()
 	}
 }
