@@ -8,8 +8,9 @@ package socket
 // state, and a reader goroutine parked eight calls deep, on a stack of
 // 8 KiB. Here the reader waits for the socket to become readable
 // (wait), with no chunk taken and only a few calls on its stack, so that
-// the garbage collector shrinks the stack to 2 KiB; only then does it
-// take a chunk from chunkPool and read. The chunk goes back the moment
+// the garbage collector halves the stack to 4 KiB (as far as a stack
+// shrinks: the runtime counts an 800-byte guard as in use); only then
+// does it take a chunk from chunkPool and read. The chunk goes back the moment
 // its last byte is taken, so a busy reader holds one, an idle one none.
 //
 // Frames are parsed as RFC 6455 says a server must: every frame masked,
@@ -267,17 +268,17 @@ func (c *Conn) await() error {
 		c.opts.BeforeRead()
 	}
 	// Where the socket cannot be waited on (TLS, a pipe), a read of one
-	// byte waits instead, so that still no chunk is held.
-	var first [1]byte
-	n, err := 0, wait(c.raw)
+	// byte waits instead, so that still no chunk is held. Both use the
+	// connection's own byte: a local one would be allocated each wait.
+	n, err := 0, wait(c.raw, c.one[:])
 	if c.raw == nil {
-		n, err = c.conn.Read(first[:])
+		n, err = c.conn.Read(c.one[:])
 	}
 	if n == 0 && err != nil {
 		return err
 	}
 	c.in, c.r, c.w = chunkPool.Get().(*[]byte), 0, n
-	(*c.in)[0] = first[0]
+	(*c.in)[0] = c.one[0]
 	return nil
 }
 

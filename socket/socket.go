@@ -132,8 +132,10 @@ func WithEndpoint(r *http.Request, open func(Options) Endpoint) *http.Request {
 type Conn struct {
 	conn net.Conn
 	// raw waits for the socket to be readable without reading it (wait);
-	// nil where the socket offers no such wait, as a pipe's does not.
+	// nil where the socket offers no such wait (TLS, a pipe). one is the
+	// byte that wait peeks into, or that a read of one byte waits for.
 	raw  syscall.RawConn
+	one  [1]byte
 	opts Options
 	// limit caps a message, in bytes (SetReadLimit).
 	limit atomic.Int64
@@ -162,7 +164,8 @@ type Conn struct {
 	writing   chan struct{}
 	closeSent bool
 
-	// pong is signalled when a pong comes, for Ping.
+	// pong is signalled when a control frame comes, for Ping: a pong,
+	// or a ping or close, proof enough that the peer is there.
 	pong chan struct{}
 	// gone is closed when reading ends: the peer's close came, or the
 	// socket failed. closed is closed by Close or CloseNow: a Read
