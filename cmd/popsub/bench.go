@@ -109,9 +109,6 @@ func benchCommand(ctx context.Context, args []string, stdout,
 		}
 	}
 	if cfg.bystanderOnly {
-		if server != nil {
-			return errors.New("--bystander-only needs --url")
-		}
 		return bystand(ctx, cfg, func(d time.Duration) {
 			fmt.Fprintln(stdout, d.Microseconds())
 		})
@@ -207,6 +204,8 @@ func parseBench(args []string, stderr io.Writer) (benchConfig, error) {
 		return c, errors.New("--brokers above 1 share a log: give --nats")
 	case c.connections < 1 || c.connections > 20_000:
 		return c, errors.New("--connections: 1 to 20000")
+	case c.bystanderOnly && c.url == "":
+		return c, errors.New("--bystander-only needs --url")
 	case c.idle < 0 || c.idle > 100_000 || c.size < 16 || c.size > 1<<20:
 		return c, errors.New("--idle ≤ 100000, 16 ≤ --size ≤ 1 MiB")
 	}

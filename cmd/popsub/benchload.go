@@ -614,19 +614,26 @@ func (l *load) runBystander(ctx context.Context, done, finished chan struct{}) {
 			strconv.FormatBool(l.cfg.allowRemote))
 	cmd.Env = append(os.Environ(), "POPSUB_SECRET="+l.cfg.secret,
 		"POPSUB_TOKEN="+l.cfg.token)
+	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil || cmd.Start() != nil {
 		return
 	}
+	// Read its lines as they come, so that it never waits for room in
+	// the pipe, however long the run.
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		for lines := bufio.NewScanner(out); lines.Scan(); {
+			if micros, err := strconv.Atoi(lines.Text()); err == nil {
+				l.bystander = append(l.bystander,
+					time.Duration(micros)*time.Microsecond)
+			}
+		}
+	}()
 	<-done
 	cmd.Process.Signal(os.Interrupt)
-	lines := bufio.NewScanner(out)
-	for lines.Scan() {
-		if micros, err := strconv.Atoi(lines.Text()); err == nil {
-			l.bystander = append(l.bystander,
-				time.Duration(micros)*time.Microsecond)
-		}
-	}
+	<-read
 	cmd.Wait()
 }
 
