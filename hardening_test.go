@@ -366,36 +366,6 @@ func TestBroker_LoginUnderAttack(t *testing.T) {
 		})
 }
 
-func TestAuthDeadline_StopsWhileTheBrokerHashes(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var fired atomic.Bool
-		d := &authDeadline{at: time.Now().Add(time.Second),
-			timer: time.AfterFunc(time.Second, func() { fired.Store(true) })}
-		time.Sleep(600 * time.Millisecond)
-
-		// A hash that takes an hour of the broker's time costs the
-		// client none of its second.
-		resume, ok := d.pause()
-		if !ok {
-			t.Fatal("pause: the deadline had passed, want 400ms left")
-		}
-		time.Sleep(time.Hour)
-		resume()
-		time.Sleep(399 * time.Millisecond)
-		if fired.Load() {
-			t.Fatal("the deadline fired with 1ms of the client's time left")
-		}
-		time.Sleep(time.Millisecond)
-		synctest.Wait()
-		if !fired.Load() {
-			t.Fatal("the deadline did not fire once the client's second was up")
-		}
-		if _, ok := d.pause(); ok {
-			t.Fatal("pause after the deadline reported time left")
-		}
-	})
-}
-
 func TestLoginThrottle_SlowsGuessesNeverTheUser(t *testing.T) {
 	// answered counts the wrong answers guessers get in a minute of
 	// fake time, each guessing on a connection of its own.

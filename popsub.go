@@ -30,7 +30,7 @@
 //
 // # Reading path
 //
-// The broker's behaviour is this file, about 2,200 lines of code, 1,100
+// The broker's behaviour is this file, about 2,100 lines of code, 1,100
 // of them on the first reading, which takes about 3.5 hours at 150 words
 // of prose and 8 lines of code a minute. You follow a message: options
 // and frames; the broker's tables; the log, and the contracts of the
@@ -105,7 +105,6 @@ import (
 // Limits that are not options: they protect the broker, not a policy.
 const (
 	authReadLimit     = 8 << 10         // bytes a frame may have before auth
-	maxTokenBytes     = 4 << 10         // a JWT longer than this is not parsed
 	tokenLeeway       = 5 * time.Second // clock skew allowed on exp
 	maxMessageIDBytes = 256             // the longest message_id, in bytes
 	replayChunk       = 256             // messages read from the log at a time
@@ -950,7 +949,7 @@ func (c *connection) serve() {
 func (c *connection) authenticate() bool {
 	// A timer, not a context: a cancelled Read drops the socket without
 	// a close frame, and the client deserves to hear 4001. c.authTimer
-	// starts it, deadline.stop stops it; c.login answers a login frame,
+	// starts it and returns stop; c.login answers a login frame,
 	// stopping the timer while the broker hashes the password (all in
 	// Logins, a detail).
 	// A client that can set headers may send its token with the upgrade
@@ -959,8 +958,8 @@ func (c *connection) authenticate() bool {
 	if c.bearer != "" {
 		return c.accept(frame{Token: c.bearer})
 	}
-	deadline := c.authTimer()
-	defer deadline.stop()
+	deadline, stop := c.authTimer()
+	defer stop()
 	// Only two frames are understood before auth. Anything else, even a
 	// malformed frame, ends the connection: a stranger gets no second
 	// chance to probe the protocol. c.refuse sends the error frame, then
@@ -2435,25 +2434,29 @@ func (c *connection) revokeBeyond(grants []string) {
 	}
 }
 
-// Verify checks a token (login.VerifyToken says how: HS256 only, exp
-// required, iss and aud when the broker is configured with them) and
-// requires a sub.
+// Verify checks a token (login.Verify says how: at most 4 KiB, HS256
+// only, exp required, iss and aud when the broker is configured with
+// them, and a sub).
 func (b *Broker) Verify(token string) (*Claims, error) {
-	// The length cap comes before parsing: a forged token cannot make the
-	// parser decode megabytes of base64.
-	if len(token) == 0 || len(token) > maxTokenBytes {
-		return nil, errors.New("token missing or too long")
-	}
 	claims := &Claims{}
-	err := login.VerifyToken(token, claims, b.opts.Secret, b.opts.Issuer,
+	err := login.Verify(token, claims, b.opts.Secret, b.opts.Issuer,
 		b.opts.Audience, tokenLeeway)
 	if err != nil {
 		return nil, err
 	}
-	if claims.Subject == "" {
-		return nil, errors.New("token has no sub")
-	}
 	return claims, nil
+}
+
+// Sign signs the claims with secret, HS256.
+func (c Claims) Sign(secret []byte) (string, error) {
+	return login.Sign(c, secret)
+}
+
+// UnmarshalJSON decodes claims, refusing an exp that is a string
+// (login.Decode says why).
+func (c *Claims) UnmarshalJSON(data []byte) error {
+	type plain Claims // without this method, so no recursion
+	return login.Decode(data, (*plain)(c))
 }
 
 // untilExpiry is how long a verified token has left, leeway included.
@@ -2464,31 +2467,11 @@ func untilExpiry(claims *Claims) time.Duration {
 	return time.Until(claims.ExpiresAt.Add(tokenLeeway))
 }
 
-// Sign signs the claims with secret, HS256.
-func (c Claims) Sign(secret []byte) (string, error) {
-	return jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(secret)
-}
-
 // NewToken signs a token for subject sub that expires after ttl and may
-// use every ordinary topic.
+// use every ordinary topic (Claims.Sign signs any claims, HS256).
 func NewToken(secret []byte, sub string, ttl time.Duration) (string, error) {
-	now := time.Now()
-	return Claims{RegisteredClaims: jwt.RegisteredClaims{Subject: sub,
-		IssuedAt:  jwt.NewNumericDate(now),
-		ExpiresAt: jwt.NewNumericDate(now.Add(ttl))}}.Sign(secret)
-}
-
-// UnmarshalJSON decodes claims, refusing an exp that is a string: RFC
-// 7519 makes it a number, and the JWT library would take "1796085975",
-// and with it a client's mistake, as a date.
-func (c *Claims) UnmarshalJSON(data []byte) error {
-	var probe struct{ Exp json.RawMessage }
-	if json.Unmarshal(data, &probe) == nil &&
-		bytes.HasPrefix(probe.Exp, []byte(`"`)) {
-		return errors.New("exp must be a number (RFC 7519)")
-	}
-	type plain Claims // without this method, so no recursion
-	return json.Unmarshal(data, (*plain)(c))
+	return Claims{RegisteredClaims: login.Registered(sub, "", "", ttl)}.
+		Sign(secret)
 }
 
 // # Keepalives, limits and batches (detail)
@@ -2652,50 +2635,22 @@ type User struct {
 	Publish, Subscribe []string
 }
 
-// authDeadline is when a connection that has not authenticated yet is
-// closed, and the timer that closes it. Only its reader touches it.
-type authDeadline struct {
-	at    time.Time   // when the timer fires, unless paused
-	timer *time.Timer // closes the connection with 4001
-}
-
-// authTimer starts the auth timeout: at its end the connection is closed
-// with 4001.
-func (c *connection) authTimer() *authDeadline {
-	timeout := c.broker.opts.AuthTimeout
-	return &authDeadline{at: time.Now().Add(timeout),
-		timer: time.AfterFunc(timeout, func() {
-			c.end()
-			c.closeSocket(CloseAuthFailed, "authentication timeout")
-		})}
-}
-
-// stop stops the auth timeout: the client authenticated, or left.
-func (d *authDeadline) stop() { d.timer.Stop() }
-
-// pause stops the clock while the broker works for the client, and
-// returns the function that starts it again with the time it had left;
-// ok is false if the deadline passed first. A nil deadline (a connection
-// already authenticated) has nothing to pause.
-func (d *authDeadline) pause() (resume func(), ok bool) {
-	if d == nil {
-		return func() {}, true
-	}
-	if !d.timer.Stop() {
-		return nil, false
-	}
-	left := time.Until(d.at)
-	return func() {
-		d.at = time.Now().Add(left)
-		d.timer.Reset(left)
-	}, true
+// authTimer starts the auth timeout (a login.Deadline, which a hash
+// pauses) and returns it with the function that stops it: at its end
+// the connection is closed with 4001. Only its reader touches it.
+func (c *connection) authTimer() (*login.Deadline, func() bool) {
+	d := login.NewDeadline(c.broker.opts.AuthTimeout, func() {
+		c.end()
+		c.closeSocket(CloseAuthFailed, "authentication timeout")
+	})
+	return d, d.Stop
 }
 
 // login answers a login frame with a token, as the original did.
 // deadline is the connection's auth timeout, or nil once it has
 // authenticated. A wrong password's answer waits its turn
 // (login.Throttle); a connection that ends meanwhile gets none.
-func (c *connection) login(f frame, deadline *authDeadline) reply {
+func (c *connection) login(f frame, deadline *login.Deadline) reply {
 	b := c.broker
 	if len(b.opts.Users) == 0 {
 		return errorReply("login_unavailable", "no users are configured")
@@ -2752,27 +2707,17 @@ func (c *connection) waitUntil(at time.Time) {
 // if the connection ended first, or if the gate found the guess not
 // worth a hash (login.Gate says when).
 func (c *connection) verifyPassword(user User, password, address string,
-	deadline *authDeadline) (right, checked bool) {
-	var at time.Time
-	if deadline != nil {
-		at = deadline.at
-	}
+	deadline *login.Deadline) (right, checked bool) {
 	return c.broker.logins.Check(c.done, user.PasswordHash, password,
-		c.loginFailed, address, at, deadline.pause)
+		c.loginFailed, address, deadline)
 }
 
 // loginToken signs a token for a user who logged in, with the user's
 // grants and the broker's issuer and audience, so Verify accepts it.
 func (b *Broker) loginToken(name string, user User) (string, error) {
-	now := time.Now()
-	claims := Claims{Publish: user.Publish, Subscribe: user.Subscribe}
-	claims.Subject, claims.Issuer = name, b.opts.Issuer
-	claims.IssuedAt = jwt.NewNumericDate(now)
-	claims.ExpiresAt = jwt.NewNumericDate(now.Add(b.opts.LoginTokenTTL))
-	if b.opts.Audience != "" {
-		claims.Audience = jwt.ClaimStrings{b.opts.Audience}
-	}
-	return claims.Sign(b.opts.Secret)
+	return Claims{RegisteredClaims: login.Registered(name, b.opts.Issuer,
+		b.opts.Audience, b.opts.LoginTokenTTL), Publish: user.Publish,
+		Subscribe: user.Subscribe}.Sign(b.opts.Secret)
 }
 
 // startLogins sets up what logins need: a gate that lets half the cores

@@ -5,12 +5,13 @@
 // # The contract
 //
 // popsub.go decides who may log in and when a guess is worth a hash (its
-// section "Logins"); it relies on this package for three things: Check
-// says whether a password matches its stored hash, in constant time;
-// Dummy makes a hash as costly as the costliest user's, for names that
-// do not exist; and a Throttle says when the answer to a failure may
-// leave, one at a time per user and per address; and VerifyToken says
-// whether a token is genuine and current.
+// section "Logins"); it relies on this package for these: Check says
+// whether a password matches its stored hash, in constant time; Dummy
+// makes a hash as costly as the costliest user's, for names that do not
+// exist; a Throttle says when the answer to a failure may leave, one at
+// a time per user and per address; Verify says whether
+// a token is genuine and current, Sign signs one and Decode reads its
+// claims; and a Deadline is an auth timeout that a hash pauses.
 //
 // # Hashes
 //
@@ -31,12 +32,15 @@
 package login
 
 import (
+	"bytes"
 	"cmp"
 	"crypto/pbkdf2"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -247,14 +251,12 @@ func NewGate(places int, stop <-chan struct{}) *Gate {
 // Check waits for a turn, then reports whether password matches hash.
 // guessing says the connection failed a login before: then, if by its
 // turn the answer to a failure for address would leave after deadline
-// (zero: none), the guess is not hashed. pause stops the caller's clock
-// while the hash runs and returns the function that starts it again, or
-// false if the clock ran out first. checked is false if nothing was
-// hashed: done or stop closed first, the guess came too late, or the
-// clock ran out.
+// runs out (nil: never), the guess is not hashed. The deadline is
+// paused while the hash runs. checked is false if nothing was hashed:
+// done or stop closed first, the guess came too late, or the deadline
+// ran out.
 func (g *Gate) Check(done <-chan struct{}, hash, password string,
-	guessing bool, address string, deadline time.Time,
-	pause func() (resume func(), ok bool)) (right, checked bool) {
+	guessing bool, address string, deadline *Deadline) (right, checked bool) {
 	if guessing && !g.enter(g.retrying, done) {
 		return false, false
 	}
@@ -266,10 +268,11 @@ func (g *Gate) Check(done <-chan struct{}, hash, password string,
 		return false, false
 	}
 	defer func() { <-g.hashing }()
-	if guessing && !deadline.IsZero() && g.TooLate(address, deadline) {
+	if at := deadline.At(); guessing && !at.IsZero() &&
+		g.TooLate(address, at) {
 		return false, false
 	}
-	resume, ok := pause()
+	resume, ok := deadline.Pause()
 	if !ok {
 		return false, false
 	}
@@ -307,4 +310,100 @@ func VerifyToken(token string, claims jwt.Claims, secret []byte,
 	_, err := jwt.ParseWithClaims(token, claims,
 		func(*jwt.Token) (any, error) { return secret, nil }, options...)
 	return err
+}
+
+// Registered returns the registered claims of a token for subject sub,
+// issued now and expiring after ttl, with iss and aud when issuer and
+// audience are not empty.
+func Registered(sub, issuer, audience string,
+	ttl time.Duration) jwt.RegisteredClaims {
+	now := time.Now()
+	c := jwt.RegisteredClaims{Subject: sub, Issuer: issuer,
+		IssuedAt: jwt.NewNumericDate(now), ExpiresAt: jwt.NewNumericDate(now.Add(ttl))}
+	if audience != "" {
+		c.Audience = jwt.ClaimStrings{audience}
+	}
+	return c
+}
+
+// Sign signs claims with secret, HS256.
+func Sign(claims jwt.Claims, secret []byte) (string, error) {
+	return jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString(secret)
+}
+
+// Decode decodes a token's claims from data into v, refusing an exp
+// that is a string: RFC 7519 makes it a number, and the JWT library
+// would take "1796085975", and with it a client's mistake, as a date.
+func Decode(data []byte, v any) error {
+	var probe struct{ Exp json.RawMessage }
+	if json.Unmarshal(data, &probe) == nil &&
+		bytes.HasPrefix(probe.Exp, []byte(`"`)) {
+		return errors.New("exp must be a number (RFC 7519)")
+	}
+	return json.Unmarshal(data, v)
+}
+
+// MaxTokenBytes is the longest token Verify parses: a forged token
+// cannot make the parser decode megabytes of base64.
+const MaxTokenBytes = 4 << 10
+
+// Verify checks a token with VerifyToken's rules into claims; a token
+// longer than MaxTokenBytes, or without a sub, is refused.
+func Verify(token string, claims jwt.Claims, secret []byte, issuer,
+	audience string, leeway time.Duration) error {
+	if len(token) == 0 || len(token) > MaxTokenBytes {
+		return errors.New("token missing or too long")
+	}
+	err := VerifyToken(token, claims, secret, issuer, audience, leeway)
+	if err != nil {
+		return err
+	}
+	if sub, _ := claims.GetSubject(); sub == "" {
+		return errors.New("token has no sub")
+	}
+	return nil
+}
+
+// Deadline is a clock a connection must beat to authenticate: when it
+// runs out, the function given to NewDeadline runs. Pause stops it
+// while the broker, not the client, spends the time (a hash). Only one
+// goroutine uses a Deadline.
+type Deadline struct {
+	at    time.Time   // when the timer fires, unless paused
+	timer *time.Timer // runs the expiry
+}
+
+// NewDeadline starts a clock that calls expire after timeout.
+func NewDeadline(timeout time.Duration, expire func()) *Deadline {
+	return &Deadline{at: time.Now().Add(timeout),
+		timer: time.AfterFunc(timeout, expire)}
+}
+
+// At is when the clock runs out, unless paused; zero for a nil Deadline.
+func (d *Deadline) At() time.Time {
+	if d == nil {
+		return time.Time{}
+	}
+	return d.at
+}
+
+// Stop stops the clock for good: the client authenticated, or left. It
+// reports whether it stopped the clock before it ran out.
+func (d *Deadline) Stop() bool { return d.timer.Stop() }
+
+// Pause stops the clock and returns the function that starts it again
+// with the time it had left; ok is false if it ran out first. A nil
+// Deadline (a connection already authenticated) has nothing to pause.
+func (d *Deadline) Pause() (resume func(), ok bool) {
+	if d == nil {
+		return func() {}, true
+	}
+	if !d.timer.Stop() {
+		return nil, false
+	}
+	left := time.Until(d.at)
+	return func() {
+		d.at = time.Now().Add(left)
+		d.timer.Reset(left)
+	}, true
 }

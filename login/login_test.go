@@ -3,6 +3,7 @@ package login
 import (
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -63,16 +64,14 @@ func TestGate_AFirstLoginGoesBeforeTheGuessesOfSocketsThatFailed(
 		}
 		g := NewGate(1, nil)
 		g.hashing <- struct{}{} // the hash under way
-		pause := func() (func(), bool) { return func() {}, true }
 		for i := range 2 {
-			go g.Check(nil, hash, "guess", true, fmt.Sprint(i), time.Time{},
-				pause)
+			go g.Check(nil, hash, "guess", true, fmt.Sprint(i), nil)
 		}
 		synctest.Wait()
 		got := make(chan bool)
 		go func() {
 			right, _ := g.Check(nil, hash, "correct horse", false, "alice",
-				time.Time{}, pause)
+				nil)
 			got <- right
 		}()
 		synctest.Wait()
@@ -83,6 +82,35 @@ func TestGate_AFirstLoginGoesBeforeTheGuessesOfSocketsThatFailed(
 		<-g.hashing // the hash under way ends
 		if !<-got {
 			t.Fatal("the right password was refused")
+		}
+	})
+}
+
+func TestDeadline_StopsWhileTheBrokerHashes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var fired atomic.Bool
+		d := NewDeadline(time.Second, func() { fired.Store(true) })
+		time.Sleep(600 * time.Millisecond)
+
+		// A hash that takes an hour of the broker's time costs the
+		// client none of its second.
+		resume, ok := d.Pause()
+		if !ok {
+			t.Fatal("pause: the deadline had passed, want 400ms left")
+		}
+		time.Sleep(time.Hour)
+		resume()
+		time.Sleep(399 * time.Millisecond)
+		if fired.Load() {
+			t.Fatal("the deadline fired with 1ms of the client's time left")
+		}
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		if !fired.Load() {
+			t.Fatal("the deadline did not fire once the client's second was up")
+		}
+		if _, ok := d.Pause(); ok {
+			t.Fatal("pause after the deadline reported time left")
 		}
 	})
 }
