@@ -67,7 +67,7 @@ func BenchmarkFanOut(b *testing.B) {
 				broker.fanOut(t, m, m.Seq-1, nil)
 				t.mu.Unlock()
 				for _, c := range connections {
-					drained = c.outbox.take(drained[:0])
+					drained = c.outbox.Take(drained[:0])
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/

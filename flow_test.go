@@ -155,32 +155,3 @@ func watchHeap(t *testing.T) func() uint64 {
 	t.Cleanup(func() { close(stop); <-done })
 	return func() uint64 { return peak.Load() - min(peak.Load(), start.HeapInuse) }
 }
-
-// An outbox that drained a burst keeps no array for its idle connection:
-// the array goes to spareFrames, and whichever outbox takes it next
-// starts empty, with nothing of the frames it held before.
-func TestOutbox_AnIdleOutboxKeepsNoArrayAndReusesOneEmpty(t *testing.T) {
-	writes := make(chan struct{}, 10)
-	o := &outbox{limit: 1 << 20, write: func() { writes <- struct{}{} }}
-	for i := range 100 {
-		o.push([]byte(fmt.Sprint("a", i)))
-	}
-	<-writes // the first push into the idle outbox started a writer
-	batch := o.take(nil)
-	if len(batch) != 100 || string(batch[99]) != "a99" {
-		t.Fatalf("took %d frames, want the 100 pushed", len(batch))
-	}
-	if rest := o.take(batch[:0]); len(rest) != 0 || o.writing ||
-		o.frames != nil {
-		t.Fatalf("idle outbox: %d frames taken, writing %v, array of %d",
-			len(rest), o.writing, cap(o.frames))
-	}
-	for _, next := range []*outbox{o, {limit: 1 << 20,
-		write: func() { writes <- struct{}{} }}} {
-		next.push([]byte("b"))
-		<-writes
-		if got := next.take(nil); len(got) != 1 || string(got[0]) != "b" {
-			t.Fatalf("after the array was pooled: took %q, want [b]", got)
-		}
-	}
-}

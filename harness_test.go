@@ -491,9 +491,7 @@ func watchOutboxes(t *testing.T, b *Broker) func() int {
 		defer close(done)
 		for {
 			for _, c := range b.connectionList() {
-				c.outbox.mu.Lock()
-				n := int64(c.outbox.bytes)
-				c.outbox.mu.Unlock()
+				n := int64(c.outbox.Bytes())
 				if n > peak.Load() {
 					peak.Store(n)
 				}

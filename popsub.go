@@ -30,7 +30,7 @@
 //
 // # Reading path
 //
-// The broker's behaviour is this file, about 2,100 lines of code, 1,100
+// The broker's behaviour is this file, about 2,200 lines of code, 1,200
 // of them on the first reading, which takes about 3.5 hours at 150 words
 // of prose and 8 lines of code a minute. You follow a message: options
 // and frames; the broker's tables; the log, and the contracts of the
@@ -68,6 +68,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -153,6 +154,10 @@ type Options struct {
 	// AckTimeout is how long a QoS 1 delivery waits for its ack before it
 	// is sent again. Zero: DefaultAckTimeout, 5 s.
 	AckTimeout time.Duration
+	// RetryBackoff (1 or more) multiplies it at each retry, up to
+	// MaxRetryDelay. Zero: 2, and a minute (Defaults).
+	RetryBackoff  float64
+	MaxRetryDelay time.Duration
 	// MaxRetries is how many retries follow the first delivery before it
 	// is dead-lettered. Zero: DefaultMaxRetries, 5; negative: none, so an
 	// unacked delivery goes to $dead at its first ack timeout.
@@ -210,11 +215,9 @@ type Options struct {
 	LoginTokenTTL time.Duration
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
-	// OnEvent, if set, sees every x-ray event, watched or not, but
-	// "delivered" only while the x-ray is watched (Delivered counts
-	// them), and a "commit" event for each batch the log syncs; the
-	// command counts them for /metrics. It runs on the broker's
-	// goroutines, under its locks, and must only count.
+	// OnEvent, if set, sees every x-ray event ("delivered" only while the
+	// x-ray is watched) and a "commit" event for each batch synced, for
+	// /metrics. It runs under the broker's locks: it must only count.
 	OnEvent func(wire.Event)
 }
 
@@ -234,6 +237,9 @@ type Message struct {
 	QoS int `json:"qos"`
 	// Payload is any JSON value, compacted onto one line.
 	Payload json.RawMessage `json:"payload"`
+	// ExpiresAt is Unix milliseconds after which it is not delivered,
+	// from the publish's ttl_ms; 0 for never (Expiry).
+	ExpiresAt int64 `json:"expires_at,omitempty"`
 
 	// delivery is the message's delivery frame at attempt 1, made once
 	// when it is sequenced: every subscriber is sent these bytes, and the
@@ -356,11 +362,8 @@ type Broker struct {
 	// upgrade until unregister.
 	open atomic.Int64
 	// logins rations password hashes and remembers recent failures by
-	// user and by address; dummy is the hash an unknown user is checked
-	// against, which b.startLogins makes on first use (both in Logins, a
-	// detail).
+	// user and by address (b.startLogins, in Logins, a detail).
 	logins *login.Gate
-	dummy  func() string
 	// largeFrames holds a token per frame over 64 KiB being read or
 	// handled, as many as largeFramesBytes holds frames of the full
 	// limit: 64 with the defaults (see c.read).
@@ -608,15 +611,15 @@ func (b *Broker) topicList() []*topic {
 //
 // The broker's behaviour is this file; the machinery under it is not. As
 // the original PopSub split its transport, broker and persistence into
-// crates, the parts whose work is how, not what, live in packages of
-// their own, each with a literate header and a table of what its speed
-// tricks buy: the disk (package boltstore, or package jetstream for a
-// log shared by several brokers), group commit (groupcommit), the
-// WebSocket (socket), passwords and tokens (login), the x-ray's queue
-// (xray) and the queue our tables use (queue). The first reading reaches them
-// only through the declarations below, each with its contract in a line,
-// and a test holds it to that. The compiler holds the rest: this file
-// imports no storage engine and builds for a browser (GOOS=js).
+// crates, the parts whose work is how, not what, live in packages, each
+// with a literate header and a table of what its speed tricks buy: the
+// disk (boltstore, or jetstream for a log shared by several brokers),
+// group commit (groupcommit), the WebSocket (socket), passwords and
+// tokens (login), the x-ray's queue (xray) and our tables' queues
+// (queue). The first reading reaches them only through the declarations
+// below, each with its contract in a line, as a test checks; the
+// compiler, the rest: this file imports no storage engine and
+// builds for a browser (GOOS=js).
 
 // Store keeps topic logs and durable cursors. Implementations must make a
 // Commit durable before returning and must be safe for concurrent use.
@@ -774,7 +777,7 @@ type connection struct {
 	refilled time.Time
 	// outbox queues frames for the writer, at most OutboxBytes. A nil
 	// frame tells the writer to close with closeCode and closeWhy.
-	outbox    outbox
+	outbox    *outbox
 	closeCode websocket.StatusCode
 	closeWhy  string
 	// room is signalled when the writer takes the outbox's frames or an
@@ -850,7 +853,7 @@ func (b *Broker) newConnection(ws Socket, remote string) *connection {
 		room: make(chan struct{}, 1), done: make(chan struct{}),
 		subscriptions: map[string]*subscription{},
 		unacked:       map[string]*pendingQueue{}}
-	c.outbox = newOutbox(b.opts.OutboxBytes, c.writeLoop)
+	c.outbox = queue.NewOutbox(b.opts.OutboxBytes, c.writeLoop)
 	return c
 }
 
@@ -928,10 +931,8 @@ func (c *connection) serve() {
 	}
 
 	// Authenticated: the full frame limit applies (c.read sets it), and
-	// from here on every frame to the client goes through the outbox and
-	// the writer.
-	// Frames are handled one at a time, in order: a ping's pong proves
-	// that everything sent before it has been handled.
+	// every frame to the client goes through the outbox. Frames are
+	// handled in order: a pong proves everything before it was handled.
 	for {
 		data, ok := c.read()
 		if !ok {
@@ -949,9 +950,8 @@ func (c *connection) serve() {
 func (c *connection) authenticate() bool {
 	// A timer, not a context: a cancelled Read drops the socket without
 	// a close frame, and the client deserves to hear 4001. c.authTimer
-	// starts it and returns stop; c.login answers a login frame,
-	// stopping the timer while the broker hashes the password (all in
-	// Logins, a detail).
+	// starts it; c.login answers a login frame, pausing the timer while
+	// the broker hashes the password (both in Logins, a detail).
 	// A client that can set headers may send its token with the upgrade
 	// (Authorization: Bearer), as on every HTTP path; it is then
 	// answered as if its first frame had been auth.
@@ -1081,6 +1081,8 @@ func (c *connection) handle(data []byte) {
 		c.publish(f)
 	case "ack":
 		c.ack(f)
+	case "nak": // c.nak hands a delivery back (Naks, backoff and expiry)
+		c.nak(f)
 	case "ping":
 		c.reply(reply{Type: "pong"})
 	default:
@@ -1431,8 +1433,10 @@ func newMessage(f frame) (*Message, reply) {
 		json.Compact(&compact, payload)
 		payload = compact.Bytes()
 	}
-	return &Message{Topic: f.Topic, ID: f.MessageID, QoS: f.QoS,
-		Payload: payload}, reply{}
+	m := &Message{Topic: f.Topic, ID: f.MessageID, QoS: f.QoS,
+		Payload: payload}
+	// A ttl_ms sets when it stops being delivered (m.expire, in Expiry).
+	return m, m.expire(f)
 }
 
 // publish waits for room in the log's queue, then sequences m, queues it
@@ -1506,7 +1510,7 @@ func (b *Broker) sequenced(t *topic, m *Message, last uint64, wake *wakeups) {
 
 // fanOut offers a new message to every live subscriber of t and every
 // matching wildcard subscription, which have had everything up to last.
-// The writers it fills are owed to wake (see pushWithin). The caller
+// The writers it fills are owed to wake (see Outbox.PushWithin). The caller
 // holds t.mu, which keeps seq order.
 func (b *Broker) fanOut(t *topic, m *Message, last uint64, wake *wakeups) {
 	// Replaying subscriptions are skipped: their replayer will read the
@@ -1558,7 +1562,7 @@ func (s *subscription) fallBehind(b *Broker, after uint64) {
 // message and once per retry).
 func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 	return wire.AppendMessage(buf, m.Topic, m.ID, m.Payload, m.Timestamp,
-		m.QoS, m.Seq, attempt)
+		m.QoS, m.Seq, attempt, m.ExpiresAt)
 }
 
 // # The outbox and back-pressure
@@ -1569,9 +1573,9 @@ func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 //
 //   - the log's queue (b.log.Admit): a publisher's reader waits for
 //     room, so TCP pushes back on that publisher alone, at any QoS;
-//   - each connection's outbox (newOutbox, in The queues), drained by its
-//     own writer: o.push queues frames, all or none, within its bytes,
-//     o.pushWithin within fewer, and o.take hands the writer everything
+//   - each connection's outbox (a queue.Outbox), drained by its own
+//     writer: o.Push queues frames, all or none, within its bytes,
+//     o.PushWithin within fewer, and o.Take hands the writer everything
 //     queued. A reply to the client's own request waits for room; a live
 //     delivery never waits, because a publisher must not stall for one
 //     slow subscriber: a subscription with no room drops back to reading
@@ -1593,17 +1597,15 @@ func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 // was the biggest single item in an idle connection's memory. Each batch
 // goes out in as few system calls as the socket can (c.ws.Send). After a
 // failed write the outbox stays marked as written, so no writer starts
-// again: the reader is about to see the socket closed. The batch's array
-// comes from spareFrames and goes back when the writer exits, so that a
-// new writer need not grow it.
+// again: the reader is about to see the socket closed. The outbox and
+// its writer trade arrays at each Take, and the writer's goes back to a
+// pool when it exits (queue.Recycle), so that a new writer need not grow
+// one.
 func (c *connection) writeLoop() {
-	batch := *spareFrames.Get().(*[][]byte)
-	defer func() {
-		clear(batch) // the frames of a failed write
-		spareFrames.Put(new(batch[:0]))
-	}()
+	var batch [][]byte
+	defer func() { queue.Recycle(batch) }()
 	for ok := true; ok; {
-		batch = c.outbox.take(batch[:0])
+		batch = c.outbox.Take(batch[:0])
 		if len(batch) == 0 {
 			return
 		}
@@ -1658,7 +1660,7 @@ func (c *connection) reply(r reply) {
 // reader owes, its own among them perhaps: nothing waits for a writer
 // that nobody started.
 func (c *connection) enqueue(frames ...[]byte) bool {
-	for !c.outbox.push(frames...) {
+	for !c.outbox.Push(frames...) {
 		c.wake.Start()
 		select {
 		case <-c.room:
@@ -1704,12 +1706,11 @@ func (c *connection) closeWith(last reply, code websocket.StatusCode,
 //
 // The original kept one pending entry per message, so the first ack from
 // anyone cleared it for every subscriber. Here each connection keeps its
-// own pending deliveries: an ack clears the acking connection's entry and
-// nobody else's. The cost is one entry per subscriber per QoS 1 delivery,
+// own pending deliveries: an ack clears the acking connection's entry
+// alone. The cost is one entry per subscriber per QoS 1 delivery,
 // bounded by the in-flight window; the gain is that "at least once" holds
-// for every subscriber. A connection that gets the same message through
-// two of its subscriptions (a topic and a wildcard) owes one ack for it,
-// not two.
+// for every subscriber. A connection that gets a message through two
+// subscriptions (a topic and a wildcard) owes one ack for it.
 //
 // The entries are kept per topic, in seq order, in a pendingQueue (the
 // queues' detail): q.add(p) puts one in its place, or replaces the same
@@ -1738,15 +1739,13 @@ type pending struct {
 // durable cursor's progress. split divides each bound among its users:
 // 1 for live traffic, 2 for replay, which leaves half to live traffic on
 // the connection's other subscriptions. A writer the frame makes due is
-// owed to wake, or started now if wake is nil (pushWithin). It reports
-// true when s is done with m: queued, or no longer wanted because s
-// ended; false, having changed nothing, when there is no room. It never
-// waits.
+// owed to wake (Outbox.PushWithin). It reports true when s is done with
+// m: queued, expired, or no longer wanted because s ended; false,
+// having changed nothing, when there is no room. It never waits.
 func (c *connection) deliver(s *subscription, m *Message, delivery []byte,
 	split int, deadline time.Time, wake *wakeups) bool {
 	// The frame is queued under c.mu, before its pending entry is made:
-	// an ack, which takes c.mu too, cannot look for an entry before it
-	// exists.
+	// an ack, which takes c.mu too, cannot miss the entry.
 	c.mu.Lock()
 	defer c.mu.Unlock()
 
@@ -1755,6 +1754,9 @@ func (c *connection) deliver(s *subscription, m *Message, delivery []byte,
 	// room, so the group hands the message to another.
 	if s.ended() {
 		return s.group == nil
+	}
+	if m.expired() { // Naks, backoff and expiry
+		return true
 	}
 	if !c.windowHas(s, m, split) || !c.push(s, delivery, split, wake) {
 		return false
@@ -1772,9 +1774,9 @@ func (c *connection) push(s *subscription, delivery []byte, split int,
 	wake *wakeups) bool {
 	limit := c.broker.opts.OutboxBytes / split
 	if s.notice == nil {
-		return c.outbox.pushWithin(limit, wake, delivery)
+		return c.outbox.PushWithin(limit, wake, delivery)
 	}
-	if !c.outbox.pushWithin(limit, wake, s.notice, delivery) {
+	if !c.outbox.PushWithin(limit, wake, s.notice, delivery) {
 		return false
 	}
 	s.notice = nil
@@ -1909,7 +1911,10 @@ func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 // topic $dead/<topic>, with the reason and the subscriber, where an
 // operator can look at it. One loop for the whole broker walks every
 // connection five times per ack timeout, rather than a timer per
-// delivery, so the cost stays flat however many deliveries wait.
+// delivery, so the cost stays flat however many deliveries wait. Each
+// retry waits longer than the one before (b.retryDelay), a subscriber
+// may hand a delivery back early with a nak, and a message may expire
+// (m.expired): the detail Naks, backoff and expiry says how.
 
 // retry redelivers every connection's overdue QoS 1 messages; it runs
 // five times per AckTimeout.
@@ -1935,13 +1940,13 @@ func (c *connection) redeliver(now time.Time) {
 	// group member's retry goes to another member if one has room
 	// (g.place, in Work queues).
 	for _, data := range retries {
-		c.outbox.push(data)
+		c.outbox.Push(data)
 	}
 	for _, p := range moves {
 		p.subscription.group.place([]pending{p}, c)
 	}
 	for i := range dead {
-		c.broker.deadLetter(&dead[i], c)
+		c.broker.deadLetter(&dead[i], c, dead[i].message.unacked())
 	}
 }
 
@@ -1960,13 +1965,14 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 		for i := range live {
 			switch p := &live[i]; {
 			case now.Before(p.deadline):
-			case p.attempt > c.broker.opts.MaxRetries:
+			case p.attempt > c.broker.opts.MaxRetries ||
+				p.message.expired():
 				dead = append(dead, *p)
 			case p.subscription.group != nil:
 				moves = append(moves, *p)
 			default:
 				p.attempt++
-				p.deadline = now.Add(c.broker.opts.AckTimeout)
+				p.deadline = now.Add(c.broker.retryDelay(p))
 				c.broker.noteMessage("redelivered", c, p.message, p)
 				retries = append(retries,
 					appendDelivery(nil, p.message, p.attempt))
@@ -1989,11 +1995,14 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 // deadLetter publishes an exhausted delivery to $dead/<topic>, with QoS 1
 // so that whoever watches dead letters gets them at least once. A dead
 // letter that is itself never acked is logged and dropped, not nested.
-func (b *Broker) deadLetter(p *pending, c *connection) {
+// The reason is a nak's, or from m.unacked: "expired" or "not
+// acknowledged" (both in Naks, backoff and expiry).
+func (b *Broker) deadLetter(p *pending, c *connection, reason string) {
 	// The log line says what happened even when nobody watches $dead.
 	m := p.message
 	b.logger.Warn("dead letter", "topic", m.Topic, "message_id", m.ID,
-		"seq", m.Seq, "subscriber", c.subject, "attempts", p.attempt)
+		"seq", m.Seq, "subscriber", c.subject, "attempts", p.attempt,
+		"reason", reason)
 	dead := deadPrefix + m.Topic
 	if strings.HasPrefix(m.Topic, deadPrefix) ||
 		len(dead) > wire.MaxTopicBytes {
@@ -2001,7 +2010,7 @@ func (b *Broker) deadLetter(p *pending, c *connection) {
 	}
 	payload, _ := json.Marshal(wire.DeadLetter{
 		Topic: m.Topic, MessageID: m.ID, Seq: m.Seq, Payload: m.Payload,
-		Reason: "not acknowledged", Attempts: p.attempt,
+		Reason: reason, Attempts: p.attempt,
 		Subscriber: c.subject, Client: c.client,
 	})
 	b.publish(&Message{Topic: dead, QoS: 1, Payload: payload}, b.stop, nil)
@@ -2293,6 +2302,13 @@ const (
 	// DefaultMaxRetries is how many times a delivery is retried after the
 	// first attempt before it is dead-lettered: the original's five.
 	DefaultMaxRetries = 5
+	// DefaultRetryBackoff doubles the wait at each retry, as RabbitMQ's
+	// and LavinMQ's delayed retries do by default: a subscriber that is
+	// down is asked less and less often.
+	DefaultRetryBackoff = 2
+	// DefaultMaxRetryDelay caps that wait, so a retry comes at least once
+	// a minute however many came before.
+	DefaultMaxRetryDelay = time.Minute
 	// DefaultMaxMessages is how many messages a topic's log keeps: enough
 	// to cover a subscriber's reconnect, small enough to load at start.
 	DefaultMaxMessages = 1000
@@ -2341,6 +2357,8 @@ func (o Options) withDefaults() Options {
 	// Options is a value, so the caller's copy keeps its zeros.
 	o.AckTimeout = cmp.Or(o.AckTimeout, DefaultAckTimeout)
 	o.MaxRetries = cmp.Or(o.MaxRetries, DefaultMaxRetries)
+	o.RetryBackoff = cmp.Or(o.RetryBackoff, DefaultRetryBackoff)
+	o.MaxRetryDelay = cmp.Or(o.MaxRetryDelay, DefaultMaxRetryDelay)
 	o.MaxMessages = cmp.Or(o.MaxMessages, DefaultMaxMessages)
 	o.MaxLogBytes = cmp.Or(o.MaxLogBytes, DefaultMaxLogBytes)
 	o.TTL = cmp.Or(o.TTL, DefaultTTL)
@@ -2524,6 +2542,9 @@ func (o Options) check() error {
 			return fmt.Errorf("popsub: Options.%s is negative", name)
 		}
 	}
+	if o.RetryBackoff != 0 && o.RetryBackoff < 1 {
+		return errors.New("popsub: Options.RetryBackoff is below 1")
+	}
 	return nil
 }
 
@@ -2663,13 +2684,17 @@ func (c *connection) login(f frame, deadline *login.Deadline) reply {
 	// not tell a stranger which names exist.
 	user, known := b.opts.Users[f.Username]
 	if !known {
-		user.PasswordHash = b.dummy()
+		user.PasswordHash = b.logins.Dummy()
 	}
-	right, checked := c.verifyPassword(user, f.Password, addressKey, deadline)
+	// The gate checks the password when it gives it a turn, with the
+	// auth timeout paused; checked is false if the connection ended
+	// first, or if the gate found the guess not worth a hash.
+	right, checked := b.logins.Check(c.done, user.PasswordHash,
+		f.Password, c.loginFailed, addressKey, deadline)
 	switch {
 	case !checked:
 		// The connection is ending: its auth timeout, or no hash.
-		c.waitUntil(time.Time{})
+		b.logins.Hold(time.Time{}, c.done)
 		return refused
 	case right && known:
 		// Success clears the user's failures, not the address's: one
@@ -2683,33 +2708,10 @@ func (c *connection) login(f frame, deadline *login.Deadline) reply {
 	}
 	b.logger.Info("login failed", "user", f.Username, "remote", c.remote)
 	c.loginFailed = true
-	c.waitUntil(b.logins.Fail(time.Now(), userKey, addressKey))
+	// The answer is held until the gate says, or the connection ends,
+	// or the broker stops.
+	b.logins.Hold(b.logins.Fail(time.Now(), userKey, addressKey), c.done)
 	return refused
-}
-
-// waitUntil waits until at (for ever, if at is zero), or until the
-// connection ends or the broker stops: a held answer must not hold up a
-// Shutdown.
-func (c *connection) waitUntil(at time.Time) {
-	var timer <-chan time.Time
-	if !at.IsZero() {
-		timer = time.After(time.Until(at))
-	}
-	select {
-	case <-timer:
-	case <-c.done:
-	case <-c.broker.stop:
-	}
-}
-
-// verifyPassword checks password against user's hash, when the login
-// gate gives it a turn, with the auth timeout paused; checked is false
-// if the connection ended first, or if the gate found the guess not
-// worth a hash (login.Gate says when).
-func (c *connection) verifyPassword(user User, password, address string,
-	deadline *login.Deadline) (right, checked bool) {
-	return c.broker.logins.Check(c.done, user.PasswordHash, password,
-		c.loginFailed, address, deadline)
 }
 
 // loginToken signs a token for a user who logged in, with the user's
@@ -2721,18 +2723,14 @@ func (b *Broker) loginToken(name string, user User) (string, error) {
 }
 
 // startLogins sets up what logins need: a gate that lets half the cores
-// hash at once, and the hash unknown users are checked against, as
-// costly as the costliest user's (login.Dummy), made on first use:
-// hashing takes a noticeable moment.
+// hash at once, and checks unknown users against a hash as costly as
+// the costliest user's (login.Dummy).
 func (b *Broker) startLogins() {
-	b.logins = login.NewGate(max(runtime.GOMAXPROCS(0)/2, 1), b.stop)
-	b.dummy = sync.OnceValue(func() string {
-		var hashes []string
-		for _, user := range b.opts.Users {
-			hashes = append(hashes, user.PasswordHash)
-		}
-		return login.Dummy(hashes)
-	})
+	var hashes []string
+	for _, user := range b.opts.Users {
+		hashes = append(hashes, user.PasswordHash)
+	}
+	b.logins = login.NewGate(max(runtime.GOMAXPROCS(0)/2, 1), b.stop, hashes)
 }
 
 // # Topic rules (detail)
@@ -2902,7 +2900,7 @@ func (b *Broker) takeOver(old *subscription) {
 	old.conn.dropSubscription(old)
 	data, _ := json.Marshal(reply{Type: "unsubscribed", Topic: old.filter,
 		Reason: "durable subscription taken over"})
-	old.conn.outbox.push(data)
+	old.conn.outbox.Push(data)
 }
 
 // delivered notes m, just queued to the subscriber: the cursor moves
@@ -3066,94 +3064,15 @@ func (cf confirm) answer() []byte {
 // and all must cost nothing for an idle connection or a quiet topic: a
 // channel or a ring sized up front would cost its whole size for each of
 // the ten thousand idle connections a small server may hold. The outbox
-// bounds bytes, and hands its array to the writer and back; the other two
-// are a queue.Queue (package queue): Live returns the items, oldest
+// (a queue.Outbox) bounds bytes, and hands its array to the writer and
+// back; the other two are a queue.Queue: Live returns the items, oldest
 // first; Insert puts one at a place, at the back usually; Remove drops a
 // run of them, and Drop those that match. Taking from the front copies
 // nothing, and a queue that stays about as long allocates nothing.
 
-// outbox is a connection's queue of frames for its writer, at most limit
-// bytes. A channel would be simpler, but it bounds frames rather than
-// bytes, and allocates every slot up front, for every idle connection.
-// This queue grows with a burst and gives the memory back once drained.
-type outbox struct {
-	mu      sync.Mutex // guards the fields below
-	frames  [][]byte   // queued, oldest first
-	bytes   int        // the frames' lengths, added up
-	limit   int        // Options.OutboxBytes
-	writing bool       // a writer goroutine owns the socket's write side
-	write   func()     // the writer: connection.writeLoop
-}
-
-// push queues frames, all or none: none if they would take the outbox
-// past limit bytes, unless it is empty and they are one frame, which may
-// then be as large as a frame can be. The first frames into an idle
-// outbox start a writer goroutine.
-func (o *outbox) push(frames ...[]byte) bool {
-	return o.pushWithin(o.limit, nil, frames...)
-}
-
-// pushWithin is push with a lower limit, for a sender that may use only
-// part of the outbox. With wake (a publisher's fan-out), the writer is
-// not started here: wake.Owe(o.write) owes it a start, which the
-// publisher's reader makes with wake.Start() once it is about to read or
-// wait, so that a subscriber gets a read's worth of publishes in one
-// write (wakeups, in the machine room). A nil wake starts it now.
-func (o *outbox) pushWithin(limit int, wake *wakeups, frames ...[]byte) bool {
-	size := 0
-	for _, frame := range frames {
-		size += len(frame)
-	}
-	o.mu.Lock()
-	if o.bytes+size > limit && (o.bytes > 0 || len(frames) > 1) {
-		o.mu.Unlock()
-		return false
-	}
-	if o.frames == nil {
-		o.frames = *spareFrames.Get().(*[][]byte)
-	}
-	o.frames = append(o.frames, frames...)
-	o.bytes += size
-	idle := !o.writing
-	o.writing = true
-	o.mu.Unlock()
-	if idle {
-		wake.Owe(o.write)
-	}
-	return true
-}
-
-// take returns every queued frame, in order, and keeps the writer's
-// written batch, emptied, to queue the next ones in: the two arrays
-// change hands at each take, so a busy outbox grows neither. An empty
-// batch means the outbox is idle: the writer must exit, the next push
-// starts another, and a large array goes to spareFrames, for the next
-// outbox to fill, rather than staying with an idle connection.
-func (o *outbox) take(written [][]byte) [][]byte {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	clear(written[:cap(written)])
-	batch := o.frames
-	o.frames, o.bytes, o.writing = written[:0], 0, len(batch) > 0
-	if !o.writing && cap(o.frames) > 64 {
-		spareFrames.Put(new(o.frames))
-		o.frames = nil
-	}
-	return batch
-}
-
-// spareFrames holds the frame arrays nobody is using: those of outboxes
-// gone idle and of writers that exited, emptied. A writer exits whenever
-// its outbox empties, and the next burst into an empty outbox grew an
-// array from nothing again: a quarter of what a busy broker allocated,
-// and the collections that come with it.
-var spareFrames = sync.Pool{New: func() any { return new([][]byte) }}
-
-// newOutbox returns an empty outbox of limit bytes, whose writer is
-// write.
-func newOutbox(limit int, write func()) outbox {
-	return outbox{limit: limit, write: write}
-}
+// outbox is a connection's queue of frames for its writer, a
+// queue.Outbox: its header says how it keeps its memory.
+type outbox = queue.Outbox
 
 // pendingQueue is one topic's pending deliveries on one connection, in seq
 // order. Deliveries mostly come in order and are acked in it, so it is a
@@ -3394,7 +3313,7 @@ func (s *subscription) cutOff(why string) {
 }
 
 // place gives each of list, as its next attempt, to another member than
-// avoid with room, in turn, due for its retry an ack timeout from now;
+// avoid with room, in turn, due for its retry after the backoff;
 // the x-ray hears that it moved from the member that owed it. When none
 // has room, the member whose turn it is takes it over its bounds: the
 // deliveries moved were a departed member's, or avoid's, whose window
@@ -3412,7 +3331,7 @@ func (g *group) place(list []pending, avoid *connection) {
 		}
 		g.broker.noteMessage("moved", p.subscription.conn, p.message, &p)
 		p.attempt++
-		p.deadline = time.Now().Add(g.broker.opts.AckTimeout)
+		p.deadline = time.Now().Add(g.broker.retryDelay(&p))
 		at := int(g.turn.Add(1)) % len(members)
 		turn := append(slices.Clone(members[at:]), members[:at]...)
 		// A member that took nothing had just left: try the others again.
@@ -3445,12 +3364,155 @@ func (c *connection) assign(s *subscription, p pending, must bool) bool {
 	defer c.mu.Unlock()
 	delivery := appendDelivery(nil, p.message, p.attempt)
 	if s.ended() || !must && !c.windowHas(s, p.message, 1) ||
-		!c.outbox.push(delivery) && !must {
+		!c.outbox.Push(delivery) && !must {
 		return false
 	}
 	p.subscription = s
 	c.broker.noteMessage("redelivered", c, p.message, c.addPending(p))
 	return true
+}
+
+// # Naks, backoff and expiry (detail)
+//
+// The retry loop's timer knew one thing: a fixed ack timeout and a fixed
+// number of tries. Three lessons refine it, each a small change to the
+// table or the timer.
+//
+// Backoff. A subscriber that is down was asked again at the same pace,
+// and when it came back every retry due arrived at once: a retry storm.
+// So each retry waits RetryBackoff times longer than the one before,
+// AckTimeout × RetryBackoff^(attempt−1), up to MaxRetryDelay, less up to
+// a fifth. That jitter spreads out retries that fell due together; it
+// comes from the message's seq and attempt, not from a random source, so
+// a run (and a test) repeats exactly.
+//
+// A negative ack. A subscriber that cannot handle a message now says so
+// with a nak, rather than wait out the ack timeout: the delivery is
+// retried after delay_ms (in a group, to another member), and the retry
+// counts as an attempt. A nak without delay_ms waits the backoff, never
+// zero: a nak retried at once burns through the retries in milliseconds,
+// as users of brokers without a delay found. "dead":true sends it to
+// $dead/<topic> at once, with the nak's reason.
+//
+// Expiry. A publish with ttl_ms is delivered only until then: after it,
+// the message is not delivered, replayed or retried, and a delivery still
+// owed an ack goes to $dead with the reason "expired" when its retry
+// falls due. The instant is a field of the message (expires_at), so it is
+// in the log and survives a restart on either engine; an expired message
+// stays in the log until retention takes it, as any other does.
+
+// maxDelayMS is the longest delay_ms or ttl_ms: a year.
+const maxDelayMS = 365 * 24 * 3600 * 1000
+
+// retryDelay is how long p, at its attempt, waits for its ack before the
+// next attempt: the backoff, with its jitter.
+func (b *Broker) retryDelay(p *pending) time.Duration {
+	wait := min(float64(b.opts.AckTimeout)*
+		math.Pow(b.opts.RetryBackoff, float64(p.attempt-1)),
+		float64(max(b.opts.MaxRetryDelay, b.opts.AckTimeout)))
+	// A fraction in [0, 1) that spreads neighbouring seqs far apart
+	// (Fibonacci hashing), a fifth of which is taken off.
+	mix := p.message.Seq*0x9E3779B97F4A7C15 +
+		uint64(p.attempt)*0xBF58476D1CE4E5B9
+	return time.Duration(wait * (1 - float64(mix>>11)/(1<<53)/5))
+}
+
+// nak answers a nak frame: the delivery it names (by message_id, on any
+// topic or on "topic", or by topic and seq) is retried after delay_ms or
+// the backoff, or dead-lettered at once. A nak for a delivery this
+// connection does not owe is an error: the client believes it holds one
+// it does not (acked already, dead-lettered, or never sent here).
+func (c *connection) nak(f frame) {
+	problem := reply{}
+	switch {
+	case f.Seq != nil && f.Topic == "" || f.Seq == nil && f.MessageID == "":
+		problem = errorReply("missing_field",
+			"nak needs a message_id, or a topic and a seq")
+	case f.DelayMS != nil && (*f.DelayMS < 0 || *f.DelayMS > maxDelayMS):
+		problem = errorReply("invalid_delay",
+			"delay_ms must be from 0 to 31536000000 (a year)")
+	case f.DelayMS != nil && f.Dead:
+		problem = errorReply("invalid_delay",
+			"a nak with \"dead\":true goes to $dead at once, without delay_ms")
+	case len(f.Reason) > maxMessageIDBytes:
+		problem = errorReply("invalid_reason",
+			"reason is longer than 256 bytes")
+	}
+	c.mu.Lock()
+	q, i := c.pendingOf(f)
+	if problem.Type == "" && q == nil {
+		problem = errorReply("not_pending", "no unacked delivery of it on "+
+			"this connection: acked, dead-lettered, or never sent here")
+	}
+	if problem.Type != "" {
+		c.mu.Unlock()
+		problem.Topic, problem.MessageID = f.Topic, f.MessageID
+		c.reply(problem)
+		return
+	}
+	p := &q.Live()[i]
+	if f.Dead {
+		dead := *p
+		c.settle(q, i, i+1, "dead_lettered")
+		c.mu.Unlock()
+		notify(c.room)
+		c.broker.deadLetter(&dead, c, cmp.Or(f.Reason, "rejected"))
+		return
+	}
+	delay := c.broker.retryDelay(p)
+	if f.DelayMS != nil {
+		delay = time.Duration(*f.DelayMS) * time.Millisecond
+	}
+	p.deadline = time.Now().Add(delay)
+	c.broker.noteMessage("nakked", c, p.message, p)
+	c.mu.Unlock()
+}
+
+// pendingOf finds the delivery f names among c's pending ones: by topic
+// and seq, or by message_id, on f.Topic if it names one; nil if none.
+// The caller holds c.mu.
+func (c *connection) pendingOf(f frame) (*pendingQueue, int) {
+	for topic, q := range c.unacked {
+		i := slices.IndexFunc(q.Live(), func(p pending) bool {
+			if f.Seq != nil {
+				return p.message.Seq == *f.Seq
+			}
+			return p.message.ID == f.MessageID
+		})
+		if i >= 0 && (f.Topic == "" || topic == f.Topic) {
+			return q, i
+		}
+	}
+	return nil, -1
+}
+
+// expire sets m.ExpiresAt from f's ttl_ms, or explains what is wrong
+// with it. A ttl_ms of 0 or less has passed already: refused, not
+// published to be dropped.
+func (m *Message) expire(f frame) reply {
+	switch ttl := f.TTLMS; {
+	case ttl == nil:
+	case *ttl < 1 || *ttl > maxDelayMS:
+		return topicError("invalid_ttl",
+			"ttl_ms must be from 1 to 31536000000 (a year)", f.Topic)
+	default:
+		m.ExpiresAt = time.Now().UnixMilli() + *ttl
+	}
+	return reply{}
+}
+
+// unacked is the reason a delivery the retry loop dead-letters gives.
+func (m *Message) unacked() string {
+	if m.expired() {
+		return "expired"
+	}
+	return "not acknowledged"
+}
+
+// expired reports whether m had a ttl_ms and it has run out. The clock
+// is read only for such a message.
+func (m *Message) expired() bool {
+	return m.ExpiresAt != 0 && time.Now().UnixMilli() >= m.ExpiresAt
 }
 
 // # The x-ray (detail)
@@ -3593,9 +3655,7 @@ func (b *Broker) Delivered() uint64 { return b.delivered.Load() }
 func (b *Broker) OutboxBytes() int {
 	total := 0
 	for _, c := range b.connectionList() {
-		c.outbox.mu.Lock()
-		total += c.outbox.bytes
-		c.outbox.mu.Unlock()
+		total += c.outbox.Bytes()
 	}
 	return total
 }

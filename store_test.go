@@ -21,6 +21,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/popsub/popsub/queue"
 	"github.com/popsub/popsub/wire"
 	bolt "go.etcd.io/bbolt"
 )
@@ -214,31 +215,35 @@ func fakeConnection(b *Broker, sub string) (c *connection,
 		subscriptions: map[string]*subscription{},
 		unacked:       map[string]*pendingQueue{}}
 	wake = make(chan struct{}, 1)
-	c.outbox = outbox{limit: 1 << 20, write: func() { notify(wake) }}
+	c.outbox = queue.NewOutbox(1<<20, func() { notify(wake) })
 	b.register(c)
 	return c, wake
 }
 
+// taken holds the frames a fake connection's writer took from its
+// outbox that no test has read yet, by connection.
+var taken sync.Map
+
 // nextFrame takes the next frame from a fake connection's outbox, as its
-// writer would: an empty outbox is marked idle, so that the next push
-// starts the writer and signals wake.
+// writer would: an outbox found empty is marked idle, so that the next
+// push starts the writer and signals wake.
 func nextFrame(t *testing.T, c *connection, wake chan struct{}) got {
 	t.Helper()
 	for {
-		c.outbox.mu.Lock()
-		if len(c.outbox.frames) > 0 {
-			data := c.outbox.frames[0]
-			c.outbox.frames = c.outbox.frames[1:]
-			c.outbox.mu.Unlock()
-			var g got
-			if err := json.Unmarshal(data, &g); err != nil {
-				t.Fatal(err)
+		v, _ := taken.Load(c)
+		frames, _ := v.([][]byte)
+		if len(frames) == 0 {
+			if frames = c.outbox.Take(nil); len(frames) == 0 {
+				<-wake
+				continue
 			}
-			return g
 		}
-		c.outbox.writing = false
-		c.outbox.mu.Unlock()
-		<-wake
+		taken.Store(c, frames[1:])
+		var g got
+		if err := json.Unmarshal(frames[0], &g); err != nil {
+			t.Fatal(err)
+		}
+		return g
 	}
 }
 
@@ -255,24 +260,33 @@ func TestBroker_RetryScheduleInFakeTime(t *testing.T) {
 		nextFrame(t, worker, wake)
 		synctest.Wait()
 
-		// With the original's defaults, five seconds and five retries,
-		// the six attempts come five seconds apart, give or take the
-		// retry loop's one-second tick.
-		start := time.Now()
+		// With the defaults, five seconds, five retries and a backoff of
+		// 2 up to a minute, the gaps between the six attempts are 5, 10,
+		// 20, 40 and 60 seconds (80, capped), each retry's less up to a
+		// fifth of jitter, and late by up to the retry loop's one-second
+		// tick.
+		last := time.Now()
 		b.publish(&Message{Topic: "jobs", ID: "j", QoS: 1,
 			Payload: json.RawMessage(`1`)}, nil, nil)
+		nominal := []time.Duration{0, 5 * time.Second, 10 * time.Second,
+			20 * time.Second, 40 * time.Second, time.Minute}
 		for attempt := 1; attempt <= 6; attempt++ {
 			g := nextFrame(t, worker, wake)
-			due := time.Duration(attempt-1) * DefaultAckTimeout
-			late := time.Since(start) - due
-			if g.Attempt != attempt || late < 0 || late > time.Second {
-				t.Fatalf("attempt %d arrived at %v, want %v to %v+1s",
-					g.Attempt, time.Since(start), due, due)
+			gap, want := time.Since(last), nominal[attempt-1]
+			least := want
+			if attempt > 2 {
+				least = want * 4 / 5
 			}
+			if g.Attempt != attempt || gap < least || gap > want+time.Second {
+				t.Fatalf("attempt %d came %v after the one before, want "+
+					"%v to %v", g.Attempt, gap, least, want+time.Second)
+			}
+			last = time.Now()
 		}
 
-		// After the last retry times out, the message is dead-lettered.
-		time.Sleep(DefaultAckTimeout + time.Second)
+		// After the last retry times out, a minute on, the message is
+		// dead-lettered.
+		time.Sleep(time.Minute + time.Second)
 		synctest.Wait()
 		if head := b.topic("$dead/jobs").headNow(); head != 1 {
 			t.Fatalf("$dead/jobs head = %d, want 1", head)

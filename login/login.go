@@ -239,13 +239,33 @@ type Gate struct {
 	hashing, retrying chan struct{}
 	// stop ends every wait: the broker is shutting down.
 	stop <-chan struct{}
+	// Dummy returns the hash an unknown user's password is checked
+	// against (the package's Dummy), made on first use: hashing takes a
+	// noticeable moment.
+	Dummy func() string
 }
 
 // NewGate returns a gate that lets places hashes run at once, and ends
-// every wait once stop is closed.
-func NewGate(places int, stop <-chan struct{}) *Gate {
+// every wait once stop is closed; its Dummy is as costly as the
+// costliest of hashes.
+func NewGate(places int, stop <-chan struct{}, hashes []string) *Gate {
 	return &Gate{hashing: make(chan struct{}, places),
-		retrying: make(chan struct{}, 1), stop: stop}
+		retrying: make(chan struct{}, 1), stop: stop,
+		Dummy: sync.OnceValue(func() string { return Dummy(hashes) })}
+}
+
+// Hold waits until at (for ever, if at is zero), or until done or the
+// gate's stop is closed: a held answer must not hold up a shutdown.
+func (g *Gate) Hold(at time.Time, done <-chan struct{}) {
+	var timer <-chan time.Time
+	if !at.IsZero() {
+		timer = time.After(time.Until(at))
+	}
+	select {
+	case <-timer:
+	case <-done:
+	case <-g.stop:
+	}
 }
 
 // Check waits for a turn, then reports whether password matches hash.

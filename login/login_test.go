@@ -62,7 +62,7 @@ func TestGate_AFirstLoginGoesBeforeTheGuessesOfSocketsThatFailed(
 		if err != nil {
 			t.Fatal(err)
 		}
-		g := NewGate(1, nil)
+		g := NewGate(1, nil, nil)
 		g.hashing <- struct{}{} // the hash under way
 		for i := range 2 {
 			go g.Check(nil, hash, "guess", true, fmt.Sprint(i), nil)

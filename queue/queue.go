@@ -1,6 +1,6 @@
-// Package queue is the one data structure PopSub's tables share: a slice
-// appended to at the back and taken from at the front, which costs
-// nothing while it is empty.
+// Package queue holds the containers PopSub's tables are made of: a
+// slice appended to at the back and taken from at the front, which costs
+// nothing while it is empty, and the outbox built the same way.
 //
 // # The contract
 //
@@ -8,7 +8,8 @@
 // index of retained messages, in a Queue: Live returns the items, oldest
 // first; Insert puts one at a place, at the back usually; Remove drops a
 // run of them; Drop drops those that match, keeping the order of the
-// rest.
+// rest. Each connection's frames for its writer wait in an Outbox,
+// bounded in bytes (outbox.go states its contract).
 //
 // # What each trick buys
 //

@@ -246,7 +246,7 @@ func Explain(err error) string {
 
 // kinds names the frame's field types for Explain.
 var kinds = map[string]string{"uint64": "a whole number, 0 or more",
-	"int": "a whole number", "string": "a string", "bool": "true or false",
+	"int": "a whole number", "int64": "a whole number", "string": "a string", "bool": "true or false",
 	"[]string": "a list of strings"}
 
 // Decode decodes one frame, the common shape by hand (Scan) and anything

@@ -42,6 +42,10 @@ type Frame struct {
 	Last       *uint64         `json:"last,omitempty"`        // subscribe
 	Durable    string          `json:"durable,omitempty"`     // subscribe
 	Group      string          `json:"group,omitempty"`       // subscribe: a work queue
+	DelayMS    *int64          `json:"delay_ms,omitempty"`    // nak: wait before the retry
+	Dead       bool            `json:"dead,omitempty"`        // nak: dead-letter it now
+	Reason     string          `json:"reason,omitempty"`      // nak: why, for the dead letter
+	TTLMS      *int64          `json:"ttl_ms,omitempty"`      // publish: deliver only until then
 }
 
 // Received is any frame the broker sends: a delivery ("message"), a
@@ -69,6 +73,9 @@ type Received struct {
 	QoS       int             `json:"qos"`
 	Seq       uint64          `json:"seq"`
 	Attempt   int             `json:"attempt"`
+	// ExpiresAt (Unix ms) is when a delivery published with ttl_ms stops
+	// being delivered; 0 for none.
+	ExpiresAt int64 `json:"expires_at"`
 	// Recovered is false when a subscription asked for messages the log
 	// no longer keeps; Duplicate is true when a publish repeated a
 	// message_id the topic still had.
@@ -107,11 +114,13 @@ func BearerToken(authorization string) string {
 // attempt. It is written by hand because a broker runs it once per
 // publish and once per retry, and encoding/json costs several times as
 // much. Field order and names are the original PopSub's, with seq and
-// attempt added at the end. Topic and id are escaped; the payload is
-// copied as it is, because it is valid, compact JSON. Room for all of it
-// is made at once, so the frame is one allocation.
+// attempt added at the end, and expires_at after them when not 0. Topic
+// and id are escaped; the payload is copied as it is, because it is
+// valid, compact JSON. Room for all of it is made at once, so the frame
+// is one allocation.
 func AppendMessage(buf []byte, topic, id string, payload []byte,
-	timestamp int64, qos int, seq uint64, attempt int) []byte {
+	timestamp int64, qos int, seq uint64, attempt int,
+	expiresAt int64) []byte {
 	buf = slices.Grow(buf, 128+len(topic)+len(id)+len(payload))
 	buf = appendString(append(buf, `{"type":"message","topic":`...), topic)
 	buf = append(append(buf, `,"payload":`...), payload...)
@@ -120,6 +129,9 @@ func AppendMessage(buf []byte, topic, id string, payload []byte,
 	buf = strconv.AppendInt(append(buf, `,"qos":`...), int64(qos), 10)
 	buf = strconv.AppendUint(append(buf, `,"seq":`...), seq, 10)
 	buf = strconv.AppendInt(append(buf, `,"attempt":`...), int64(attempt), 10)
+	if expiresAt != 0 {
+		buf = strconv.AppendInt(append(buf, `,"expires_at":`...), expiresAt, 10)
+	}
 	return append(buf, '}')
 }
 

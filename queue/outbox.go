@@ -1,0 +1,116 @@
+package queue
+
+import "sync"
+
+// Outbox is a connection's queue of frames for its writer, bounded in
+// bytes. A channel would be simpler, but it bounds frames rather than
+// bytes, and allocates every slot up front, for every idle connection.
+// This queue grows with a burst and gives the memory back once drained:
+// it hands its array to the writer and takes the written one back, so a
+// busy outbox grows neither, and an idle one holds none.
+//
+// popsub.go relies on it for this: Push queues frames, all or none,
+// within the outbox's bytes (PushWithin within fewer); the first frames
+// into an idle outbox start its writer, or owe a Waker the start; Take
+// hands the writer everything queued, and an empty batch tells it to
+// exit.
+type Outbox struct {
+	mu      sync.Mutex // guards the fields below
+	frames  [][]byte   // queued, oldest first
+	bytes   int        // the frames' lengths, added up
+	limit   int        // the bound, in bytes
+	writing bool       // a writer goroutine owns the socket's write side
+	write   func()     // the writer, started on a goroutine of its own
+}
+
+// NewOutbox returns an empty outbox of limit bytes, whose writer is
+// write.
+func NewOutbox(limit int, write func()) *Outbox {
+	return &Outbox{limit: limit, write: write}
+}
+
+// Waker is who owes an idle outbox's writer its start (socket.Wakeups):
+// Owe(write) starts it later, or at once on a nil Wakeups.
+type Waker interface{ Owe(write func()) }
+
+// Push queues frames, all or none: none if they would take the outbox
+// past its limit, unless it is empty and they are one frame, which may
+// then be as large as a frame can be. The first frames into an idle
+// outbox start a writer goroutine.
+func (o *Outbox) Push(frames ...[]byte) bool {
+	return o.PushWithin(o.limit, nil, frames...)
+}
+
+// PushWithin is Push with a lower limit, for a sender that may use only
+// part of the outbox. With wake (a publisher's fan-out), the writer is
+// not started here: wake.Owe owes it a start, so that a subscriber gets
+// a read's worth of publishes in one write. A nil wake starts it now.
+func (o *Outbox) PushWithin(limit int, wake Waker, frames ...[]byte) bool {
+	size := 0
+	for _, frame := range frames {
+		size += len(frame)
+	}
+	o.mu.Lock()
+	if o.bytes+size > limit && (o.bytes > 0 || len(frames) > 1) {
+		o.mu.Unlock()
+		return false
+	}
+	if o.frames == nil {
+		o.frames = *spareFrames.Get().(*[][]byte)
+	}
+	o.frames = append(o.frames, frames...)
+	o.bytes += size
+	idle := !o.writing
+	o.writing = true
+	o.mu.Unlock()
+	switch {
+	case !idle:
+	case wake == nil:
+		go o.write()
+	default:
+		wake.Owe(o.write)
+	}
+	return true
+}
+
+// Take returns every queued frame, in order, and keeps the writer's
+// written batch, emptied, to queue the next ones in: the two arrays
+// change hands at each take. An empty batch means the outbox is idle:
+// the writer must exit, the next push starts another, and a large array
+// goes to spareFrames, for the next outbox to fill, rather than staying
+// with an idle connection.
+func (o *Outbox) Take(written [][]byte) [][]byte {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	clear(written[:cap(written)])
+	batch := o.frames
+	o.frames, o.bytes, o.writing = written[:0], 0, len(batch) > 0
+	if !o.writing && cap(o.frames) > 64 {
+		spareFrames.Put(new(o.frames))
+		o.frames = nil
+	}
+	return batch
+}
+
+// Bytes is how many bytes are queued now.
+func (o *Outbox) Bytes() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.bytes
+}
+
+// spareFrames holds the frame arrays nobody is using: those of outboxes
+// gone idle and of writers that exited, emptied. A writer exits whenever
+// its outbox empties, and the next burst into an empty outbox grew an
+// array from nothing again: a quarter of what a busy broker allocated,
+// and the collections that come with it.
+var spareFrames = sync.Pool{New: func() any { return new([][]byte) }}
+
+// Recycle gives a writer's batch array back when the writer exits,
+// emptied, for the next outbox to fill.
+func Recycle(batch [][]byte) {
+	if cap(batch) > 0 {
+		clear(batch[:cap(batch)]) // the frames of a failed write
+		spareFrames.Put(new(batch[:0]))
+	}
+}
