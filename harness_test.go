@@ -164,6 +164,9 @@ var Behaviour = map[string]func(*testing.T){
 	"TestBroker_StrangersInEveryOrder":                          TestBroker_StrangersInEveryOrder,
 	"TestBroker_LargeFramesTakeTurnsForTheirPlaces":             TestBroker_LargeFramesTakeTurnsForTheirPlaces,
 	"TestBroker_ARefreshToFewerGrantsEndsWhatTheyNoLongerAllow": TestBroker_ARefreshToFewerGrantsEndsWhatTheyNoLongerAllow,
+	"TestNak_DeadSendsItToDeadLettersWithItsReason":             TestNak_DeadSendsItToDeadLettersWithItsReason,
+	"TestNak_RefusesWhatItCannotDoAndChangesNothing":            TestNak_RefusesWhatItCannotDoAndChangesNothing,
+	"TestExpiry_TravelsWithTheMessageAndRefusesATTLThatPassed":  TestExpiry_TravelsWithTheMessageAndRefusesATTLThatPassed,
 }
 
 // oneEngine names the tests that start a broker on the run's engine but
@@ -177,6 +180,7 @@ var oneEngine = map[string]string{
 	"TestGroups_EachGroupAndEachSubscriberGetsEverything":        groupsRefused,
 	"TestGroups_RefusedWhereTheyCannotWork":                      groupsRefused,
 	"TestGroups_AMemberThatDoesNotAckIsGivenNoMoreThanItsWindow": groupsRefused,
+	"TestNak_InAGroupGoesToAnotherMember":                        groupsRefused,
 	"TestBroker_LoginBesideGuessersOverSockets": "a login never " +
 		"touches the log",
 	"TestBroker_FloodsAreBounded": "it bounds the test process's heap, " +

@@ -20,7 +20,8 @@
 //     broker confirms it: its dedup makes that safe, and the promise
 //     resolves once, with the seq;
 //   - acks each QoS 1 delivery once its handler returns (or its promise
-//     resolves), or leaves that to message.ack();
+//     resolves), or leaves that to message.ack(), or message.nak() to
+//     hand it back (retried later, or dead-lettered with {dead: true});
 //   - refreshes its token in place, without reconnecting, when given a
 //     way to get a new one (getToken), before the old one expires; a
 //     token the broker refuses is never used again, and a client is one
@@ -103,7 +104,12 @@ export class PopsubError extends Error {
  * @property {number} qos
  * @property {number} timestamp Unix ms, set by the broker
  * @property {number} attempt 1, then 2, 3, … on each retry
+ * @property {number} [expiresAt] Unix ms after which it is not delivered,
+ *   when it was published with ttlMs
  * @property {() => void} ack acks it (a QoS 0 delivery needs none)
+ * @property {(options?: {delayMs?: number, dead?: boolean,
+ *   reason?: string}) => void} nak hands it back: retried after delayMs
+ *   (or the broker's backoff), or sent to $dead/<topic> with dead: true
  */
 
 /**
@@ -511,15 +517,17 @@ export class Client {
    * 1 resolves with the broker's confirm once the message is on disk,
    * sending it again after each reconnect until then.
    * @param {string} topic @param {any} payload
-   * @param {{qos?: 0|1, messageId?: string}} [options]
+   * ttlMs delivers it only that many milliseconds from now.
+   * @param {{qos?: 0|1, messageId?: string, ttlMs?: number}} [options]
    * @returns {Promise<Confirm|undefined>}
    */
-  publish(topic, payload, {qos = 0, messageId} = {}) {
+  publish(topic, payload, {qos = 0, messageId, ttlMs} = {}) {
     if (this.#closed) {
       return Promise.reject(new PopsubError("closed", "the client is closed"));
     }
     const frame = {type: "publish", topic, payload, qos,
       message_id: messageId || newID()};
+    if (ttlMs !== undefined) frame.ttl_ms = ttlMs;
     if (qos === 0) {
       if (!this.#authenticated) {
         return Promise.reject(new PopsubError("not_connected",
@@ -700,20 +708,27 @@ export class Subscription {
     this.#open.set(frame.topic, open);
     open.add(frame.seq);
 
+    // Settling it once, by ack or nak, is what counts; a second is
+    // ignored.
     let acked = false;
-    const ack = () => {
+    const settle = (extra) => {
       if (acked) return;
       acked = true;
       open.delete(frame.seq);
       if (frame.qos === 1) {
         this.#send(ws, {type: "ack", topic: frame.topic,
-          message_id: frame.message_id});
+          message_id: frame.message_id, ...extra});
       }
     };
+    const ack = () => settle({});
+    const nak = ({delayMs, dead, reason} = {}) => settle({type: "nak",
+      ...(delayMs !== undefined && {delay_ms: delayMs}),
+      ...(dead && {dead: true}), ...(reason && {reason})});
     /** @type {Message} */
     const message = {topic: frame.topic, payload: frame.payload,
       seq: frame.seq, messageId: frame.message_id, qos: frame.qos,
-      timestamp: frame.timestamp, attempt: frame.attempt, ack};
+      timestamp: frame.timestamp, attempt: frame.attempt, ack, nak};
+    if (frame.expires_at) message.expiresAt = frame.expires_at;
     const manual = this.#options.ack === "manual" && frame.qos === 1;
     let result;
     try {

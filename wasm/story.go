@@ -204,7 +204,8 @@ func (s *story) apply(e event) {
 			"%s #%d in the log", e.Topic, e.Seq), fmt.Sprintf("%s #%d is in "+
 			"the log: it survives a crash, and a QoS 1 publisher hears "+
 			"published", e.Topic, e.Seq))
-	case "delivered", "redelivered", "moved", "acked", "dead_lettered":
+	case "delivered", "redelivered", "nakked", "moved", "acked",
+		"dead_lettered":
 		s.applyDelivery(e)
 	}
 }
@@ -229,6 +230,12 @@ func (s *story) applyDelivery(e event) {
 			// A move is the work-queue step's, not the guide's retry.
 			return
 		}
+	case "nakked":
+		s.add(e, "retry", lane, brokerLane, fmt.Sprintf("nak %s #%d · "+
+			"retry in %.1f s", e.Topic, e.Seq, float64(e.Deadline-e.Time)/
+			1000), fmt.Sprintf("%s handed %s #%d back with a nak: the "+
+			"broker retries it %.1f s from now, as the next attempt", lane,
+			e.Topic, e.Seq, float64(e.Deadline-e.Time)/1000))
 	case "moved":
 		r.State = stateMoved
 		s.moved.put(e.Topic+"\x00"+e.MessageID, lane)
@@ -263,8 +270,9 @@ func (s *story) applyRetry(e event, lane string, r *rowState) bool {
 	label := fmt.Sprintf("retry %s #%d · attempt %d%s", e.Topic, e.Seq,
 		e.Attempt, waited(r.Sent, e.Time))
 	detail := fmt.Sprintf("no ack from %s in time: the broker sends %s "+
-		"#%d again, to %s only (it looks for overdue acks every fifth of "+
-		"the ack timeout, so a retry comes up to that much after it)",
+		"#%d again, to %s only; each retry waits about twice as long as "+
+		"the one before (it looks for overdue acks every fifth of the "+
+		"ack timeout, so a retry comes up to that much after it)",
 		lane, e.Topic, e.Seq, lane)
 	key := e.Topic + "\x00" + e.MessageID
 	from := s.moved.m[key]

@@ -83,7 +83,7 @@ func (x *xray) apply(e event) {
 		x.reset(e)
 	case "published":
 		x.topics[e.Topic] = max(x.topics[e.Topic], e.Seq)
-	case "delivered", "redelivered":
+	case "delivered", "redelivered", "nakked":
 		if e.QoS == 1 {
 			x.pending[pendingKey(e)] = e
 		}

@@ -5,8 +5,9 @@ package wire
 type Event struct {
 	// Kind is what happened: published (the message got its seq),
 	// committed (it is in the log: a crash keeps it), delivered,
-	// redelivered, moved (a group member's delivery, taken for another
-	// member), acked, dead_lettered, connected, disconnected,
+	// redelivered, nakked (handed back, its retry due at Deadline),
+	// moved (a group member's delivery, taken for another member),
+	// acked, dead_lettered, connected, disconnected,
 	// disconnected_slow, subscribed, unsubscribed, or snapshot.
 	Kind string `json:"event"`
 	// Time is when it happened, in Unix milliseconds.

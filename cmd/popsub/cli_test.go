@@ -71,6 +71,28 @@ func TestClient_ForgivesTheOrderOfItsArguments(t *testing.T) {
 		})
 }
 
+func TestClient_NaksAndPublishesWithATTL(t *testing.T) {
+	// A second's ack timeout: the retry loop looks every 200 ms.
+	url, token, _ := startServe(t, "--ack-timeout", "1s",
+		"--retry-backoff", "1", "--max-retry-delay", "1s")
+	out, _, err := runCapture("client", "--url", url, "--token", token,
+		"pub", "jobs", `"build"`, "--qos", "1", "--ttl", "1h")
+	if err != nil || !strings.Contains(out, `"published"`) {
+		t.Fatalf("pub --ttl: %q, %v", out, err)
+	}
+	// Each delivery is handed back for a retry at once: the second line
+	// is attempt 2, and both say when the message expires.
+	out, _, err = runCapture("client", "sub", "jobs", "--url", url,
+		"--token", token, "--after", "0", "--count", "2", "--nak-delay", "0s")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if err != nil || len(lines) != 2 ||
+		!strings.Contains(lines[1], `"attempt":2`) ||
+		strings.Count(out, `"expires_at":`) != 2 {
+		t.Fatalf("sub --nak-delay 0s printed %q, %v; want attempts 1 and "+
+			"2, each with expires_at", out, err)
+	}
+}
+
 func TestClient_ARefusedTokenNamesTheLikelyCause(t *testing.T) {
 	url, _, _ := startServe(t)
 	stale := "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJsb2NhbCIsImV4" +

@@ -57,7 +57,8 @@ func (f *clientFlags) credentials() (string, error) {
 func clientCommand(ctx context.Context, args []string, stdout,
 	stderr io.Writer) error {
 	command, rest := splitCommand(args, "url", "ca", "token", "secret", "qos",
-		"id", "after", "last", "durable", "group", "count")
+		"id", "after", "last", "durable", "group", "count", "ttl",
+		"nak-delay")
 	switch command {
 	case "sub":
 		return subCommand(ctx, rest, stdout, stderr)

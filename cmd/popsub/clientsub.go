@@ -8,7 +8,8 @@ import (
 )
 
 // subCommand subscribes to a topic and prints each delivery as one JSON
-// line on stdout, acking QoS 1. Other frames go to stderr.
+// line on stdout, acking QoS 1 (or, with --nak, handing it back). Other
+// frames go to stderr.
 func subCommand(ctx context.Context, args []string, stdout,
 	stderr io.Writer) error {
 	var cf clientFlags
@@ -21,6 +22,10 @@ func subCommand(ctx context.Context, args []string, stdout,
 		"goes to one member of the group")
 	count := fs.Int("count", 0, "exit after N messages (0: run until ^C)")
 	noAck := fs.Bool("no-ack", false, "do not ack QoS 1 deliveries")
+	nak := fs.Bool("nak", false, "hand each QoS 1 delivery back with a "+
+		"nak, to be retried after the broker's backoff")
+	nakDelay := fs.Duration("nak-delay", -1, "with a nak, retry after "+
+		"this long instead (implies --nak)")
 	topics, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
@@ -50,12 +55,24 @@ func subCommand(ctx context.Context, args []string, stdout,
 	if err := s.send(ctx, request); err != nil {
 		return err
 	}
-	return printDeliveries(ctx, s, *count, !*noAck, stdout, stderr)
+	settle := map[string]any{"type": "ack"}
+	switch {
+	case *noAck:
+		settle = nil
+	case *nakDelay >= 0:
+		settle = map[string]any{"type": "nak",
+			"delay_ms": nakDelay.Milliseconds()}
+	case *nak:
+		settle = map[string]any{"type": "nak"}
+	}
+	return printDeliveries(ctx, s, *count, settle, stdout, stderr)
 }
 
-// printDeliveries prints deliveries until count (0: until ctx ends).
-func printDeliveries(ctx context.Context, s *session, count int, ack bool,
-	stdout, stderr io.Writer) error {
+// printDeliveries prints deliveries until count (0: until ctx ends),
+// and answers each QoS 1 one with settle (an ack or a nak frame, which
+// gets its message_id and topic), unless settle is nil.
+func printDeliveries(ctx context.Context, s *session, count int,
+	settle map[string]any, stdout, stderr io.Writer) error {
 	for received := 0; count == 0 || received < count; {
 		f, data, err := s.read(ctx)
 		if errors.Is(err, context.Canceled) {
@@ -73,8 +90,9 @@ func printDeliveries(ctx context.Context, s *session, count int, ack bool,
 		}
 		fmt.Fprintf(stdout, "%s\n", data)
 		received++
-		if ack && f.QoS == 1 {
-			if err := s.ack(ctx, f); err != nil {
+		if settle != nil && f.QoS == 1 {
+			settle["message_id"], settle["topic"] = f.MessageID, f.Topic
+			if err := s.send(ctx, settle); err != nil {
 				return err
 			}
 		}
@@ -91,6 +109,8 @@ func pubCommand(ctx context.Context, args []string, stdout,
 	cf.add(fs)
 	qos := fs.Int("qos", 0, "0: at most once; 1: at least once, confirmed")
 	id := fs.String("id", "", "message_id (the broker makes one if empty)")
+	ttl := fs.Duration("ttl", 0, "deliver it only this long from now "+
+		"(0: for as long as the log keeps it)")
 	positional, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
@@ -113,6 +133,9 @@ func pubCommand(ctx context.Context, args []string, stdout,
 		"payload": payload, "qos": *qos}
 	if *id != "" {
 		request["message_id"] = *id
+	}
+	if *ttl != 0 {
+		request["ttl_ms"] = ttl.Milliseconds()
 	}
 	if err := s.send(ctx, request); err != nil {
 		return err

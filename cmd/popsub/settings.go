@@ -44,6 +44,13 @@ func serveSettings(c *serveConfig) []setting {
 		number("max-retries", "broker.max_retries", popsub.DefaultMaxRetries,
 			"retries before a dead letter, 0 for none", &o.MaxRetries,
 			notNegative),
+		number("retry-backoff", "broker.retry_backoff",
+			float64(popsub.DefaultRetryBackoff), "each retry waits this "+
+				"many times longer than the one before, 1 for no growth",
+			&o.RetryBackoff, atLeastOne),
+		span("max-retry-delay", "broker.max_retry_delay",
+			popsub.DefaultMaxRetryDelay, "the longest wait between retries",
+			&o.MaxRetryDelay, positive),
 		number("max-messages", "broker.max_messages",
 			popsub.DefaultMaxMessages, "messages kept per topic",
 			&o.MaxMessages, positive),
@@ -251,6 +258,14 @@ func positive[T int | int64 | float64 | time.Duration](v T) error {
 func notNegative[T int | int64 | float64](v T) error {
 	if v < 0 {
 		return errors.New("may not be negative")
+	}
+	return nil
+}
+
+// atLeastOne refuses a multiplier that would shrink what it multiplies.
+func atLeastOne(v float64) error {
+	if v < 1 {
+		return errors.New("must be 1 or more")
 	}
 	return nil
 }

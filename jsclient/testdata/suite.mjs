@@ -164,6 +164,28 @@ test("acks by hand: an unacked delivery comes again", async (env) => {
   got[1].ack();
 });
 
+test("nak hands a delivery back: it comes again, then goes to $dead",
+  async (env) => {
+    const c = env.track(await env.lib.connect(env.base + "/ws",
+      {token: await tokenFor(env, "alice",
+        {subscribe: ["#", "$dead/#"]})}));
+    const t = topic("nak");
+    const dead = collector();
+    await c.subscribe("$dead/" + t, dead.handler, {last: 0});
+    const {got, handler} = collector();
+    await c.subscribe(t, handler, {ack: "manual", last: 0});
+    await c.publish(t, "job", {qos: 1, ttlMs: 60000});
+    await waitUntil(() => got.length === 1, "the delivery");
+    assert(got[0].expiresAt > got[0].timestamp, "expiresAt is set");
+    got[0].nak({delayMs: 0});
+    await waitUntil(() => got.length === 2, "the retry");
+    equal(got.map((m) => m.attempt), [1, 2], "attempts");
+    got[1].nak({dead: true, reason: "cannot do it"});
+    await waitUntil(() => dead.got.length === 1, "the dead letter");
+    equal([dead.got[0].payload.reason, dead.got[0].payload.attempts],
+      ["cannot do it", 2], "the dead letter's reason and attempts");
+  });
+
 test("a restart in the middle: resumed, nothing confirmed lost",
   async (env) => {
     const token = await tokenFor(env, "alice");

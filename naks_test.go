@@ -1,0 +1,375 @@
+package popsub
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/popsub/popsub/wire"
+)
+
+// fakeBroker starts a broker on a memory store for a fake-time test,
+// with a subscriber to jobs on a fake connection, and returns both and
+// the subscriber's wake.
+func fakeBroker(t *testing.T, opts Options) (*Broker, *connection,
+	chan struct{}) {
+	t.Helper()
+	opts.Secret, opts.Store, opts.Logger = testSecret, newMemoryStore(),
+		quietLogger
+	opts.PingInterval = time.Hour // a fake connection has no socket to ping
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker, wake := fakeConnection(b, "worker")
+	worker.handle([]byte(`{"type":"subscribe","topic":"jobs"}`))
+	nextFrame(t, worker, wake)
+	synctest.Wait()
+	t.Cleanup(func() {
+		b.unregister(worker)
+		b.Shutdown(context.Background())
+	})
+	return b, worker, wake
+}
+
+// within fails the test unless g is attempt, and came between least and
+// most after since.
+func within(t *testing.T, g got, attempt int, since time.Time,
+	least, most time.Duration) {
+	t.Helper()
+	gap := time.Since(since)
+	if g.Type != "message" || g.Attempt != attempt || gap < least ||
+		gap > most {
+		t.Fatalf("got %s attempt %d %v later, want attempt %d %v to %v "+
+			"later", g.Type, g.Attempt, gap, attempt, least, most)
+	}
+}
+
+func TestNak_RetriesAfterItsDelayOrTheBackoffAndCountsAnAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// A five-second ack timeout: the retry loop ticks every second,
+		// so a retry comes at most a second after it falls due.
+		b, worker, wake := fakeBroker(t, Options{MaxRetries: 2})
+		b.publish(&Message{Topic: "jobs", ID: "j", QoS: 1,
+			Payload: json.RawMessage(`1`)}, nil, nil)
+		nextFrame(t, worker, wake)
+
+		// A nak with a delay: the retry comes after it, well before the
+		// ack timeout would have sent it.
+		time.Sleep(time.Second)
+		worker.handle([]byte(`{"type":"nak","message_id":"j","delay_ms":500}`))
+		naked := time.Now()
+		within(t, nextFrame(t, worker, wake), 2, naked, 500*time.Millisecond,
+			1500*time.Millisecond)
+
+		// A nak without one waits the backoff for the attempt it names:
+		// ten seconds at attempt 2, less up to a fifth. Never zero.
+		worker.handle([]byte(`{"type":"nak","topic":"jobs","seq":1}`))
+		naked = time.Now()
+		within(t, nextFrame(t, worker, wake), 3, naked, 8*time.Second,
+			11*time.Second)
+
+		// Each nak's retry was an attempt: past the last of them (two
+		// retries) the next nak's retry is a dead letter instead.
+		worker.handle([]byte(`{"type":"nak","message_id":"j","delay_ms":0}`))
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if head := b.topic("$dead/jobs").headNow(); head != 1 {
+			t.Fatalf("$dead/jobs head = %d, want 1", head)
+		}
+		if n := pendingCount(b); n != 0 {
+			t.Fatalf("pending = %d after the dead letter, want 0", n)
+		}
+	})
+}
+
+func TestNak_DeadSendsItToDeadLettersWithItsReason(t *testing.T) {
+	ts := startBroker(t, Options{AckTimeout: time.Minute})
+	worker := ts.dial("worker")
+	operator := ts.dialWith("operator", Claims{Subscribe: []string{"$dead/#"}})
+	publisher := ts.dial("publisher")
+	worker.subscribe("jobs", nil)
+	operator.subscribe("$dead/jobs", nil)
+	confirm := publisher.publish("jobs", "poison", 1, "job-1")
+	worker.expect("message")
+
+	worker.send(map[string]any{"type": "nak", "message_id": "job-1",
+		"dead": true, "reason": "cannot parse it"})
+	dead := operator.expect("message")
+	operator.ack(dead)
+	var letter wire.DeadLetter
+	if err := json.Unmarshal(dead.Payload, &letter); err != nil {
+		t.Fatal(err)
+	}
+	if letter.Reason != "cannot parse it" || letter.Seq != confirm.Seq ||
+		letter.Attempts != 1 || letter.Subscriber != "worker" {
+		t.Fatalf("dead letter %+v, want the nak's reason, seq %d, "+
+			"attempt 1, subscriber worker", letter, confirm.Seq)
+	}
+
+	// It is settled: a second nak, or one of a message never sent here,
+	// is an error, and the worker owes nothing.
+	worker.send(map[string]any{"type": "nak", "message_id": "job-1"})
+	worker.expectError("not_pending")
+	worker.quiet()
+	if n := pendingCount(ts.broker); n != 0 {
+		t.Fatalf("pending = %d, want 0", n)
+	}
+
+	// Without a reason, the dead letter says "rejected".
+	publisher.publish("jobs", "again", 1, "job-2")
+	worker.expect("message")
+	worker.send(map[string]any{"type": "nak", "topic": "jobs",
+		"seq": confirm.Seq + 1, "dead": true})
+	dead = operator.expect("message")
+	json.Unmarshal(dead.Payload, &letter)
+	if letter.Reason != "rejected" || letter.MessageID != "job-2" {
+		t.Fatalf("dead letter %+v, want job-2, rejected", letter)
+	}
+}
+
+func TestNak_RefusesWhatItCannotDoAndChangesNothing(t *testing.T) {
+	ts := startBroker(t, Options{AckTimeout: time.Minute})
+	worker := ts.dial("worker")
+	publisher := ts.dial("publisher")
+	worker.subscribe("jobs", nil)
+	publisher.publish("jobs", 1, 1, "job-1")
+	publisher.publish("jobs", 2, 1, "job-2")
+	worker.expect("message")
+	worker.ack(worker.expect("message")) // job-2 is acked, job-1 is not
+
+	for _, c := range []struct {
+		frame map[string]any
+		code  string
+	}{
+		{map[string]any{"type": "nak"}, "missing_field"},
+		{map[string]any{"type": "nak", "seq": 1}, "missing_field"},
+		{map[string]any{"type": "nak", "message_id": "job-1",
+			"delay_ms": -1}, "invalid_delay"},
+		{map[string]any{"type": "nak", "message_id": "job-1",
+			"delay_ms": int64(1) << 50}, "invalid_delay"},
+		{map[string]any{"type": "nak", "message_id": "job-1",
+			"delay_ms": 10, "dead": true}, "invalid_delay"},
+		{map[string]any{"type": "nak", "message_id": "job-1", "dead": true,
+			"reason": strings.Repeat("x", 257)}, "invalid_reason"},
+		{map[string]any{"type": "nak", "message_id": "job-2"}, "not_pending"},
+		{map[string]any{"type": "nak", "message_id": "nobody's"},
+			"not_pending"},
+		{map[string]any{"type": "nak", "topic": "other",
+			"message_id": "job-1"}, "not_pending"},
+	} {
+		worker.send(c.frame)
+		worker.expectError(c.code)
+	}
+	// A delay that is not a whole number does not decode.
+	for _, delay := range []any{"soon", 1.5, 1e30} {
+		worker.sendUndescribed(map[string]any{"type": "nak",
+			"message_id": "job-1", "delay_ms": delay})
+		if g := worker.expectError("bad_frame"); !strings.Contains(
+			g.Message, "delay_ms") {
+			t.Fatalf("delay_ms %v: %q does not name the field", delay,
+				g.Message)
+		}
+	}
+	// None of them touched job-1, which an ack still settles.
+	worker.quiet()
+	if n := pendingCount(ts.broker); n != 1 {
+		t.Fatalf("pending = %d after refused naks, want job-1's 1", n)
+	}
+	worker.send(map[string]any{"type": "ack", "message_id": "job-1"})
+	worker.quiet()
+	if n := pendingCount(ts.broker); n != 0 {
+		t.Fatalf("pending = %d, want 0", n)
+	}
+}
+
+func TestNak_InAGroupGoesToAnotherMember(t *testing.T) {
+	ts := startBroker(t, Options{AckTimeout: 500 * time.Millisecond})
+	a, b := ts.dial("a"), ts.dial("b")
+	publisher := ts.dial("publisher")
+	a.subscribe("jobs", map[string]any{"group": "workers"})
+	b.subscribe("jobs", map[string]any{"group": "workers"})
+	publisher.publish("jobs", "job", 1, "job-1")
+
+	// Whichever member got it hands it back; the other gets attempt 2.
+	got, other := a, b
+	g := waitForEither(t, a, b)
+	if g.from == b {
+		got, other = b, a
+	}
+	got.send(map[string]any{"type": "nak", "message_id": "job-1",
+		"delay_ms": 0})
+	if retry := other.expect("message"); retry.Attempt != 2 ||
+		retry.MessageID != "job-1" {
+		t.Fatalf("the other member got %+v, want job-1 attempt 2", retry)
+	}
+}
+
+// fromClient is a frame and the client that read it.
+type fromClient struct {
+	got
+	from *client
+}
+
+// waitForEither returns the first frame either client reads; the other's
+// read is left running until it reads one, which the test then expects.
+func waitForEither(t *testing.T, a, b *client) fromClient {
+	t.Helper()
+	// Each member's next frame is a delivery or a pong; asking both for
+	// a pong after the publish's confirm tells which got the job.
+	for _, c := range []*client{a, b} {
+		c.send(map[string]any{"type": "ping"})
+		if g := c.next(); g.Type == "message" {
+			c.expect("pong")
+			return fromClient{g, c}
+		}
+	}
+	t.Fatal("neither member got the job")
+	return fromClient{}
+}
+
+func TestExpiry_NotDeliveredReplayedOrRetriedOnceItRunsOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, worker, wake := fakeBroker(t, Options{})
+		operator, operatorWake := fakeConnection(b, "operator")
+		operator.claims.Subscribe = []string{"$dead/#"}
+		operator.handle([]byte(`{"type":"subscribe","topic":"$dead/jobs"}`))
+		nextFrame(t, operator, operatorWake)
+		publisher, _ := fakeConnection(b, "publisher")
+		defer b.unregister(operator)
+		defer b.unregister(publisher)
+
+		// Within its three seconds it is delivered, saying when it ends.
+		publisher.handle([]byte(`{"type":"publish","topic":"jobs",` +
+			`"payload":1,"qos":1,"message_id":"brief","ttl_ms":3000}`))
+		g := nextFrame(t, worker, wake)
+		if want := time.Now().UnixMilli() + 3000; g.ExpiresAt != want {
+			t.Fatalf("expires_at = %d, want %d", g.ExpiresAt, want)
+		}
+
+		// Unacked, its retry falls due at five seconds, after it ended:
+		// it is not retried, and goes to $dead as expired, once.
+		time.Sleep(6 * time.Second)
+		synctest.Wait()
+		dead := nextFrame(t, operator, operatorWake)
+		var letter wire.DeadLetter
+		json.Unmarshal(dead.Payload, &letter)
+		if letter.MessageID != "brief" || letter.Reason != "expired" ||
+			letter.Attempts != 1 {
+			t.Fatalf("dead letter %+v, want brief, expired, attempt 1",
+				letter)
+		}
+		operator.handle([]byte(`{"type":"ack","topic":"$dead/jobs","seq":1}`))
+		if n := pendingCount(b); n != 0 {
+			t.Fatalf("pending = %d, want 0", n)
+		}
+
+		// A subscriber that asks for the log from the start is not
+		// given it, and gets what came after it.
+		late, lateWake := fakeConnection(b, "late")
+		defer b.unregister(late)
+		late.handle([]byte(`{"type":"subscribe","topic":"jobs","after":0}`))
+		nextFrame(t, late, lateWake) // subscribed
+		publisher.handle([]byte(`{"type":"publish","topic":"jobs",` +
+			`"payload":2,"message_id":"lasting"}`))
+		if g := nextFrame(t, late, lateWake); g.MessageID != "lasting" {
+			t.Fatalf("the late subscriber got %+v, want lasting", g)
+		}
+		if g := nextFrame(t, worker, wake); g.MessageID != "lasting" {
+			t.Fatalf("the worker got %+v, want lasting, and no retry", g)
+		}
+	})
+}
+
+func TestExpiry_TravelsWithTheMessageAndRefusesATTLThatPassed(t *testing.T) {
+	ts := startBroker(t, Options{AckTimeout: time.Minute})
+	publisher := ts.dial("publisher")
+	for _, ttl := range []any{0, -5, int64(1) << 50} {
+		publisher.send(map[string]any{"type": "publish", "topic": "jobs",
+			"payload": 1, "message_id": "m", "ttl_ms": ttl})
+		if g := publisher.expectError("invalid_ttl"); g.MessageID != "m" {
+			t.Fatalf("ttl_ms %v: the error names %q, want m", ttl,
+				g.MessageID)
+		}
+	}
+	publisher.sendUndescribed(map[string]any{"type": "publish",
+		"topic": "jobs", "payload": 1, "ttl_ms": "soon"})
+	publisher.expectError("bad_frame")
+
+	// A subscriber that arrives later replays it from the log, with the
+	// same end: expires_at is stored with it, on either engine.
+	confirm := publisher.send
+	confirm(map[string]any{"type": "publish", "topic": "jobs", "qos": 1,
+		"payload": 1, "message_id": "hour", "ttl_ms": 3_600_000})
+	published := publisher.expect("published")
+	reader := ts.dial("reader")
+	reader.subscribe("jobs", map[string]any{"after": 0})
+	g := reader.expect("message")
+	if g.MessageID != "hour" || g.Seq != published.Seq ||
+		g.ExpiresAt < g.Timestamp+3_600_000-1000 ||
+		g.ExpiresAt > g.Timestamp+3_600_000+1000 {
+		t.Fatalf("replayed %+v, want hour with expires_at an hour after "+
+			"its timestamp", g)
+	}
+}
+
+func TestExpiry_SurvivesARestart(t *testing.T) {
+	path := t.TempDir() + "/popsub.db"
+	ts := startBroker(t, Options{Store: openBolt(t, path)})
+	publisher := ts.dial("publisher")
+	publisher.send(map[string]any{"type": "publish", "topic": "jobs",
+		"qos": 1, "payload": 1, "ttl_ms": 3_600_000})
+	publisher.expect("published")
+	reader := ts.dial("reader")
+	reader.subscribe("jobs", map[string]any{"after": 0})
+	before := reader.expect("message")
+	ts.stop()
+
+	restarted := startBroker(t, Options{Store: openBolt(t, path)})
+	reader = restarted.dial("reader")
+	reader.subscribe("jobs", map[string]any{"after": 0})
+	if after := reader.expect("message"); after.ExpiresAt == 0 ||
+		after.ExpiresAt != before.ExpiresAt {
+		t.Fatalf("after a restart expires_at = %d, want %d",
+			after.ExpiresAt, before.ExpiresAt)
+	}
+}
+
+func TestOptions_RefuseABackoffThatShrinks(t *testing.T) {
+	_, err := New(Options{Secret: testSecret, Store: newMemoryStore(),
+		RetryBackoff: 0.5})
+	if err == nil || !strings.Contains(err.Error(), "RetryBackoff") {
+		t.Fatalf("New with RetryBackoff 0.5: %v, want it refused", err)
+	}
+}
+
+func TestRetryDelay_SpreadsRetriesThatFellDueTogether(t *testing.T) {
+	b := &Broker{opts: Options{AckTimeout: time.Second, RetryBackoff: 2,
+		MaxRetryDelay: time.Minute}}
+	least, most := time.Hour, time.Duration(0)
+	for seq := range uint64(100) {
+		p := &pending{message: &Message{Seq: seq + 1}, attempt: 3}
+		d := b.retryDelay(p)
+		least, most = min(least, d), max(most, d)
+	}
+	// Attempt 3 waits four seconds less up to a fifth: the hundred are
+	// spread over most of that fifth, not bunched.
+	if least < 3200*time.Millisecond || most > 4*time.Second ||
+		most-least < 600*time.Millisecond {
+		t.Fatalf("100 retries at attempt 3 wait %v to %v, want spread "+
+			"over 3.2s to 4s", least, most)
+	}
+	// The cap holds, and a cap below the ack timeout is the ack timeout.
+	p := &pending{message: &Message{Seq: 1}, attempt: 30}
+	if d := b.retryDelay(p); d > time.Minute || d < 48*time.Second {
+		t.Fatalf("attempt 30 waits %v, want at most the minute's cap", d)
+	}
+	b.opts.MaxRetryDelay = time.Millisecond
+	if d := b.retryDelay(p); d > time.Second || d < 800*time.Millisecond {
+		t.Fatalf("with a 1ms cap attempt 30 waits %v, want about the "+
+			"ack timeout", d)
+	}
+}
