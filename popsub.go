@@ -63,6 +63,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -1715,8 +1716,8 @@ func (c *connection) closeWith(last reply, code websocket.StatusCode,
 // The entries are kept per topic, in seq order, in a pendingQueue (the
 // queues' detail): q.add(p) puts one in its place, or replaces the same
 // message's, and bySeq compares one with a seq for a binary search.
-// Deliveries mostly come in seq order and are acked in it, so adding one
-// is an append and an ack "up to seq" a binary search. A map keyed by
+// Deliveries mostly come in order and are acked in it, so adding one is
+// an append and an ack "up to seq" a binary search. A map keyed by
 // message id made each such ack walk the whole table: QoS 1 to 100
 // subscribers cost 3.8 times QoS 0.
 
@@ -1835,9 +1836,8 @@ func (c *connection) addPending(p pending) *pending {
 
 // ack answers an ack frame. Three forms clear this connection's pending
 // deliveries: one message_id (on any topic, or on "topic"), a list of
-// message_ids, or everything on a topic up to "seq". The last two are
-// additions: one ack frame per delivery costs a client as much as the
-// delivery did.
+// message_ids, or everything on a topic up to "seq". The last two save
+// a busy client an ack frame per delivery.
 func (c *connection) ack(f frame) {
 	// The original's single message_id is one more id in the list.
 	ids := f.MessageIDs
@@ -1892,8 +1892,8 @@ func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 		p.subscription.jobs--
 		c.broker.noteMessage(kind, c, p.message, p)
 		// d.settled moves a durable cursor past what no longer holds it
-		// back (Durable subscriptions).
-		if d := p.subscription.durable; d != nil {
+		// back (Durable subscriptions); a dead letter's once it is sent.
+		if d := p.subscription.durable; d != nil && kind != "dead_lettered" {
 			d.settled(c.broker, p.message.Seq)
 		}
 	}
@@ -1904,17 +1904,14 @@ func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 // # Retries and dead letters
 //
 // The original retried by sending the message to the whole topic again,
-// subscribers that had acked included. Here the retry loop walks each
-// connection's own pending deliveries and sends a retry, with its
-// attempt number, only to the subscriber that owes the ack. After the
-// last retry the message is not dropped: it goes to the dead-letter
-// topic $dead/<topic>, with the reason and the subscriber, where an
-// operator can look at it. One loop for the whole broker walks every
-// connection five times per ack timeout, rather than a timer per
-// delivery, so the cost stays flat however many deliveries wait. Each
-// retry waits longer than the one before (b.retryDelay), a subscriber
-// may hand a delivery back early with a nak, and a message may expire
-// (m.expired): the detail Naks, backoff and expiry says how.
+// subscribers that had acked included. Here the retry loop sends a retry
+// only to the subscriber that owes the ack. After the last retry the
+// message is not dropped: it goes to $dead/<topic>, with the reason and
+// the subscriber, for an operator. One loop walks every connection five
+// times per ack timeout, not a timer per delivery, so the cost stays
+// flat however many wait. Each retry waits longer than the last
+// (b.retryDelay), a nak hands a delivery back early, and a message may
+// expire (m.expired): the detail Naks, backoff and expiry says how.
 
 // retry redelivers every connection's overdue QoS 1 messages; it runs
 // five times per AckTimeout.
@@ -1925,20 +1922,18 @@ func (b *Broker) retry(now time.Time) {
 }
 
 // redeliver retries c's overdue deliveries and dead-letters exhausted
-// ones. Frames are built under c.mu and sent after it is released.
+// ones.
 func (c *connection) redeliver(now time.Time) {
-	// The retries and dead letters are collected first and acted on after
-	// c.mu is released: dead-lettering publishes, which takes a topic's
-	// lock, and topic comes before connection in the lock order.
+	// What is due is collected under c.mu and acted on after: a dead
+	// letter takes a topic's lock, which comes before c.mu.
 	c.mu.Lock()
 	retries, dead, moves := c.overdue(now)
 	c.mu.Unlock()
 
 	// A retry never waits. One that finds the outbox full is not sent,
 	// and counts as an attempt all the same: a subscriber that has not
-	// drained its outbox for a whole ack timeout is not reading it. A
-	// group member's retry goes to another member if one has room
-	// (g.place, in Work queues).
+	// drained its outbox for an ack timeout is not reading it. A group
+	// member's retry goes to another member (g.place, in Work queues).
 	for _, data := range retries {
 		c.outbox.Push(data)
 	}
@@ -1951,10 +1946,9 @@ func (c *connection) redeliver(now time.Time) {
 }
 
 // overdue walks c's pending deliveries once. Each overdue one gets its
-// next attempt and a retry frame (or, in a group, is returned among
-// moves), or, past the last retry, is settled as dead_lettered (which
-// frees a durable cursor too) and returned among dead. Emptied topic
-// tables are dropped here. The caller holds c.mu.
+// next attempt and a retry frame (or, in a group, goes among moves),
+// or, past its last retry or expiry, is settled as dead_lettered and
+// goes among dead. It drops emptied tables. The caller holds c.mu.
 func (c *connection) overdue(now time.Time) (retries [][]byte,
 	dead, moves []pending) {
 	for topic, q := range c.unacked {
@@ -1993,13 +1987,16 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 }
 
 // deadLetter publishes an exhausted delivery to $dead/<topic>, with QoS 1
-// so that whoever watches dead letters gets them at least once. A dead
-// letter that is itself never acked is logged and dropped, not nested.
-// The reason is a nak's, or from m.unacked: "expired" or "not
-// acknowledged" (both in Naks, backoff and expiry).
+// so that whoever watches gets it at least once; a dead letter's own is
+// logged, not nested. The reason is a nak's, or m.unacked's (Naks…).
 func (b *Broker) deadLetter(p *pending, c *connection, reason string) {
-	// The log line says what happened even when nobody watches $dead.
+	// A durable cursor moves past m only after its dead letter is queued:
+	// a crash between the two makes the letter again, and p.deadID
+	// makes that a duplicate (Naks, backoff and expiry).
 	m := p.message
+	if d := p.subscription.durable; d != nil {
+		defer d.settled(b, m.Seq)
+	}
 	b.logger.Warn("dead letter", "topic", m.Topic, "message_id", m.ID,
 		"seq", m.Seq, "subscriber", c.subject, "attempts", p.attempt,
 		"reason", reason)
@@ -2013,7 +2010,8 @@ func (b *Broker) deadLetter(p *pending, c *connection, reason string) {
 		Reason: reason, Attempts: p.attempt,
 		Subscriber: c.subject, Client: c.client,
 	})
-	b.publish(&Message{Topic: dead, QoS: 1, Payload: payload}, b.stop, nil)
+	b.publish(&Message{Topic: dead, ID: p.deadID(c), QoS: 1,
+		Payload: payload}, b.stop, nil)
 }
 
 // # Replay
@@ -3499,6 +3497,21 @@ func (m *Message) expire(f frame) reply {
 		m.ExpiresAt = time.Now().UnixMilli() + *ttl
 	}
 	return reply{}
+}
+
+// deadID is the message_id of p's dead letter: the same each time the
+// same subscriber, or group, gives up on the same message. So a dead
+// letter made again, after a crash lost the cursor's move past it, is a
+// duplicate that the $dead log stores once (its idempotent publish): a
+// work queue's job reaches $dead once, restart or not.
+func (p *pending) deadID(c *connection) string {
+	owner := "subscriber\x00" + c.subject
+	if g := p.subscription.group; g != nil {
+		owner = "group" + g.cursor.key
+	}
+	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%s\x00%d", owner,
+		p.message.Topic, p.message.Seq))
+	return fmt.Sprintf("dead-%x", sum[:16])
 }
 
 // unacked is the reason a delivery the retry loop dead-letters gives.
