@@ -51,6 +51,9 @@ func TestSimulation_PromisesHoldUnderFaults(t *testing.T) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				report, err := simulate(t, seed)
+				if *simSeed != 0 {
+					t.Logf("seed %d:\n%s", seed, report)
+				}
 				if err != nil || !report.OK() {
 					t.Fatalf("seed %d (rerun: go test -run Simulation "+
 						"-sim.seed=%d -v .): %v\n%s", seed, seed, err, report)

@@ -20,8 +20,9 @@ type Report struct {
 	// "recovered":false.
 	Attempted, Confirmed, Stored        int
 	Deliveries, Redeliveries, Announced int
-	// DeadLettered counts the dead letters read after the run.
-	DeadLettered int
+	// DeadLettered counts the dead letters read after the run; Nakked
+	// the deliveries handed back with a nak.
+	DeadLettered, Nakked int
 	// Faults counts the faults by kind.
 	Faults map[string]int
 }
@@ -57,9 +58,9 @@ func (r Report) OK() bool {
 func (r Report) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "values attempted %d, confirmed %d, stored %d; "+
-		"deliveries %d, redeliveries %d, dead letters %d; gaps announced "+
-		"%d\n", r.Attempted, r.Confirmed, r.Stored, r.Deliveries,
-		r.Redeliveries, r.DeadLettered, r.Announced)
+		"deliveries %d, redeliveries %d, naks %d, dead letters %d; gaps "+
+		"announced %d\n", r.Attempted, r.Confirmed, r.Stored, r.Deliveries,
+		r.Redeliveries, r.Nakked, r.DeadLettered, r.Announced)
 	kinds := slices.Sorted(maps.Keys(r.Faults))
 	var faults []string
 	for _, kind := range kinds {
@@ -128,6 +129,9 @@ func Check(h *History) Report {
 			if d.Attempt > 1 {
 				r.Redeliveries++
 			}
+			if d.Nakked {
+				r.Nakked++
+			}
 		}
 		if s.Unrecovered {
 			r.Announced++
@@ -146,6 +150,8 @@ func Check(h *History) Report {
 		checkGaps(h),
 		checkDurables(h, confirmed),
 		checkGroups(h, confirmed),
+		checkNakked(h),
+		checkDeadOnce(h),
 		checkAnswered(h),
 		checkHealed(h),
 	}
@@ -460,6 +466,97 @@ func checkGroups(h *History, confirmed map[key]uint64) Line {
 				l.violation("group %q on %s: no member got %s (seq %d)",
 					g.name, g.topic, k.id, confirmed[k])
 			}
+		}
+	}
+	return l
+}
+
+// nakGrace is how soon a nakked delivery comes again, at the most: its
+// delay (the workload's nakDelay), the retry loop's next look, and
+// slack, under the one-second ack timeout both drivers give the broker.
+const nakGrace = 2 * time.Second
+
+// checkNakked: a delivery handed back with a nak comes again, as a
+// later attempt, to the same subscription or, in a group, to a member,
+// or goes to $dead; unless its connection ended within nakGrace, which
+// took the subscriber's obligation with it (a durable one is replayed
+// the message on resume, which checkDurables holds it to), or ended
+// later after a fault that slowed everything.
+func checkNakked(h *History) Line {
+	l := Line{Invariant: "every nakked delivery comes again or is " +
+		"dead-lettered"}
+	type letter struct{ topic, id string }
+	dead := map[letter]bool{}
+	for _, d := range h.DeadLetters {
+		dead[letter{d.Topic, d.MessageID}] = true
+	}
+	again := func(s *Subscription, d Delivery) bool {
+		for _, o := range h.Subscriptions {
+			if o != s && (s.Group == "" || o.Group != s.Group ||
+				o.Topic != s.Topic) {
+				continue
+			}
+			if slices.ContainsFunc(o.Deliveries, func(e Delivery) bool {
+				return e.ID == d.ID && e.Attempt > d.Attempt
+			}) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, s := range h.Subscriptions {
+		for _, d := range s.Deliveries {
+			excused := s.Ended && (s.End.Before(d.At.Add(nakGrace)) ||
+				slowedBetween(h, d.At, s.End))
+			if d.Nakked && !excused && !dead[letter{s.Topic, d.ID}] &&
+				!again(s, d) {
+				l.mark(s.Topic, d.ID, d.Seq)
+				l.violation("%s on %s: seq %d nakked at attempt %d, never "+
+					"sent again nor dead-lettered", s.Subscriber, s.Topic,
+					d.Seq, d.Attempt)
+			}
+		}
+	}
+	return l
+}
+
+// slowedBetween reports whether a fault that delays without ending a
+// connection (a paused broker, a stalled network, a client that stopped
+// reading) was in force at some moment from start to end.
+func slowedBetween(h *History, start, end time.Time) bool {
+	return slices.ContainsFunc(h.Faults, func(f *Fault) bool {
+		slow := f.Kind == "pause" || f.Kind == "stall" || f.Kind == "stop"
+		return slow && !f.Start.After(end) &&
+			(!f.Healed || !f.End.Before(start))
+	})
+}
+
+// checkDeadOnce: a message reaches $dead at most once for each
+// subscriber, or for each group, that gave up on it, faults or not.
+func checkDeadOnce(h *History) Line {
+	l := Line{Invariant: "each dead letter is stored once"}
+	// A member's dead letter is its group's.
+	group := map[[2]string]string{} // subscriber and topic: its group
+	for _, s := range h.Subscriptions {
+		if s.Group != "" {
+			group[[2]string{s.Subscriber, s.Topic}] = "group " + s.Group
+		}
+	}
+	count := map[[3]string]int{}
+	for _, d := range h.DeadLetters {
+		who := cmp.Or(group[[2]string{d.Subscriber, d.Topic}],
+			"subscriber "+d.Subscriber)
+		count[[3]string{d.Topic, d.MessageID, who}]++
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(count),
+		func(a, b [3]string) int {
+			return cmp.Or(cmp.Compare(a[0], b[0]), cmp.Compare(a[1], b[1]),
+				cmp.Compare(a[2], b[2]))
+		}) {
+		if count[k] > 1 {
+			l.mark(k[0], k[1], 0)
+			l.violation("%s on %s: dead-lettered %d times for %s", k[1],
+				k[0], count[k], k[2])
 		}
 	}
 	return l

@@ -346,3 +346,64 @@ func TestPromises_JudgeARunStillGoing(t *testing.T) {
 		t.Errorf("moved after bob left: %v", got)
 	}
 }
+
+func TestCheck_ANakedDeliveryComesAgainOrIsExcused(t *testing.T) {
+	const nakked = "every nakked delivery comes again or is dead-lettered"
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time {
+		return start.Add(time.Duration(ms) * time.Millisecond)
+	}
+	nak := Delivery{Seq: 1, ID: "a-1", Value: "v1", Attempt: 1, QoS: 1, At: at(0),
+		Nakked: true}
+	h := clean()
+	s := h.Subscribed(&Subscription{Subscriber: "carol", Topic: "jobs",
+		Deliveries: []Delivery{nak}})
+	s.Ended, s.End = true, at(10_000)
+	if got := violated(Check(h)); len(got) != 1 || got[0] != nakked {
+		t.Fatalf("a nak never answered, its connection up 10 s more: "+
+			"broken %v, want only %q", got, nakked)
+	}
+
+	// Any of these answers it: the retry, a dead letter, or the
+	// connection's end before the retry was due.
+	s.Deliveries = append(s.Deliveries, Delivery{Seq: 1, ID: "a-1",
+		Value: "v1", Attempt: 2, QoS: 1, At: at(300)})
+	if r := Check(h); !r.OK() {
+		t.Fatalf("retried:\n%s", r)
+	}
+	s.Deliveries = s.Deliveries[:1]
+	s.End = at(500)
+	if r := Check(h); !r.OK() {
+		t.Fatalf("its connection ended before the retry was due:\n%s", r)
+	}
+	s.End = at(10_000)
+	h.DeadLetters = []wire.DeadLetter{{Topic: "jobs", MessageID: "a-1",
+		Seq: 1, Subscriber: "carol"}}
+	if r := Check(h); !r.OK() {
+		t.Fatalf("dead-lettered:\n%s", r)
+	}
+}
+
+func TestCheck_ADeadLetterStoredTwiceIsCaught(t *testing.T) {
+	const once = "each dead letter is stored once"
+	h := clean()
+	letter := wire.DeadLetter{Topic: "jobs", MessageID: "a-2", Seq: 2,
+		Subscriber: "w1"}
+	h.DeadLetters = []wire.DeadLetter{letter}
+	if r := Check(h); !r.OK() {
+		t.Fatalf("one dead letter:\n%s", r)
+	}
+	// w1 and w2 are one group: the job's second letter, in the other
+	// member's name, is the group's second.
+	letter.Subscriber = "w2"
+	h.DeadLetters = append(h.DeadLetters, letter)
+	if got := violated(Check(h)); len(got) != 1 || got[0] != once {
+		t.Fatalf("a group's job dead-lettered twice: broken %v", got)
+	}
+	// Two subscribers that each gave up have a letter each.
+	h.DeadLetters = []wire.DeadLetter{letter, {Topic: "jobs",
+		MessageID: "a-2", Seq: 2, Subscriber: "bob"}}
+	if r := Check(h); !r.OK() {
+		t.Fatalf("one letter for the group, one for bob:\n%s", r)
+	}
+}

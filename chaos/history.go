@@ -128,6 +128,9 @@ type Delivery struct {
 	// Delivered.
 	QoS int
 	At  time.Time
+	// Nakked is set when the subscriber handed it back with a nak: it
+	// is owed again, or a dead letter.
+	Nakked bool
 }
 
 // Stored is one message of a topic's final log.

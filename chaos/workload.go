@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -299,6 +300,7 @@ func (c *Client) read(ctx context.Context, ws *websocket.Conn,
 		request["after"], newest = *s.After, *s.After
 	}
 	c.History.Subscribed(s)
+	defer c.History.Closed(s)
 	if send(ctx, ws, request) != nil {
 		return false, newest
 	}
@@ -316,10 +318,18 @@ func (c *Client) read(ctx context.Context, ws *websocket.Conn,
 		case "message":
 			var value string
 			json.Unmarshal(f.Payload, &value)
-			c.History.Delivered(s, Delivery{Seq: f.Seq, ID: f.MessageID, Value: value, Attempt: f.Attempt})
+			// Some first deliveries are handed back (nakFirst), to come
+			// again a moment later; every other QoS 1 one is acked.
+			nak := f.QoS == 1 && f.Attempt == 1 && nakFirst(value)
+			c.History.Delivered(s, Delivery{Seq: f.Seq, ID: f.MessageID,
+				Value: value, Attempt: f.Attempt, QoS: f.QoS, Nakked: nak})
 			newest = max(newest, f.Seq)
-			if f.QoS == 1 && send(ctx, ws, map[string]any{"type": "ack",
-				"topic": s.Topic, "message_id": f.MessageID}) != nil {
+			answer := map[string]any{"type": "ack", "topic": s.Topic,
+				"message_id": f.MessageID}
+			if nak {
+				answer["type"], answer["delay_ms"] = "nak", nakDelay
+			}
+			if f.QoS == 1 && send(ctx, ws, answer) != nil {
 				return false, newest
 			}
 			if f.MessageID == until {
@@ -327,6 +337,19 @@ func (c *Client) read(ctx context.Context, ws *websocket.Conn,
 			}
 		}
 	}
+}
+
+// nakDelay is how long, in milliseconds, a nakked delivery waits for its
+// retry: under the simulated ack timeout, so a nak is not a timeout.
+const nakDelay = 100
+
+// nakFirst reports whether a subscriber hands value's first delivery
+// back: one value in eight, the same for every subscriber and every run,
+// so that a history replays exactly.
+func nakFirst(value string) bool {
+	h := fnv.New32a()
+	h.Write([]byte(value))
+	return h.Sum32()%8 == 0
 }
 
 // ReadLog reads topic's whole log, from the oldest message kept up to
