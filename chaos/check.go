@@ -152,6 +152,7 @@ func Check(h *History) Report {
 		checkGroups(h, confirmed),
 		checkNakked(h),
 		checkDeadOnce(h),
+		checkExpired(h),
 		checkAnswered(h),
 		checkHealed(h),
 	}
@@ -162,9 +163,10 @@ func Check(h *History) Report {
 func checkConfirmed(h *History, stored map[key][]uint64) Line {
 	l := Line{Invariant: "every confirmed value is in the final log"}
 	seen := map[key]bool{}
+	expiring := expiringValues(h)
 	for _, c := range h.Confirms {
 		k := key{c.Topic, c.ID}
-		if !seen[k] && len(stored[k]) == 0 {
+		if !seen[k] && len(stored[k]) == 0 && !expiring[k] {
 			l.mark(c.Topic, c.ID, c.Seq)
 			l.violation("%s %s: confirmed at seq %d by %s, not in the log",
 				c.Topic, c.ID, c.Seq, c.Publisher)
@@ -172,6 +174,18 @@ func checkConfirmed(h *History, stored map[key][]uint64) Line {
 		seen[k] = true
 	}
 	return l
+}
+
+// expiringValues are the values published with a time to live: the
+// final read, like any subscriber, is not given one that has expired.
+func expiringValues(h *History) map[key]bool {
+	expiring := map[key]bool{}
+	for _, a := range h.Attempts {
+		if a.Expiring {
+			expiring[key{a.Topic, a.ID}] = true
+		}
+	}
+	return expiring
 }
 
 // checkConfirmedSeqs: a confirmed value is stored at the seq its confirm
@@ -403,10 +417,12 @@ func checkDurables(h *History, confirmed map[key]uint64) Line {
 		return cmp.Or(cmp.Compare(a.subscriber, b.subscriber),
 			cmp.Compare(a.name, b.name), cmp.Compare(a.topic, b.topic))
 	})
+	expiring := expiringValues(h)
 	for _, d := range durables {
 		ids := got[d]
 		for _, k := range sortedKeys(confirmed) {
 			if k.topic == d.topic && !ids[k.id] && confirmed[k] > excused[d] &&
+				!expiring[k] &&
 				!dead[letter{d.subscriber, d.topic, k.id}] {
 				l.violation("%s (durable %q) on %s: never got %s (seq %d)",
 					d.subscriber, d.name, d.topic, k.id, confirmed[k])
@@ -462,6 +478,7 @@ func checkGroups(h *History, confirmed map[key]uint64) Line {
 	}) {
 		for _, k := range sortedKeys(confirmed) {
 			if k.topic == g.topic && !got[g][k.id] && confirmed[k] > start[g] &&
+				!expiringValues(h)[k] &&
 				!excused[g] && !deadFor(members[g], k) {
 				l.violation("group %q on %s: no member got %s (seq %d)",
 					g.name, g.topic, k.id, confirmed[k])
@@ -515,6 +532,38 @@ func checkNakked(h *History) Line {
 					"sent again nor dead-lettered", s.Subscriber, s.Topic,
 					d.Seq, d.Attempt)
 			}
+		}
+	}
+	return l
+}
+
+// checkExpired: no message is delivered after its expires_at, but one
+// already on its way (nakGrace), or held up by a fault that slowed
+// everything when it expired. The final read, after every fault was
+// healed, is held to it without excuse.
+func checkExpired(h *History) Line {
+	l := Line{Invariant: "no message is delivered after it expired"}
+	for _, s := range h.Subscriptions {
+		for _, d := range s.Deliveries {
+			expired := time.UnixMilli(d.ExpiresAt)
+			if d.ExpiresAt != 0 && d.At.After(expired.Add(nakGrace)) &&
+				!slowedBetween(h, expired.Add(-nakGrace), expired) {
+				l.mark(s.Topic, d.ID, d.Seq)
+				l.violation("%s on %s: seq %d delivered at %s, after it "+
+					"expired at %s", s.Subscriber, s.Topic, d.Seq,
+					d.At.Format("15:04:05.000"), expired.Format("15:04:05.000"))
+			}
+		}
+	}
+	// The final read asks for the whole log, after the run: the expired
+	// messages in it must not come.
+	for _, r := range h.FinalReads {
+		expired := time.UnixMilli(r.ExpiresAt)
+		if r.At.After(expired.Add(nakGrace)) {
+			l.mark(r.Topic, r.ID, r.Seq)
+			l.violation("the final read of %s: seq %d replayed at %s, after "+
+				"it expired at %s", r.Topic, r.Seq,
+				r.At.Format("15:04:05.000"), expired.Format("15:04:05.000"))
 		}
 	}
 	return l
@@ -639,7 +688,7 @@ func (h *History) workload() *History {
 	own := func(topic string) bool { return strings.HasPrefix(topic, "$") }
 	w := &History{Subscriptions: h.Subscriptions, Faults: h.Faults,
 		Final: h.Final, DeadLetters: h.DeadLetters, Refusals: h.Refusals,
-		Stalls: h.Stalls, Acks: h.Acks}
+		Stalls: h.Stalls, Acks: h.Acks, FinalReads: h.FinalReads}
 	for _, a := range h.Attempts {
 		if !own(a.Topic) {
 			w.Attempts = append(w.Attempts, a)

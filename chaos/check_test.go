@@ -407,3 +407,45 @@ func TestCheck_ADeadLetterStoredTwiceIsCaught(t *testing.T) {
 		t.Fatalf("one letter for the group, one for bob:\n%s", r)
 	}
 }
+
+func TestCheck_NothingIsDeliveredAfterItExpired(t *testing.T) {
+	const expired = "no message is delivered after it expired"
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time {
+		return start.Add(time.Duration(ms) * time.Millisecond)
+	}
+	h := clean()
+	h.Attempts[0].Expiring = true
+	s := h.Subscriptions[0]
+	s.Deliveries[0].ExpiresAt = at(1000).UnixMilli()
+	s.Deliveries[0].At = at(500)
+	if r := Check(h); !r.OK() {
+		t.Fatalf("delivered before it expired:\n%s", r)
+	}
+	s.Deliveries[0].At = at(5000)
+	if got := violated(Check(h)); len(got) != 1 || got[0] != expired {
+		t.Fatalf("delivered 4 s after it expired: broken %v", got)
+	}
+	// A stall when it expired may have held a delivery made in time.
+	heal := h.Fault("stall", "every connection")
+	h.Faults[len(h.Faults)-1].Start = at(900)
+	heal()
+	h.Faults[len(h.Faults)-1].End = at(4900)
+	if r := Check(h); !r.OK() {
+		t.Fatalf("held up by a stall:\n%s", r)
+	}
+
+	// The final read comes after every fault: no excuse. An expiring
+	// value missing from it is no loss.
+	h.FinalReads = []FinalRead{{Topic: "jobs", Seq: 1, ID: "a-1",
+		ExpiresAt: at(1000).UnixMilli(), At: at(9000)}}
+	if got := violated(Check(h)); len(got) != 1 || got[0] != expired {
+		t.Fatalf("the final read replayed it after it expired: broken %v",
+			got)
+	}
+	h.FinalReads = nil
+	h.Final["jobs"] = h.Final["jobs"][1:]
+	if r := Check(h); !r.OK() {
+		t.Fatalf("an expired value missing from the final read:\n%s", r)
+	}
+}

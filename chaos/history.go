@@ -45,6 +45,9 @@ type History struct {
 	Final map[string][]Stored
 	// DeadLetters are the run's topics' dead letters, read after it.
 	DeadLetters []wire.DeadLetter
+	// FinalReads are the messages of Final that carried an expires_at,
+	// as the final read got them: when, and until when.
+	FinalReads []FinalRead
 	// Acks lists every ack sent, for the checks of a run still going
 	// (Promises).
 	Acks []Ack
@@ -66,6 +69,9 @@ type Attempt struct {
 	// read the answer (a probe that waits for the delivery instead).
 	At     time.Time
 	Unread bool
+	// Expiring is set when it carried a ttl_ms: it may expire before a
+	// subscriber, or the final read, gets it.
+	Expiring bool
 }
 
 // Confirm is one "published" reply.
@@ -131,6 +137,25 @@ type Delivery struct {
 	// Nakked is set when the subscriber handed it back with a nak: it
 	// is owed again, or a dead letter.
 	Nakked bool
+	// ExpiresAt is the delivery's expires_at, Unix ms, or 0.
+	ExpiresAt int64
+}
+
+// FinalRead is one message of the final read that carried expires_at.
+type FinalRead struct {
+	Topic     string
+	Seq       uint64
+	ID        string
+	ExpiresAt int64     // Unix ms
+	At        time.Time // when the final read got it
+}
+
+// ReadExpiring records a message with an expires_at the final read got.
+func (h *History) ReadExpiring(r FinalRead) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r.At = time.Now()
+	h.FinalReads = append(h.FinalReads, r)
 }
 
 // Stored is one message of a topic's final log.

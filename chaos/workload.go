@@ -105,7 +105,8 @@ func read(ctx context.Context, ws *websocket.Conn) (frame, error) {
 // returns how many values it made.
 func (c *Client) Publish(ctx context.Context, stop <-chan struct{},
 	topic string, window int) (int, error) {
-	p := &publisher{Client: c, topic: topic, window: window, stop: stop}
+	p := &publisher{Client: c, topic: topic, window: window, stop: stop,
+		expire: true}
 	for !p.finished() {
 		ws, err := c.connect(ctx)
 		if err != nil {
@@ -127,6 +128,8 @@ type publisher struct {
 	// not confirmed yet, oldest first.
 	made        int
 	unconfirmed []string
+	// expire lets values expire (expiring); a marker never does.
+	expire bool
 }
 
 // stopped reports whether stop is closed.
@@ -198,13 +201,19 @@ func (p *publisher) session(ctx context.Context, ws *websocket.Conn) {
 	}
 }
 
-// publish records and sends one value, its id as its payload.
+// publish records and sends one value, its id as its payload; one value
+// in eight (expiring) is published with a time to live.
 func (p *publisher) publish(ctx context.Context, ws *websocket.Conn,
 	id string) error {
+	expires := p.expire && expiring(id)
 	p.History.Sent(Attempt{Publisher: p.Name, Topic: p.topic, ID: id,
-		Value: id})
-	return send(ctx, ws, map[string]any{"type": "publish",
-		"topic": p.topic, "payload": id, "qos": 1, "message_id": id})
+		Value: id, Expiring: expires})
+	frame := map[string]any{"type": "publish", "topic": p.topic,
+		"payload": id, "qos": 1, "message_id": id}
+	if expires {
+		frame["ttl_ms"] = ttl
+	}
+	return send(ctx, ws, frame)
 }
 
 // confirmed records a confirm and forgets the value's id.
@@ -322,7 +331,8 @@ func (c *Client) read(ctx context.Context, ws *websocket.Conn,
 			// again a moment later; every other QoS 1 one is acked.
 			nak := f.QoS == 1 && f.Attempt == 1 && nakFirst(value)
 			c.History.Delivered(s, Delivery{Seq: f.Seq, ID: f.MessageID,
-				Value: value, Attempt: f.Attempt, QoS: f.QoS, Nakked: nak})
+				Value: value, Attempt: f.Attempt, QoS: f.QoS, Nakked: nak,
+				ExpiresAt: f.ExpiresAt})
 			newest = max(newest, f.Seq)
 			answer := map[string]any{"type": "ack", "topic": s.Topic,
 				"message_id": f.MessageID}
@@ -346,10 +356,21 @@ const nakDelay = 100
 // nakFirst reports whether a subscriber hands value's first delivery
 // back: one value in eight, the same for every subscriber and every run,
 // so that a history replays exactly.
-func nakFirst(value string) bool {
+func nakFirst(value string) bool { return eighth(value) == 0 }
+
+// ttl is the time to live, in milliseconds, of the values that expire:
+// a few ack timeouts, so some expire while their subscriber is away.
+const ttl = 2000
+
+// expiring reports whether the value id is published with ttl: another
+// one in eight.
+func expiring(id string) bool { return eighth(id) == 1 }
+
+// eighth sorts a value into one of eight classes, by its hash.
+func eighth(value string) uint32 {
 	h := fnv.New32a()
 	h.Write([]byte(value))
-	return h.Sum32()%8 == 0
+	return h.Sum32() % 8
 }
 
 // ReadLog reads topic's whole log, from the oldest message kept up to
@@ -360,7 +381,7 @@ func (c *Client) ReadLog(ctx context.Context, topic, until string) error {
 		if err != nil {
 			return fmt.Errorf("read log %s: %w", topic, err)
 		}
-		log, err := readLog(ctx, ws, topic, until)
+		log, err := readLog(ctx, ws, topic, until, c.History)
 		ws.CloseNow()
 		if err == nil {
 			c.History.SetFinal(topic, log)
@@ -385,7 +406,7 @@ func (c *Client) ReadDeadLetters(ctx context.Context, topic string) error {
 		if err != nil {
 			return fmt.Errorf("read dead letters %s: %w", topic, err)
 		}
-		log, err := readLog(ctx, ws, dead, "end-"+dead)
+		log, err := readLog(ctx, ws, dead, "end-"+dead, nil)
 		ws.CloseNow()
 		if err == nil {
 			var letters []wire.DeadLetter
@@ -406,9 +427,10 @@ func (c *Client) ReadDeadLetters(ctx context.Context, topic string) error {
 
 // readLog reads topic from the start on one connection. It acks as it
 // goes, all up to each seq: an unacked replay would stop once it filled
-// half the in-flight window.
+// half the in-flight window. A message with an expires_at goes to h,
+// if not nil, to be checked.
 func readLog(ctx context.Context, ws *websocket.Conn, topic,
-	until string) ([]Stored, error) {
+	until string, h *History) ([]Stored, error) {
 	err := send(ctx, ws, map[string]any{"type": "subscribe",
 		"topic": topic})
 	if err != nil {
@@ -432,6 +454,10 @@ func readLog(ctx context.Context, ws *websocket.Conn, topic,
 		value := string(f.Payload)
 		json.Unmarshal(f.Payload, &value)
 		log = append(log, Stored{f.Seq, f.MessageID, value})
+		if f.ExpiresAt != 0 && h != nil {
+			h.ReadExpiring(FinalRead{topic, f.Seq, f.MessageID, f.ExpiresAt,
+				time.Time{}})
+		}
 		if f.MessageID == until {
 			return log, nil
 		}
