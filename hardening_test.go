@@ -377,7 +377,7 @@ func TestLoginThrottle_SlowsGuessesNeverTheUser(t *testing.T) {
 			b := &Broker{opts: Options{Users: users,
 				Secret: testSecret}.withDefaults(), logger: quietLogger}
 			b.startLogins()
-			b.logins = login.NewGate(1, nil, nil) // one hash at a time
+			b.logins = login.NewGate(1, nil, users) // one hash at a time
 			var wg sync.WaitGroup
 			for range guessers {
 				c := &connection{broker: b, remote: "203.0.113.9:4000",

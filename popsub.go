@@ -70,7 +70,6 @@ import (
 	"log/slog"
 	"maps"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"reflect"
@@ -1714,7 +1713,7 @@ func (c *connection) closeWith(last reply, code websocket.StatusCode,
 // subscriptions (a topic and a wildcard) owes one ack for it.
 //
 // The entries are kept per topic, in seq order, in a pendingQueue (the
-// queues' detail): q.add(p) puts one in its place, or replaces the same
+// queues' detail): q.Put puts one in its place, or replaces the same
 // message's, and bySeq compares one with a seq for a binary search.
 // Deliveries mostly come in order and are acked in it, so adding one is
 // an append and an ack "up to seq" a binary search. A map keyed by
@@ -1825,7 +1824,10 @@ func (c *connection) addPending(p pending) *pending {
 		q = &pendingQueue{}
 		c.unacked[p.message.Topic] = q
 	}
-	at, added := q.add(p)
+	// The same message pending already is replaced (q.Put): the
+	// connection owes one ack for it.
+	at, added := q.Put(p,
+		func(e pending) int { return bySeq(e, p.message.Seq) })
 	if added {
 		c.inflight++
 		c.inflightBytes += p.message.size()
@@ -2645,14 +2647,10 @@ func (c *connection) recoverPanic() {
 // A lockout, or a delay before every attempt, was simpler, and let a
 // stranger lock a user out with a few wrong passwords.
 
-// User is an account that may log in with a password.
-type User struct {
-	// PasswordHash is what login.Hash made of the password.
-	PasswordHash string
-	// Publish and Subscribe are the grants of tokens from login; nil
-	// means every ordinary topic.
-	Publish, Subscribe []string
-}
+// User is an account that may log in with a password (login.User):
+// PasswordHash is what login.Hash made of the password, and Publish and
+// Subscribe are the grants of its tokens, nil for every ordinary topic.
+type User = login.User
 
 // authTimer starts the auth timeout (a login.Deadline, which a hash
 // pauses) and returns it with the function that stops it: at its end
@@ -2667,49 +2665,25 @@ func (c *connection) authTimer() (*login.Deadline, func() bool) {
 
 // login answers a login frame with a token, as the original did.
 // deadline is the connection's auth timeout, or nil once it has
-// authenticated. A wrong password's answer waits its turn
-// (login.Throttle); a connection that ends meanwhile gets none.
+// authenticated. b.logins.Login checks the password when the gate gives
+// it a turn, and holds a wrong answer for its turn; a connection that
+// ends meanwhile gets none.
 func (c *connection) login(f frame, deadline *login.Deadline) reply {
 	b := c.broker
 	if len(b.opts.Users) == 0 {
 		return errorReply("login_unavailable", "no users are configured")
 	}
-	host, _, _ := net.SplitHostPort(c.remote) // "" if it has no port
-	userKey, addressKey := "user:"+f.Username, "addr:"+cmp.Or(host, c.remote)
-	refused := errorReply("invalid_credentials", "invalid credentials")
-
-	// An unknown user costs the same hash as a known one, so timing does
-	// not tell a stranger which names exist.
-	user, known := b.opts.Users[f.Username]
-	if !known {
-		user.PasswordHash = b.logins.Dummy()
+	user, ok := b.logins.Login(c.done, f.Username, f.Password, c.remote,
+		&c.loginFailed, deadline)
+	if !ok {
+		b.logger.Info("login refused", "user", f.Username, "remote", c.remote)
+		return errorReply("invalid_credentials", "invalid credentials")
 	}
-	// The gate checks the password when it gives it a turn, with the
-	// auth timeout paused; checked is false if the connection ended
-	// first, or if the gate found the guess not worth a hash.
-	right, checked := b.logins.Check(c.done, user.PasswordHash,
-		f.Password, c.loginFailed, addressKey, deadline)
-	switch {
-	case !checked:
-		// The connection is ending: its auth timeout, or no hash.
-		b.logins.Hold(time.Time{}, c.done)
-		return refused
-	case right && known:
-		// Success clears the user's failures, not the address's: one
-		// right password does not excuse a thousand wrong ones.
-		b.logins.Succeed(userKey)
-		token, err := b.loginToken(f.Username, user)
-		if err != nil {
-			return errorReply("internal", "could not sign a token")
-		}
-		return reply{Type: "login_response", Token: token}
+	token, err := b.loginToken(f.Username, user)
+	if err != nil {
+		return errorReply("internal", "could not sign a token")
 	}
-	b.logger.Info("login failed", "user", f.Username, "remote", c.remote)
-	c.loginFailed = true
-	// The answer is held until the gate says, or the connection ends,
-	// or the broker stops.
-	b.logins.Hold(b.logins.Fail(time.Now(), userKey, addressKey), c.done)
-	return refused
+	return reply{Type: "login_response", Token: token}
 }
 
 // loginToken signs a token for a user who logged in, with the user's
@@ -2724,11 +2698,8 @@ func (b *Broker) loginToken(name string, user User) (string, error) {
 // hash at once, and checks unknown users against a hash as costly as
 // the costliest user's (login.Dummy).
 func (b *Broker) startLogins() {
-	var hashes []string
-	for _, user := range b.opts.Users {
-		hashes = append(hashes, user.PasswordHash)
-	}
-	b.logins = login.NewGate(max(runtime.GOMAXPROCS(0)/2, 1), b.stop, hashes)
+	b.logins = login.NewGate(max(runtime.GOMAXPROCS(0)/2, 1), b.stop,
+		b.opts.Users)
 }
 
 // # Topic rules (detail)
@@ -3077,25 +3048,6 @@ type outbox = queue.Outbox
 // queue: acks take from its front, and new deliveries go on its back.
 type pendingQueue struct {
 	queue.Queue[pending]
-}
-
-// add puts p in seq order and returns where it went, and whether it was
-// new: the same message already pending is replaced, not added, as the
-// connection owes one ack for it.
-func (q *pendingQueue) add(p pending) (*pending, bool) {
-	live := q.Live()
-	i := len(live)
-	if i > 0 && live[i-1].message.Seq >= p.message.Seq {
-		// Out of order (a replay), or the same message again.
-		var found bool
-		i, found = slices.BinarySearchFunc(live, p.message.Seq, bySeq)
-		if found {
-			live[i] = p
-			return &live[i], false
-		}
-	}
-	q.Insert(i, p)
-	return &q.Live()[i], true
 }
 
 // bySeq compares a pending delivery with a seq, for binary searches.

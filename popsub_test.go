@@ -1008,7 +1008,8 @@ func TestUnacked_MatchesASortedList(t *testing.T) {
 			} else {
 				next++
 			}
-			_, added := q.add(pending{message: &Message{Seq: seq}})
+			_, added := q.Put(pending{message: &Message{Seq: seq}},
+				func(e pending) int { return bySeq(e, seq) })
 			i, found := slices.BinarySearch(want, seq)
 			if added == found {
 				t.Fatalf("step %d: add(%d) added=%v, but present=%v", step,

@@ -4,8 +4,9 @@
 //
 // # The contract
 //
-// popsub.go decides who may log in and when a guess is worth a hash (its
-// section "Logins"); it relies on this package for these: Check says
+// popsub.go's section "Logins" says how guesses are rationed; this
+// package does it, and popsub.go relies on it for these: Gate.Login
+// checks a login and holds a wrong answer for its turn; Check says
 // whether a password matches its stored hash, in constant time; Dummy
 // makes a hash as costly as the costliest user's, for names that do not
 // exist; a Throttle says when the answer to a failure may leave, one at
@@ -43,6 +44,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -239,19 +241,69 @@ type Gate struct {
 	hashing, retrying chan struct{}
 	// stop ends every wait: the broker is shutting down.
 	stop <-chan struct{}
-	// Dummy returns the hash an unknown user's password is checked
-	// against (the package's Dummy), made on first use: hashing takes a
-	// noticeable moment.
-	Dummy func() string
+	// users are the accounts; dummy returns the hash an unknown user's
+	// password is checked against (the package's Dummy), made on first
+	// use: hashing takes a noticeable moment.
+	users map[string]User
+	dummy func() string
 }
 
-// NewGate returns a gate that lets places hashes run at once, and ends
-// every wait once stop is closed; its Dummy is as costly as the
-// costliest of hashes.
-func NewGate(places int, stop <-chan struct{}, hashes []string) *Gate {
+// User is an account that may log in with a password.
+type User struct {
+	// PasswordHash is what Hash made of the password.
+	PasswordHash string
+	// Publish and Subscribe are the grants of tokens from login; nil
+	// means every ordinary topic.
+	Publish, Subscribe []string
+}
+
+// NewGate returns a gate for users that lets places hashes run at once,
+// and ends every wait once stop is closed.
+func NewGate(places int, stop <-chan struct{}, users map[string]User) *Gate {
 	return &Gate{hashing: make(chan struct{}, places),
-		retrying: make(chan struct{}, 1), stop: stop,
-		Dummy: sync.OnceValue(func() string { return Dummy(hashes) })}
+		retrying: make(chan struct{}, 1), stop: stop, users: users,
+		dummy: sync.OnceValue(func() string {
+			var hashes []string
+			for _, user := range users {
+				hashes = append(hashes, user.PasswordHash)
+			}
+			return Dummy(hashes)
+		})}
+}
+
+// Login checks a login by name with password from remote (an address
+// and port), when the gate gives it a turn, and reports the user and
+// true if the password is right. guessing says the connection failed a
+// login before, and is set when this one fails; deadline is its auth
+// timeout, paused while the hash runs, or nil. A wrong answer is held
+// for its turn (the Throttle), and an answer nobody would hear (done or
+// stop closed, or a guess not worth a hash) until done or stop.
+func (g *Gate) Login(done <-chan struct{}, name, password, remote string,
+	guessing *bool, deadline *Deadline) (User, bool) {
+	host, _, _ := net.SplitHostPort(remote) // "" if it has no port
+	userKey, addressKey := "user:"+name, "addr:"+cmp.Or(host, remote)
+
+	// An unknown user costs the same hash as a known one, so timing does
+	// not tell a stranger which names exist.
+	user, known := g.users[name]
+	if !known {
+		user.PasswordHash = g.dummy()
+	}
+	right, checked := g.Check(done, user.PasswordHash, password, *guessing,
+		addressKey, deadline)
+	switch {
+	case !checked:
+		g.Hold(time.Time{}, done)
+		return User{}, false
+	case right && known:
+		// Success clears the user's failures, not the address's: one
+		// right password does not excuse a thousand wrong ones.
+		g.Succeed(userKey)
+		return user, true
+	}
+	*guessing = true
+	g.Hold(g.Fail(time.Now(), userKey, addressKey), done)
+	return User{}, false
 }
 
 // Hold waits until at (for ever, if at is zero), or until done or the
