@@ -56,9 +56,9 @@ type wish struct{ durable, group string }
 
 // row is one delivery in a panel's list.
 type row struct {
-	item, state, attempt, button jsValue
-	delivery                     delivery
-	shown                        string // what state says now
+	item, state, attempt, button, nak jsValue
+	delivery                          delivery
+	shown                             string // what state says now
 }
 
 // delivery is any frame the broker sends a panel: the protocol's own
@@ -439,7 +439,13 @@ func (c *client) newRow(key rowKey, d delivery) *row {
 		r.button = element("button", "ack", "ack")
 		r.button.Set("type", "button")
 		onElement(r.button, "click", func() { go c.ack(r.delivery) })
-		r.item.Call("append", r.button)
+		// A nak hands it back: retried after the backoff, an attempt.
+		r.nak = element("button", "nak", "nak")
+		r.nak.Set("type", "button")
+		r.nak.Set("title", "hand it back: the broker retries it after "+
+			"the backoff, as the next attempt")
+		onElement(r.nak, "click", func() { go c.nak(r.delivery) })
+		r.item.Call("append", r.button, r.nak)
 	}
 	byID(c.id("messages")).Call("prepend", r.item)
 	c.rows[key] = r
@@ -461,6 +467,12 @@ func (c *client) ack(d delivery) {
 	}
 }
 
+// nak hands d back: the broker retries it after the backoff.
+func (c *client) nak(d delivery) {
+	c.send(map[string]any{"type": "nak", "topic": d.Topic,
+		"message_id": d.MessageID})
+}
+
 // renderRows shows each row's state as the broker's events tell it. The
 // caller holds the page's lock, and passes its story.
 func (c *client) renderRows(s *story) {
@@ -480,6 +492,7 @@ func (c *client) renderRows(s *story) {
 			r.button.Set("disabled", !owed || withheld || st.AckSent)
 			r.button.Set("title", map[bool]string{true: "acks are " +
 				"withheld: choose “by hand” to ack"}[withheld])
+			r.nak.Set("disabled", !owed || withheld || st.AckSent)
 		}
 		if text := st.State; text != r.shown {
 			r.shown = text
@@ -618,7 +631,8 @@ func (c *client) explainAcks() {
 		c.note("Acks withheld: each QoS 1 delivery stays pending, and " +
 			"the broker retries it after the ack timeout.")
 	case "hand":
-		c.note("Ack each delivery with its button.")
+		c.note("Ack each delivery with its button, or nak it to hand it " +
+			"back: it comes again after the backoff.")
 	default:
 		c.note("")
 	}

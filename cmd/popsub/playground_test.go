@@ -601,3 +601,37 @@ func watchConsole(ctx context.Context) func() []string {
 		return append([]string(nil), problems...)
 	}
 }
+
+// A nak from a row's button: set to ack by hand, Bob hands Carol's QoS 1
+// message back; the diagram draws the nak, and the broker brings the
+// delivery back as attempt 2, which he then acks.
+func TestPlayground_ANakBringsTheDeliveryBack(t *testing.T) {
+	chromium := browser(t)
+	page, _, _ := playgroundURL(t, strings.Repeat("playground-secret-", 2),
+		"--ack-timeout", "400ms")
+	ctx, problems := startBrowser(t, chromium)
+	openPlayground(t, ctx, page, 1366, 900)
+	until(t, ctx, "bob subscribes", exists(`#bob-subs li[data-topic="jobs"]`))
+	until(t, ctx, "carol connects",
+		exists(`#carol-status[data-state="connected"]`))
+
+	do(t, ctx, "bob acks by hand, carol publishes at QoS 1",
+		chromedp.SetValue(css("#bob-acks"), "hand"),
+		chromedp.SetValue(css("#carol-pub-qos"), "1"),
+		chromedp.Click(css("#carol-publish")))
+	until(t, ctx, "bob owes an ack", exists(
+		`#bob-messages li[data-attempt="1"] button.nak:not(:disabled)`))
+	do(t, ctx, "bob naks", chromedp.Click(css(
+		`#bob-messages li[data-attempt="1"] button.nak`)))
+	until(t, ctx, "the diagram draws the nak",
+		contains("#diagram", "nak jobs"))
+	until(t, ctx, "and the delivery comes back as attempt 2", exists(
+		`#bob-messages li[data-attempt="2"] button.ack:not(:disabled)`))
+	do(t, ctx, "bob acks", chromedp.Click(css(
+		`#bob-messages li[data-attempt="2"] button.ack`)))
+	until(t, ctx, "bob's row says acked",
+		exists(`#bob-messages li[data-state="acked"]`))
+	if list := problems(); len(list) > 0 {
+		t.Fatalf("the console reported problems:\n%s", strings.Join(list, "\n"))
+	}
+}
