@@ -938,9 +938,11 @@ func (c *connection) serve() {
 		if !ok {
 			return
 		}
-		// c.handleFrame hands c.handle each object of a batch frame, or
-		// the frame (Keepalives, limits and batches).
-		c.handleFrame(data)
+		// A client that opted into batches sends several objects a frame
+		// (wire.Objects; Keepalives, limits and batches).
+		for object := range wire.Objects(data, c.batch) {
+			c.handle(object)
+		}
 	}
 }
 
@@ -2564,22 +2566,6 @@ func (c *connection) allowPublish() bool {
 	}
 	c.tokens--
 	return true
-}
-
-// handleFrame handles the objects in one frame: one, or, from a client
-// that opted into batches, one per line, as it receives them. A publisher
-// then pays for one frame, and one system call, per batch of publishes
-// rather than per message.
-func (c *connection) handleFrame(data []byte) {
-	if !c.batch {
-		c.handle(data)
-		return
-	}
-	for line := range bytes.Lines(data) {
-		if len(bytes.TrimSpace(line)) > 0 {
-			c.handle(line)
-		}
-	}
 }
 
 // ping starts a keepalive for every connection; it runs once per

@@ -12,9 +12,11 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"iter"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -97,6 +99,24 @@ type DeadLetter struct {
 	Attempts   int             `json:"attempts"`   // deliveries tried
 	Subscriber string          `json:"subscriber"` // the token's subject
 	Client     string          `json:"client"`     // its client name, if any
+}
+
+// Objects yields the objects of one frame: the frame itself, or, from a
+// client that opted into batches ("batch":true), each of its non-blank
+// lines. A publisher then pays for one frame, and one system call, per
+// batch of publishes rather than per message.
+func Objects(frame []byte, batch bool) iter.Seq[[]byte] {
+	return func(yield func([]byte) bool) {
+		if !batch {
+			yield(frame)
+			return
+		}
+		for line := range bytes.Lines(frame) {
+			if len(bytes.TrimSpace(line)) > 0 && !yield(line) {
+				return
+			}
+		}
+	}
 }
 
 // BearerToken returns the token of an "Authorization: Bearer TOKEN"
