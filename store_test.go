@@ -249,16 +249,7 @@ func nextFrame(t *testing.T, c *connection, wake chan struct{}) got {
 
 func TestBroker_RetryScheduleInFakeTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		// A fake connection has no socket to ping.
-		b, err := New(Options{Secret: testSecret, Store: newMemoryStore(),
-			Logger: quietLogger, PingInterval: time.Hour})
-		if err != nil {
-			t.Fatal(err)
-		}
-		worker, wake := fakeConnection(b, "worker")
-		worker.handle([]byte(`{"type":"subscribe","topic":"jobs"}`))
-		nextFrame(t, worker, wake)
-		synctest.Wait()
+		b, worker, wake := fakeBroker(t, Options{})
 
 		// With the defaults, five seconds, five retries and a backoff of
 		// 2 up to a minute, the gaps between the six attempts are 5, 10,
@@ -294,22 +285,12 @@ func TestBroker_RetryScheduleInFakeTime(t *testing.T) {
 		if n := pendingCount(b); n != 0 {
 			t.Fatalf("pending = %d after dead-lettering, want 0", n)
 		}
-		b.unregister(worker)
-		b.Shutdown(context.Background())
 	})
 }
 
 func TestBroker_NegativeMaxRetriesMeansNone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b, err := New(Options{Secret: testSecret, Store: newMemoryStore(),
-			Logger: quietLogger, PingInterval: time.Hour, MaxRetries: -1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		worker, wake := fakeConnection(b, "worker")
-		worker.handle([]byte(`{"type":"subscribe","topic":"jobs"}`))
-		nextFrame(t, worker, wake)
-		synctest.Wait()
+		b, worker, wake := fakeBroker(t, Options{MaxRetries: -1})
 		b.publish(&Message{Topic: "jobs", ID: "j", QoS: 1,
 			Payload: json.RawMessage(`1`)}, nil, nil)
 		if g := nextFrame(t, worker, wake); g.Attempt != 1 {
@@ -323,8 +304,6 @@ func TestBroker_NegativeMaxRetriesMeansNone(t *testing.T) {
 		if head := b.topic("$dead/jobs").headNow(); head != 1 {
 			t.Fatalf("$dead/jobs head = %d, want 1", head)
 		}
-		b.unregister(worker)
-		b.Shutdown(context.Background())
 	})
 }
 
