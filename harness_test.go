@@ -167,6 +167,7 @@ var Behaviour = map[string]func(*testing.T){
 	"TestNak_DeadSendsItToDeadLettersWithItsReason":             TestNak_DeadSendsItToDeadLettersWithItsReason,
 	"TestNak_RefusesWhatItCannotDoAndChangesNothing":            TestNak_RefusesWhatItCannotDoAndChangesNothing,
 	"TestExpiry_TravelsWithTheMessageAndRefusesATTLThatPassed":  TestExpiry_TravelsWithTheMessageAndRefusesATTLThatPassed,
+	"TestDeadLetters_TwoPlainSubscriptionsGiveUpEachItsOwn":     TestDeadLetters_TwoPlainSubscriptionsGiveUpEachItsOwn,
 }
 
 // oneEngine names the tests that start a broker on the run's engine but

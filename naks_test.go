@@ -544,3 +544,25 @@ func (s *crashingStore) Commit(batch *Batch) error {
 
 // Close leaves the memory for the next broker.
 func (s *crashingStore) Close() error { return nil }
+
+func TestDeadLetters_TwoPlainSubscriptionsGiveUpEachItsOwn(t *testing.T) {
+	ts := startBroker(t, Options{AckTimeout: 100 * time.Millisecond,
+		MaxRetries: -1})
+	operator := ts.dialWith("operator", Claims{Subscribe: []string{"$dead/#"}})
+	operator.subscribe("$dead/jobs", nil)
+	// Two connections of one subject: two obligations, two letters.
+	first, second := ts.dial("worker"), ts.dial("worker")
+	first.subscribe("jobs", nil)
+	second.subscribe("jobs", nil)
+	ts.dial("publisher").publish("jobs", "job", 1, "job-1")
+	for range 2 {
+		dead := operator.expect("message")
+		operator.ack(dead)
+		var letter wire.DeadLetter
+		json.Unmarshal(dead.Payload, &letter)
+		if letter.MessageID != "job-1" || letter.Subscriber != "worker" {
+			t.Fatalf("dead letter %+v, want job-1's, worker's", letter)
+		}
+	}
+	operator.quiet()
+}

@@ -2014,7 +2014,7 @@ func (b *Broker) deadLetter(p *pending, c *connection, reason string) {
 		Reason: reason, Attempts: p.attempt,
 		Subscriber: c.subject, Client: c.client,
 	})
-	b.publish(&Message{Topic: dead, ID: p.deadID(c), QoS: 1,
+	b.publish(&Message{Topic: dead, ID: p.deadID(), QoS: 1,
 		Payload: payload}, b.stop, nil)
 }
 
@@ -3437,18 +3437,19 @@ func (m *Message) expire(f frame) reply {
 	return reply{}
 }
 
-// deadID is the message_id of p's dead letter: the same each time the
-// same subscriber, or group, gives up on the same message. So a dead
-// letter made again, after a crash lost the cursor's move past it, is a
-// duplicate that the $dead log stores once (its idempotent publish): a
-// work queue's job reaches $dead once, restart or not.
-func (p *pending) deadID(c *connection) string {
-	owner := "subscriber\x00" + c.subject
-	if g := p.subscription.group; g != nil {
-		owner = "group" + g.cursor.key
+// deadID is the message_id of p's dead letter. Through a durable cursor
+// (a durable subscription's, or a work queue's) it is the same each time
+// that cursor gives up on the same message, so a dead letter made again,
+// after a crash lost the cursor's move past it, is a duplicate that the
+// $dead log stores once (its idempotent publish): a job reaches $dead
+// once, restart or not. A plain subscription, which nothing replays
+// after a restart, gets a fresh one.
+func (p *pending) deadID() string {
+	d := p.subscription.durable
+	if d == nil {
+		return wire.NewMessageID()
 	}
-	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%s\x00%d", owner,
-		p.message.Topic, p.message.Seq))
+	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d", d.key, p.message.Seq))
 	return fmt.Sprintf("dead-%x", sum[:16])
 }
 

@@ -580,22 +580,31 @@ func slowedBetween(h *History, start, end time.Time) bool {
 	})
 }
 
-// checkDeadOnce: a message reaches $dead at most once for each
-// subscriber, or for each group, that gave up on it, faults or not.
+// checkDeadOnce: a message reaches $dead at most once for each durable
+// cursor that gave up on it, a durable subscription's or a group's,
+// faults or not. A plain subscription, and a subscriber whose
+// subscriptions to the topic were of several kinds, may ask for a
+// message again, and its dead letter is another one.
 func checkDeadOnce(h *History) Line {
 	l := Line{Invariant: "each dead letter is stored once"}
-	// A member's dead letter is its group's.
-	group := map[[2]string]string{} // subscriber and topic: its group
+	// A dead letter names its subscriber; the cursor is its one lineage
+	// on the topic, and a member's is its group's.
+	lineage := map[[2]string]string{} // subscriber and topic
 	for _, s := range h.Subscriptions {
-		if s.Group != "" {
-			group[[2]string{s.Subscriber, s.Topic}] = "group " + s.Group
+		k := [2]string{s.Subscriber, s.Topic}
+		switch {
+		case !oneLineage(h, s.Subscriber, s.Topic):
+		case s.Group != "":
+			lineage[k] = "group " + s.Group
+		default:
+			lineage[k] = "durable " + s.Subscriber + "/" + s.Durable
 		}
 	}
 	count := map[[3]string]int{}
 	for _, d := range h.DeadLetters {
-		who := cmp.Or(group[[2]string{d.Subscriber, d.Topic}],
-			"subscriber "+d.Subscriber)
-		count[[3]string{d.Topic, d.MessageID, who}]++
+		if who := lineage[[2]string{d.Subscriber, d.Topic}]; who != "" {
+			count[[3]string{d.Topic, d.MessageID, who}]++
+		}
 	}
 	for _, k := range slices.SortedFunc(maps.Keys(count),
 		func(a, b [3]string) int {

@@ -400,11 +400,18 @@ func TestCheck_ADeadLetterStoredTwiceIsCaught(t *testing.T) {
 	if got := violated(Check(h)); len(got) != 1 || got[0] != once {
 		t.Fatalf("a group's job dead-lettered twice: broken %v", got)
 	}
-	// Two subscribers that each gave up have a letter each.
-	h.DeadLetters = []wire.DeadLetter{letter, {Topic: "jobs",
-		MessageID: "a-2", Seq: 2, Subscriber: "bob"}}
+	// Two cursors that each gave up have a letter each: the group's,
+	// and bob's durable subscription's; two of bob's are one too many.
+	bobs := wire.DeadLetter{Topic: "jobs", MessageID: "a-2", Seq: 2,
+		Subscriber: "bob"}
+	h.DeadLetters = []wire.DeadLetter{letter, bobs}
 	if r := Check(h); !r.OK() {
 		t.Fatalf("one letter for the group, one for bob:\n%s", r)
+	}
+	h.DeadLetters = append(h.DeadLetters, bobs)
+	if got := violated(Check(h)); len(got) != 1 || got[0] != once {
+		t.Fatalf("bob's durable subscription dead-lettered twice: broken %v",
+			got)
 	}
 }
 
