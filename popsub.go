@@ -1884,7 +1884,8 @@ func (c *connection) ack(f frame) {
 }
 
 // settle removes the live entries i to j of q, acked or dead_lettered
-// (the kind), and moves durable cursors past them. Acks for what this
+// (the kind), and moves durable cursors past the acked ones (a dead
+// letter's moves once b.deadLetter has queued it). Acks for what this
 // connection does not owe find nothing and change nothing. An emptied
 // table stays, for the retry loop to drop: a busy topic's table empties
 // and refills many times a second. The caller holds c.mu.
@@ -1945,7 +1946,7 @@ func (c *connection) redeliver(now time.Time) {
 		p.subscription.group.place([]pending{p}, c)
 	}
 	for i := range dead {
-		c.broker.deadLetter(&dead[i], c, dead[i].message.unacked())
+		c.broker.deadLetter(&dead[i], c, dead[i].message.deadReason())
 	}
 }
 
@@ -1992,7 +1993,7 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 
 // deadLetter publishes an exhausted delivery to $dead/<topic>, with QoS 1
 // so that whoever watches gets it at least once; a dead letter's own is
-// logged, not nested. The reason is a nak's, or m.unacked's (Naks…).
+// logged, not nested. The reason is a nak's, or m.deadReason (Naks…).
 func (b *Broker) deadLetter(p *pending, c *connection, reason string) {
 	// A durable cursor moves past m only after its dead letter is queued:
 	// a crash between the two makes the letter again, and p.deadID
@@ -3409,13 +3410,16 @@ func (c *connection) nak(f frame) {
 // The caller holds c.mu.
 func (c *connection) pendingOf(f frame) (*pendingQueue, int) {
 	for topic, q := range c.unacked {
+		if f.Topic != "" && topic != f.Topic {
+			continue
+		}
 		i := slices.IndexFunc(q.Live(), func(p pending) bool {
 			if f.Seq != nil {
 				return p.message.Seq == *f.Seq
 			}
 			return p.message.ID == f.MessageID
 		})
-		if i >= 0 && (f.Topic == "" || topic == f.Topic) {
+		if i >= 0 {
 			return q, i
 		}
 	}
@@ -3453,8 +3457,8 @@ func (p *pending) deadID() string {
 	return fmt.Sprintf("dead-%x", sum[:16])
 }
 
-// unacked is the reason a delivery the retry loop dead-letters gives.
-func (m *Message) unacked() string {
+// deadReason is the reason a delivery the retry loop dead-letters gives.
+func (m *Message) deadReason() string {
 	if m.expired() {
 		return "expired"
 	}

@@ -10,9 +10,9 @@
 // whether a password matches its stored hash, in constant time; Dummy
 // makes a hash as costly as the costliest user's, for names that do not
 // exist; a Throttle says when the answer to a failure may leave, one at
-// a time per user and per address; Verify says whether
-// a token is genuine and current, Sign signs one and Decode reads its
-// claims; and a Deadline is an auth timeout that a hash pauses.
+// a time per user and per address; Verify says whether a token is
+// genuine and current, Sign signs one and Decode reads its claims; and
+// a Deadline is an auth timeout that a hash pauses.
 //
 // # Hashes
 //
@@ -365,25 +365,6 @@ func (g *Gate) enter(turns chan struct{}, done <-chan struct{}) bool {
 	return false
 }
 
-// VerifyToken parses token into claims and checks it with secret: HS256
-// only (so neither alg none nor an RSA key passed off as an HMAC secret
-// gets through), exp required and honoured within leeway, and iss and aud
-// when issuer and audience are not empty.
-func VerifyToken(token string, claims jwt.Claims, secret []byte,
-	issuer, audience string, leeway time.Duration) error {
-	options := []jwt.ParserOption{jwt.WithValidMethods([]string{"HS256"}),
-		jwt.WithExpirationRequired(), jwt.WithLeeway(leeway)}
-	if issuer != "" {
-		options = append(options, jwt.WithIssuer(issuer))
-	}
-	if audience != "" {
-		options = append(options, jwt.WithAudience(audience))
-	}
-	_, err := jwt.ParseWithClaims(token, claims,
-		func(*jwt.Token) (any, error) { return secret, nil }, options...)
-	return err
-}
-
 // Registered returns the registered claims of a token for subject sub,
 // issued now and expiring after ttl, with iss and aud when issuer and
 // audience are not empty.
@@ -391,7 +372,8 @@ func Registered(sub, issuer, audience string,
 	ttl time.Duration) jwt.RegisteredClaims {
 	now := time.Now()
 	c := jwt.RegisteredClaims{Subject: sub, Issuer: issuer,
-		IssuedAt: jwt.NewNumericDate(now), ExpiresAt: jwt.NewNumericDate(now.Add(ttl))}
+		IssuedAt:  jwt.NewNumericDate(now),
+		ExpiresAt: jwt.NewNumericDate(now.Add(ttl))}
 	if audience != "" {
 		c.Audience = jwt.ClaimStrings{audience}
 	}
@@ -419,14 +401,25 @@ func Decode(data []byte, v any) error {
 // cannot make the parser decode megabytes of base64.
 const MaxTokenBytes = 4 << 10
 
-// Verify checks a token with VerifyToken's rules into claims; a token
-// longer than MaxTokenBytes, or without a sub, is refused.
+// Verify parses token into claims and checks it with secret: at most
+// MaxTokenBytes, HS256 only (so neither alg none nor an RSA key passed
+// off as an HMAC secret gets through), exp required and honoured within
+// leeway, iss and aud when issuer and audience are not empty, and a sub.
 func Verify(token string, claims jwt.Claims, secret []byte, issuer,
 	audience string, leeway time.Duration) error {
 	if len(token) == 0 || len(token) > MaxTokenBytes {
 		return errors.New("token missing or too long")
 	}
-	err := VerifyToken(token, claims, secret, issuer, audience, leeway)
+	options := []jwt.ParserOption{jwt.WithValidMethods([]string{"HS256"}),
+		jwt.WithExpirationRequired(), jwt.WithLeeway(leeway)}
+	if issuer != "" {
+		options = append(options, jwt.WithIssuer(issuer))
+	}
+	if audience != "" {
+		options = append(options, jwt.WithAudience(audience))
+	}
+	_, err := jwt.ParseWithClaims(token, claims,
+		func(*jwt.Token) (any, error) { return secret, nil }, options...)
 	if err != nil {
 		return err
 	}
