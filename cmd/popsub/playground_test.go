@@ -75,7 +75,11 @@ func until(t *testing.T, ctx context.Context, what, condition string) {
 	_, err := chromedp.Run(ctx, chromedp.Poll[bool](condition,
 		chromedp.WithPollingInterval(50*time.Millisecond)))
 	if err != nil {
-		t.Fatalf("%s (%s): %v", what, condition, err)
+		// What the panels said is most often why.
+		notes, _ := chromedp.Run(ctx, chromedp.Evaluate[string](
+			`[...document.querySelectorAll(".note")].map(n => n.id + ": " +
+			n.textContent).join("\n")`))
+		t.Fatalf("%s (%s): %v\nthe notes:\n%s", what, condition, err, notes)
 	}
 }
 
@@ -571,6 +575,18 @@ func startBrowser(t *testing.T, chromium string,
 	return ctx, watchConsole(ctx)
 }
 
+// press clicks the first element matching selector through the DOM, and
+// fails if there is none.
+func press(t *testing.T, ctx context.Context, what, selector string) {
+	t.Helper()
+	found, err := chromedp.Run(ctx, chromedp.Evaluate[bool](fmt.Sprintf(
+		"(e => (e?.click(), e !== null))(document.querySelector(%q))",
+		selector)))
+	if err != nil || !found {
+		t.Fatalf("%s: no %s to press (%v)", what, selector, err)
+	}
+}
+
 // css selects the first element matching a CSS selector.
 func css(selector string) chromedp.CSS {
 	return chromedp.CSS(selector)
@@ -623,12 +639,15 @@ func TestPlayground_ANakBringsTheDeliveryBack(t *testing.T) {
 		chromedp.Click(css("#carol-publish")))
 	until(t, ctx, "bob owes an ack",
 		exists(`#bob-messages li button.nak:not(:disabled)`))
-	do(t, ctx, "bob naks", chromedp.Click(css(`#bob-messages li button.nak`)))
+	// The buttons are pressed through the DOM, not at their place on the
+	// screen: a note or a retry may move a row between the moment a
+	// pointer is aimed and the moment it clicks, on a loaded machine.
+	press(t, ctx, "bob naks", `#bob-messages li button.nak:not(:disabled)`)
 	until(t, ctx, "the diagram draws the nak",
 		contains("#diagram", "nak jobs"))
 	until(t, ctx, "and the delivery comes back as a later attempt", exists(
 		`#bob-messages li:not([data-attempt="1"]) button.ack:not(:disabled)`))
-	do(t, ctx, "bob acks", chromedp.Click(css(`#bob-messages li button.ack`)))
+	press(t, ctx, "bob acks", `#bob-messages li button.ack:not(:disabled)`)
 	until(t, ctx, "bob's row says acked",
 		exists(`#bob-messages li[data-state="acked"]`))
 	if list := problems(); len(list) > 0 {
