@@ -133,3 +133,32 @@ func TestBroker_TwoCrashesBeforeASyncReuseNoSeq(t *testing.T) {
 		}
 	})
 }
+
+func TestBroker_ADelayedMessageSurvivesACrash(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDisk()
+		ps := startPipeBroker(t, Options{Store: d})
+		pub := ps.dialAs("pub")
+		pub.send(map[string]any{"type": "publish", "topic": "jobs",
+			"payload": "later", "qos": 1, "message_id": "later",
+			"delay_ms": 5000})
+		if g := pub.expect("published"); g.Topic != "$delayed/jobs" {
+			t.Fatalf("confirmed on %s, want $delayed/jobs", g.Topic)
+		}
+		due := time.Now().Add(5 * time.Second)
+
+		// Confirmed, it is on disk: killed before it is due, the broker
+		// starts again on what the disk kept and sends it when due.
+		d = ps.crash(d)
+		ps = startPipeBroker(t, Options{Store: d})
+		defer ps.stop()
+		sub := ps.dialAs("sub")
+		sub.subscribe("jobs", nil)
+		g := sub.expect("message")
+		if late := time.Since(due); g.MessageID != "later" || late < 0 ||
+			late > RetryInterval(DefaultAckTimeout) {
+			t.Fatalf("got %+v %v after it was due, want later within a "+
+				"retry tick", g, late)
+		}
+	})
+}

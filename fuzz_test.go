@@ -23,7 +23,8 @@ func FuzzFrame(f *testing.F) {
 			return
 		}
 		wire.ValidFilter(frame.Topic)
-		m, problem := newMessage(frame)
+		b := &Broker{opts: Options{}.withDefaults()}
+		m, problem := b.newMessage(frame)
 		if problem.Type != "" {
 			return
 		}

@@ -524,22 +524,25 @@ func pendingOf(b *Broker, c *connection) int {
 	return c.inflight
 }
 
-// crashingStore is a memoryStore whose cursor moves are lost while lose
-// is set, as a crash between a dead letter's commit and its cursor's
-// would lose them, and which a restarted broker opens again.
+// crashingStore is a memoryStore whose cursor moves (or trims) are lost
+// while lose (or loseTrims) is set, as a crash between a message's
+// commit and theirs would lose them, and which a restarted broker opens
+// again.
 type crashingStore struct {
 	*memoryStore
-	lose atomic.Bool
+	lose, loseTrims atomic.Bool
 }
 
-// Commit commits batch, without its cursor moves while s.lose is set.
+// Commit commits batch, without what s is set to lose.
 func (s *crashingStore) Commit(batch *Batch) error {
-	if s.lose.Load() && len(batch.Cursors) > 0 {
-		kept := *batch
+	kept := *batch
+	if s.lose.Load() {
 		kept.Cursors = nil
-		batch = &kept
 	}
-	return s.memoryStore.Commit(batch)
+	if s.loseTrims.Load() {
+		kept.Trims = nil
+	}
+	return s.memoryStore.Commit(&kept)
 }
 
 // Close leaves the memory for the next broker.

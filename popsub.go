@@ -91,17 +91,18 @@ import (
 	"github.com/popsub/popsub/socket"
 	"github.com/popsub/popsub/wire"
 	"github.com/popsub/popsub/xray"
+	"golang.org/x/time/rate"
 )
 
 // # Options, messages and frames
 //
-// We start with everything a reader meets on the wire and in the
-// configuration. Every limit is an option with a named default (the
-// Defaults detail gives each one's unit and reason). The protocol is the
+// First, what a reader meets on the wire and in the configuration.
+// Every limit is an option with a named default (the Defaults detail
+// gives each one's unit and reason). The protocol is the
 // original's: one JSON object per text frame, with a "type"; PopSub adds
 // fields and frames and never changes one. Incoming frames decode into
-// one flat struct, so you see the whole protocol in one place: package
-// wire, which every Go client decodes with too.
+// one flat struct, the whole protocol in one place: package wire, which
+// Go clients decode with too.
 
 // Limits that are not options: they protect the broker, not a policy.
 const (
@@ -159,8 +160,8 @@ type Options struct {
 	RetryBackoff  float64
 	MaxRetryDelay time.Duration
 	// MaxRetries is how many retries follow the first delivery before it
-	// is dead-lettered. Zero: DefaultMaxRetries, 5; negative: none, so an
-	// unacked delivery goes to $dead at its first ack timeout.
+	// is dead-lettered. Zero: DefaultMaxRetries, 5; negative: none, so it
+	// goes to $dead at its first ack timeout.
 	MaxRetries int
 	// MaxMessages is how many messages each topic's log keeps. Zero:
 	// DefaultMaxMessages, 1,000.
@@ -202,9 +203,8 @@ type Options struct {
 	// PublishRate caps publishes per second per connection, with a burst
 	// of one second's worth. Zero: no cap.
 	PublishRate float64
-	// PingInterval is how often each connection is pinged; one that has
-	// not answered by the next ping is closed. Zero: DefaultPingInterval,
-	// 20 s.
+	// PingInterval is how often each connection is pinged; one silent
+	// until the next ping is closed. Zero: DefaultPingInterval, 20 s.
 	PingInterval time.Duration
 	// Issuer and Audience, when set, must match a token's iss and aud.
 	Issuer, Audience string
@@ -237,9 +237,10 @@ type Message struct {
 	QoS int `json:"qos"`
 	// Payload is any JSON value, compacted onto one line.
 	Payload json.RawMessage `json:"payload"`
-	// ExpiresAt is Unix milliseconds after which it is not delivered,
-	// from the publish's ttl_ms; 0 for never (Expiry).
+	// ExpiresAt is Unix ms after which it is not delivered (ttl_ms);
+	// DeliverAt when it is due, in $delayed/<topic> (delay_ms); 0: none.
 	ExpiresAt int64 `json:"expires_at,omitempty"`
+	DeliverAt int64 `json:"deliver_at,omitempty"`
 
 	// delivery is the message's delivery frame at attempt 1, made once
 	// when it is sequenced: every subscriber is sent these bytes, and the
@@ -418,19 +419,14 @@ type entry struct {
 	timestamp int64      // Unix ms, for the time-to-live
 	key       messageKey // a QoS 1 message's, for idempotent publishes
 	size      int        // Message.size, for the byte cap
+	due       int64      // a delayed message's DeliverAt; -1 once sent
 }
 
 // New starts a broker over opts.Store, loading every topic's index from it.
 // The broker owns the store from here on: Shutdown closes it.
 func New(opts Options) (*Broker, error) {
-	if len(opts.Secret) == 0 {
-		return nil, ErrNoSecret
-	}
-	if opts.Store == nil {
-		return nil, errors.New("popsub: Options.Store is required")
-	}
-	// opts.check refuses a negative limit (Keepalives, limits and
-	// batches).
+	// opts.check refuses a missing Secret or Store, and a negative limit
+	// (Keepalives, limits and batches).
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
@@ -465,12 +461,14 @@ func New(opts Options) (*Broker, error) {
 	// Retries, keepalives, retention and x-ray events run on loops of
 	// their own. A retry is late by at most RetryInterval, a fifth of
 	// the ack timeout (but the loop is no busier than a millisecond, and
-	// no lazier than the original's one second); b.ping checks that
+	// no lazier than the original's one second), and so is a delayed
+	// message (b.releaseDue, in Delayed delivery); b.ping checks that
 	// every peer still answers (Keepalives, limits and batches);
-	// b.trimExpired drops what outlived the TTL (Retention, a detail), at
-	// most a tenth of it late.
-	b.loops.Add(4)
+	// b.trimExpired drops what outlived the TTL (Retention), at most a
+	// tenth of it late.
+	b.loops.Add(5)
 	go b.every(RetryInterval(opts.AckTimeout), b.retry)
+	go b.every(RetryInterval(opts.AckTimeout), b.releaseDue)
 	go b.every(opts.PingInterval, b.ping)
 	go b.every(min(max(opts.TTL/10, time.Millisecond), time.Minute),
 		b.trimExpired)
@@ -771,10 +769,9 @@ type connection struct {
 	// batch is set when the client opted into several objects a frame;
 	// loginFailed once a login on it failed (Logins). The reader's alone.
 	batch, loginFailed bool
-	// tokens and refilled are the publish rate limit's bucket; the
-	// reader goroutine's alone.
-	tokens   float64
-	refilled time.Time
+	// limiter holds publishes to PublishRate, a token bucket with a
+	// second's burst (golang.org/x/time/rate); nil: no cap.
+	limiter *rate.Limiter
 	// outbox queues frames for the writer, at most OutboxBytes. A nil
 	// frame tells the writer to close with closeCode and closeWhy.
 	outbox    *outbox
@@ -854,6 +851,9 @@ func (b *Broker) newConnection(ws Socket, remote string) *connection {
 		subscriptions: map[string]*subscription{},
 		unacked:       map[string]*pendingQueue{}}
 	c.outbox = queue.NewOutbox(b.opts.OutboxBytes, c.writeLoop)
+	if r := b.opts.PublishRate; r > 0 {
+		c.limiter = rate.NewLimiter(rate.Limit(r), int(max(r, 1)))
+	}
 	return c
 }
 
@@ -1068,28 +1068,25 @@ func (c *connection) handle(data []byte) {
 		return
 	}
 
-	// Each frame type has one handler; each handler validates its own
-	// fields, so that its error names exactly what was wrong.
-	switch f.Type {
-	case "auth": // c.reauthenticate takes a fresh token (Tokens)
-		c.reauthenticate(f)
-	case "login":
-		c.reply(c.login(f, nil))
-	case "subscribe":
-		c.subscribe(f)
-	case "unsubscribe":
-		c.unsubscribeFrame(f)
-	case "publish":
-		c.publish(f)
-	case "ack":
-		c.ack(f)
-	case "nak": // c.nak hands a delivery back (Naks, backoff and expiry)
-		c.nak(f)
-	case "ping":
-		c.reply(reply{Type: "pong"})
-	default:
+	if answer := handlers[f.Type]; answer != nil {
+		answer(c, f)
+	} else {
 		c.reply(errorReply("unknown_type", "unknown frame type: "+f.Type))
 	}
+}
+
+// handlers answer each frame type, one each; each validates its own
+// fields, so that its error names exactly what was wrong.
+var handlers = map[string]func(*connection, frame){
+	"auth":        (*connection).reauthenticate, // a fresh token (Tokens)
+	"login":       func(c *connection, f frame) { c.reply(c.login(f, nil)) },
+	"subscribe":   (*connection).subscribe,
+	"unsubscribe": (*connection).unsubscribeFrame,
+	"publish":     (*connection).publish,
+	"ack":         (*connection).ack,
+	"nak":         (*connection).nak, // Naks, backoff and expiry
+
+	"ping": func(c *connection, _ frame) { c.reply(reply{Type: "pong"}) },
 }
 
 // decodeFrame parses one frame, or explains what is wrong with it. data
@@ -1377,14 +1374,14 @@ type confirm struct {
 
 // publish answers a publish frame.
 func (c *connection) publish(f frame) {
-	m, problem := newMessage(f)
+	m, problem := c.broker.newMessage(f)
 	switch {
 	case problem.Type != "":
-	case !Allowed(c.claims.Publish, m.Topic): // Allowed: Topic rules
+	case !Allowed(c.claims.Publish, f.Topic): // Allowed: Topic rules
 		problem = topicError("forbidden", "token may not publish to "+
-			m.Topic, m.Topic)
-	case !c.allowPublish(): // c.allowPublish: PublishRate (Keepalives…)
-		problem = topicError("rate_limited", "publishing too fast", m.Topic)
+			f.Topic, f.Topic)
+	case c.limiter != nil && !c.limiter.Allow(): // a token bucket
+		problem = topicError("rate_limited", "publishing too fast", f.Topic)
 	}
 	if problem.Type != "" {
 		// A refusal names the publisher's message_id, so a client with
@@ -1413,7 +1410,7 @@ func (c *connection) publish(f frame) {
 // newMessage validates a publish frame and builds its message.
 // wire.ValidTopic explains what is wrong with a topic to publish to, as
 // wire.ValidFilter does for a subscription's.
-func newMessage(f frame) (*Message, reply) {
+func (b *Broker) newMessage(f frame) (*Message, reply) {
 	switch problem := wire.ValidTopic(f.Topic); {
 	case problem != "":
 		return nil, topicError("invalid_topic", problem, f.Topic)
@@ -1437,8 +1434,9 @@ func newMessage(f frame) (*Message, reply) {
 	}
 	m := &Message{Topic: f.Topic, ID: f.MessageID, QoS: f.QoS,
 		Payload: payload}
-	// A ttl_ms sets when it stops being delivered (m.expire, in Expiry).
-	return m, m.expire(f)
+	// A ttl_ms sets when it stops being delivered, a delay when it is
+	// due (b.times, in Delayed delivery).
+	return m, b.times(m, f)
 }
 
 // publish waits for room in the log's queue, then sequences m, queues it
@@ -1564,7 +1562,7 @@ func (s *subscription) fallBehind(b *Broker, after uint64) {
 // message and once per retry).
 func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 	return wire.AppendMessage(buf, m.Topic, m.ID, m.Payload, m.Timestamp,
-		m.QoS, m.Seq, attempt, m.ExpiresAt)
+		m.QoS, m.Seq, attempt, m.ExpiresAt, m.DeliverAt)
 }
 
 // # The outbox and back-pressure
@@ -2533,10 +2531,19 @@ func (b *Broker) overCapacity(w http.ResponseWriter) bool {
 	return false
 }
 
-// check refuses a negative limit: MaxRetries is the one whose negative
-// means something. Every number in Options is a limit, so a new one is
-// checked without a line of its own.
+// check refuses a missing Secret or Store, a RetryBackoff below 1, and
+// a negative limit: MaxRetries is the one whose negative means
+// something. Every number in Options is a limit, so a new one is checked
+// without a line of its own.
 func (o Options) check() error {
+	switch {
+	case len(o.Secret) == 0:
+		return ErrNoSecret
+	case o.Store == nil:
+		return errors.New("popsub: Options.Store is required")
+	case o.RetryBackoff != 0 && o.RetryBackoff < 1:
+		return errors.New("popsub: Options.RetryBackoff is below 1")
+	}
 	fields := reflect.ValueOf(o)
 	for i := range fields.NumField() {
 		name, v := fields.Type().Field(i).Name, fields.Field(i)
@@ -2545,28 +2552,7 @@ func (o Options) check() error {
 			return fmt.Errorf("popsub: Options.%s is negative", name)
 		}
 	}
-	if o.RetryBackoff != 0 && o.RetryBackoff < 1 {
-		return errors.New("popsub: Options.RetryBackoff is below 1")
-	}
 	return nil
-}
-
-// allowPublish takes one publish from the connection's token bucket,
-// which refills at PublishRate per second up to one second's worth.
-// Only the reader goroutine calls it, so the bucket needs no lock.
-func (c *connection) allowPublish() bool {
-	rate := c.broker.opts.PublishRate
-	if rate <= 0 {
-		return true
-	}
-	now := time.Now()
-	c.tokens = min(max(rate, 1), c.tokens+now.Sub(c.refilled).Seconds()*rate)
-	c.refilled = now
-	if c.tokens < 1 {
-		return false
-	}
-	c.tokens--
-	return true
 }
 
 // ping starts a keepalive for every connection; it runs once per
@@ -2921,7 +2907,7 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 	if err != nil {
 		return 0, fmt.Errorf("publish: encode payload: %w", err)
 	}
-	m, problem := newMessage(frame{Topic: topic, Payload: raw, QoS: qos})
+	m, problem := b.newMessage(frame{Topic: topic, Payload: raw, QoS: qos})
 	if problem.Type != "" {
 		return 0, fmt.Errorf("publish: %s", problem.Message)
 	}
@@ -3360,31 +3346,27 @@ func (b *Broker) retryDelay(p *pending) time.Duration {
 // connection does not owe is an error: the client believes it holds one
 // it does not (acked already, dead-lettered, or never sent here).
 func (c *connection) nak(f frame) {
-	problem := reply{}
-	switch {
-	case f.Seq != nil && f.Topic == "" || f.Seq == nil && f.MessageID == "":
-		problem = errorReply("missing_field",
-			"nak needs a message_id, or a topic and a seq")
-	case f.DelayMS != nil && (*f.DelayMS < 0 || *f.DelayMS > maxDelayMS):
-		problem = errorReply("invalid_delay",
-			"delay_ms must be from 0 to 31536000000 (a year)")
-	case f.DelayMS != nil && f.Dead:
-		problem = errorReply("invalid_delay",
-			"a nak with \"dead\":true goes to $dead at once, without delay_ms")
-	case len(f.Reason) > maxMessageIDBytes:
-		problem = errorReply("invalid_reason",
-			"reason is longer than 256 bytes")
-	}
 	c.mu.Lock()
 	q, i := c.pendingOf(f)
-	if problem.Type == "" && q == nil {
-		problem = errorReply("not_pending", "no unacked delivery of it on "+
-			"this connection: acked, dead-lettered, or never sent here")
+	code, problem := "", ""
+	switch {
+	case f.Seq != nil && f.Topic == "" || f.Seq == nil && f.MessageID == "":
+		code, problem = "missing_field", "nak needs a message_id, or a topic "+
+			"and a seq"
+	case f.DelayMS != nil && (*f.DelayMS < 0 || *f.DelayMS > maxDelayMS ||
+		f.Dead):
+		code, problem = "invalid_delay", "delay_ms must be from 0 to "+
+			"31536000000 (a year), and absent with \"dead\":true"
+	case len(f.Reason) > maxMessageIDBytes:
+		code, problem = "invalid_reason", "reason is longer than 256 bytes"
+	case q == nil:
+		code, problem = "not_pending", "no unacked delivery of it on this "+
+			"connection: acked, dead-lettered, or never sent here"
 	}
-	if problem.Type != "" {
+	if code != "" {
 		c.mu.Unlock()
-		problem.Topic, problem.MessageID = f.Topic, f.MessageID
-		c.reply(problem)
+		c.reply(reply{Type: "error", Code: code, Message: problem,
+			Topic: f.Topic, MessageID: f.MessageID})
 		return
 	}
 	p := &q.Live()[i]
@@ -3426,21 +3408,6 @@ func (c *connection) pendingOf(f frame) (*pendingQueue, int) {
 	return nil, -1
 }
 
-// expire sets m.ExpiresAt from f's ttl_ms, or explains what is wrong
-// with it. A ttl_ms of 0 or less has passed already: refused, not
-// published to be dropped.
-func (m *Message) expire(f frame) reply {
-	switch ttl := f.TTLMS; {
-	case ttl == nil:
-	case *ttl < 1 || *ttl > maxDelayMS:
-		return topicError("invalid_ttl",
-			"ttl_ms must be from 1 to 31536000000 (a year)", f.Topic)
-	default:
-		m.ExpiresAt = time.Now().UnixMilli() + *ttl
-	}
-	return reply{}
-}
-
 // deadID is the message_id of p's dead letter. Through a durable cursor
 // (a durable subscription's, or a work queue's) it is the same each time
 // that cursor gives up on the same message, so a dead letter made again,
@@ -3469,6 +3436,127 @@ func (m *Message) deadReason() string {
 // is read only for such a message.
 func (m *Message) expired() bool {
 	return m.ExpiresAt != 0 && time.Now().UnixMilli() >= m.ExpiresAt
+}
+
+// # Delayed delivery (detail)
+//
+// A publish with delay_ms, or deliver_at (Unix ms), is confirmed once
+// stored and delivered when due. It gets its seq when due, not when
+// stored: a seq says everything before it was offered, and a message
+// given seq 8 at publish and delivered after seq 20 would land behind
+// durable cursors that had passed it, in a stretch of the log a replay
+// had read already. Giving it its place at the end is what a client
+// expects of a message that arrives later. So until then it waits in a
+// log of its own, $delayed/<topic>, and the publisher's confirm names
+// that topic and the seq there. It waits in the log, not in a timer in
+// memory, so that a crash does not lose it: a restart reads it back with
+// the rest of the log (loadTopics), due time and all.
+//
+// A loop at the retry loop's pace (b.releaseDue) publishes each message
+// that fell due to its topic, under its own message_id and publisher,
+// with its deliver_at, which its deliveries carry; once that is on disk,
+// its $delayed log forgets it. A crash before that forgetting is on disk
+// sends it again after the restart, and the topic's idempotent publish
+// stores it once: so a delayed message is QoS 1, whose id the log
+// remembers. It waits at most the log's TTL, the longest the log keeps
+// anything, and a $delayed log is not trimmed by the caps or the TTL,
+// only by sending.
+//
+// On a shared log every broker that knows a $delayed log (its
+// publisher's, and any started since) sends what fell due, and the
+// log's dedup keeps one copy. JetStream's own message schedules (NATS
+// 2.12) would give the schedule a seq in the topic's stream: a gap in
+// its seqs, which a subscriber would hear of as messages lost.
+
+// DelayedPrefix names the log a delayed message waits in: $delayed/T.
+// A shared log must keep such a log's messages until they are due.
+const DelayedPrefix = "$delayed/"
+
+// times sets m.ExpiresAt from f's ttl_ms (Expiry) and, for a delayed
+// publish, m.DeliverAt, moving m to wait in $delayed/<topic>; or it
+// explains what is wrong with them. A ttl_ms of 0 or less has passed
+// already: refused, not published to be dropped; a delayed message's
+// counts from when it is due. A time already past is no delay.
+func (b *Broker) times(m *Message, f frame) reply {
+	now := time.Now().UnixMilli()
+	due := now + *cmp.Or(f.DelayMS, new(int64(0))) // or deliver_at:
+	if f.DeliverAt != nil {
+		due = *f.DeliverAt
+	}
+	problem := ""
+	switch {
+	case f.TTLMS != nil && (*f.TTLMS < 1 || *f.TTLMS > maxDelayMS):
+		return topicError("invalid_ttl",
+			"ttl_ms must be from 1 to 31536000000 (a year)", f.Topic)
+	case f.DelayMS == nil && f.DeliverAt == nil:
+	case f.DelayMS != nil && (f.DeliverAt != nil || *f.DelayMS < 0):
+		problem = "give delay_ms, 0 or more, or deliver_at, not both"
+	case due-now > b.opts.TTL.Milliseconds():
+		problem = "a delay may be at most the log's TTL, " + b.opts.TTL.String()
+	case f.QoS != 1:
+		problem = "a delayed publish needs qos 1: it is confirmed once stored"
+	}
+	if problem != "" {
+		return topicError("invalid_delay", problem, f.Topic)
+	}
+	if due > now {
+		m.Topic, m.DeliverAt = DelayedPrefix+m.Topic, due
+	}
+	if f.TTLMS != nil {
+		m.ExpiresAt = max(now, m.DeliverAt) + *f.TTLMS
+	}
+	return reply{}
+}
+
+// releaseDue publishes every delayed message that fell due to its
+// topic, where it gets its seq now; it runs on a loop of its own, at the
+// retry loop's pace. Each $delayed log then forgets what reached the
+// disk, and trims the run of sent messages at its front; one the store
+// refused goes at the next look.
+func (b *Broker) releaseDue(now time.Time) {
+	for _, t := range b.topicList() {
+		if !strings.HasPrefix(t.name, DelayedPrefix) {
+			continue
+		}
+		t.mu.Lock()
+		due := slices.DeleteFunc(slices.Clone(t.index.Live()),
+			func(e entry) bool { return e.due <= 0 || e.due > now.UnixMilli() })
+		t.mu.Unlock()
+		sent := map[uint64]*outcome{}
+		for _, e := range due {
+			// The index keeps no payloads: each is read from the log. One
+			// not synced yet goes at the next look. It keeps its
+			// message_id, publisher, payload and expiry.
+			msgs, err := b.store.Read(t.name, e.seq-1, 1, maxQueueBytes)
+			if err == nil && len(msgs) > 0 && msgs[0].Seq == e.seq {
+				m := msgs[0]
+				m.Topic = strings.TrimPrefix(t.name, DelayedPrefix)
+				if _, _, stored := b.publish(m, b.stop, nil); stored != nil {
+					sent[e.seq] = stored
+				}
+			}
+		}
+		for seq, stored := range sent {
+			if <-stored.Done(); stored.Err() != nil {
+				delete(sent, seq)
+			}
+		}
+		// Mark what was sent, and count the run of sent at the front.
+		t.mu.Lock()
+		live, n := t.index.Live(), 0
+		for i := range live {
+			if sent[live[i].seq] != nil {
+				live[i].due = -1
+			}
+			if n == i && live[i].due < 0 {
+				n++
+			}
+		}
+		if n > 0 {
+			b.log.Trim(t.name, t.forget(n))
+		}
+		t.mu.Unlock()
+	}
 }
 
 // # The x-ray (detail)
@@ -3634,7 +3722,8 @@ func (b *Broker) OutboxBytes() int {
 func (t *topic) remember(m *Message) {
 	// Only QoS 1 ids are remembered for dedup: a QoS 0 publisher asked
 	// for at most once and gets no confirm to retry after.
-	e := entry{seq: m.Seq, timestamp: m.Timestamp, size: m.size()}
+	e := entry{seq: m.Seq, timestamp: m.Timestamp, size: m.size(),
+		due: m.DeliverAt}
 	if m.QoS == 1 {
 		e.key = m.key()
 		t.ids[e.key] = m.Seq
@@ -3666,9 +3755,11 @@ func (t *topic) forget(n int) uint64 {
 }
 
 // applyCaps drops from t's index the oldest messages over MaxMessages or
-// MaxLogBytes, and has the log trim them. The caller holds t.mu.
+// MaxLogBytes, and has the log trim them; a $delayed log's leave it only
+// once sent (Delayed delivery). The caller holds t.mu.
 func (b *Broker) applyCaps(t *topic) {
-	if over := t.excess(b.opts.MaxMessages, b.opts.MaxLogBytes); over > 0 {
+	over := t.excess(b.opts.MaxMessages, b.opts.MaxLogBytes)
+	if over > 0 && !strings.HasPrefix(t.name, DelayedPrefix) {
 		b.log.Trim(t.name, t.forget(over))
 	}
 }
@@ -3692,7 +3783,7 @@ func (t *topic) excess(maxMessages, maxBytes int) int {
 // runs ten times per TTL. The count cap is applied on append; time needs
 // a clock, so the broker checks it here rather than waiting for someone
 // to read the topic. Timestamps only grow within a topic, so the old
-// ones are a prefix.
+// ones are a prefix. A $delayed log's leave it only once sent.
 func (b *Broker) trimExpired(now time.Time) {
 	cutoff := now.Add(-b.opts.TTL).UnixMilli()
 	for _, t := range b.topicList() {
@@ -3701,7 +3792,7 @@ func (b *Broker) trimExpired(now time.Time) {
 		n := sort.Search(len(live), func(i int) bool {
 			return live[i].timestamp >= cutoff
 		})
-		if n > 0 {
+		if n > 0 && !strings.HasPrefix(t.name, DelayedPrefix) {
 			b.log.Trim(t.name, t.forget(n))
 		}
 		t.mu.Unlock()

@@ -376,13 +376,21 @@ func (l *Log) create(topic string, s *stream) error {
 	if window <= 0 {
 		window = 2 * time.Minute
 	}
-	_, err := l.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	config := jetstream.StreamConfig{
 		Name: s.name, Subjects: []string{s.subject},
 		MaxMsgs:  orMinusOne(int64(l.opts.MaxMessages)),
 		MaxBytes: orMinusOne(l.opts.MaxBytes), MaxAge: l.opts.MaxAge,
 		Duplicates: window, Discard: jetstream.DiscardOld,
 		Replicas: l.opts.Replicas, Storage: jetstream.FileStorage,
-		AllowDirect: true})
+		AllowDirect: true}
+	// A $delayed/<topic> stream holds messages until they are due, at
+	// most MaxAge after their publish: no count or size cap may drop one
+	// before, and it keeps each twice that, so that a message due at the
+	// last moment is still there when a broker sends it on.
+	if strings.HasPrefix(topic, popsub.DelayedPrefix) {
+		config.MaxMsgs, config.MaxBytes, config.MaxAge = -1, -1, 2*l.opts.MaxAge
+	}
+	_, err := l.js.CreateOrUpdateStream(ctx, config)
 	if err != nil {
 		return fmt.Errorf("create stream for %q: %w", topic, err)
 	}
@@ -422,7 +430,8 @@ func (l *Log) Append(m *popsub.Message,
 		done(0, false, err)
 		return
 	}
-	msg := &nats.Msg{Subject: s.subject, Data: body}
+	msg := &nats.Msg{Subject: s.subject, Data: body, Header: nats.Header{}}
+	msg.Header.Set(publisherHeader, m.Publisher())
 	var opts []jetstream.PublishOpt
 	if m.QoS == 1 {
 		opts = append(opts, jetstream.WithMsgID(msgID(m)))
@@ -725,7 +734,7 @@ func (l *Log) Read(topic string, after uint64, limit,
 		if seq > fed {
 			continue // past the feed, which up_to_seq should have kept out
 		}
-		m, err := decode(answer.Data, seq)
+		m, err := decode(answer.Data, answer.Header, seq)
 		if err != nil {
 			l.opts.Logger.Error("corrupt message skipped", "topic", topic,
 				"seq", seq, "err", err)
@@ -735,10 +744,16 @@ func (l *Log) Read(topic string, after uint64, limit,
 	}
 }
 
+// publisherHeader keeps a message's publisher beside it: the broker
+// scopes a message_id to its publisher, and a delayed message sent on
+// when due must keep its own.
+const publisherHeader = "Popsub-Publisher"
+
 // decode turns a stream message back into PopSub's, with its seq.
-func decode(data []byte, seq uint64) (*popsub.Message, error) {
-	m := &popsub.Message{}
-	if err := json.Unmarshal(data, m); err != nil {
+func decode(data []byte, header nats.Header,
+	seq uint64) (*popsub.Message, error) {
+	m, err := popsub.RestoreMessage(data, header.Get(publisherHeader))
+	if err != nil {
 		return nil, err
 	}
 	m.Seq = seq
@@ -946,7 +961,7 @@ func (l *Log) follow(topic string) {
 		if err != nil {
 			return
 		}
-		m, err := decode(msg.Data(), meta.Sequence.Stream)
+		m, err := decode(msg.Data(), msg.Headers(), meta.Sequence.Stream)
 		if err != nil {
 			l.opts.Logger.Error("corrupt message skipped", "topic", topic,
 				"seq", meta.Sequence.Stream, "err", err)

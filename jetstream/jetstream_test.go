@@ -356,3 +356,38 @@ func TestJetStream_APublishIsAnsweredWhenItsTopicCannotBeFollowed(t *testing.T) 
 			AnswerBound)
 	}
 }
+
+// A delayed message waits in the shared log, not in its broker: killed
+// before the messages fall due, its broker sends nothing, and a broker
+// started later sends each once, under its own publisher, so that two
+// publishers' equal message_ids stay two messages.
+func TestJetStream_ADelayedMessageOutlivesItsBroker(t *testing.T) {
+	url := startNATS(t).ClientURL()
+	opts := popsub.Options{AckTimeout: 500 * time.Millisecond}
+	a, b := startBroker(t, url, opts), startBroker(t, url, opts)
+	worker := b.dial("worker")
+	worker.subscribe("jobs", nil)
+	for _, sub := range []string{"alice", "bob"} {
+		c := a.dial(sub)
+		c.send(map[string]any{"type": "publish", "topic": "jobs", "qos": 1,
+			"message_id": "job", "payload": sub, "delay_ms": 1500})
+		if g := c.expect("published"); g.Topic != "$delayed/jobs" {
+			t.Fatalf("%s's confirm %+v, want it on $delayed/jobs", sub, g)
+		}
+	}
+	a.kill()
+
+	startBroker(t, url, opts)
+	got := map[string]bool{}
+	for _, m := range worker.messages(2) {
+		got[string(m.Payload)] = true
+		worker.send(map[string]any{"type": "ack", "topic": "jobs",
+			"seq": m.Seq})
+	}
+	if !got[`"alice"`] || !got[`"bob"`] {
+		t.Fatalf("the worker got %v, want alice's and bob's job", got)
+	}
+	if m, ok := worker.tryNext(); ok {
+		t.Fatalf("then %+v, want nothing more", m)
+	}
+}

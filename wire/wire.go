@@ -44,7 +44,8 @@ type Frame struct {
 	Last       *uint64         `json:"last,omitempty"`        // subscribe
 	Durable    string          `json:"durable,omitempty"`     // subscribe
 	Group      string          `json:"group,omitempty"`       // subscribe: a work queue
-	DelayMS    *int64          `json:"delay_ms,omitempty"`    // nak: wait before the retry
+	DelayMS    *int64          `json:"delay_ms,omitempty"`    // nak, publish: wait first
+	DeliverAt  *int64          `json:"deliver_at,omitempty"`  // publish: deliver then (Unix ms)
 	Dead       bool            `json:"dead,omitempty"`        // nak: dead-letter it now
 	Reason     string          `json:"reason,omitempty"`      // nak: why, for the dead letter
 	TTLMS      *int64          `json:"ttl_ms,omitempty"`      // publish: deliver only until then
@@ -76,8 +77,10 @@ type Received struct {
 	Seq       uint64          `json:"seq"`
 	Attempt   int             `json:"attempt"`
 	// ExpiresAt (Unix ms) is when a delivery published with ttl_ms stops
-	// being delivered; 0 for none.
+	// being delivered; 0 for none. DeliverAt is when a delayed message is
+	// due: on $delayed/<topic>, where it waits, and on its topic once sent.
 	ExpiresAt int64 `json:"expires_at"`
+	DeliverAt int64 `json:"deliver_at"`
 	// Recovered is false when a subscription asked for messages the log
 	// no longer keeps; Duplicate is true when a publish repeated a
 	// message_id the topic still had.
@@ -134,13 +137,13 @@ func BearerToken(authorization string) string {
 // attempt. It is written by hand because a broker runs it once per
 // publish and once per retry, and encoding/json costs several times as
 // much. Field order and names are the original PopSub's, with seq and
-// attempt added at the end, and expires_at after them when not 0. Topic
+// attempt added at the end, then expires_at and deliver_at if not 0. Topic
 // and id are escaped; the payload is copied as it is, because it is
 // valid, compact JSON. Room for all of it is made at once, so the frame
 // is one allocation.
 func AppendMessage(buf []byte, topic, id string, payload []byte,
 	timestamp int64, qos int, seq uint64, attempt int,
-	expiresAt int64) []byte {
+	expiresAt, deliverAt int64) []byte {
 	buf = slices.Grow(buf, 128+len(topic)+len(id)+len(payload))
 	buf = appendString(append(buf, `{"type":"message","topic":`...), topic)
 	buf = append(append(buf, `,"payload":`...), payload...)
@@ -151,6 +154,9 @@ func AppendMessage(buf []byte, topic, id string, payload []byte,
 	buf = strconv.AppendInt(append(buf, `,"attempt":`...), int64(attempt), 10)
 	if expiresAt != 0 {
 		buf = strconv.AppendInt(append(buf, `,"expires_at":`...), expiresAt, 10)
+	}
+	if deliverAt != 0 {
+		buf = strconv.AppendInt(append(buf, `,"deliver_at":`...), deliverAt, 10)
 	}
 	return append(buf, '}')
 }
