@@ -238,7 +238,8 @@ type Message struct {
 	// Payload is any JSON value, compacted onto one line.
 	Payload json.RawMessage `json:"payload"`
 	// ExpiresAt is Unix ms after which it is not delivered (ttl_ms);
-	// DeliverAt when it is due, in $delayed/<topic> (delay_ms); 0: none.
+	// DeliverAt when it is or was due (delay_ms, Delayed delivery); 0:
+	// none.
 	ExpiresAt int64 `json:"expires_at,omitempty"`
 	DeliverAt int64 `json:"deliver_at,omitempty"`
 

@@ -106,6 +106,8 @@ export class PopsubError extends Error {
  * @property {number} attempt 1, then 2, 3, … on each retry
  * @property {number} [expiresAt] Unix ms after which it is not delivered,
  *   when it was published with ttlMs
+ * @property {number} [deliverAt] Unix ms when it was due, when it was
+ *   published with delayMs or deliverAt
  * @property {() => void} ack acks it (a QoS 0 delivery needs none)
  * @property {(options?: {delayMs?: number, dead?: boolean,
  *   reason?: string}) => void} nak hands it back: retried after delayMs
@@ -517,17 +519,23 @@ export class Client {
    * 1 resolves with the broker's confirm once the message is on disk,
    * sending it again after each reconnect until then.
    * @param {string} topic @param {any} payload
-   * ttlMs delivers it only that many milliseconds from now.
-   * @param {{qos?: 0|1, messageId?: string, ttlMs?: number}} [options]
+   * ttlMs delivers it only that many milliseconds from now. delayMs (or
+   * deliverAt, Unix ms) delivers it then, not before: it needs qos 1, and
+   * its confirm names $delayed/<topic>, where it waits.
+   * @param {{qos?: 0|1, messageId?: string, ttlMs?: number,
+   *   delayMs?: number, deliverAt?: number}} [options]
    * @returns {Promise<Confirm|undefined>}
    */
-  publish(topic, payload, {qos = 0, messageId, ttlMs} = {}) {
+  publish(topic, payload, {qos = 0, messageId, ttlMs, delayMs,
+    deliverAt} = {}) {
     if (this.#closed) {
       return Promise.reject(new PopsubError("closed", "the client is closed"));
     }
     const frame = {type: "publish", topic, payload, qos,
       message_id: messageId || newID()};
     if (ttlMs !== undefined) frame.ttl_ms = ttlMs;
+    if (delayMs !== undefined) frame.delay_ms = delayMs;
+    if (deliverAt !== undefined) frame.deliver_at = deliverAt;
     if (qos === 0) {
       if (!this.#authenticated) {
         return Promise.reject(new PopsubError("not_connected",
@@ -729,6 +737,7 @@ export class Subscription {
       seq: frame.seq, messageId: frame.message_id, qos: frame.qos,
       timestamp: frame.timestamp, attempt: frame.attempt, ack, nak};
     if (frame.expires_at) message.expiresAt = frame.expires_at;
+    if (frame.deliver_at) message.deliverAt = frame.deliver_at;
     const manual = this.#options.ack === "manual" && frame.qos === 1;
     let result;
     try {

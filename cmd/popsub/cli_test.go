@@ -173,3 +173,20 @@ func TestCommands_SayWhatToDoNext(t *testing.T) {
 		}
 	})
 }
+
+func TestClient_PublishesWithADelay(t *testing.T) {
+	url, token, _ := startServe(t, "--ack-timeout", "1s")
+	out, _, err := runCapture("client", "--url", url, "--token", token,
+		"pub", "jobs", `"later"`, "--qos", "1", "--delay", "500ms")
+	if err != nil || !strings.Contains(out, `"topic":"$delayed/jobs"`) {
+		t.Fatalf("pub --delay: %q, %v; want a confirm on $delayed/jobs",
+			out, err)
+	}
+	out, _, err = runCapture("client", "sub", "jobs", "--url", url,
+		"--token", token, "--after", "0", "--count", "1")
+	if err != nil || !strings.Contains(out, `"payload":"later"`) ||
+		!strings.Contains(out, `"deliver_at":`) {
+		t.Fatalf("sub printed %q, %v; want the delayed message with its "+
+			"deliver_at", out, err)
+	}
+}

@@ -58,7 +58,7 @@ func clientCommand(ctx context.Context, args []string, stdout,
 	stderr io.Writer) error {
 	command, rest := splitCommand(args, "url", "ca", "token", "secret", "qos",
 		"id", "after", "last", "durable", "group", "count", "ttl",
-		"nak-delay")
+		"delay", "nak-delay")
 	switch command {
 	case "sub":
 		return subCommand(ctx, rest, stdout, stderr)

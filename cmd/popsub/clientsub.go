@@ -111,6 +111,8 @@ func pubCommand(ctx context.Context, args []string, stdout,
 	id := fs.String("id", "", "message_id (the broker makes one if empty)")
 	ttl := fs.Duration("ttl", 0, "deliver it only this long from now "+
 		"(0: for as long as the log keeps it)")
+	delay := fs.Duration("delay", 0, "deliver it this long from now, not "+
+		"before (needs --qos 1; it waits in $delayed/TOPIC)")
 	positional, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
@@ -136,6 +138,9 @@ func pubCommand(ctx context.Context, args []string, stdout,
 	}
 	if *ttl != 0 {
 		request["ttl_ms"] = ttl.Milliseconds()
+	}
+	if *delay != 0 {
+		request["delay_ms"] = delay.Milliseconds()
 	}
 	if err := s.send(ctx, request); err != nil {
 		return err
