@@ -3526,13 +3526,14 @@ func (b *Broker) releaseDue(now time.Time) {
 		sent := map[uint64]*outcome{}
 		for _, e := range due {
 			// The index keeps no payloads: each is read from the log. One
-			// not synced yet goes at the next look. It keeps its
-			// message_id, publisher, payload and expiry.
+			// not synced yet goes at the next look. A copy is sent, with
+			// its message_id, publisher, payload and times: the store's
+			// own may be shared.
 			msgs, err := b.store.Read(t.name, e.seq-1, 1, maxQueueBytes)
 			if err == nil && len(msgs) > 0 && msgs[0].Seq == e.seq {
-				m := msgs[0]
+				m := *msgs[0]
 				m.Topic = strings.TrimPrefix(t.name, DelayedPrefix)
-				if _, _, stored := b.publish(m, b.stop, nil); stored != nil {
+				if _, _, stored := b.publish(&m, b.stop, nil); stored != nil {
 					sent[e.seq] = stored
 				}
 			}

@@ -113,11 +113,20 @@ func Check(h *History) Report {
 	for _, a := range h.Attempts {
 		attempted[key{a.Topic, a.ID}] = a.Value
 	}
+	// A delayed value's confirm names its place in $delayed/<topic>; its
+	// place in its topic is where the final read found it.
+	stored := storedIDs(h)
 	confirmed := map[key]uint64{}
 	for _, c := range h.Confirms {
-		confirmed[key{c.Topic, c.ID}] = c.Seq
+		k := key{c.Topic, c.ID}
+		confirmed[k] = c.Seq
+		if c.Delayed {
+			confirmed[k] = 0
+			if len(stored[k]) > 0 {
+				confirmed[k] = stored[k][0]
+			}
+		}
 	}
-	stored := storedIDs(h)
 	for _, log := range h.Final {
 		r.Stored += len(log)
 	}
@@ -153,6 +162,7 @@ func Check(h *History) Report {
 		checkNakked(h),
 		checkDeadOnce(h),
 		checkExpired(h),
+		checkDue(h),
 		checkAnswered(h),
 		checkHealed(h),
 	}
@@ -194,7 +204,7 @@ func checkConfirmedSeqs(h *History, stored map[key][]uint64) Line {
 	l := Line{Invariant: "each is stored at the seq its confirm named"}
 	for _, c := range h.Confirms {
 		seqs := stored[key{c.Topic, c.ID}]
-		if len(seqs) > 0 && !slices.Contains(seqs, c.Seq) {
+		if !c.Delayed && len(seqs) > 0 && !slices.Contains(seqs, c.Seq) {
 			l.mark(c.Topic, c.ID, c.Seq)
 			l.violation("%s %s: confirmed at seq %d, stored at %v",
 				c.Topic, c.ID, c.Seq, seqs)
@@ -230,7 +240,11 @@ func checkOneValuePerSeq(h *History) Line {
 		}
 	}
 	for _, c := range h.Confirms {
-		note(c.Topic, c.Seq, c.ID, "confirmed to "+c.Publisher)
+		topic := c.Topic
+		if c.Delayed {
+			topic = delayedPrefix + topic
+		}
+		note(topic, c.Seq, c.ID, "confirmed to "+c.Publisher)
 	}
 	for topic, log := range h.Final {
 		for _, m := range log {
@@ -564,6 +578,39 @@ func checkExpired(h *History) Line {
 			l.violation("the final read of %s: seq %d replayed at %s, after "+
 				"it expired at %s", r.Topic, r.Seq,
 				r.At.Format("15:04:05.000"), expired.Format("15:04:05.000"))
+		}
+	}
+	return l
+}
+
+// checkDue: a delayed value is delivered no sooner than its deliver_at,
+// which is no sooner than its delay after it was first sent.
+func checkDue(h *History) Line {
+	l := Line{Invariant: "no delayed message is delivered before it is due"}
+	sent := map[key]time.Time{}
+	for _, a := range h.Attempts {
+		if _, seen := sent[key{a.Topic, a.ID}]; a.Delayed && !seen {
+			sent[key{a.Topic, a.ID}] = a.At
+		}
+	}
+	for _, s := range h.Subscriptions {
+		for _, d := range s.Deliveries {
+			first, ok := sent[key{s.Topic, d.ID}]
+			earliest := first.UnixMilli() + delay
+			switch {
+			case !ok:
+			case d.DeliverAt < earliest:
+				l.mark(s.Topic, d.ID, d.Seq)
+				l.violation("%s %s to %s: deliver_at %d, want %d or later: "+
+					"sent at %s with delay_ms %d", s.Topic, d.ID,
+					s.Subscriber, d.DeliverAt, earliest,
+					first.Format("15:04:05.000"), delay)
+			case d.At.UnixMilli() < d.DeliverAt:
+				l.mark(s.Topic, d.ID, d.Seq)
+				l.violation("%s %s to %s at %s, before its deliver_at %s",
+					s.Topic, d.ID, s.Subscriber, d.At.Format("15:04:05.000"),
+					time.UnixMilli(d.DeliverAt).Format("15:04:05.000"))
+			}
 		}
 	}
 	return l

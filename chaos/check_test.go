@@ -456,3 +456,45 @@ func TestCheck_NothingIsDeliveredAfterItExpired(t *testing.T) {
 		t.Fatalf("an expired value missing from the final read:\n%s", r)
 	}
 }
+
+func TestCheck_ADelayedValueComesWhenDueAtItsOwnPlace(t *testing.T) {
+	const early = "no delayed message is delivered before it is due"
+	h := clean()
+	// a-2 was delayed: its confirm named seq 7 of $delayed/jobs, and it
+	// took seq 2 of jobs when due, after a-1.
+	sent := h.Attempts[1].At
+	h.Attempts[1].Delayed = true
+	h.Confirms[1].Delayed, h.Confirms[1].Seq = true, 7
+	due := sent.UnixMilli() + delay
+	for _, s := range h.Subscriptions {
+		for i := range s.Deliveries {
+			if s.Deliveries[i].ID == "a-2" {
+				s.Deliveries[i].DeliverAt = due
+				s.Deliveries[i].At = time.UnixMilli(due + 300)
+			}
+		}
+	}
+	if r := Check(h); !r.OK() {
+		t.Fatalf("a delayed value sent when due was refused:\n%s", r)
+	}
+
+	// Delivered before its deliver_at, or with a deliver_at sooner than
+	// its delay allows.
+	d := &h.Subscriptions[0].Deliveries[2]
+	d.At = time.UnixMilli(due - 100)
+	if got := violated(Check(h)); len(got) != 1 || got[0] != early {
+		t.Fatalf("delivered 100 ms early: broken %v", got)
+	}
+	d.At, d.DeliverAt = time.UnixMilli(due), due-500
+	if got := violated(Check(h)); len(got) != 1 || got[0] != early {
+		t.Fatalf("due 500 ms before its delay ran out: broken %v", got)
+	}
+	d.DeliverAt = due
+
+	// Missing from its topic's log, it is a loss.
+	h.Final["jobs"] = h.Final["jobs"][:1]
+	got := violated(Check(h))
+	if len(got) == 0 || got[0] != "every confirmed value is in the final log" {
+		t.Fatalf("a delayed value never sent: broken %v", got)
+	}
+}

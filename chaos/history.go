@@ -70,8 +70,9 @@ type Attempt struct {
 	At     time.Time
 	Unread bool
 	// Expiring is set when it carried a ttl_ms: it may expire before a
-	// subscriber, or the final read, gets it.
-	Expiring bool
+	// subscriber, or the final read, gets it. Delayed is set when it
+	// carried a delay_ms: it is due no sooner than that after At.
+	Expiring, Delayed bool
 }
 
 // Confirm is one "published" reply.
@@ -82,6 +83,9 @@ type Confirm struct {
 	Seq       uint64    // the seq it names
 	Duplicate bool      // the reply said duplicate
 	At        time.Time // when it came
+	// Delayed is set when the confirm named the $delayed log of Topic,
+	// where the message waits: Seq is its place there, not in Topic.
+	Delayed bool
 }
 
 // Refusal is one error reply that named a publish: store_failed, say.
@@ -137,8 +141,9 @@ type Delivery struct {
 	// Nakked is set when the subscriber handed it back with a nak: it
 	// is owed again, or a dead letter.
 	Nakked bool
-	// ExpiresAt is the delivery's expires_at, Unix ms, or 0.
-	ExpiresAt int64
+	// ExpiresAt and DeliverAt are the delivery's expires_at and
+	// deliver_at, Unix ms, or 0.
+	ExpiresAt, DeliverAt int64
 }
 
 // FinalRead is one message of the final read that carried expires_at.

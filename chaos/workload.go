@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/coder/websocket"
@@ -128,8 +129,10 @@ type publisher struct {
 	// not confirmed yet, oldest first.
 	made        int
 	unconfirmed []string
-	// expire lets values expire (expiring); a marker never does.
-	expire bool
+	// expire lets values expire (expiring) and wait (delayed); a marker
+	// never expires, and always waits the delay: behind every value
+	// published before it, delayed or not.
+	expire, marker bool
 }
 
 // stopped reports whether stop is closed.
@@ -205,31 +208,38 @@ func (p *publisher) session(ctx context.Context, ws *websocket.Conn) {
 // in eight (expiring) is published with a time to live.
 func (p *publisher) publish(ctx context.Context, ws *websocket.Conn,
 	id string) error {
-	expires := p.expire && expiring(id)
+	expires, delays := p.expire && expiring(id), p.expire && waiting(id)
 	p.History.Sent(Attempt{Publisher: p.Name, Topic: p.topic, ID: id,
-		Value: id, Expiring: expires})
+		Value: id, Expiring: expires, Delayed: delays || p.marker})
 	frame := map[string]any{"type": "publish", "topic": p.topic,
 		"payload": id, "qos": 1, "message_id": id}
 	if expires {
 		frame["ttl_ms"] = ttl
+	}
+	if delays || p.marker {
+		frame["delay_ms"] = delay
 	}
 	return send(ctx, ws, frame)
 }
 
 // confirmed records a confirm and forgets the value's id.
 func (p *publisher) confirmed(f frame) {
-	p.History.Confirmed(Confirm{Publisher: p.Name, Topic: f.Topic,
-		ID: f.MessageID, Seq: f.Seq, Duplicate: f.Duplicate})
+	waits := strings.HasPrefix(f.Topic, delayedPrefix)
+	p.History.Confirmed(Confirm{Publisher: p.Name,
+		Topic: strings.TrimPrefix(f.Topic, delayedPrefix), ID: f.MessageID,
+		Seq: f.Seq, Duplicate: f.Duplicate, Delayed: waits})
 	p.unconfirmed = slices.DeleteFunc(p.unconfirmed, func(id string) bool {
 		return id == f.MessageID
 	})
 }
 
 // Mark publishes one value with id at QoS 1, through drops, and returns
-// once it is confirmed: a marker behind everything published before.
+// once it is confirmed: a marker behind everything published before. It
+// waits the delay, as a delayed value does, so that it is due after
+// every one published before it and is sent after them.
 func (c *Client) Mark(ctx context.Context, topic, id string) error {
 	p := &publisher{Client: c, topic: topic, window: 1,
-		stop: closed, unconfirmed: []string{id}}
+		stop: closed, unconfirmed: []string{id}, marker: true}
 	for !p.finished() {
 		ws, err := c.connect(ctx)
 		if err != nil {
@@ -332,7 +342,7 @@ func (c *Client) read(ctx context.Context, ws *websocket.Conn,
 			nak := f.QoS == 1 && f.Attempt == 1 && nakFirst(value)
 			c.History.Delivered(s, Delivery{Seq: f.Seq, ID: f.MessageID,
 				Value: value, Attempt: f.Attempt, QoS: f.QoS, Nakked: nak,
-				ExpiresAt: f.ExpiresAt})
+				ExpiresAt: f.ExpiresAt, DeliverAt: f.DeliverAt})
 			newest = max(newest, f.Seq)
 			answer := map[string]any{"type": "ack", "topic": s.Topic,
 				"message_id": f.MessageID}
@@ -365,6 +375,18 @@ const ttl = 2000
 // expiring reports whether the value id is published with ttl: another
 // one in eight.
 func expiring(id string) bool { return eighth(id) == 1 }
+
+// delay is how long, in milliseconds, the values that wait are delayed:
+// a few ack timeouts, so that some fall due while their broker is down.
+const delay = 1500
+
+// delayedPrefix names the log a delayed message waits in until it is
+// due: its confirm names it.
+const delayedPrefix = "$delayed/"
+
+// waiting reports whether the value id is published with delay: another
+// one in eight.
+func waiting(id string) bool { return eighth(id) == 2 }
 
 // eighth sorts a value into one of eight classes, by its hash.
 func eighth(value string) uint32 {
@@ -508,7 +530,8 @@ func (c *Client) OnFirstDelivery(ctx context.Context, topic, id string,
 			then()
 			var value string
 			json.Unmarshal(f.Payload, &value)
-			c.History.Delivered(s, Delivery{Seq: f.Seq, ID: f.MessageID, Value: value, Attempt: f.Attempt})
+			c.History.Delivered(s, Delivery{Seq: f.Seq, ID: f.MessageID,
+				Value: value, Attempt: f.Attempt, DeliverAt: f.DeliverAt})
 			return nil
 		}
 	}
