@@ -50,8 +50,9 @@ type framesSession struct {
 	// token returns the token of a named connection.
 	token func(name string) (string, error)
 	// strict compares as the tutorials need: only a message id, a token
-	// or a subject may be "…", and a timestamp, a time or a connection's
-	// number may be any number. Otherwise "…" matches anything.
+	// or a subject may be "…", and a timestamp, another instant
+	// (expires_at, deliver_at) or a connection's number may be any
+	// number. Otherwise "…" matches anything.
 	strict bool
 	out    io.Writer
 	// observe, if set, sees every frame a client sent (fromClient) or
@@ -497,7 +498,8 @@ func matchJSON(key string, want, got any, strict bool) bool {
 	case float64:
 		_, number := got.(float64)
 		return number && (key == "timestamp" || key == "time" ||
-			key == "conn" || w == got)
+			key == "expires_at" || key == "deliver_at" || key == "conn" ||
+			w == got)
 	case map[string]any:
 		g, ok := got.(map[string]any)
 		if !ok || len(g) != len(w) {
