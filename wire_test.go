@@ -55,7 +55,7 @@ func TestWire_FramesTheBrokerSendsAreTheOnesClientsRead(t *testing.T) {
 	// hand-written encoder makes.
 	sent := jsonFields(reflect.TypeFor[reply]())
 	m := &Message{Topic: "t", ID: "id", Seq: 1, Timestamp: 1, QoS: 1,
-		Payload: json.RawMessage(`{"a":1}`), ExpiresAt: 2}
+		Payload: json.RawMessage(`{"a":1}`), ExpiresAt: 2, DeliverAt: 3}
 	var delivery map[string]any
 	if err := json.Unmarshal(appendDelivery(nil, m, 1), &delivery); err != nil {
 		t.Fatal(err)

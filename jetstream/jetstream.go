@@ -50,7 +50,15 @@
 //
 // Idempotent publish is JetStream's Nats-Msg-Id, made from the publisher
 // and its message_id (a hash, as an id may hold any character), with the
-// dedup window as long as messages live. Durable cursors are a second
+// dedup window as long as messages live. The publisher travels beside
+// each message, in a header, so that a delayed message that any broker
+// sends on when due keeps its own, and so its dedup.
+//
+// A delayed message waits in the stream of $delayed/<topic>, which has
+// no count or size cap and keeps each message twice the others' age:
+// it leaves only once it is old enough to have been sent. JetStream's
+// own message schedules are not used: the schedule would take a seq in
+// the topic's stream, a gap PopSub would announce as lost messages. Durable cursors are a second
 // bucket, keyed by the durable key in base64.
 //
 // Each broker follows only the topics it wants: those its clients
@@ -372,10 +380,7 @@ func (l *Log) create(topic string, s *stream) error {
 	// are the broker's retention options. The dedup window lasts as long
 	// as a message does, as PopSub's own does; JetStream allows it no
 	// longer than the stream's MaxAge.
-	window := l.opts.MaxAge
-	if window <= 0 {
-		window = 2 * time.Minute
-	}
+	window := cmp.Or(l.opts.MaxAge, 2*time.Minute)
 	config := jetstream.StreamConfig{
 		Name: s.name, Subjects: []string{s.subject},
 		MaxMsgs:  orMinusOne(int64(l.opts.MaxMessages)),
@@ -430,8 +435,8 @@ func (l *Log) Append(m *popsub.Message,
 		done(0, false, err)
 		return
 	}
-	msg := &nats.Msg{Subject: s.subject, Data: body, Header: nats.Header{}}
-	msg.Header.Set(publisherHeader, m.Publisher())
+	msg := &nats.Msg{Subject: s.subject, Data: body,
+		Header: nats.Header{publisherHeader: {m.Publisher()}}}
 	var opts []jetstream.PublishOpt
 	if m.QoS == 1 {
 		opts = append(opts, jetstream.WithMsgID(msgID(m)))
@@ -589,13 +594,9 @@ func (l *Log) keepLocal(batch *popsub.Batch) {
 		l.local[m.Topic] = append(l.local[m.Topic], m)
 	}
 	for topic, upTo := range batch.Trims {
-		kept := l.local[topic]
-		i := 0
-		for i < len(kept) && kept[i].Seq <= upTo {
-			i++
-		}
-		if i > 0 {
-			l.local[topic] = slices.Clone(kept[i:])
+		if kept, local := l.local[topic]; local {
+			l.local[topic] = slices.DeleteFunc(kept,
+				func(m *popsub.Message) bool { return m.Seq <= upTo })
 		}
 	}
 }
@@ -660,9 +661,8 @@ func (l *Log) Topics() (map[string]uint64, error) {
 		if err != nil {
 			return nil, fmt.Errorf("topic %q: %w", topic, err)
 		}
-		head := info.CachedInfo().State.LastSeq
-		heads[topic] = head
-		s.fed.Store(head)
+		heads[topic] = info.CachedInfo().State.LastSeq
+		s.fed.Store(heads[topic])
 		l.mu.Lock()
 		s.created = true
 		l.mu.Unlock()
