@@ -441,7 +441,7 @@ export class Client {
   }
 
   #confirmed(frame) {
-    const key = frame.topic + "\u0000" + frame.message_id;
+    const key = publishedTo(frame.topic) + "\u0000" + frame.message_id;
     const entry = this.#publishes.get(key);
     if (!entry) return;
     this.#publishes.delete(key);
@@ -453,7 +453,7 @@ export class Client {
     const err = new PopsubError(frame.code, frame.message, frame);
     // A refused publish names its message_id; a refused subscribe, its
     // topic; a refused refresh is an auth_failed on an open session.
-    const key = frame.topic + "\u0000" + frame.message_id;
+    const key = publishedTo(frame.topic) + "\u0000" + frame.message_id;
     if (frame.message_id && this.#publishes.has(key)) {
       const entry = this.#publishes.get(key);
       this.#publishes.delete(key);
@@ -855,6 +855,14 @@ export function covers(filter, topic) {
     if (i >= t.length || (f[i] !== "+" && f[i] !== t[i])) return false;
   }
   return f.length === t.length;
+}
+
+/**
+ * publishedTo is the topic a confirm or a refusal answers for: a delayed
+ * publish's names $delayed/<topic>, where the message waits.
+ */
+function publishedTo(topic) {
+  return topic?.startsWith("$delayed/") ? topic.slice(9) : topic;
 }
 
 /** newID returns a random message id. */

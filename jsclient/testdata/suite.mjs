@@ -186,6 +186,23 @@ test("nak hands a delivery back: it comes again, then goes to $dead",
       ["cannot do it", 2], "the dead letter's reason and attempts");
   });
 
+test("a delayed publish is confirmed on $delayed and comes when due",
+  async (env) => {
+    const c = env.track(await env.lib.connect(env.base + "/ws",
+      {token: await tokenFor(env, "alice")}));
+    const t = topic("delay");
+    const {got, handler} = collector();
+    await c.subscribe(t, handler, {last: 0});
+    const confirm = await c.publish(t, "later", {qos: 1, delayMs: 300});
+    equal(confirm.topic, "$delayed/" + t, "the confirm's topic");
+    await c.publish(t, "now", {qos: 1});
+    await waitUntil(() => got.length === 2, "both messages");
+    equal(got.map((m) => [m.payload, m.seq]), [["now", 1], ["later", 2]],
+      "the delayed one after, with the later seq");
+    assert(got[1].deliverAt > 0 && Date.now() >= got[1].deliverAt,
+      "deliverAt is set, and passed");
+  });
+
 test("a restart in the middle: resumed, nothing confirmed lost",
   async (env) => {
     const token = await tokenFor(env, "alice");
