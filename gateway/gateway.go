@@ -672,6 +672,18 @@ func publishFrameOf(r *http.Request, topic string) (publishFrame, frame) {
 		return publish, refusal("invalid_message_id",
 			"message_id is longer than 256 bytes")
 	}
+	// The times are the frame's, and the broker checks them as its own.
+	for name, field := range map[string]**int64{"ttl_ms": &publish.TTLMS,
+		"delay_ms": &publish.DelayMS, "deliver_at": &publish.DeliverAt} {
+		if v := query.Get(name); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return publish, refusal("bad_frame", name+" must be a "+
+					"whole number of milliseconds")
+			}
+			*field = &n
+		}
+	}
 	// A message_id the caller did not give is made here: every answer is
 	// matched to its request by it (see publisher).
 	if publish.MessageID == "" {
@@ -821,7 +833,10 @@ type publisher struct {
 }
 
 // answerKey is how a request waits for its answer: topic and message_id.
-func answerKey(topic, id string) string { return topic + "\x00" + id }
+// A delayed publish is answered on $delayed/<topic>, where it waits.
+func answerKey(topic, id string) string {
+	return strings.TrimPrefix(topic, "$delayed/") + "\x00" + id
+}
 
 // read hands each answer to the request waiting for it until the
 // session ends; requests still waiting then hear why.
@@ -901,6 +916,9 @@ type publishFrame struct {
 	Payload   json.RawMessage `json:"payload,omitempty"`
 	MessageID string          `json:"message_id"`
 	QoS       int             `json:"qos"`
+	TTLMS     *int64          `json:"ttl_ms,omitempty"`
+	DelayMS   *int64          `json:"delay_ms,omitempty"`
+	DeliverAt *int64          `json:"deliver_at,omitempty"`
 }
 
 // publishOn publishes on the token's session and returns the broker's

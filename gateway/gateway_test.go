@@ -198,6 +198,12 @@ func TestPublish_AnswersWithTheFrameAndAFittingStatus(t *testing.T) {
 			"invalid_qos"},
 		{"no body is 400", "sensors/a", "", sensor, ``, 400,
 			"missing_field"},
+		{"a delay that is not a number is 400", "sensors/a",
+			"?delay_ms=soon", sensor, `1`, 400, "bad_frame"},
+		{"a negative delay is 400", "sensors/a", "?delay_ms=-1", sensor, `1`,
+			400, "invalid_delay"},
+		{"a ttl_ms of 0 is 400", "sensors/a", "?ttl_ms=0", sensor, `1`, 400,
+			"invalid_ttl"},
 		{"a body over the limit is 413", "sensors/a", "", sensor,
 			`"` + strings.Repeat("x", 80) + `"`, 413, "too_large"},
 		{"the first publish in a second is allowed", "sensors/a", "", sensor,
@@ -260,6 +266,32 @@ func TestPublish_DeliversConfirmsAndDeduplicates(t *testing.T) {
 	if got = bob.expect("message"); got.Seq != 2 ||
 		got.MessageID != quick.MessageID {
 		t.Errorf("bob got %+v, want seq 2 with the accepted id", got)
+	}
+}
+
+// A delayed publish over HTTP is answered with its confirm on
+// $delayed/<topic>, and reaches a subscriber when due, with deliver_at
+// and expires_at as a socket's publish would have them.
+func TestPublish_TakesTheFramesTimesAsQueryParameters(t *testing.T) {
+	s := start(t, popsub.Options{AckTimeout: 500 * time.Millisecond},
+		Options{})
+	alice := token(t, "alice", nil, nil)
+	bob := dial(t, s.url, alice)
+	bob.send(`{"type":"subscribe","topic":"chat"}`)
+	bob.expect("subscribed")
+
+	status, confirm, _ := s.post("chat",
+		"?message_id=later&delay_ms=300&ttl_ms=60000", alice, `"later"`)
+	if status != 200 || confirm.Type != "published" ||
+		confirm.Topic != "$delayed/chat" || confirm.MessageID != "later" {
+		t.Fatalf("a delayed publish: %d %+v, want its confirm on "+
+			"$delayed/chat", status, confirm)
+	}
+	got := bob.expect("message")
+	if got.MessageID != "later" || got.DeliverAt == 0 ||
+		got.ExpiresAt != got.DeliverAt+60000 {
+		t.Fatalf("bob got %+v, want later with deliver_at, and expires_at "+
+			"a minute after it", got)
 	}
 }
 
