@@ -46,8 +46,8 @@
 // Per connection: the reader; a writer while frames are queued; a
 // confirmer once it publishes at QoS 1; a replayer per subscription
 // while it catches up; and, for a moment each ping interval, a pinger.
-// Per broker: the retry, keepalive and retention loops, the x-ray's
-// events loop and the log's committer.
+// Per broker: the retry, delayed-delivery, keepalive and retention
+// loops, the x-ray's events loop and the log's committer.
 //
 // # A session
 //
