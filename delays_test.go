@@ -103,41 +103,6 @@ func TestDelay_SurvivesARestartAndIsSentOnce(t *testing.T) {
 	})
 }
 
-// Killed (the disk keeps what it synced, and nothing else) while a
-// confirmed delayed message waits, and still down when it falls due: the
-// next broker sends it at its first look, and it takes its seq on its
-// topic then.
-func TestDelay_SurvivesAKillAndComesAtTheFirstLookAfter(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		d := newDisk()
-		ps := startPipeBroker(t, Options{Store: d})
-		pub := ps.dialAs("pub")
-		pub.send(map[string]any{"type": "publish", "topic": "jobs",
-			"payload": "later", "qos": 1, "message_id": "later",
-			"delay_ms": 2000})
-		if g := pub.expect("published"); g.Topic != "$delayed/jobs" {
-			t.Fatalf("confirm %+v, want it on $delayed/jobs", g)
-		}
-		d = ps.crash(d)
-		time.Sleep(5 * time.Second)
-
-		ps = startPipeBroker(t, Options{Store: d})
-		defer ps.stop()
-		sub := ps.dialAs("sub")
-		sub.subscribe("jobs", map[string]any{"after": 0})
-		// Within a retry tick, and the sync a topic's first seq after a
-		// restart waits for (a millisecond on this disk).
-		start := time.Now()
-		g := sub.expect("message")
-		if g.MessageID != "later" || g.Seq != 1 || g.DeliverAt == 0 ||
-			time.Since(start) > RetryInterval(DefaultAckTimeout)+d.delay {
-			t.Fatalf("got %+v %v after the restart, want later at seq 1, "+
-				"with its deliver_at, within a retry tick", g,
-				time.Since(start))
-		}
-	})
-}
-
 // jsonTime is t in Unix milliseconds, as JSON.
 func jsonTime(t time.Time) string {
 	data, _ := json.Marshal(t.UnixMilli())
