@@ -168,6 +168,7 @@ var Behaviour = map[string]func(*testing.T){
 	"TestNak_RefusesWhatItCannotDoAndChangesNothing":            TestNak_RefusesWhatItCannotDoAndChangesNothing,
 	"TestExpiry_TravelsWithTheMessageAndRefusesATTLThatPassed":  TestExpiry_TravelsWithTheMessageAndRefusesATTLThatPassed,
 	"TestDeadLetters_TwoPlainSubscriptionsGiveUpEachItsOwn":     TestDeadLetters_TwoPlainSubscriptionsGiveUpEachItsOwn,
+	"TestDelay_RefusesWhatItCannotDo":                           TestDelay_RefusesWhatItCannotDo,
 	"TestDelay_SentWhenDueWithItsTimeOnEitherEngine":            TestDelay_SentWhenDueWithItsTimeOnEitherEngine,
 }
 
@@ -183,9 +184,6 @@ var oneEngine = map[string]string{
 	"TestGroups_RefusedWhereTheyCannotWork":                      groupsRefused,
 	"TestGroups_AMemberThatDoesNotAckIsGivenNoMoreThanItsWindow": groupsRefused,
 	"TestNak_InAGroupGoesToAnotherMember":                        groupsRefused,
-	"TestDelay_RefusesWhatItCannotDo": "its refusals are the broker's own " +
-		"log's; on a shared log a delay is refused whole " +
-		"(TestDelay_SentWhenDueOrRefusedOnASharedLog)",
 	"TestBroker_LoginBesideGuessersOverSockets": "a login never " +
 		"touches the log",
 	"TestBroker_FloodsAreBounded": "it bounds the test process's heap, " +
