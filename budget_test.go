@@ -431,7 +431,7 @@ const (
 // along a seam a reader would recognise yet.
 var (
 	machineRoom = []string{"boltstore", "groupcommit", "socket", "login",
-		"xray", "queue", "jetstream"}
+		"xray", "queue", "jetstream", "poller"}
 	overBudget = map[string]int{"jetstream": 712}
 )
 

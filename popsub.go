@@ -610,18 +610,16 @@ func (b *Broker) topicList() []*topic {
 //
 // The broker's behaviour is this file; the machinery under it is not. As
 // the original PopSub split its transport, broker and persistence into
-// crates, the parts whose work is how, not what, live in packages, each
-// with a literate header and a table of what its speed tricks buy: the
+// crates, the parts whose work is how, not what, live in packages: the
 // disk (boltstore, or jetstream for a log shared by several brokers),
 // group commit (groupcommit), the WebSocket (socket), passwords and
 // tokens (login), the x-ray's queue (xray) and our tables' queues
 // (queue). The first reading reaches them only through the declarations
-// below, each with its contract in a line, as a test checks; the
-// compiler, the rest: this file imports no storage engine and
-// builds for a browser (GOOS=js).
+// below, each with its contract in a line: this file imports no storage
+// engine, and builds for a browser (GOOS=js).
 
-// Store keeps topic logs and durable cursors. Implementations must make a
-// Commit durable before returning and must be safe for concurrent use.
+// Store keeps topic logs and durable cursors, safe for concurrent use;
+// a Commit is durable when it returns.
 type Store interface {
 	// Commit applies a batch atomically and durably.
 	Commit(batch *Batch) error
@@ -651,11 +649,11 @@ type outcome = groupcommit.Outcome
 // and frames what the broker sends; a test, or a page, may keep the same
 // contract another way.
 type Socket interface {
-	// Read returns the next text frame, valid until the next Read. One
-	// over 64 KiB first takes a place among b.largeFrames, held until
-	// the next Read or a close. An error means the socket is done:
-	// closed, reset, or closed by the socket for a binary frame (1003)
-	// or one over the read limit (1009).
+	// Read returns the next text frame, valid until the next Read, or
+	// nil once the client is quiet (Idle). One over 64 KiB first takes a
+	// place among b.largeFrames, held until the next Read or a close. An
+	// error means the socket is done: closed, reset, or closed for a
+	// binary frame (1003) or one over the read limit (1009).
 	Read() ([]byte, error)
 	// SetReadLimit caps the frames Read returns, in bytes.
 	SetReadLimit(n int64)
@@ -669,26 +667,27 @@ type Socket interface {
 	// it without one.
 	Close(code websocket.StatusCode, reason string) error
 	CloseNow() error
+	// Idle makes a quiet socket's Read return nil and start resume when
+	// the client speaks or the socket closes.
+	Idle(resume func())
 }
 
-// acceptSocket upgrades r to a WebSocket (socket.Accept): it checks the
-// Origin header, so that a page from another site, running in a user's
-// browser, may not open a socket unless allowed, and runs beforeRead
-// before each read of the socket.
+// acceptSocket upgrades r to a WebSocket (socket.Accept), refusing a
+// page from another site unless its origin is allowed, and runs
+// beforeRead before each read of the socket.
 func (b *Broker) acceptSocket(w http.ResponseWriter, r *http.Request,
 	beforeRead func()) (Socket, error) {
-	return socket.Accept(w, r, socket.Options{
-		OriginPatterns: b.opts.OriginPatterns,
-		WriteTimeout:   b.opts.WriteTimeout, BeforeRead: beforeRead,
-		LargeFrames: b.largeFrames, Stop: b.stop})
+	return socket.Accept(w, r, socket.Options{BeforeRead: beforeRead,
+		OriginPatterns: b.opts.OriginPatterns, Stop: b.stop,
+		WriteTimeout: b.opts.WriteTimeout, LargeFrames: b.largeFrames})
 }
 
 // wakeups are the writers a connection's reader owes a start
-// (socket.Wakeups): wake.Owe(write) owes one, or on a nil wakeups starts
-// it at once, and wake.Start starts them all. The reader starts them
-// before it reads its socket again, so a burst of publishes reaches each
-// subscriber in one write.
-type wakeups = socket.Wakeups
+// (queue.Wakeups): wake.Owe(write) owes one (a nil wakeups starts it at
+// once), and wake.Start starts them all, as the reader does before it
+// reads its socket again: a burst of publishes reaches each subscriber
+// in one write.
+type wakeups = queue.Wakeups
 
 // commitLog is the committer, b.log (package groupcommit): one goroutine
 // that writes what is queued in one transaction and one sync, taking a
@@ -719,9 +718,9 @@ func (b *Broker) startLog() *commitLog {
 }
 
 // events is the x-ray's queue, b.xray (package xray): events.Emit queues
-// an event without blocking or locking, and drops it if the queue is
-// full; events.Heard and events.Watched say whether anyone listens;
-// events.Run hands each event to b.publishEvent (The x-ray, a detail).
+// an event without blocking, dropping it if the queue is full;
+// events.Heard and events.Watched say whether anyone listens; events.Run
+// hands each event to b.publishEvent (The x-ray, a detail).
 type events = xray.Feed
 
 // newEvents returns the x-ray's empty queue; opts.OnEvent hears every
@@ -872,14 +871,17 @@ func (b *Broker) register(c *connection) bool {
 	return true
 }
 
-// unregister removes c and everything it subscribed to. Its unacked
+// unregister takes c apart once its client has left: it removes c and
+// everything it subscribed to, and closes its socket. Its unacked
 // deliveries go with it: a durable subscription replays them on resume,
 // an ordinary one has nobody left to deliver them to.
 func (b *Broker) unregister(c *connection) {
-	// Closing done first stops the confirmer before the subscriptions
+	// A reader that leaves starts the writers its publishes owe. Closing
+	// done first stops the confirmer before the subscriptions
 	// it works for are taken apart (each replayer stops when
 	// b.unsubscribe cancels its subscription); a pending expiry timer
 	// would keep the whole connection alive until it fired.
+	c.wake.Start()
 	c.end()
 	if c.expiry != nil {
 		c.expiry.Stop()
@@ -898,6 +900,9 @@ func (b *Broker) unregister(c *connection) {
 	b.noteConnection("disconnected", c, "")
 	b.open.Add(-1)
 	b.registered.Done()
+	// However the client left, its socket is closed here: a peer that
+	// vanished mid-frame would otherwise keep a file descriptor open.
+	c.closeSocket(0, "")
 }
 
 // end closes c.done, once.
@@ -915,28 +920,29 @@ func (c *connection) closeSocket(code websocket.StatusCode, why string) {
 }
 
 // serve authenticates the client, reads its frames until it leaves, and
-// then takes the connection apart. Its goroutine, started by ServeHTTP,
-// is the connection's only reader.
+// then takes the connection apart, as the connection's only reader. A
+// client quiet for a second (socket.IdleAfter) holds no goroutine, a
+// third of an idle connection's memory: its read returns nil, serve
+// returns, and the socket starts serve again when the client speaks.
 func (c *connection) serve() {
-	// However the client left, its socket is closed here: a peer that
-	// vanished mid-frame would otherwise keep a file descriptor open.
-	defer c.closeSocket(0, "")
-	defer c.broker.unregister(c)
-	// A reader that leaves starts the writers its publishes owe;
-	// c.recoverPanic logs a panic here and lets the connection end
+	// c.recoverPanic logs a panic here, and takes the connection apart
 	// (Keepalives, limits and batches, a detail).
-	defer c.wake.Start()
 	defer c.recoverPanic()
-	if !c.authenticate() {
+	if c.claims == nil && !c.authenticate() {
+		c.broker.unregister(c)
 		return
 	}
 
 	// Authenticated: the full frame limit applies (c.read sets it), and
 	// every frame to the client goes through the outbox. Frames are
 	// handled in order: a pong proves everything before it was handled.
+	c.ws.Idle(c.serve)
 	for {
 		data, ok := c.read()
 		if !ok {
+			c.broker.unregister(c)
+		}
+		if data == nil {
 			return
 		}
 		// A client that opted into batches sends several objects a frame
@@ -1026,7 +1032,8 @@ func (c *connection) accept(f frame) bool {
 	return true
 }
 
-// read returns the next text frame, valid until the next read. Binary
+// read returns the next text frame, valid until the next read, or nil
+// when the client has been quiet a while (Socket.Idle). Binary
 // frames and invalid UTF-8 close the connection: encoding/json would
 // silently replace bad bytes, and then a payload would not be what its
 // publisher sent. A frame over the read limit is closed with 1009 by the
@@ -2459,9 +2466,8 @@ func (c *connection) revokeBeyond(grants []string) {
 // them, and a sub).
 func (b *Broker) Verify(token string) (*Claims, error) {
 	claims := &Claims{}
-	err := login.Verify(token, claims, b.opts.Secret, b.opts.Issuer,
-		b.opts.Audience, tokenLeeway)
-	if err != nil {
+	if err := login.Verify(token, claims, b.opts.Secret, b.opts.Issuer,
+		b.opts.Audience, tokenLeeway); err != nil {
 		return nil, err
 	}
 	return claims, nil
@@ -2581,14 +2587,15 @@ func (c *connection) keepalive() {
 	}
 }
 
-// recoverPanic logs a panic on the reader's goroutine and lets serve end
-// the connection, as net/http did when this ran inside the handler: a bug
-// met by one client costs that client its connection, and every other
-// client keeps theirs. It must be deferred directly.
+// recoverPanic logs a panic on the reader's goroutine and takes the
+// connection apart, as net/http did when this ran inside the handler: a
+// bug met by one client costs that client its connection, and every
+// other client keeps theirs. It must be deferred directly.
 func (c *connection) recoverPanic() {
 	if v := recover(); v != nil {
 		c.broker.logger.Error("panic serving a connection", "sub", c.subject,
 			"remote", c.remote, "panic", v, "stack", string(debug.Stack()))
+		c.broker.unregister(c)
 	}
 }
 
@@ -3632,20 +3639,19 @@ func (b *Broker) noteConnection(kind string, c *connection, reason string) {
 // noteSubscription emits a subscription's transition, and keeps count of
 // who watches $sys topics. A new watcher of EventsTopic gets a snapshot.
 func (b *Broker) noteSubscription(kind string, s *subscription) {
-	if strings.HasPrefix(s.filter, "$sys/") {
-		if kind == "unsubscribed" {
-			b.xray.Watch(-1)
-			return
-		}
+	c, system := s.conn, strings.HasPrefix(s.filter, "$sys/")
+	switch {
+	case system && kind == "unsubscribed":
+		b.xray.Watch(-1)
+	case system:
 		b.xray.Watch(1)
 		if s.filter == EventsTopic {
 			b.xray.Emit(wire.Event{Kind: "snapshot", State: b.snapshot()})
 		}
-		return
+	default:
+		b.xray.Emit(wire.Event{Kind: kind, Conn: c.id, Client: c.client,
+			Sub: c.subject, Topic: s.filter})
 	}
-	c := s.conn
-	b.xray.Emit(wire.Event{Kind: kind, Conn: c.id, Client: c.client,
-		Sub: c.subject, Topic: s.filter})
 }
 
 // snapshot copies the broker's tables, one lock at a time. It is not one
@@ -4057,13 +4063,10 @@ func (m *Message) Publisher() string { return m.publisher }
 // RestoreMessage reads back a message a Store kept: its Frame and its
 // Publisher. The frame's type and attempt are ignored, and a record
 // written before frames were stored, the Message's fields alone, reads
-// the same.
+// the same. On an error, the message is not to be used.
 func RestoreMessage(frame []byte, publisher string) (*Message, error) {
 	m := &Message{publisher: publisher}
-	if err := json.Unmarshal(frame, m); err != nil {
-		return nil, err
-	}
-	return m, nil
+	return m, json.Unmarshal(frame, m)
 }
 
 // # A log shared by several brokers (detail)

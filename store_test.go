@@ -21,7 +21,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/popsub/popsub/queue"
+	"github.com/popsub/popsub/socket"
 	"github.com/popsub/popsub/wire"
 	bolt "go.etcd.io/bbolt"
 )
@@ -36,6 +38,9 @@ func TestMain(m *testing.M) {
 		serveChild(path)
 		return
 	}
+	// Every quiet moment parks a socket (socket.IdleAfter), so that the
+	// suite's connections go to the poller and back as often as can be.
+	socket.IdleAfter = 0
 	code := m.Run()
 	// Every frame the tests saw, held to docs/asyncapi.json
 	// (schema_test.go).
@@ -210,6 +215,7 @@ func corrupt(t *testing.T, path, topic string, seqs ...uint64) {
 func fakeConnection(b *Broker, sub string) (c *connection,
 	wake chan struct{}) {
 	c = &connection{broker: b, subject: sub, remote: "test", claims: &Claims{},
+		ws:            closedSocket{},
 		room:          make(chan struct{}, 1),
 		done:          make(chan struct{}),
 		subscriptions: map[string]*subscription{},
@@ -219,6 +225,18 @@ func fakeConnection(b *Broker, sub string) (c *connection,
 	b.register(c)
 	return c, wake
 }
+
+// closedSocket is a fake connection's socket, closed from the start: its
+// frames go through the outbox, which the test reads itself.
+type closedSocket struct{}
+
+func (closedSocket) Read() ([]byte, error)                    { return nil, net.ErrClosed }
+func (closedSocket) SetReadLimit(int64)                       {}
+func (closedSocket) Send([][]byte, bool) error                { return net.ErrClosed }
+func (closedSocket) Ping(context.Context) error               { return net.ErrClosed }
+func (closedSocket) Close(websocket.StatusCode, string) error { return nil }
+func (closedSocket) CloseNow() error                          { return nil }
+func (closedSocket) Idle(func())                              {}
 
 // taken holds the frames a fake connection's writer took from its
 // outbox that no test has read yet, by connection.

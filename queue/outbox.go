@@ -1,6 +1,9 @@
 package queue
 
-import "sync"
+import (
+	"slices"
+	"sync"
+)
 
 // Outbox is a connection's queue of frames for its writer, bounded in
 // bytes. A channel would be simpler, but it bounds frames rather than
@@ -11,7 +14,7 @@ import "sync"
 //
 // popsub.go relies on it for this: Push queues frames, all or none,
 // within the outbox's bytes (PushWithin within fewer); the first frames
-// into an idle outbox start its writer, or owe a Waker the start; Take
+// into an idle outbox start its writer, or owe Wakeups the start; Take
 // hands the writer everything queued, and an empty batch tells it to
 // exit.
 type Outbox struct {
@@ -29,10 +32,6 @@ func NewOutbox(limit int, write func()) *Outbox {
 	return &Outbox{limit: limit, write: write}
 }
 
-// Waker is who owes an idle outbox's writer its start (socket.Wakeups):
-// Owe(write) starts it later, or at once on a nil Wakeups.
-type Waker interface{ Owe(write func()) }
-
 // Push queues frames, all or none: none if they would take the outbox
 // past its limit, unless it is empty and they are one frame, which may
 // then be as large as a frame can be. The first frames into an idle
@@ -45,7 +44,7 @@ func (o *Outbox) Push(frames ...[]byte) bool {
 // part of the outbox. With wake (a publisher's fan-out), the writer is
 // not started here: wake.Owe owes it a start, so that a subscriber gets
 // a read's worth of publishes in one write. A nil wake starts it now.
-func (o *Outbox) PushWithin(limit int, wake Waker, frames ...[]byte) bool {
+func (o *Outbox) PushWithin(limit int, wake *Wakeups, frames ...[]byte) bool {
 	size := 0
 	for _, frame := range frames {
 		size += len(frame)
@@ -113,4 +112,42 @@ func Recycle(batch [][]byte) {
 		clear(batch[:cap(batch)]) // the frames of a failed write
 		spareFrames.Put(new(batch[:0]))
 	}
+}
+
+// Wakeups are the writers a reader's work owes a start: the idle
+// outboxes its publishes filled since it last read its socket. A writer
+// started at once, for each frame a publish queues, wrote each delivery
+// of a burst alone, a system call each; started when the reader is
+// about to read again (socket.Options.BeforeRead), or to wait, it finds
+// a whole read's worth of publishes queued for its subscriber, and
+// nothing waits for a timer. nats-server's read loop does the same (flushClients). mu
+// is a leaf: a close's handshake reads the socket from another goroutine.
+type Wakeups struct {
+	mu      sync.Mutex
+	writers []func() // owed a start, in the order they were filled
+}
+
+// Owe owes write a start, or, on a nil w, starts it at once.
+func (w *Wakeups) Owe(write func()) {
+	if w == nil {
+		go write()
+		return
+	}
+	w.mu.Lock()
+	w.writers = append(w.writers, write)
+	w.mu.Unlock()
+}
+
+// Start starts every writer owed, each on a goroutine of its own. A nil
+// w owes none.
+func (w *Wakeups) Start() {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, write := range w.writers {
+		go write()
+	}
+	w.writers = slices.Delete(w.writers, 0, len(w.writers)) // cleared
 }

@@ -8,8 +8,10 @@
 // index of retained messages, in a Queue: Live returns the items, oldest
 // first; Insert puts one at a place, at the back usually, and Put in
 // its sorted place; Remove drops a run of them; Drop drops those that
-// match, keeping the order of the rest. Each connection's frames for its writer wait in an Outbox,
-// bounded in bytes (outbox.go states its contract).
+// match, keeping the order of the rest. Each connection's frames for
+// its writer wait in an Outbox, bounded in bytes, and the writers a
+// reader's publishes filled wait in its Wakeups for their start
+// (outbox.go states both contracts).
 //
 // # What each trick buys
 //

@@ -10,8 +10,13 @@ package socket
 // (wait), with no chunk taken and only a few calls on its stack, so that
 // the garbage collector halves the stack to 4 KiB (as far as a stack
 // shrinks: the runtime counts an 800-byte guard as in use); only then
-// does it take a chunk from chunkPool and read. The chunk goes back the moment
-// its last byte is taken, so a busy reader holds one, an idle one none.
+// does it take a chunk from chunkPool and read. The chunk goes back the
+// moment its last byte is taken, so a busy reader holds one, an idle one
+// none. And a reader given Idle whose client says nothing for IdleAfter,
+// between messages, leaves no stack at all: it parks the socket in
+// package poller, Read returns nil, and the goroutine ends; the poller
+// starts another when the client speaks, and the first wait after that
+// reads at once (woken).
 //
 // Frames are parsed as RFC 6455 says a server must: every frame masked,
 // no reserved bits (no extension is offered), control frames short and
@@ -22,8 +27,10 @@ package socket
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -60,13 +67,9 @@ func (c *Conn) Read() ([]byte, error) {
 	c.message = nil
 	c.reading <- struct{}{}
 	defer func() { <-c.reading }()
-	// Holding nothing, wait for the socket here, as few calls deep as
-	// can be, with no chunk: the stack of a reader parked here shrinks
-	// to the least a goroutine has.
-	err := c.await()
-	var data []byte
-	if err == nil {
-		data, err = c.readMessage()
+	data, err := c.readMessage()
+	if err == errParked {
+		return nil, nil
 	}
 	if err != nil {
 		c.goneOnce.Do(func() { close(c.gone) })
@@ -79,6 +82,13 @@ func (c *Conn) Read() ([]byte, error) {
 // control frames between them.
 func (c *Conn) readMessage() ([]byte, error) {
 	for {
+		// Between messages, holding nothing, wait for the socket with
+		// no chunk, and park if it stays quiet.
+		if c.message == nil {
+			if err := c.await(true); err != nil {
+				return nil, err
+			}
+		}
 		h, err := c.readHeader()
 		if err != nil {
 			return nil, err
@@ -258,14 +268,29 @@ func (c *Conn) buffer(n int) error {
 	return nil
 }
 
+// errParked is what await returns for a socket it parked.
+var errParked = errors.New("socket: parked")
+
 // await, holding no bytes, runs BeforeRead, waits for the socket to be
-// readable, and only then takes a chunk to read into.
-func (c *Conn) await() error {
+// readable, and only then takes a chunk to read into. Between messages
+// (mayPark), a socket with a resume that stays quiet for IdleAfter is
+// parked instead, and await returns errParked.
+func (c *Conn) await(mayPark bool) error {
 	if c.in != nil {
 		return nil
 	}
 	if c.opts.BeforeRead != nil {
 		c.opts.BeforeRead()
+	}
+	// A reader the poller just woke reads; any other waits IdleAfter.
+	if mayPark && c.idle != nil && c.raw != nil && !c.woken.Swap(false) {
+		c.conn.SetReadDeadline(time.Now().Add(IdleAfter))
+		err := wait(c.raw, c.one[:])
+		c.conn.SetReadDeadline(time.Time{})
+		if errors.Is(err, os.ErrDeadlineExceeded) &&
+			c.parking.Park(c.raw, c.closed, c.wake) {
+			return errParked
+		}
 	}
 	// Where the socket cannot be waited on (TLS, a pipe), a read of one
 	// byte waits instead, so that still no chunk is held. Both use the
@@ -282,11 +307,14 @@ func (c *Conn) await() error {
 	return nil
 }
 
+// wake reads on, on a goroutine of its own, once a parked socket wakes.
+func (c *Conn) wake() { c.woken.Store(true); c.idle() }
+
 // fill reads from the socket what is there, after the bytes in hand,
 // running BeforeRead first.
 func (c *Conn) fill() error {
 	if c.in == nil {
-		if err := c.await(); err != nil {
+		if err := c.await(false); err != nil {
 			return err
 		}
 	} else if c.opts.BeforeRead != nil {

@@ -6,8 +6,10 @@
 //
 // popsub.go declares what a connection needs of its socket (the Socket
 // contract in its section "The machine room"): Read returns the next
-// text frame; Send writes a run of frames in order; Ping, Close and
-// CloseNow do what they say. Conn keeps it over the TCP connection the
+// text frame, or, once Idle has given it a resume, nil for a client
+// quiet for IdleAfter, with nobody left reading until resume starts;
+// Send writes a run of frames in order; Ping, Close and CloseNow do what
+// they say. Conn keeps it over the TCP connection the
 // HTTP server hands over (RFC 6455, server side, without extensions); a
 // request may carry a socket kept another way (WithEndpoint), as the lab
 // page's network keeps one in memory, in a browser, where nothing can be
@@ -64,7 +66,6 @@ import (
 	"net/http"
 	"net/url"
 	"path"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -72,6 +73,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/popsub/popsub/poller"
 )
 
 // Sizes of what Read reads and Send writes.
@@ -117,7 +119,13 @@ type Endpoint interface {
 	Ping(ctx context.Context) error
 	Close(code websocket.StatusCode, reason string) error
 	CloseNow() error
+	Idle(resume func())
 }
+
+// IdleAfter is how long a socket given a resume (Idle) waits for its
+// client, its reader parked on the runtime's poller, before it parks in
+// package poller, with no goroutine.
+var IdleAfter = time.Second
 
 // endpointKey is the request context's key for a socket kept another way.
 type endpointKey struct{}
@@ -172,6 +180,12 @@ type Conn struct {
 	// waiting for a place gives up.
 	gone, closed       chan struct{}
 	goneOnce, shutOnce sync.Once
+
+	// idle, set by Idle, reads on once a socket parked in the poller
+	// wakes (wake), and woken says it just did.
+	idle    func()
+	woken   atomic.Bool
+	parking poller.Parking
 }
 
 // Accept upgrades a request to a WebSocket. It checks the Origin header:
@@ -281,6 +295,14 @@ func checkOrigin(r *http.Request, patterns []string) error {
 		u.Host, r.Host)
 }
 
+// Idle lets Read, between messages, after IdleAfter of quiet, return
+// nil and no error, leaving the socket with no reader: resume is started
+// on a goroutine of its own once the client sends anything or the
+// socket closes, and reads on. Call it from the reader, before a Read.
+// Where the socket cannot be watched without a goroutine (no epoll, TLS,
+// a pipe), Read waits as before.
+func (c *Conn) Idle(resume func()) { c.idle = resume }
+
 // SetReadLimit caps the frames Read returns; a larger one closes the
 // socket with 1009 before it is buffered.
 func (c *Conn) SetReadLimit(n int64) { c.limit.Store(n) }
@@ -339,6 +361,7 @@ func (c *Conn) CloseNow() error {
 func (c *Conn) shut() {
 	c.shutOnce.Do(func() { close(c.closed) })
 	c.givePlaceBack()
+	c.parking.Unpark()
 }
 
 // Send writes frames in order: each its own WebSocket frame or, joined,
@@ -462,42 +485,4 @@ func appendFrame(buffer []byte, frames [][]byte) []byte {
 		buffer = append(buffer, frame...)
 	}
 	return buffer
-}
-
-// Wakeups are the writers a reader's work owes a start: the idle
-// outboxes its publishes filled since it last read its socket. A writer
-// started at once, for each frame a publish queues, wrote each delivery
-// of a burst alone, a system call each; started when the reader is
-// about to read again (Options.BeforeRead), or to wait, it finds a whole
-// read's worth of publishes queued for its subscriber, and nothing waits
-// for a timer. nats-server's read loop does the same (flushClients). mu
-// is a leaf: a close's handshake reads the socket from another goroutine.
-type Wakeups struct {
-	mu      sync.Mutex
-	writers []func() // owed a start, in the order they were filled
-}
-
-// Owe owes write a start, or, on a nil w, starts it at once.
-func (w *Wakeups) Owe(write func()) {
-	if w == nil {
-		go write()
-		return
-	}
-	w.mu.Lock()
-	w.writers = append(w.writers, write)
-	w.mu.Unlock()
-}
-
-// Start starts every writer owed, each on a goroutine of its own. A nil
-// w owes none.
-func (w *Wakeups) Start() {
-	if w == nil {
-		return
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, write := range w.writers {
-		go write()
-	}
-	w.writers = slices.Delete(w.writers, 0, len(w.writers)) // cleared
 }

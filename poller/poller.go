@@ -1,0 +1,64 @@
+// Package poller holds quiet sockets with no goroutine each: a socket
+// parked here is watched by one epoll instance that every socket shares,
+// and its reader is started again, on a goroutine of its own, when the
+// socket turns readable or closes.
+//
+// # The contract
+//
+// Parking.Park hands a socket's descriptor to the poller; it reports
+// false where it cannot (no epoll, as in a browser; a socket closed or
+// closing), and the caller reads on as before. Once parked, the socket's
+// wake runs exactly once: when the socket is readable, when it fails or
+// its peer hangs up, or when Parking.Unpark is called, which a close must
+// call before the descriptor closes. Package socket parks a WebSocket
+// whose client has been quiet for a second.
+//
+// # Why not the runtime's poller
+//
+// The Go runtime already watches every socket with epoll, but what it
+// wakes is a goroutine, so one must be waiting, and a waiting goroutine
+// keeps its stack: 4 KiB at the least, a third of an idle connection's
+// memory in popsub serve. Here what waits is a table entry.
+//
+// # What it costs
+//
+// A park is one system call (epoll_ctl), a wake-up one more and a new
+// goroutine: a few microseconds, paid once per quiet spell, since a
+// socket parks only after it has been quiet for a while. The
+// registration is one-shot: it fires once and sleeps until the next
+// Park re-arms it, so a socket is never woken twice for one park.
+package poller
+
+import "sync"
+
+// Parking is one socket's place in the poller; its zero value is
+// unparked. Park and Unpark may be called from any goroutine.
+type Parking struct {
+	fd         int
+	registered bool // the descriptor is in the epoll set, armed or not
+	wake       func()
+}
+
+// table is the parked sockets, by descriptor, and the poller's state.
+var table struct {
+	mu     sync.Mutex
+	parked map[int]*Parking
+}
+
+// Parked reports whether p waits in the poller.
+func (p *Parking) Parked() bool {
+	table.mu.Lock()
+	defer table.mu.Unlock()
+	return p.registered && table.parked[p.fd] == p
+}
+
+// wakeAll, under table.mu, starts the wake of each parked socket in
+// fds, once: the poller's wake-ups and Unpark may race for one.
+func wakeAll(fds ...int) {
+	for _, fd := range fds {
+		if p := table.parked[fd]; p != nil {
+			delete(table.parked, fd)
+			go p.wake()
+		}
+	}
+}

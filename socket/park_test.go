@@ -1,0 +1,150 @@
+//go:build linux
+
+package socket
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// quiet makes every quiet moment park a socket given a resume, for one
+// test.
+func quiet(t *testing.T) {
+	t.Helper()
+	before := IdleAfter
+	IdleAfter = 0
+	t.Cleanup(func() { IdleAfter = before })
+}
+
+// isParked reports whether c waits in the poller.
+func isParked(c *Conn) bool { return c.parking.Parked() }
+
+// resumes counts the starts of a socket's resume.
+func resumes(t *testing.T, c *Conn) func() {
+	t.Helper()
+	started := make(chan struct{}, 8)
+	c.Idle(func() { started <- struct{}{} })
+	return func() {
+		t.Helper()
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the parked socket was never resumed")
+		}
+	}
+}
+
+// A quiet socket parks: Read returns nil and no error, and holds no
+// chunk. A frame wakes it, once, and the next Read returns the frame
+// rather than parking again. A ping sent while it is parked is answered
+// through a wake-up, and Ping returns.
+func TestIdle_AQuietSocketParksAndWakesForFramesAndPongs(t *testing.T) {
+	quiet(t)
+	server, accepted := serveOne(t, Options{WriteTimeout: time.Second})
+	client := dialRaw(t, server, nil)
+	c := <-accepted
+	resumed := resumes(t, c)
+
+	if data, err := c.Read(); data != nil || err != nil || !isParked(c) ||
+		c.in != nil {
+		t.Fatalf("a quiet Read: %q, %v; parked %v", data, err, isParked(c))
+	}
+	client.conn.Write(frame(opText, true, "hello"))
+	resumed()
+	if data, err := c.Read(); string(data) != "hello" || err != nil {
+		t.Fatalf("Read after the wake-up: %q, %v", data, err)
+	}
+
+	if data, err := c.Read(); data != nil || err != nil || !isParked(c) {
+		t.Fatalf("Read: %q, %v; parked %v", data, err, isParked(c))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pinged := make(chan error, 1)
+	go func() { pinged <- c.Ping(ctx) }()
+	if op, payload := client.next(); op != opPing {
+		t.Fatalf("got op %d, %q; want a ping", op, payload)
+	}
+	client.conn.Write(frame(opPong, true, ""))
+	resumed()
+	// The pong is read, and the socket parks again.
+	if data, err := c.Read(); data != nil || err != nil || !isParked(c) {
+		t.Fatalf("Read after a pong: %q, %v; parked %v", data, err,
+			isParked(c))
+	}
+	if err := <-pinged; err != nil {
+		t.Fatalf("Ping: %v", err)
+	}
+}
+
+// A parked socket that is closed, by either side, is resumed, and its
+// Read says the socket is done: a connection whose reader waits in the
+// poller must still be taken apart when it ends.
+func TestIdle_AParkedSocketIsResumedByAClose(t *testing.T) {
+	quiet(t)
+	server, accepted := serveOne(t, Options{WriteTimeout: time.Second})
+
+	t.Run("the server closes", func(t *testing.T) {
+		client := dialRaw(t, server, nil)
+		c := <-accepted
+		resumed := resumes(t, c)
+		if data, err := c.Read(); data != nil || err != nil {
+			t.Fatalf("Read: %q, %v", data, err)
+		}
+		go c.Close(websocket.StatusGoingAway, "bye")
+		resumed()
+		client.expectClose(websocket.StatusGoingAway)
+		client.conn.Write(frame(opClose, true, "\x03\xe9"))
+		if data, err := c.Read(); err == nil {
+			t.Fatalf("Read after a close: %q, no error", data)
+		}
+		if isParked(c) {
+			t.Fatal("a closed socket is still in the poller")
+		}
+	})
+	t.Run("the client hangs up", func(t *testing.T) {
+		client := dialRaw(t, server, nil)
+		c := <-accepted
+		resumed := resumes(t, c)
+		if data, err := c.Read(); data != nil || err != nil {
+			t.Fatalf("Read: %q, %v", data, err)
+		}
+		client.conn.Close()
+		resumed()
+		if data, err := c.Read(); err == nil {
+			t.Fatalf("Read after a hang-up: %q, no error", data)
+		}
+		c.CloseNow()
+	})
+}
+
+// A socket never parks inside a message: a quiet spell between two
+// fragments leaves Read waiting for the rest, with the first in hand.
+func TestIdle_NeverParksInsideAMessage(t *testing.T) {
+	quiet(t)
+	server, accepted := serveOne(t, Options{WriteTimeout: time.Second})
+	client := dialRaw(t, server, frame(opText, false, "one half, "))
+	c := <-accepted
+	c.Idle(func() { t.Error("resumed inside a message") })
+	read := make(chan string, 1)
+	go func() {
+		data, err := c.Read()
+		read <- string(data) + ", " + fmtErr(err)
+	}()
+	time.Sleep(50 * time.Millisecond) // a quiet spell, not a timeout
+	client.conn.Write(frame(opContinuation, true, "the other"))
+	if got := <-read; got != "one half, the other, <nil>" {
+		t.Fatalf("Read: %s", got)
+	}
+}
+
+// fmtErr prints err, or <nil>.
+func fmtErr(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	return err.Error()
+}
