@@ -1075,12 +1075,7 @@ func (c *connection) handle(data []byte) {
 		c.reply(problem)
 		return
 	}
-
-	if answer := handlers[f.Type]; answer != nil {
-		answer(c, f)
-	} else {
-		c.reply(errorReply("unknown_type", "unknown frame type: "+f.Type))
-	}
+	handlers[f.Type](c, f)
 }
 
 // handlers answer each frame type, one each; each validates its own
@@ -1097,7 +1092,8 @@ var handlers = map[string]func(*connection, frame){
 	"ping": func(c *connection, _ frame) { c.reply(reply{Type: "pong"}) },
 }
 
-// decodeFrame parses one frame, or explains what is wrong with it. data
+// decodeFrame parses one frame of a type the broker knows, or explains
+// what is wrong with it. data
 // is valid UTF-8, and is not kept: the caller may reuse it. wire.Decode
 // reads the common shape by hand, in one pass, and says what is wrong in
 // the protocol's words.
@@ -1108,6 +1104,8 @@ func decodeFrame(data []byte) (frame, reply) {
 		return f, errorReply("bad_frame", "malformed frame: "+err.Error())
 	case f.Type == "":
 		return f, errorReply("missing_field", "frame has no type")
+	case handlers[f.Type] == nil:
+		return f, errorReply("unknown_type", "unknown frame type: "+f.Type)
 	}
 	return f, reply{}
 }
@@ -2565,9 +2563,13 @@ func (o Options) check() error {
 // ping starts a keepalive for every connection; it runs once per
 // PingInterval. One loop for the broker, rather than a ticker in each
 // connection's writer, is what lets an idle connection have no writer.
+// Each connection's keepalive starts at its own point in the interval, so
+// each is pinged an interval apart: all at once, ten thousand goroutines
+// waited for pongs, and ten thousand readers woke for them, together.
 func (b *Broker) ping(time.Time) {
 	for _, c := range b.connectionList() {
-		go c.keepalive()
+		time.AfterFunc(b.opts.PingInterval*time.Duration(c.id%1000)/1000,
+			c.keepalive)
 	}
 }
 

@@ -81,11 +81,13 @@ func (c *Conn) Read() ([]byte, error) {
 // readMessage reads frames until a whole text message, answering the
 // control frames between them.
 func (c *Conn) readMessage() ([]byte, error) {
-	for {
-		// Between messages, holding nothing, wait for the socket with
-		// no chunk, and park if it stays quiet.
+	// Between messages, holding nothing, wait for the socket with no
+	// chunk, and park if it stays quiet for IdleAfter; after a control
+	// frame, at once: a pong to a keepalive's ping is all a quiet client
+	// sends, and every reader woke for it at the same moment.
+	for quiet := IdleAfter; ; quiet = 0 {
 		if c.message == nil {
-			if err := c.await(true); err != nil {
+			if err := c.await(quiet); err != nil {
 				return nil, err
 			}
 		}
@@ -272,19 +274,20 @@ func (c *Conn) buffer(n int) error {
 var errParked = errors.New("socket: parked")
 
 // await, holding no bytes, runs BeforeRead, waits for the socket to be
-// readable, and only then takes a chunk to read into. Between messages
-// (mayPark), a socket with a resume that stays quiet for IdleAfter is
-// parked instead, and await returns errParked.
-func (c *Conn) await(mayPark bool) error {
+// readable, and only then takes a chunk to read into. A socket with a
+// resume (Idle) quiet for quiet, unless that is negative, is parked
+// instead, and await returns errParked.
+func (c *Conn) await(quiet time.Duration) error {
 	if c.in != nil {
 		return nil
 	}
 	if c.opts.BeforeRead != nil {
 		c.opts.BeforeRead()
 	}
-	// A reader the poller just woke reads; any other waits IdleAfter.
-	if mayPark && c.idle != nil && c.raw != nil && !c.woken.Swap(false) {
-		c.conn.SetReadDeadline(time.Now().Add(IdleAfter))
+	// A reader the poller just woke reads; any other waits quiet. A
+	// deadline passed waits not at all: a park with bytes there wakes.
+	if quiet >= 0 && c.idle != nil && c.raw != nil && !c.woken.Swap(false) {
+		c.conn.SetReadDeadline(time.Now().Add(quiet))
 		err := wait(c.raw, c.one[:])
 		c.conn.SetReadDeadline(time.Time{})
 		if errors.Is(err, os.ErrDeadlineExceeded) &&
@@ -314,7 +317,7 @@ func (c *Conn) wake() { c.woken.Store(true); c.idle() }
 // running BeforeRead first.
 func (c *Conn) fill() error {
 	if c.in == nil {
-		if err := c.await(false); err != nil {
+		if err := c.await(-1); err != nil {
 			return err
 		}
 	} else if c.opts.BeforeRead != nil {

@@ -42,7 +42,7 @@ type benchConfig struct {
 	stuck                           int
 	bystander, bystanderOnly        bool
 	rate                            float64
-	duration                        time.Duration
+	duration, idleWatch             time.Duration
 	jsonOut, allowRemote, batch     bool
 	flood                           string // benchflood.go
 	connections                     int
@@ -73,6 +73,7 @@ type benchResult struct {
 	LatencyMaxMicros  float64 `json:"latency_max_us"`
 	ServerCPUPerDeliv float64 `json:"server_cpu_us_per_delivery,omitempty"`
 	ServerKiBPerConn  float64 `json:"server_kib_per_connection,omitempty"`
+	ServerKiBWatched  float64 `json:"server_kib_per_connection_watched,omitempty"`
 	IdleConnections   int     `json:"idle_connections,omitempty"`
 	ServerFDs         float64 `json:"server_fds,omitempty"`
 	ServerGoroutines  float64 `json:"server_goroutines,omitempty"`
@@ -177,6 +178,9 @@ func parseBench(args []string, stderr io.Writer) (benchConfig, error) {
 	fs.IntVar(&c.idle, "idle", 0, "instead, open N idle connections "+
 		"subscribed to one topic, report server memory per connection, "+
 		"and time one publish reaching them all")
+	fs.DurationVar(&c.idleWatch, "idle-watch", 25*time.Second, "with "+
+		"--idle, then watch the server's memory this long, through a "+
+		"round of its pings (every 20 s by default), and report its most")
 	fs.BoolVar(&c.batch, "batch", true, "several messages a frame: "+
 		"publishers send up to 64, subscribers take runs and ack many at once")
 	fs.StringVar(&c.flood, "flood", "", "instead, run one of the doors' "+
@@ -206,6 +210,8 @@ func parseBench(args []string, stderr io.Writer) (benchConfig, error) {
 		return c, errors.New("--connections: 1 to 20000")
 	case c.bystanderOnly && c.url == "":
 		return c, errors.New("--bystander-only needs --url")
+	case c.idleWatch < 0:
+		return c, errors.New("--idle-watch may not be negative")
 	case c.idle < 0 || c.idle > 100_000 || c.size < 16 || c.size > 1<<20:
 		return c, errors.New("--idle ≤ 100000, 16 ≤ --size ≤ 1 MiB")
 	}
@@ -411,9 +417,11 @@ func printBench(w io.Writer, asJSON bool, r benchResult) error {
 	}
 	if r.IdleConnections > 0 {
 		fmt.Fprintf(w, "idle connections: %d\nserver memory per connection: "+
-			"%.1f KiB\nserver file descriptors %.0f, goroutines %.0f\n"+
-			"one publish reached all in %.1f ms\n", r.IdleConnections,
-			r.ServerKiBPerConn, r.ServerFDs, r.ServerGoroutines, r.FanOutMillis)
+			"%.1f KiB, at most %.1f KiB while watched\nserver file "+
+			"descriptors %.0f, goroutines %.0f\none publish reached all in "+
+			"%.1f ms\n", r.IdleConnections, r.ServerKiBPerConn,
+			r.ServerKiBWatched, r.ServerFDs, r.ServerGoroutines,
+			r.FanOutMillis)
 		return nil
 	}
 	fmt.Fprintf(w, "publishers %d, subscribers %d, topics %d, payload %d B, "+

@@ -66,13 +66,17 @@ func deliveredOnceEach(t *testing.T, r benchResult, subscribers int64) {
 }
 
 // bench --idle holds its connections, and one publish reaches each of
-// them; the server's /metrics counts them.
+// them; the server's /metrics counts them: a descriptor each, and no
+// goroutine, since a connection quiet for a second waits in the poller.
+// The server runs in the test's process, so the goroutines counted are
+// the bench's 50 readers and a fixed few; a reader a connection on the
+// server's side would make them over 100.
 func TestBench_IdleConnectionsAllHearOnePublish(t *testing.T) {
 	r := benchAgainst(t, "--idle", "50")
 	if r.IdleConnections != 50 || r.FanOutMillis <= 0 ||
-		r.ServerFDs < 50 || r.ServerGoroutines < 50 {
-		t.Fatalf("idle: %+v; want 50 connections, a fan-out time, and "+
-			"at least 50 descriptors and goroutines", r)
+		r.ServerFDs < 50 || r.ServerGoroutines >= 100 {
+		t.Fatalf("idle: %+v; want 50 connections, a fan-out time, at "+
+			"least 50 descriptors, and under 100 goroutines", r)
 	}
 }
 
