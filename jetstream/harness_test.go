@@ -3,6 +3,7 @@ package jetstream
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -75,8 +76,16 @@ func (l *tracked) drop() {
 // Store and Logger are filled in).
 func startBroker(t *testing.T, url string, opts popsub.Options) *broker {
 	t.Helper()
-	log, err := Open(Options{URL: url, MaxMessages: opts.MaxMessages,
-		Logger: quiet, Replicas: replicasFor(url)})
+	// A cluster that has only just elected its leader may take longer
+	// than a request's timeout to create the first replicated bucket on
+	// a loaded machine (go test -race ./... runs packages side by side):
+	// open again, as an operator would.
+	var log *Log
+	err := context.DeadlineExceeded
+	for try := 0; try < 3 && errors.Is(err, context.DeadlineExceeded); try++ {
+		log, err = Open(Options{URL: url, MaxMessages: opts.MaxMessages,
+			Logger: quiet, Replicas: replicasFor(url)})
+	}
 	if err != nil {
 		t.Fatalf("open log: %v", err)
 	}
