@@ -459,18 +459,15 @@ func New(opts Options) (*Broker, error) {
 		b.shared.Follow(b.feed)
 	}
 
-	// Retries, keepalives, retention and x-ray events run on loops of
-	// their own. A retry is late by at most RetryInterval, a fifth of
-	// the ack timeout (but the loop is no busier than a millisecond, and
-	// no lazier than the original's one second), and so is a delayed
-	// message (b.releaseDue, in Delayed delivery); b.ping checks that
-	// every peer still answers (Keepalives, limits and batches);
-	// b.trimExpired drops what outlived the TTL (Retention), at most a
-	// tenth of it late.
-	b.loops.Add(5)
+	// Retries, retention and x-ray events run on loops of their own. A
+	// retry is late by at most RetryInterval, a fifth of the ack timeout
+	// (but the loop is no busier than a millisecond, and no lazier than
+	// the original's one second), and so is a delayed message
+	// (b.releaseDue, in Delayed delivery); b.trimExpired drops what
+	// outlived the TTL (Retention), at most a tenth of it late.
+	b.loops.Add(4)
 	go b.every(RetryInterval(opts.AckTimeout), b.retry)
 	go b.every(RetryInterval(opts.AckTimeout), b.releaseDue)
-	go b.every(opts.PingInterval, b.ping)
 	go b.every(min(max(opts.TTL/10, time.Millisecond), time.Minute),
 		b.trimExpired)
 	go func() {
@@ -764,8 +761,8 @@ type connection struct {
 	// claims are the token's grants; the reader goroutine's alone.
 	claims *Claims
 	// expiry closes the connection when the token runs out; a fresh auth
-	// frame resets it.
-	expiry *time.Timer
+	// frame resets it. pings pings the peer an interval after each pong.
+	expiry, pings *time.Timer
 	// batch is set when the client opted into several objects a frame;
 	// loginFailed once a login on it failed (Logins). The reader's alone.
 	batch, loginFailed bool
@@ -885,6 +882,7 @@ func (b *Broker) unregister(c *connection) {
 	c.end()
 	if c.expiry != nil {
 		c.expiry.Stop()
+		c.pings.Stop()
 	}
 	c.mu.Lock()
 	subs := slices.Collect(maps.Values(c.subscriptions))
@@ -1007,8 +1005,9 @@ type Claims struct {
 // accept checks the auth frame's token and, if it is good, starts the
 // session: the subject, the grants, and a timer for the token's expiry.
 func (c *connection) accept(f frame) bool {
-	// c.broker.Verify checks the token, and c.tokenExpired ends the
-	// session when untilExpiry has passed (Tokens, a detail).
+	// c.broker.Verify checks the token; c.startTimers ends the session
+	// when the token runs out, and pings the peer every interval
+	// (Keepalives, limits and batches, a detail).
 	claims, err := c.broker.Verify(f.Token)
 	if err != nil {
 		// The parser's error says what was wrong, never the token.
@@ -1022,7 +1021,7 @@ func (c *connection) accept(f frame) bool {
 	c.subject, c.client = claims.Subject, f.Client
 	c.mu.Unlock()
 	c.claims, c.batch = claims, f.Batch
-	c.expiry = time.AfterFunc(untilExpiry(claims), c.tokenExpired)
+	c.startTimers(claims)
 	c.broker.logger.Info("connected", "sub", c.subject, "remote", c.remote)
 	// b.noteConnection, like b.noteMessage and b.noteSubscription, tells
 	// the x-ray (a detail) of a transition; it costs nothing while nobody
@@ -2560,29 +2559,36 @@ func (o Options) check() error {
 	return nil
 }
 
-// ping starts a keepalive for every connection; it runs once per
-// PingInterval. One loop for the broker, rather than a ticker in each
-// connection's writer, is what lets an idle connection have no writer.
-// Each connection's keepalive starts at its own point in the interval, so
-// each is pinged an interval apart: all at once, ten thousand goroutines
-// waited for pongs, and ten thousand readers woke for them, together.
-func (b *Broker) ping(time.Time) {
-	for _, c := range b.connectionList() {
-		time.AfterFunc(b.opts.PingInterval*time.Duration(c.id%1000)/1000,
-			c.keepalive)
-	}
+// startTimers starts a session's two timers: c.expiry ends it when the
+// token runs out (c.tokenExpired), and c.pings pings the peer an interval
+// after it authenticated and an interval after each pong (c.keepalive).
+// A timer for each connection, not a loop for the broker, and no
+// goroutine either until it fires: a loop that pinged every connection
+// at once held, for a moment, ten thousand goroutines waiting for pongs
+// and woke ten thousand readers for them, a third more memory per idle
+// connection. Pings now fall as their connections came.
+func (c *connection) startTimers(claims *Claims) {
+	c.expiry = time.AfterFunc(untilExpiry(claims), c.tokenExpired)
+	// Made stopped and then started, so that c.pings is set before it
+	// can fire.
+	c.pings = time.AfterFunc(1<<63-1, c.keepalive)
+	c.pings.Reset(c.broker.opts.PingInterval)
 }
 
-// keepalive pings the peer and closes the socket if no pong comes back
-// within one ping interval. A peer that vanished without a FIN would
-// otherwise hold its subscriptions, and its durable name, forever.
+// keepalive pings the peer, and closes the socket if no pong comes back
+// within one ping interval; a pong sets the next ping. A peer that
+// vanished without a FIN would otherwise hold its subscriptions, and its
+// durable name, forever.
 func (c *connection) keepalive() {
 	// The socket closes nothing on a ping timeout, so the broker does,
 	// without a close frame: a peer that does not read will not read it.
+	// A socket closed already answers at once, and sets no next ping.
 	ctx, cancel := context.WithTimeout(context.Background(),
 		c.broker.opts.PingInterval)
 	defer cancel()
-	if err := c.ws.Ping(ctx); err != nil && ctx.Err() != nil {
+	if err := c.ws.Ping(ctx); err == nil {
+		c.pings.Reset(c.broker.opts.PingInterval)
+	} else if ctx.Err() != nil {
 		c.broker.logger.Info("keepalive timeout", "sub", c.subject,
 			"remote", c.remote)
 		c.closeSocket(0, "")

@@ -31,13 +31,13 @@
 // alternating runs against the commit before:
 //
 //	trick                               buys
-//	a quiet socket parked here, with    16.1–16.5 → 9.4–10.5 KiB of the
+//	a quiet socket parked here, with    15.9–16.3 → 10.0–10.7 KiB of the
 //	no goroutine                        server's memory per connection;
-//	                                    10,016 → 17 goroutines
-//	keepalives spread over the ping     12.6–12.7 → 9.4–10.6 KiB at the
-//	interval (popsub.go), so that       most over a round of pings; a
-//	pongs do not wake every reader      reader woken by a pong alone
-//	at once                             parking again at once, alone:
+//	                                    10,016 → 16 goroutines
+//	a ping timer for each connection    12.6–12.7 → 10.0–10.7 KiB at the
+//	(popsub.go), so that pongs do       most over a round of pings; a
+//	not wake every reader at once       reader woken by a pong alone
+//	                                    parking again at once, alone:
 //	                                    12.7 → 12.6 KiB
 package poller
 

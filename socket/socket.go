@@ -52,7 +52,7 @@
 //	library; an idle reader waits       15.1–15.3 KiB of the server's
 //	holding no chunk, low on its        memory (popsub bench --idle
 //	stack                               10000, both in one session)
-//	a client quiet for IdleAfter        16.1–16.5 → 9.4–10.5 KiB of the
+//	a client quiet for IdleAfter        15.9–16.3 → 10.0–10.7 KiB of the
 //	parks its socket in the poller,     server's memory (the same bench,
 //	and its reader goroutine ends       alternating runs)
 package socket
