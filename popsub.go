@@ -874,10 +874,10 @@ func (b *Broker) register(c *connection) bool {
 // an ordinary one has nobody left to deliver them to.
 func (b *Broker) unregister(c *connection) {
 	// A reader that leaves starts the writers its publishes owe. Closing
-	// done first stops the confirmer before the subscriptions
-	// it works for are taken apart (each replayer stops when
-	// b.unsubscribe cancels its subscription); a pending expiry timer
-	// would keep the whole connection alive until it fired.
+	// done first stops the confirmer before the subscriptions it works
+	// for are taken apart (each replayer stops when b.unsubscribe cancels
+	// its subscription); a pending timer would keep the whole connection
+	// alive until it fired.
 	c.wake.Start()
 	c.end()
 	if c.expiry != nil {
@@ -936,6 +936,8 @@ func (c *connection) serve() {
 	// handled in order: a pong proves everything before it was handled.
 	c.ws.Idle(c.serve)
 	for {
+		// A failed read ends the connection; a nil frame, only this
+		// goroutine.
 		data, ok := c.read()
 		if !ok {
 			c.broker.unregister(c)
