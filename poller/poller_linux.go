@@ -5,6 +5,9 @@ import (
 	"syscall"
 )
 
+// Works says whether Park can park a socket here.
+const Works = true
+
 // epoll is the one epoll instance, opened by the first Park.
 var epoll struct {
 	start sync.Once

@@ -4,6 +4,9 @@ package poller
 
 import "syscall"
 
+// Works says whether Park can park a socket here: not without epoll.
+const Works = false
+
 // Park never parks where there is no epoll: the reader waits on the
 // runtime's poller, holding its goroutine, however long the socket is
 // quiet.

@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/popsub/popsub/poller"
 )
 
 // chunkSize is what one read from the socket takes at most.
@@ -286,7 +287,9 @@ func (c *Conn) await(quiet time.Duration) error {
 	}
 	// A reader the poller just woke reads; any other waits quiet. A
 	// deadline passed waits not at all: a park with bytes there wakes.
-	if quiet >= 0 && c.idle != nil && c.raw != nil && !c.woken.Swap(false) {
+	// Where nothing parks, a deadline would only wake a quiet reader;
+	// with no raw socket (TLS), wait returns at once, and none parks.
+	if quiet >= 0 && poller.Works && c.idle != nil && !c.woken.Swap(false) {
 		c.conn.SetReadDeadline(time.Now().Add(quiet))
 		err := wait(c.raw, c.one[:])
 		c.conn.SetReadDeadline(time.Time{})
