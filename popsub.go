@@ -609,11 +609,11 @@ func (b *Broker) topicList() []*topic {
 // the original PopSub split its transport, broker and persistence into
 // crates, the parts whose work is how, not what, live in packages: the
 // disk (boltstore, or jetstream for a log shared by several brokers),
-// group commit (groupcommit), the WebSocket (socket), passwords and
-// tokens (login), the x-ray's queue (xray) and our tables' queues
-// (queue). The first reading reaches them only through the declarations
-// below, each with its contract in a line: this file imports no storage
-// engine, and builds for a browser (GOOS=js).
+// group commit (groupcommit), the WebSocket (socket, and poller for a
+// quiet one), passwords and tokens (login), the x-ray's queue (xray) and
+// our tables' queues (queue). The first reading reaches them only
+// through the declarations below, each with its contract in a line: this
+// file imports no storage engine, and builds for a browser (GOOS=js).
 
 // Store keeps topic logs and durable cursors, safe for concurrent use;
 // a Commit is durable when it returns.
@@ -1005,7 +1005,7 @@ type Claims struct {
 }
 
 // accept checks the auth frame's token and, if it is good, starts the
-// session: the subject, the grants, and a timer for the token's expiry.
+// session: the subject, the grants, and its timers.
 func (c *connection) accept(f frame) bool {
 	// c.broker.Verify checks the token; c.startTimers ends the session
 	// when the token runs out, and pings the peer every interval
@@ -1094,10 +1094,9 @@ var handlers = map[string]func(*connection, frame){
 }
 
 // decodeFrame parses one frame of a type the broker knows, or explains
-// what is wrong with it. data
-// is valid UTF-8, and is not kept: the caller may reuse it. wire.Decode
-// reads the common shape by hand, in one pass, and says what is wrong in
-// the protocol's words.
+// what is wrong with it. data is valid UTF-8, and is not kept: the caller
+// may reuse it. wire.Decode reads the common shape by hand, in one pass,
+// and says what is wrong in the protocol's words.
 func decodeFrame(data []byte) (frame, reply) {
 	f, err := wire.Decode(data)
 	switch {

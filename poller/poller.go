@@ -5,9 +5,10 @@
 //
 // # The contract
 //
-// Parking.Park hands a socket's descriptor to the poller; it reports
-// false where it cannot (no epoll, as in a browser; a socket closed or
-// closing), and the caller reads on as before. Once parked, the socket's
+// Can says whether a socket can be parked here at all (it has a
+// descriptor, and the system has epoll). Parking.Park hands a socket's
+// descriptor to the poller; it reports false where it cannot (a socket
+// closed or closing), and the caller reads on as before. Once parked, the socket's
 // wake runs exactly once: when the socket is readable, when it fails or
 // its peer hangs up, or when Parking.Unpark is called, which a close must
 // call before the descriptor closes. Package socket parks a WebSocket
@@ -64,13 +65,11 @@ func (p *Parking) Parked() bool {
 	return p.registered && table.parked[p.fd] == p
 }
 
-// wakeAll, under table.mu, starts the wake of each parked socket in
-// fds, once: the poller's wake-ups and Unpark may race for one.
-func wakeAll(fds ...int) {
-	for _, fd := range fds {
-		if p := table.parked[fd]; p != nil {
-			delete(table.parked, fd)
-			go p.wake()
-		}
+// unparkFD, under table.mu, starts the wake of the socket parked on fd,
+// if any, once: the poller's wake-ups and Unpark may race for one.
+func unparkFD(fd int) {
+	if p := table.parked[fd]; p != nil {
+		delete(table.parked, fd)
+		go p.wake()
 	}
 }

@@ -5,8 +5,9 @@ import (
 	"syscall"
 )
 
-// Works says whether Park can park a socket here.
-const Works = true
+// Can says whether Park can park raw here: any socket with a
+// descriptor, on Linux.
+func Can(raw syscall.RawConn) bool { return raw != nil }
 
 // epoll is the one epoll instance, opened by the first Park.
 var epoll struct {
@@ -72,7 +73,7 @@ func (p *Parking) Unpark() {
 	if p.registered && table.parked[p.fd] == p {
 		syscall.EpollCtl(epoll.fd, syscall.EPOLL_CTL_DEL, p.fd, nil)
 		p.registered = false
-		wakeAll(p.fd)
+		unparkFD(p.fd)
 	}
 }
 
@@ -95,12 +96,12 @@ func open() {
 			}
 			table.mu.Lock()
 			for _, e := range events[:max(n, 0)] {
-				wakeAll(int(e.Fd))
+				unparkFD(int(e.Fd))
 			}
 			if err != nil { // never seen; if it were, wake every socket
 				epoll.ok = false
 				for fd := range table.parked {
-					wakeAll(fd)
+					unparkFD(fd)
 				}
 			}
 			table.mu.Unlock()

@@ -4,8 +4,8 @@ package poller
 
 import "syscall"
 
-// Works says whether Park can park a socket here: not without epoll.
-const Works = false
+// Can says whether Park can park raw here: never, without epoll.
+func Can(syscall.RawConn) bool { return false }
 
 // Park never parks where there is no epoll: the reader waits on the
 // runtime's poller, holding its goroutine, however long the socket is

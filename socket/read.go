@@ -68,11 +68,9 @@ func (c *Conn) Read() ([]byte, error) {
 	c.message = nil
 	c.reading <- struct{}{}
 	defer func() { <-c.reading }()
+	// A parked socket returns nil and no error: it is not gone.
 	data, err := c.readMessage()
-	if err == errParked {
-		return nil, nil
-	}
-	if err != nil {
+	if err != nil && err != errParked {
 		c.goneOnce.Do(func() { close(c.gone) })
 		return nil, err
 	}
@@ -287,9 +285,10 @@ func (c *Conn) await(quiet time.Duration) error {
 	}
 	// A reader the poller just woke reads; any other waits quiet. A
 	// deadline passed waits not at all: a park with bytes there wakes.
-	// Where nothing parks, a deadline would only wake a quiet reader;
-	// with no raw socket (TLS), wait returns at once, and none parks.
-	if quiet >= 0 && poller.Works && c.idle != nil && !c.woken.Swap(false) {
+	// Where nothing can park (TLS, no epoll), no deadline is set: it
+	// would only wake a quiet reader to no purpose.
+	if quiet >= 0 && c.idle != nil && poller.Can(c.raw) &&
+		!c.woken.Swap(false) {
 		c.conn.SetReadDeadline(time.Now().Add(quiet))
 		err := wait(c.raw, c.one[:])
 		c.conn.SetReadDeadline(time.Time{})
