@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 	"unicode/utf8"
 )
@@ -39,13 +40,16 @@ func FuzzScan(f *testing.F) {
 }
 
 // FuzzScanValue checks the payload reader against json.Valid, both ways:
-// what it accepts is valid JSON, and valid JSON but null it accepts.
+// what it accepts is valid JSON, and valid JSON it accepts, but null and
+// a value nested deeper than maxDepth.
 func FuzzScanValue(f *testing.F) {
 	for _, seed := range []string{
 		`{"a":[1,-0.5e+3,"\u00e9\n\"",true,false,null,{}]}`, `"\ud800"`,
 		`01`, `1.`, `[1,]`, `{"a"}`, `"\x"`, `[[[]]]`, ` 1 `, `-`, `1e`,
 		`tru`, `null`, `"a` + "\t" + `b"`, `[1 2]`, `{"a":1,}`, `-0`,
-		`1E+2`, `"\u12G4"`,
+		`1E+2`, `"\u12G4"`, `"\/\b\f\r\t\\"`, `"\u00"`, `1.5e`, `-01`,
+		`{"a":1 "b":2}`, `{1:2}`, `[true,fals]`, `"\`,
+		strings.Repeat("[", maxDepth+2) + strings.Repeat("]", maxDepth+2),
 	} {
 		f.Add([]byte(seed))
 	}
@@ -62,11 +66,27 @@ func FuzzScanValue(f *testing.F) {
 			t.Fatalf("accepted %q as %q, which is not one JSON value", data,
 				value)
 		}
-		if !whole && json.Valid(data) &&
+		if !whole && json.Valid(data) && nesting(data) <= maxDepth &&
 			!bytes.Equal(trimmed, []byte("null")) {
 			t.Fatalf("refused %q, which is valid JSON", data)
 		}
 	})
+}
+
+// nesting is how deeply data nests brackets, counting those in strings
+// too: an upper bound.
+func nesting(data []byte) int {
+	deepest, depth := 0, 0
+	for _, c := range data {
+		switch c {
+		case '{', '[':
+			depth++
+			deepest = max(deepest, depth)
+		case '}', ']':
+			depth--
+		}
+	}
+	return deepest
 }
 
 func TestScan_TakesOnlyTheCommonShape(t *testing.T) {
@@ -89,6 +109,8 @@ func TestScan_TakesOnlyTheCommonShape(t *testing.T) {
 		`{"type":"ping"} {}`,                            // trailing data
 		`{"type":"ack","seq":18446744073709551616}`,     // overflow
 		`{"type":"auth","token":"x.y.z","batch":true}`,  // a rare frame
+		`{"type":"publish","topic":"t","payload":` + // nested too deep
+			strings.Repeat("[", 100) + strings.Repeat("]", 100) + `}`,
 	}
 	for _, data := range fast {
 		if _, ok := Scan([]byte(data)); !ok {
@@ -99,6 +121,11 @@ func TestScan_TakesOnlyTheCommonShape(t *testing.T) {
 		if _, ok := Scan([]byte(data)); ok {
 			t.Errorf("Scan accepted %s", data)
 		}
+	}
+	// What Scan leaves, encoding/json still reads.
+	deep := slow[len(slow)-1]
+	if f, err := Decode([]byte(deep)); err != nil || len(f.Payload) != 200 {
+		t.Errorf("a payload nested too deep for Scan: %v", err)
 	}
 }
 
