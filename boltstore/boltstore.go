@@ -55,6 +55,7 @@ import (
 	"time"
 
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/wire"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -391,8 +392,7 @@ func encodeRecord(buffer []byte, m *popsub.Message) []byte {
 	start := len(buffer)
 	buffer = append(append(buffer, 0, 0, 0, 0), m.Frame()...)
 	if publisher := m.Publisher(); publisher != "" {
-		quoted, _ := json.Marshal(publisher)
-		buffer = append(append(buffer, '\n'), quoted...)
+		buffer = wire.AppendString(append(buffer, '\n'), publisher)
 	}
 	sum := crc32.Checksum(buffer[start+4:], castagnoli)
 	binary.BigEndian.PutUint32(buffer[start:], sum)

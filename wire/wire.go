@@ -145,10 +145,10 @@ func AppendMessage(buf []byte, topic, id string, payload []byte,
 	timestamp int64, qos int, seq uint64, attempt int,
 	expiresAt, deliverAt int64) []byte {
 	buf = slices.Grow(buf, 128+len(topic)+len(id)+len(payload))
-	buf = appendString(append(buf, `{"type":"message","topic":`...), topic)
+	buf = AppendString(append(buf, `{"type":"message","topic":`...), topic)
 	buf = append(append(buf, `,"payload":`...), payload...)
 	buf = strconv.AppendInt(append(buf, `,"timestamp":`...), timestamp, 10)
-	buf = appendString(append(buf, `,"message_id":`...), id)
+	buf = AppendString(append(buf, `,"message_id":`...), id)
 	buf = strconv.AppendInt(append(buf, `,"qos":`...), int64(qos), 10)
 	buf = strconv.AppendUint(append(buf, `,"seq":`...), seq, 10)
 	buf = strconv.AppendInt(append(buf, `,"attempt":`...), int64(attempt), 10)
@@ -161,11 +161,11 @@ func AppendMessage(buf []byte, topic, id string, payload []byte,
 	return append(buf, '}')
 }
 
-// appendString appends s as a JSON string. s is valid UTF-8 (the broker
+// AppendString appends s as a JSON string. s is valid UTF-8 (the broker
 // checks every frame on arrival), so most strings need only their
 // quotes; the rare one with a quote, a backslash or a control character
 // goes through encoding/json, which escapes it.
-func appendString(buf []byte, s string) []byte {
+func AppendString(buf []byte, s string) []byte {
 	if strings.ContainsFunc(s, func(r rune) bool {
 		return r < 0x20 || r == '"' || r == '\\'
 	}) {
