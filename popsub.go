@@ -1061,8 +1061,7 @@ func (c *connection) read() ([]byte, bool) {
 		return nil, false
 	}
 	if !utf8.Valid(data) {
-		c.closeSocket(websocket.StatusInvalidFramePayloadData,
-			"invalid UTF-8")
+		c.closeSocket(websocket.StatusInvalidFramePayloadData, "invalid UTF-8")
 		return nil, false
 	}
 	return data, true
@@ -1438,8 +1437,7 @@ func (b *Broker) newMessage(f frame) (*Message, reply) {
 		json.Compact(&compact, payload)
 		payload = compact.Bytes()
 	}
-	m := &Message{Topic: f.Topic, ID: f.MessageID, QoS: f.QoS,
-		Payload: payload}
+	m := &Message{Topic: f.Topic, ID: f.MessageID, QoS: f.QoS, Payload: payload}
 	// A ttl_ms sets when it stops being delivered, a delay when it is
 	// due (b.times, in Delayed delivery).
 	return m, b.times(m, f)
@@ -1527,8 +1525,12 @@ func (b *Broker) fanOut(t *topic, m *Message, last uint64, wake *wakeups) {
 	//
 	// One encoding serves every subscriber: the bytes are never mutated,
 	// so a hundred outboxes can hold the same slice. One clock read
-	// serves them too, not one per subscriber: here it costs 60 ns.
-	deadline := time.Now().Add(b.opts.AckTimeout)
+	// serves them too, not one per subscriber, and a QoS 0 message, which
+	// has no retry to time, needs none: here one costs 60 to 80 ns.
+	var deadline time.Time
+	if m.QoS == 1 {
+		deadline = time.Now().Add(b.opts.AckTimeout)
+	}
 	// A gap (only a shared log's feed has one) is messages nobody live
 	// here was sent: each subscriber goes back to the log, to hear it.
 	gap := m.Seq > last+1
@@ -1968,8 +1970,7 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 		for i := range live {
 			switch p := &live[i]; {
 			case now.Before(p.deadline):
-			case p.attempt > c.broker.opts.MaxRetries ||
-				p.message.expired():
+			case p.attempt > c.broker.opts.MaxRetries || p.message.expired():
 				dead = append(dead, *p)
 			case p.subscription.group != nil:
 				moves = append(moves, *p)
@@ -2167,8 +2168,7 @@ func (s *subscription) finishReplay(after uint64, m *Message, delivery []byte,
 	// A subscription ended during replay is no longer in the topic, and
 	// must not come back to life.
 	_, subscribed := t.subscribers[s]
-	s.live = subscribed &&
-		(m == nil || s.offer(m, delivery, 1, deadline, nil))
+	s.live = subscribed && (m == nil || s.offer(m, delivery, 1, deadline, nil))
 	return s.live || !subscribed, after
 }
 
@@ -2711,8 +2711,7 @@ func (b *Broker) startLogins() {
 func (c *connection) subscribeProblem(f frame) reply {
 	switch {
 	case wire.ValidFilter(f.Topic) != "":
-		return topicError("invalid_topic", wire.ValidFilter(f.Topic),
-			f.Topic)
+		return topicError("invalid_topic", wire.ValidFilter(f.Topic), f.Topic)
 	case f.After != nil && f.Last != nil || f.Durable != "" && f.Group != "":
 		return topicError("bad_frame",
 			"use after or last, and durable or group, not both", f.Topic)
@@ -2722,8 +2721,7 @@ func (c *connection) subscribeProblem(f frame) reply {
 	case strings.ContainsRune(f.Durable+f.Group, 0) ||
 		max(len(f.Durable), len(f.Group)) > 256:
 		// A NUL separates a cursor key's parts, so no name may hold one.
-		return topicError("bad_frame", "invalid durable or group name",
-			f.Topic)
+		return topicError("bad_frame", "invalid durable or group name", f.Topic)
 	}
 	return reply{}
 }
@@ -3495,6 +3493,9 @@ const DelayedPrefix = "$delayed/"
 // already: refused, not published to be dropped; a delayed message's
 // counts from when it is due. A time already past is no delay.
 func (b *Broker) times(m *Message, f frame) reply {
+	if f.TTLMS == nil && f.DelayMS == nil && f.DeliverAt == nil {
+		return reply{} // most publishes: no clock read
+	}
 	now := time.Now().UnixMilli()
 	due := now + *cmp.Or(f.DelayMS, new(int64(0))) // or deliver_at:
 	if f.DeliverAt != nil {
