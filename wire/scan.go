@@ -86,7 +86,9 @@ func (s *scanner) field(f *Frame, key string) bool {
 	// takes "Type" for "type", and so such a frame goes to it.
 	switch key {
 	case "type":
-		return s.textInto(&f.Type)
+		value, ok := s.text()
+		f.Type = frameType(value)
+		return ok
 	case "topic":
 		return s.textInto(&f.Topic)
 	case "message_id":
@@ -111,6 +113,18 @@ func (s *scanner) textInto(field *string) bool {
 	value, ok := s.text()
 	*field = string(value)
 	return ok
+}
+
+// frameType returns a frame's type as a string, with no allocation for
+// the types a client sends once per message.
+func frameType(value []byte) string {
+	switch string(value) {
+	case "publish":
+		return "publish"
+	case "ack":
+		return "ack"
+	}
+	return string(value)
 }
 
 // numberInto reads an unsigned integer into field, which it allocates:
