@@ -5,12 +5,16 @@ import (
 	"flag"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/popsub/popsub/wire"
 )
 
 // This file tests flow control under bursts and floods, over real
@@ -154,4 +158,102 @@ func watchHeap(t *testing.T) func() uint64 {
 	}()
 	t.Cleanup(func() { close(stop); <-done })
 	return func() uint64 { return peak.Load() - min(peak.Load(), start.HeapInuse) }
+}
+
+// floodGate is a memoryStore whose commits holding a message of topic
+// "flood" wait for gate to close, and which keeps, in commit order, the
+// topics of each batch.
+type floodGate struct {
+	*memoryStore
+	gate    chan struct{} // closed to let flood commits through
+	waiting chan struct{} // signalled as a flood commit waits
+	mu      sync.Mutex
+	batches [][]string
+}
+
+func (s *floodGate) Commit(batch *Batch) error {
+	var topics []string
+	for _, m := range batch.Messages {
+		if !slices.Contains(topics, m.Topic) {
+			topics = append(topics, m.Topic)
+		}
+	}
+	if slices.Contains(topics, "flood") {
+		select {
+		case s.waiting <- struct{}{}:
+		default:
+		}
+		<-s.gate
+	}
+	s.mu.Lock()
+	s.batches = append(s.batches, topics)
+	s.mu.Unlock()
+	return s.memoryStore.Commit(batch)
+}
+
+func TestBroker_AConfirmDoesNotWaitForAFloodOnAnotherTopic(t *testing.T) {
+	store := &floodGate{memoryStore: newMemoryStore(),
+		gate: make(chan struct{}), waiting: make(chan struct{}, 1)}
+	published := make(chan string, 1000)
+	ts := startBroker(t, Options{Store: store, OnEvent: func(e wire.Event) {
+		if e.Kind == "published" {
+			published <- e.Topic
+		}
+	}})
+	flood, quiet := ts.dial("flood"), ts.dial("quiet")
+	// A topic's first publish waits for its seqs to be reserved on disk:
+	// the quiet topic has had one.
+	quiet.publish("quiet", "first", 1, "")
+	next := func() string {
+		select {
+		case topic := <-published:
+			return topic
+		case <-time.After(10 * time.Second):
+			t.Fatal("no publish heard for 10 s")
+			return ""
+		}
+	}
+	next()
+
+	// The flood's first commit waits at the gate, and the next batch
+	// fills behind it: 200 KiB of flood, then a QoS 1 publish on the
+	// quiet topic.
+	flood.publish("flood", "first", 0, "")
+	select {
+	case <-store.waiting:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the flood's first commit never came")
+	}
+	payload := strings.Repeat("x", 1000)
+	for range 200 {
+		flood.publish("flood", payload, 0, "")
+	}
+	for range 201 {
+		next()
+	}
+	quiet.send(map[string]any{"type": "publish", "topic": "quiet",
+		"payload": "hello", "qos": 1})
+	if topic := next(); topic != "quiet" {
+		t.Fatalf("published on %s, want quiet", topic)
+	}
+
+	// The gate opens: the quiet topic's batch commits before the flood's,
+	// and nothing is lost.
+	close(store.gate)
+	quiet.expect("published")
+	flood.publish("flood", "last", 1, "")
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	flooded := slices.IndexFunc(store.batches, func(topics []string) bool {
+		return slices.Contains(topics, "flood")
+	})
+	if len(store.batches) < flooded+3 || !slices.Equal(
+		store.batches[flooded+1], []string{"quiet"}) ||
+		!slices.Contains(store.batches[flooded+2], "flood") {
+		t.Fatalf("batches by topic %v, want the quiet one second, alone",
+			store.batches)
+	}
+	if n := len(store.logs["flood"]); n != 202 {
+		t.Fatalf("%d flood messages stored, want 202", n)
+	}
 }

@@ -437,9 +437,8 @@ func New(opts Options) (*Broker, error) {
 		topics: map[string]*topic{}, wildcards: map[*subscription]struct{}{},
 		connections: map[*connection]struct{}{}, groups: map[string]*group{},
 		durables: map[string]*subscription{}, stop: make(chan struct{}),
-		xray: newEvents(opts),
-		largeFrames: make(chan struct{}, max(1,
-			largeFramesBytes/opts.MaxFrameBytes))}
+		xray: newEvents(opts), largeFrames: make(chan struct{},
+			max(1, largeFramesBytes/opts.MaxFrameBytes))}
 	// b.startLogins readies the password checks (Logins, a detail).
 	b.shared, _ = opts.Store.(SharedLog)
 	b.startLogins()
@@ -690,13 +689,13 @@ type wakeups = queue.Wakeups
 // that writes what is queued in one transaction and one sync, taking a
 // batch at once when someone waits for it, or after 5 ms of company.
 //
-//   - b.log.Admit(size, done, beforeWait) waits for room in the queue,
-//     which holds at most 4,096 messages and 1 MiB, and takes it;
-//     b.log.GiveBack gives the room back for a message that was not
-//     appended after all.
-//   - b.log.Append(m) queues m and returns its batch's outcome, done
-//     once the batch is on disk, or failed. b.log.Barrier() returns the
-//     outcome of everything queued so far.
+//   - b.log.Admit(size, urgent, done, beforeWait) waits for room in the
+//     queue, which holds at most 4,096 messages and 1 MiB (an eighth
+//     more if urgent: QoS 1), and takes it; b.log.GiveBack returns
+//     unused room.
+//   - b.log.Append(m) queues m and returns the outcome done once m is
+//     on disk, or failed. b.log.Barrier() returns the outcome of
+//     everything queued so far.
 //   - b.log.Trim(topic, seq), b.log.SaveCursor(key, position) and
 //     b.log.SetHead(topic, head) queue a trim, a durable cursor's move
 //     and a topic's new stored head; b.log.Cursor(key) reads a cursor,
@@ -710,6 +709,7 @@ func (b *Broker) startLog() *commitLog {
 	return groupcommit.Start(groupcommit.Config[*Message]{Store: b.store,
 		Size:        (*Message).size,
 		Urgent:      func(m *Message) bool { return m.QoS == 1 },
+		Topic:       func(m *Message) string { return m.Topic },
 		MaxMessages: maxQueueMessages, MaxBytes: maxQueueBytes,
 		Linger: commitLinger, Committed: b.committed}, ErrClosed)
 }
@@ -1463,7 +1463,7 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 	}
 	// The wait comes before the topic's lock: the committer takes that
 	// lock to hand messages over, and it is the committer that makes room.
-	if !b.log.Admit(m.size(), done, wake.Start) {
+	if !b.log.Admit(m.size(), m.QoS == 1, done, wake.Start) {
 		return 0, false, nil
 	}
 	t := b.topic(m.Topic)
@@ -4006,8 +4006,9 @@ func (b *Broker) committed(batch *Batch, took time.Duration, err error) {
 }
 
 // markCommitted drops a synced batch's messages from their topics'
-// unsynced lists: replay reads them from the store now. Batches commit
-// in seq order, so each message is the oldest its topic holds there.
+// unsynced lists: replay reads them from the store now. Each topic's
+// batches commit in seq order, so each message is the oldest its topic
+// holds there.
 // (The array behind a list lets go of what it dropped when an append
 // next outgrows it.)
 func (b *Broker) markCommitted(msgs []*Message) {

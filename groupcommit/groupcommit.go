@@ -27,6 +27,16 @@
 // the room a batch took is given back as soon as the loop takes it, not
 // after the sync: memory holds at most two batches.
 //
+// A confirm on a quiet topic does not wait behind a flood on another.
+// The queue keeps an eighth of its room for messages someone waits for,
+// which a flood of messages nobody waits for cannot take; and when a
+// batch holds such messages beside a large rest, the messages of their
+// topics are committed first, in a small transaction of their own, and
+// the rest after it. Order within a topic is kept; only topics pass one
+// another. One queue in strict order made a confirm wait for the commit
+// in flight, then for a megabyte of another topic's flood to be written
+// ahead of it, then, having waited for room, for its own megabyte.
+//
 // # What each speed trick buys
 //
 // Measured with BenchmarkPublishQoS1 and popsub bench (performance.md):
@@ -35,6 +45,8 @@
 //	one sync per batch, not per message  64 publishers share each sync
 //	a lingering batch (5 ms)           a quiet broker: a third of its CPU
 //	room given back before the sync    the next batch fills while one syncs
+//	waited-for topics commit first     a bystander's confirm behind a flood:
+//	  with room kept for them          see performance.md
 package groupcommit
 
 import (
@@ -71,9 +83,11 @@ type Config[M any] struct {
 	// Store is where batches are committed.
 	Store Store[M]
 	// Size is what a message costs in the queue, in bytes; Urgent says
-	// whether someone waits for it to be durable.
+	// whether someone waits for it to be durable; Topic names the log it
+	// goes to, within which order is kept.
 	Size   func(M) int
 	Urgent func(M) bool
+	Topic  func(M) string
 	// MaxMessages and MaxBytes bound the queue; Linger is the longest a
 	// batch nobody waits for waits for company.
 	MaxMessages, MaxBytes int
@@ -143,8 +157,11 @@ type Log[M any] struct {
 	// reads it.
 	committing *Batch[M]
 	// next is the fate of queued: every caller that queued into it waits
-	// on the same outcome.
-	next *Outcome
+	// on the same outcome, but for urgent messages, which wait on
+	// nextUrgent: it is settled first when their topics commit first.
+	next, nextUrgent *Outcome
+	// waited holds the topics of the urgent messages queued.
+	waited map[string]bool
 	// stopped is set by Stop: the loop commits what is queued and returns.
 	stopped bool
 	// urgent is set once someone waits for the queued batch: an urgent
@@ -158,8 +175,10 @@ type Log[M any] struct {
 	// callers waiting in Admit wake on it.
 	freed chan struct{}
 	// admitting is held by the one caller that Admit lets wait for room;
-	// the others queue on it. Not under mu: it is taken first.
-	admitting sync.Mutex
+	// the others queue on it. Not under mu: it is taken first. Urgent
+	// messages queue on admittingUrgent, so that they do not wait behind
+	// a flood's caller for room a flood cannot take.
+	admitting, admittingUrgent sync.Mutex
 }
 
 // Start starts the commit loop over config. closed is the error every
@@ -177,28 +196,35 @@ func Start[M any](config Config[M], closed error) *Log[M] {
 func (l *Log[M]) reset() {
 	l.queued = &Batch[M]{Trims: map[string]uint64{},
 		Heads: map[string]uint64{}, Cursors: map[string]uint64{}}
-	l.next = NewOutcome()
+	l.next, l.nextUrgent, l.waited = NewOutcome(), NewOutcome(), nil
 	l.queuedBytes, l.urgent = 0, false
 }
 
 // Admit waits until the queue has room for one more message of size
-// bytes, and takes it; it reports false if done is closed, or the log
-// stopped, first. beforeWait runs before each wait: the broker starts
+// bytes, urgent or not (Config.Urgent), and takes it; it reports false if
+// done is closed, or the log stopped, first. beforeWait runs before each wait: the broker starts
 // there the writers a publisher owes, so that its subscribers do not wait
 // with it. The queue holds at most MaxMessages and MaxBytes (but always
 // takes one message): a transaction stays bounded, and a publisher
 // faster than the disk waits here. An unbounded queue was simpler, and
-// under a flood grew to gigabytes, each commit slower than the last.
-func (l *Log[M]) Admit(size int, done <-chan struct{},
+// under a flood grew to gigabytes, each commit slower than the last. An
+// urgent message may use an eighth more, kept for it.
+func (l *Log[M]) Admit(size int, urgent bool, done <-chan struct{},
 	beforeWait func()) bool {
 	// Callers wait their turn: Go's mutex hands itself to the longest
 	// waiter, so a flood cannot take every slot a commit frees while a
 	// bystander on another topic waits for one.
-	l.admitting.Lock()
-	defer l.admitting.Unlock()
+	admitting, most, bytes := &l.admitting, l.config.MaxMessages,
+		l.config.MaxBytes
+	if urgent {
+		admitting, most, bytes = &l.admittingUrgent, most+most/8,
+			bytes+bytes/8
+	}
+	admitting.Lock()
+	defer admitting.Unlock()
 	l.mu.Lock()
-	for l.admitted > 0 && (l.admitted >= l.config.MaxMessages ||
-		l.admittedBytes+size > l.config.MaxBytes) && !l.stopped {
+	for l.admitted > 0 && (l.admitted >= most ||
+		l.admittedBytes+size > bytes) && !l.stopped {
 		freed := l.freed
 		l.mu.Unlock()
 		beforeWait()
@@ -239,10 +265,17 @@ func (l *Log[M]) Append(m M) *Outcome {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.queued.Messages = append(l.queued.Messages, m)
-	l.urgent = l.urgent || l.config.Urgent(m)
 	l.queuedBytes += l.config.Size(m)
 	notify(l.wake)
-	return l.next
+	if !l.config.Urgent(m) {
+		return l.next
+	}
+	l.urgent = true
+	if l.waited == nil {
+		l.waited = map[string]bool{}
+	}
+	l.waited[l.config.Topic(m)] = true
+	return l.nextUrgent
 }
 
 // Trim queues deleting topic's log up to seq.
@@ -303,7 +336,9 @@ func (l *Log[M]) loop() {
 		// giving its room back now rather than after the commit: the
 		// next batch fills while this one is written.
 		l.mu.Lock()
-		batch, fate, stopped := l.queued, l.next, l.stopped
+		batch, fate, urgentFate, stopped := l.queued, l.next, l.nextUrgent,
+			l.stopped
+		waited, size := l.waited, l.queuedBytes
 		l.committing = batch
 		l.admitted -= len(batch.Messages)
 		l.admittedBytes -= l.queuedBytes
@@ -311,19 +346,16 @@ func (l *Log[M]) loop() {
 		l.reset()
 		if stopped {
 			// Nothing queued after the last batch is committed.
-			l.next = Failed(l.closed)
+			l.next, l.nextUrgent = Failed(l.closed), Failed(l.closed)
 		}
 		l.mu.Unlock()
 
-		// Committed hears the batch before its outcome is done: a replay
-		// that starts after a confirm reads the message from the store.
-		start := time.Now()
-		err := l.config.Store.Commit(batch)
-		if err != nil {
-			l.retryCursors(batch.Cursors)
+		if first, rest := l.split(batch, waited, size); first != nil {
+			l.commit(first, urgentFate)
+			l.commit(rest, fate)
+		} else {
+			l.commit(batch, urgentFate, fate)
 		}
-		l.config.Committed(batch, time.Since(start), err)
-		fate.Settle(0, false, err)
 
 		l.mu.Lock()
 		l.committing = &Batch[M]{}
@@ -332,6 +364,49 @@ func (l *Log[M]) loop() {
 			return
 		}
 	}
+}
+
+// commit writes batch, and settles the outcomes that wait for it.
+// Committed hears the batch before they are done: a replay that starts
+// after a confirm reads the message from the store.
+func (l *Log[M]) commit(batch *Batch[M], fates ...*Outcome) {
+	start := time.Now()
+	err := l.config.Store.Commit(batch)
+	if err != nil {
+		l.retryCursors(batch.Cursors)
+	}
+	l.config.Committed(batch, time.Since(start), err)
+	for _, fate := range fates {
+		fate.Settle(0, false, err)
+	}
+}
+
+// split takes out of batch, which holds size bytes of messages, to be
+// committed first, the messages of the topics in waited, if the rest is
+// large enough to keep them waiting: an eighth of the queue's bytes.
+// Trims, heads and cursor moves stay with the rest, which commits after
+// them. It returns a nil first when there is nothing to split.
+func (l *Log[M]) split(batch *Batch[M], waited map[string]bool,
+	size int) (first, rest *Batch[M]) {
+	if len(waited) == 0 || 8*size < l.config.MaxBytes {
+		return nil, batch
+	}
+	first = &Batch[M]{}
+	rest = &Batch[M]{Trims: batch.Trims, Heads: batch.Heads,
+		Cursors: batch.Cursors}
+	restBytes := 0
+	for _, m := range batch.Messages {
+		if waited[l.config.Topic(m)] {
+			first.Messages = append(first.Messages, m)
+		} else {
+			rest.Messages = append(rest.Messages, m)
+			restBytes += l.config.Size(m)
+		}
+	}
+	if 8*restBytes < l.config.MaxBytes {
+		return nil, batch
+	}
+	return first, rest
 }
 
 // retryCursors queues again, for a batch a second from now, the cursor

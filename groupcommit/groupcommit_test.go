@@ -9,15 +9,20 @@ import (
 	"time"
 )
 
-// memory is a Store that keeps batches, and fails while fail is set.
+// memory is a Store that keeps batches, and fails while fail is set;
+// each commit first waits for hold, if there is one.
 type memory struct {
 	mu      sync.Mutex
 	batches []*Batch[int]
 	cursors map[string]uint64
 	fail    bool
+	hold    chan struct{}
 }
 
 func (m *memory) Commit(b *Batch[int]) error {
+	if m.hold != nil {
+		<-m.hold
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.fail {
@@ -38,13 +43,25 @@ func (m *memory) Cursor(key string) (uint64, bool, error) {
 }
 
 // start starts a log over store whose messages are ints: their size is
-// their value, and odd ones are urgent.
+// their value, odd ones are urgent, and those under 10 go to the topic
+// "small", the others to "large". Its queue holds 4 messages and 100
+// bytes.
 func start(store *memory, committed func(*Batch[int], error)) *Log[int] {
+	return startSized(store, 4, 100, committed)
+}
+
+// startSized starts a log as start does, its queue holding at most
+// messages and bytes.
+func startSized(store *memory, messages, bytes int,
+	committed func(*Batch[int], error)) *Log[int] {
 	return Start(Config[int]{Store: store,
 		Size: func(m int) int { return m }, Urgent: func(m int) bool {
 			return m%2 == 1
 		},
-		MaxMessages: 4, MaxBytes: 100, Linger: 5 * time.Millisecond,
+		Topic: func(m int) string {
+			return map[bool]string{true: "small", false: "large"}[m < 10]
+		},
+		MaxMessages: messages, MaxBytes: bytes, Linger: 5 * time.Millisecond,
 		Committed: func(b *Batch[int], _ time.Duration, err error) {
 			committed(b, err)
 		}}, errors.New("stopped"))
@@ -62,7 +79,7 @@ func TestLog_BatchesWhatIsQueuedAndSettlesItsOutcome(t *testing.T) {
 		// Two quiet messages linger together; Committed hears them
 		// before their outcome is done.
 		for _, m := range []int{2, 4} {
-			if !l.Admit(m, nil, func() {}) {
+			if !l.Admit(m, false, nil, func() {}) {
 				t.Fatal("Admit refused room in an empty queue")
 			}
 		}
@@ -98,7 +115,7 @@ func TestLog_AdmitWaitsForRoomAndGivesUpWithItsCaller(t *testing.T) {
 		l := start(store, func(*Batch[int], error) {})
 		defer l.Stop()
 		for range 4 {
-			l.Admit(2, nil, func() {})
+			l.Admit(2, false, nil, func() {})
 		}
 		// The queue holds four: a fifth waits, runs beforeWait first, and
 		// gives up when its caller does.
@@ -107,12 +124,12 @@ func TestLog_AdmitWaitsForRoomAndGivesUpWithItsCaller(t *testing.T) {
 			time.Sleep(time.Second)
 			close(done)
 		}()
-		if l.Admit(2, done, func() { waited = true }) || !waited {
+		if l.Admit(2, false, done, func() { waited = true }) || !waited {
 			t.Fatalf("a fifth message was admitted (waited %v)", waited)
 		}
 		// Room given back lets it in.
 		l.GiveBack(2)
-		if !l.Admit(2, nil, func() {}) {
+		if !l.Admit(2, false, nil, func() {}) {
 			t.Fatal("Admit refused the room GiveBack made")
 		}
 	})
@@ -145,4 +162,115 @@ func TestLog_AFailedCursorMoveIsCommittedAgain(t *testing.T) {
 				failures)
 		}
 	})
+}
+
+func TestLog_AWaitedTopicCommitsBeforeAFloodOnAnother(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &memory{cursors: map[string]uint64{},
+			hold: make(chan struct{})}
+		l := start(store, func(*Batch[int], error) {})
+		defer l.Stop()
+
+		// A commit in flight holds the loop while the next batch fills:
+		// a flood of 42 bytes on "large", and on "small" a message
+		// nobody waits for, then one somebody does.
+		queue := func(m int) *Outcome {
+			if !l.Admit(m, m%2 == 1, nil, func() {}) {
+				t.Fatalf("no room for %d", m)
+			}
+			return l.Append(m)
+		}
+		queue(40)
+		synctest.Wait()
+		flood := queue(20)
+		queue(22)
+		queue(2)
+		confirm := queue(3)
+		close(store.hold)
+		<-confirm.Done()
+		<-flood.Done()
+
+		// "small" went first, in its own order; the flood after it.
+		var got [][]int
+		for _, b := range store.batches {
+			got = append(got, b.Messages)
+		}
+		want := [][]int{{40}, {2, 3}, {20, 22}}
+		if !slices.EqualFunc(got, want, slices.Equal) {
+			t.Fatalf("batches %v, want %v", got, want)
+		}
+	})
+}
+
+func TestLog_ASmallRestCommitsWithWhatIsWaitedFor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &memory{cursors: map[string]uint64{},
+			hold: make(chan struct{})}
+		l := start(store, func(*Batch[int], error) {})
+		defer l.Stop()
+		l.Admit(40, false, nil, func() {})
+		l.Append(40)
+		synctest.Wait()
+		// 10 bytes of rest, under an eighth of the queue: one sync.
+		for _, m := range []int{10, 3} {
+			l.Admit(m, m%2 == 1, nil, func() {})
+		}
+		l.Append(10)
+		confirm := l.Append(3)
+		close(store.hold)
+		<-confirm.Done()
+		if len(store.batches) != 2 || len(store.batches[1].Messages) != 2 {
+			t.Fatalf("%d batches, want the last two messages in one",
+				len(store.batches))
+		}
+	})
+}
+
+func TestLog_AnUrgentMessageFindsRoomAFloodCannotTake(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &memory{cursors: map[string]uint64{},
+			hold: make(chan struct{})}
+		l := startSized(store, 16, 160, func(*Batch[int], error) {})
+		defer l.Stop()
+		l.Admit(40, false, nil, func() {})
+		l.Append(40)
+		synctest.Wait()
+
+		// The flood fills the queue's 160 bytes, and its next message
+		// waits for room, first in line.
+		for range 8 {
+			l.Admit(20, false, nil, func() {})
+		}
+		waiting := make(chan bool)
+		go func() { waiting <- l.Admit(20, false, nil, func() {}) }()
+		synctest.Wait()
+		select {
+		case <-waiting:
+			t.Fatal("a message nobody waits for took the urgent room")
+		default:
+		}
+		// An urgent one does not wait behind it: an eighth is kept.
+		if !l.Admit(19, true, nil, func() {}) {
+			t.Fatal("an urgent message waited behind the flood")
+		}
+		if l.Admit(3, true, closedChannel(), func() {}) {
+			t.Fatal("urgent messages took more than an eighth more")
+		}
+		// The commit in flight ends, and the loop takes the queue: room.
+		for _, m := range []int{20, 20, 20, 20, 20, 20, 20, 20, 19} {
+			l.Append(m)
+		}
+		close(store.hold)
+		if !<-waiting {
+			t.Fatal("the flood's message got no room made for it")
+		}
+	})
+}
+
+// closedChannel returns a channel that is already closed: Admit gives
+// up at once when there is no room.
+func closedChannel() chan struct{} {
+	done := make(chan struct{})
+	close(done)
+	return done
 }
