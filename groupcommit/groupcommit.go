@@ -45,8 +45,9 @@
 //	one sync per batch, not per message  64 publishers share each sync
 //	a lingering batch (5 ms)           a quiet broker: a third of its CPU
 //	room given back before the sync    the next batch fills while one syncs
-//	waited-for topics commit first     a bystander's confirm behind a flood:
-//	  with room kept for them          see performance.md
+//	waited-for topics commit first,    a QoS 1 confirm behind a flood on
+//	with room kept for them            another topic: p99 within 28-52 ms
+//	                                   in 13 runs of 16, against 8 of 16
 package groupcommit
 
 import (
