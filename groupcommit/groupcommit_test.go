@@ -164,24 +164,34 @@ func TestLog_AFailedCursorMoveIsCommittedAgain(t *testing.T) {
 	})
 }
 
+// startHeld starts a log as startSized does, over a store whose commits
+// wait for store.hold to close, and puts a commit of the message 40 in
+// flight: what is queued next waits for it, in one batch. Run it in a
+// synctest bubble.
+func startHeld(messages, bytes int) (*memory, *Log[int]) {
+	store := &memory{cursors: map[string]uint64{},
+		hold: make(chan struct{})}
+	l := startSized(store, messages, bytes, func(*Batch[int], error) {})
+	l.Admit(40, false, nil, func() {})
+	l.Append(40)
+	synctest.Wait()
+	return store, l
+}
+
 func TestLog_AWaitedTopicCommitsBeforeAFloodOnAnother(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := &memory{cursors: map[string]uint64{},
-			hold: make(chan struct{})}
-		l := start(store, func(*Batch[int], error) {})
+		store, l := startHeld(4, 100)
 		defer l.Stop()
 
-		// A commit in flight holds the loop while the next batch fills:
-		// a flood of 42 bytes on "large", and on "small" a message
-		// nobody waits for, then one somebody does.
+		// While the commit in flight holds the loop, the next batch
+		// fills: a flood of 42 bytes on "large", and on "small" a
+		// message nobody waits for, then one somebody does.
 		queue := func(m int) *Outcome {
 			if !l.Admit(m, m%2 == 1, nil, func() {}) {
 				t.Fatalf("no room for %d", m)
 			}
 			return l.Append(m)
 		}
-		queue(40)
-		synctest.Wait()
 		flood := queue(20)
 		queue(22)
 		queue(2)
@@ -204,13 +214,8 @@ func TestLog_AWaitedTopicCommitsBeforeAFloodOnAnother(t *testing.T) {
 
 func TestLog_ASmallRestCommitsWithWhatIsWaitedFor(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := &memory{cursors: map[string]uint64{},
-			hold: make(chan struct{})}
-		l := start(store, func(*Batch[int], error) {})
+		store, l := startHeld(4, 100)
 		defer l.Stop()
-		l.Admit(40, false, nil, func() {})
-		l.Append(40)
-		synctest.Wait()
 		// 10 bytes of rest, under an eighth of the queue: one sync.
 		for _, m := range []int{10, 3} {
 			l.Admit(m, m%2 == 1, nil, func() {})
@@ -227,44 +232,56 @@ func TestLog_ASmallRestCommitsWithWhatIsWaitedFor(t *testing.T) {
 }
 
 func TestLog_AnUrgentMessageFindsRoomAFloodCannotTake(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		store := &memory{cursors: map[string]uint64{},
-			hold: make(chan struct{})}
-		l := startSized(store, 16, 160, func(*Batch[int], error) {})
-		defer l.Stop()
-		l.Admit(40, false, nil, func() {})
-		l.Append(40)
-		synctest.Wait()
-
-		// The flood fills the queue's 160 bytes, and its next message
-		// waits for room, first in line.
-		for range 8 {
-			l.Admit(20, false, nil, func() {})
-		}
-		waiting := make(chan bool)
-		go func() { waiting <- l.Admit(20, false, nil, func() {}) }()
-		synctest.Wait()
-		select {
-		case <-waiting:
-			t.Fatal("a message nobody waits for took the urgent room")
-		default:
-		}
-		// An urgent one does not wait behind it: an eighth is kept.
-		if !l.Admit(19, true, nil, func() {}) {
-			t.Fatal("an urgent message waited behind the flood")
-		}
-		if l.Admit(3, true, closedChannel(), func() {}) {
-			t.Fatal("urgent messages took more than an eighth more")
-		}
-		// The commit in flight ends, and the loop takes the queue: room.
-		for _, m := range []int{20, 20, 20, 20, 20, 20, 20, 20, 19} {
-			l.Append(m)
-		}
-		close(store.hold)
-		if !<-waiting {
-			t.Fatal("the flood's message got no room made for it")
-		}
-	})
+	// The queue holds 16 messages and 160 bytes. A flood fills it by
+	// bytes (8 of 20) or by count (16 of 2), and its next message waits
+	// for room, first in line; the urgent ones that fit in the eighth
+	// kept for them do not wait behind it, and one more does.
+	for _, c := range []struct {
+		name           string
+		flood          []int
+		urgent         []int
+		over, floodOne int
+	}{
+		{"bytes", slices.Repeat([]int{20}, 8), []int{19}, 3, 20},
+		{"count", slices.Repeat([]int{2}, 16), []int{1, 1}, 1, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store, l := startHeld(16, 160)
+				defer l.Stop()
+				for _, m := range c.flood {
+					l.Admit(m, false, nil, func() {})
+				}
+				waiting := make(chan bool)
+				go func() {
+					waiting <- l.Admit(c.floodOne, false, nil, func() {})
+				}()
+				synctest.Wait()
+				select {
+				case <-waiting:
+					t.Fatal("a message nobody waits for took urgent room")
+				default:
+				}
+				for _, m := range c.urgent {
+					if !l.Admit(m, true, nil, func() {}) {
+						t.Fatal("an urgent message waited behind the flood")
+					}
+				}
+				if l.Admit(c.over, true, closedChannel(), func() {}) {
+					t.Fatal("urgent messages took more than an eighth more")
+				}
+				// The commit in flight ends, and the loop takes the
+				// queue: room.
+				for _, m := range append(c.flood, c.urgent...) {
+					l.Append(m)
+				}
+				close(store.hold)
+				if !<-waiting {
+					t.Fatal("the flood's message got no room made for it")
+				}
+			})
+		})
+	}
 }
 
 // closedChannel returns a channel that is already closed: Admit gives
