@@ -5,8 +5,8 @@
 //
 // popsub.go relies on a Log for the moment a message becomes durable
 // (its section "The log: seq first, sync second"): Admit waits for room
-// in a bounded queue; Append queues a message and returns the Outcome of
-// the batch it joined, done once that batch is on disk or failed; Trim,
+// in a bounded queue; Append queues a message and returns the Outcome
+// that is done once the message is on disk, or failed; Trim,
 // SetHead and SaveCursor queue the other changes a batch carries;
 // Barrier returns the outcome of everything queued so far; Cursor reads
 // a durable cursor, newest first; Stop commits what is queued and ends.
@@ -33,9 +33,9 @@
 // batch holds such messages beside a large rest, the messages of their
 // topics are committed first, in a small transaction of their own, and
 // the rest after it. Order within a topic is kept; only topics pass one
-// another. One queue in strict order made a confirm wait for the commit
-// in flight, then for a megabyte of another topic's flood to be written
-// ahead of it, then, having waited for room, for its own megabyte.
+// another. One queue in strict order made such a confirm wait three
+// times: for room, behind the flood's publisher; for the commit in
+// flight; and for the megabyte of flood queued ahead of it.
 //
 // # What each speed trick buys
 //
