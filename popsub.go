@@ -2567,7 +2567,7 @@ func (o Options) check() error {
 // goroutine either until it fires: a loop that pinged every connection
 // at once held, for a moment, ten thousand goroutines waiting for pongs
 // and woke ten thousand readers for them, a third more memory per idle
-// connection. Pings now fall as their connections came.
+// connection. So pings fall as their connections came.
 func (c *connection) startTimers(claims *Claims) {
 	c.expiry = time.AfterFunc(untilExpiry(claims), c.tokenExpired)
 	// Made stopped and then started, so that c.pings is set before it

@@ -37,6 +37,15 @@ func resumes(t *testing.T, c *Conn) func() {
 	}
 }
 
+// parks reads c, which must park: Read returns nil and no error.
+func parks(t *testing.T, c *Conn, when string) {
+	t.Helper()
+	if data, err := c.Read(); data != nil || err != nil || !isParked(c) {
+		t.Fatalf("Read %s: %q, %v; parked %v", when, data, err,
+			isParked(c))
+	}
+}
+
 // A quiet socket parks: Read returns nil and no error, and holds no
 // chunk. A frame wakes it, once, and the next Read returns the frame
 // rather than parking again. A ping sent while it is parked is answered
@@ -48,9 +57,9 @@ func TestIdle_AQuietSocketParksAndWakesForFramesAndPongs(t *testing.T) {
 	c := <-accepted
 	resumed := resumes(t, c)
 
-	if data, err := c.Read(); data != nil || err != nil || !isParked(c) ||
-		c.in != nil {
-		t.Fatalf("a quiet Read: %q, %v; parked %v", data, err, isParked(c))
+	parks(t, c, "when quiet")
+	if c.in != nil {
+		t.Fatal("a parked socket holds a chunk")
 	}
 	client.conn.Write(frame(opText, true, "hello"))
 	resumed()
@@ -58,9 +67,7 @@ func TestIdle_AQuietSocketParksAndWakesForFramesAndPongs(t *testing.T) {
 		t.Fatalf("Read after the wake-up: %q, %v", data, err)
 	}
 
-	if data, err := c.Read(); data != nil || err != nil || !isParked(c) {
-		t.Fatalf("Read: %q, %v; parked %v", data, err, isParked(c))
-	}
+	parks(t, c, "after the frame")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pinged := make(chan error, 1)
@@ -71,10 +78,7 @@ func TestIdle_AQuietSocketParksAndWakesForFramesAndPongs(t *testing.T) {
 	client.conn.Write(frame(opPong, true, ""))
 	resumed()
 	// The pong is read, and the socket parks again.
-	if data, err := c.Read(); data != nil || err != nil || !isParked(c) {
-		t.Fatalf("Read after a pong: %q, %v; parked %v", data, err,
-			isParked(c))
-	}
+	parks(t, c, "after a pong")
 	if err := <-pinged; err != nil {
 		t.Fatalf("Ping: %v", err)
 	}
@@ -91,9 +95,7 @@ func TestIdle_AParkedSocketIsResumedByAClose(t *testing.T) {
 		client := dialRaw(t, server, nil)
 		c := <-accepted
 		resumed := resumes(t, c)
-		if data, err := c.Read(); data != nil || err != nil {
-			t.Fatalf("Read: %q, %v", data, err)
-		}
+		parks(t, c, "when quiet")
 		go c.Close(websocket.StatusGoingAway, "bye")
 		resumed()
 		client.expectClose(websocket.StatusGoingAway)
@@ -109,9 +111,7 @@ func TestIdle_AParkedSocketIsResumedByAClose(t *testing.T) {
 		client := dialRaw(t, server, nil)
 		c := <-accepted
 		resumed := resumes(t, c)
-		if data, err := c.Read(); data != nil || err != nil {
-			t.Fatalf("Read: %q, %v", data, err)
-		}
+		parks(t, c, "when quiet")
 		client.conn.Close()
 		resumed()
 		if data, err := c.Read(); err == nil {
