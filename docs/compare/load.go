@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"sync"
@@ -21,7 +22,8 @@ import (
 // what they receive, and a publisher.
 type target interface {
 	// subscribe connects a subscriber that calls got for each message,
-	// with its payload (for PopSub, the frame that holds it).
+	// with its payload (for PopSub, the frame that holds it), which is
+	// only valid during the call.
 	subscribe(got func(payload []byte)) error
 	// publish sends n messages of payload.
 	publish(n int, payload []byte) error
@@ -39,7 +41,10 @@ type popsubTarget struct {
 	// coalesce makes the publisher send each call's publishes joined by
 	// newlines in one frame, as popsub.js sends what one tick sends
 	// (16 Ki characters a frame at most), and opt into batches for it.
-	coalesce  bool
+	coalesce bool
+	// joined is the most publishes a frame holds, joined once: a frame
+	// of k is its first k lines.
+	joined    []byte
 	mu        sync.Mutex
 	conns     []*websocket.Conn
 	publisher *websocket.Conn
@@ -85,10 +90,27 @@ func (p *popsubTarget) subscribe(got func([]byte)) error {
 		return err
 	}
 	go func() {
+		// Each frame is read into one buffer, reused, as nats.go reads
+		// into one: ws.Read would allocate every frame anew.
+		var data []byte
 		for {
-			_, data, err := ws.Read(ctx)
+			_, r, err := ws.Reader(ctx)
 			if err != nil {
 				return
+			}
+			data = data[:0]
+			for {
+				if len(data) == cap(data) {
+					data = append(data, 0)[:len(data)]
+				}
+				n, err := r.Read(data[len(data):cap(data)])
+				data = data[:len(data)+n]
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					return
+				}
 			}
 			for range bytes.Count(data, []byte(`"type":"message"`)) {
 				got(data)
@@ -118,12 +140,14 @@ func (p *popsubTarget) publish(n int, payload []byte) error {
 		string(payload) + `}`)
 	if p.coalesce {
 		per := max(1, (16<<10)/(len(line)+1))
+		if len(p.joined) != per*(len(line)+1)-1 {
+			p.joined = bytes.Join(slices.Repeat([][]byte{line}, per),
+				[]byte("\n"))
+		}
 		for sent := 0; sent < n; sent += per {
 			k := min(per, n-sent)
-			joined := bytes.Join(slices.Repeat([][]byte{line}, k),
-				[]byte("\n"))
 			err := p.publisher.Write(context.Background(),
-				websocket.MessageText, joined)
+				websocket.MessageText, p.joined[:k*(len(line)+1)-1])
 			if err != nil {
 				return err
 			}
