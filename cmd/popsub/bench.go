@@ -410,6 +410,32 @@ func subscribeAll(ctx context.Context, ws *websocket.Conn, topics int) error {
 	return nil
 }
 
+// readInto reads ws's next message into buf's room, growing it only for
+// a bigger message than any before, and returns it: ws.Read allocates
+// every message anew, and a reader of a burst must not spend the CPU the
+// bench is measuring.
+func readInto(ctx context.Context, ws *websocket.Conn, buf []byte) ([]byte,
+	error) {
+	_, r, err := ws.Reader(ctx)
+	if err != nil {
+		return buf[:0], err
+	}
+	buf = buf[:0]
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+}
+
 // printBench prints the summary.
 func printBench(w io.Writer, asJSON bool, r benchResult) error {
 	if asJSON {
@@ -482,6 +508,12 @@ const maxSamples = 1_000_000
 type latencies struct {
 	samples []time.Duration
 	limit   int
+}
+
+// newLatencies makes room for limit samples up front: growing the slice
+// as they came would copy it while deliveries wait to be timed.
+func newLatencies(limit int) latencies {
+	return latencies{samples: make([]time.Duration, 0, limit), limit: limit}
 }
 
 // add records one sample, unless the limit is reached.

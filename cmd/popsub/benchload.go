@@ -127,7 +127,7 @@ func (l *load) subscribe(ctx context.Context) error {
 			received: make([]atomic.Int64, l.cfg.publishers),
 			seen:     make([][]bool, l.cfg.publishers),
 			toAck:    map[string]uint64{}, acking: make(chan struct{}, 1),
-			latency: latencies{limit: maxSamples / l.cfg.subscribers}}
+			latency: newLatencies(maxSamples / l.cfg.subscribers)}
 		l.subscribers = append(l.subscribers, s)
 		go l.read(s)
 		go s.ackLoop()
@@ -147,8 +147,10 @@ func (l *load) connectPublishers(ctx context.Context) ([]*websocket.Conn,
 		}
 		list = append(list, ws)
 		go func() {
+			var data []byte
 			for {
-				_, data, err := ws.Read(context.Background())
+				var err error
+				data, err = readInto(context.Background(), ws, data)
 				if err != nil {
 					return
 				}
@@ -253,8 +255,10 @@ func (l *load) read(s *benchSubscriber) {
 	defer s.closed.Store(true)
 	defer close(s.acking)
 	acks := map[string]uint64{}
+	var data []byte
 	for {
-		_, data, err := s.ws.Read(context.Background())
+		var err error
+		data, err = readInto(context.Background(), s.ws, data)
 		if err != nil {
 			if websocket.CloseStatus(err) == 4008 {
 				l.cutOff.Add(1)
