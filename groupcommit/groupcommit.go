@@ -32,10 +32,13 @@
 // which a flood of messages nobody waits for cannot take; and when a
 // batch holds such messages beside a large rest, the messages of their
 // topics are committed first, in a small transaction of their own, and
-// the rest after it. Order within a topic is kept; only topics pass one
-// another. One queue in strict order made such a confirm wait three
-// times: for room, behind the flood's publisher; for the commit in
-// flight; and for the megabyte of flood queued ahead of it.
+// the rest after it. For a while after someone waited, a large batch is
+// committed in chunks of a quarter of the queue, and between two chunks
+// the topics someone has since come to wait for go first: the commit in
+// flight is then a chunk, not a megabyte. Order within a topic is kept;
+// only topics pass one another. One queue in strict order made such a
+// confirm wait three times: for room, behind the flood's publisher; for
+// the commit in flight; and for the megabyte of flood queued ahead of it.
 //
 // # What each speed trick buys
 //
@@ -51,6 +54,7 @@
 package groupcommit
 
 import (
+	"cmp"
 	"sync"
 	"time"
 )
@@ -163,6 +167,9 @@ type Log[M any] struct {
 	next, nextUrgent *Outcome
 	// waited holds the topics of the urgent messages queued.
 	waited map[string]bool
+	// calm counts the batches taken since the last that someone waited
+	// for. Only the loop's goroutine uses it.
+	calm int
 	// stopped is set by Stop: the loop commits what is queued and returns.
 	stopped bool
 	// urgent is set once someone waits for the queued batch: an urgent
@@ -187,7 +194,8 @@ type Log[M any] struct {
 func Start[M any](config Config[M], closed error) *Log[M] {
 	l := &Log[M]{config: config, closed: closed,
 		wake: make(chan struct{}, 1), ended: make(chan struct{}),
-		freed: make(chan struct{}), committing: &Batch[M]{}}
+		freed: make(chan struct{}), committing: &Batch[M]{},
+		calm: hurryTakes}
 	l.reset()
 	go l.loop()
 	return l
@@ -340,6 +348,11 @@ func (l *Log[M]) loop() {
 		batch, fate, urgentFate, stopped := l.queued, l.next, l.nextUrgent,
 			l.stopped
 		waited, size := l.waited, l.queuedBytes
+		if len(waited) > 0 {
+			l.calm = 0
+		}
+		l.calm++
+		hurry := l.calm <= hurryTakes && !stopped
 		l.committing = batch
 		l.admitted -= len(batch.Messages)
 		l.admittedBytes -= l.queuedBytes
@@ -351,11 +364,17 @@ func (l *Log[M]) loop() {
 		}
 		l.mu.Unlock()
 
-		if first, rest := l.split(batch, waited, size); first != nil {
+		if len(batch.Messages)+len(batch.Trims)+len(batch.Heads)+
+			len(batch.Cursors) == 0 {
+			// Nothing to write, and what was queued before is written:
+			// a sync would add nothing (a steal can leave a wake-up).
+			fate.Settle(0, false, nil)
+			urgentFate.Settle(0, false, nil)
+		} else if first, rest := l.split(batch, waited, size); first != nil {
 			l.commit(first, urgentFate)
-			l.commit(rest, fate)
+			l.commitInChunks(rest, hurry, fate)
 		} else {
-			l.commit(batch, urgentFate, fate)
+			l.commitInChunks(batch, hurry, urgentFate, fate)
 		}
 
 		l.mu.Lock()
@@ -370,7 +389,7 @@ func (l *Log[M]) loop() {
 // commit writes batch, and settles the outcomes that wait for it.
 // Committed hears the batch before they are done: a replay that starts
 // after a confirm reads the message from the store.
-func (l *Log[M]) commit(batch *Batch[M], fates ...*Outcome) {
+func (l *Log[M]) commit(batch *Batch[M], fates ...*Outcome) error {
 	start := time.Now()
 	err := l.config.Store.Commit(batch)
 	if err != nil {
@@ -380,6 +399,76 @@ func (l *Log[M]) commit(batch *Batch[M], fates ...*Outcome) {
 	for _, fate := range fates {
 		fate.Settle(0, false, err)
 	}
+	return err
+}
+
+// hurryTakes is how many batches after the last one somebody waited for
+// the loop commits in chunks (commitInChunks): about a second of a flood.
+const hurryTakes = 64
+
+// commitInChunks commits batch and settles fates, in one transaction,
+// or, when hurry (someone waited for a batch lately), in chunks of a
+// quarter of the queue's bytes: between two chunks, the queued topics
+// someone has since come to wait for commit first (l.steal). A confirm
+// then waits for a chunk of another topic's flood, not for a whole
+// batch of it. Chunks cost a flood more syncs, so a flood nobody waits
+// beside commits whole. Trims, heads and cursor moves go with the last
+// chunk; fates hear the first error.
+func (l *Log[M]) commitInChunks(batch *Batch[M], hurry bool,
+	fates ...*Outcome) {
+	var failed error
+	messages, bytes := batch.Messages, 0
+	for i := 0; hurry && i < len(messages)-1; i++ {
+		if bytes += l.config.Size(messages[i]); 4*bytes < l.config.MaxBytes {
+			continue
+		}
+		failed = cmp.Or(failed,
+			l.commit(&Batch[M]{Messages: messages[:i+1]}))
+		messages, bytes, i = messages[i+1:], 0, -1
+		l.steal(messages)
+	}
+	last := *batch
+	last.Messages = messages
+	failed = cmp.Or(failed, l.commit(&last))
+	for _, fate := range fates {
+		fate.Settle(0, false, failed)
+	}
+}
+
+// steal commits now the queued messages of the topics someone waits for,
+// and settles their outcome, unless one of those topics still has
+// messages in remaining, which must commit before them.
+func (l *Log[M]) steal(remaining []M) {
+	l.mu.Lock()
+	for _, m := range remaining {
+		if l.waited[l.config.Topic(m)] {
+			l.mu.Unlock()
+			return
+		}
+	}
+	if len(l.waited) == 0 || l.stopped {
+		l.mu.Unlock()
+		return
+	}
+	stolen, kept, bytes := &Batch[M]{}, l.queued.Messages[:0], 0
+	for _, m := range l.queued.Messages {
+		if l.waited[l.config.Topic(m)] {
+			stolen.Messages = append(stolen.Messages, m)
+			bytes += l.config.Size(m)
+		} else {
+			kept = append(kept, m)
+		}
+	}
+	clear(l.queued.Messages[len(kept):])
+	l.queued.Messages = kept
+	fate := l.nextUrgent
+	l.nextUrgent, l.waited, l.calm = NewOutcome(), nil, 0
+	l.admitted -= len(stolen.Messages)
+	l.admittedBytes -= bytes
+	l.queuedBytes -= bytes
+	l.wakeWaiters()
+	l.mu.Unlock()
+	l.commit(stolen, fate)
 }
 
 // split takes out of batch, which holds size bytes of messages, to be

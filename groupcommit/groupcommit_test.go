@@ -10,18 +10,23 @@ import (
 )
 
 // memory is a Store that keeps batches, and fails while fail is set;
-// each commit first waits for hold, if there is one.
+// each commit first waits for hold, if there is one, then calls during,
+// if set, from the committer's goroutine.
 type memory struct {
 	mu      sync.Mutex
 	batches []*Batch[int]
 	cursors map[string]uint64
 	fail    bool
 	hold    chan struct{}
+	during  func(*Batch[int])
 }
 
 func (m *memory) Commit(b *Batch[int]) error {
 	if m.hold != nil {
 		<-m.hold
+	}
+	if m.during != nil {
+		m.during(b)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -278,6 +283,65 @@ func TestLog_AnUrgentMessageFindsRoomAFloodCannotTake(t *testing.T) {
 				close(store.hold)
 				if !<-waiting {
 					t.Fatal("the flood's message got no room made for it")
+				}
+			})
+		})
+	}
+}
+
+func TestLog_AConfirmWaitsForAChunkOfAFloodNotAllOfIt(t *testing.T) {
+	// The queue holds 16 messages and 160 bytes: chunks of 40 bytes. A
+	// flood of 92 bytes on "large" is queued beside a waited-for message
+	// on "small", which commits first and makes the loop hurry: the flood
+	// commits in chunks. While its first chunk commits, another message
+	// is waited for: on "small", it commits before the flood's second
+	// chunk; on "large", which that chunk must precede, after it. With
+	// nobody waiting, the flood commits whole.
+	for _, c := range []struct {
+		name        string
+		first, late int
+		want        [][]int
+	}{
+		{"another topic", 3, 5,
+			[][]int{{40}, {3}, {20, 22}, {5}, {24, 26}}},
+		{"the flood's topic", 3, 11,
+			[][]int{{40}, {3}, {20, 22}, {24, 26}, {11}}},
+		{"nobody waiting", 2, 0,
+			[][]int{{40}, {20, 22, 24, 26, 2}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store, l := startHeld(16, 160)
+				defer l.Stop()
+				queue := func(m int) *Outcome {
+					if !l.Admit(m, m%2 == 1, nil, func() {}) {
+						t.Errorf("no room for %d", m)
+					}
+					return l.Append(m)
+				}
+				for _, m := range []int{20, 22, 24, 26, c.first} {
+					queue(m)
+				}
+				var late *Outcome
+				store.during = func(b *Batch[int]) {
+					if c.late != 0 && late == nil &&
+						slices.Equal(b.Messages, []int{20, 22}) {
+						late = queue(c.late)
+					}
+				}
+				close(store.hold)
+				synctest.Wait()
+				if late != nil {
+					<-late.Done()
+				}
+				store.mu.Lock()
+				defer store.mu.Unlock()
+				var got [][]int
+				for _, b := range store.batches {
+					got = append(got, b.Messages)
+				}
+				if !slices.EqualFunc(got, c.want, slices.Equal) {
+					t.Fatalf("batches %v, want %v", got, c.want)
 				}
 			})
 		})
