@@ -114,6 +114,40 @@ func TestLog_BatchesWhatIsQueuedAndSettlesItsOutcome(t *testing.T) {
 	})
 }
 
+func TestLog_ABatchOfHalfTheQueueGoesAtOnceAndLessLingers(t *testing.T) {
+	// The queue holds 4 messages and 100 bytes: half is 2 messages or 50
+	// bytes.
+	for _, c := range []struct {
+		name    string
+		queued  []int
+		lingers bool
+	}{
+		{"one message", []int{2}, true},
+		{"half the count", []int{2, 4}, false},
+		{"almost half the bytes", []int{48}, true},
+		{"half the bytes", []int{50}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				l := start(&memory{cursors: map[string]uint64{}},
+					func(*Batch[int], error) {})
+				defer l.Stop()
+				began := time.Now()
+				var fate *Outcome
+				for _, m := range c.queued {
+					l.Admit(m, false, nil, func() {})
+					fate = l.Append(m)
+				}
+				<-fate.Done()
+				if waited := time.Since(began); (waited > 0) != c.lingers {
+					t.Fatalf("committed after %v; lingers: %v", waited,
+						c.lingers)
+				}
+			})
+		})
+	}
+}
+
 func TestLog_AdmitWaitsForRoomAndGivesUpWithItsCaller(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := &memory{cursors: map[string]uint64{}, fail: true}
@@ -171,7 +205,8 @@ func TestLog_AFailedCursorMoveIsCommittedAgain(t *testing.T) {
 
 // startHeld starts a log as startSized does, over a store whose commits
 // wait for store.hold to close, and puts a commit of the message 40 in
-// flight: what is queued next waits for it, in one batch. Run it in a
+// flight, a barrier making it go at once: what is queued next waits for
+// it, in one batch. Run it in a
 // synctest bubble.
 func startHeld(messages, bytes int) (*memory, *Log[int]) {
 	store := &memory{cursors: map[string]uint64{},
@@ -179,6 +214,7 @@ func startHeld(messages, bytes int) (*memory, *Log[int]) {
 	l := startSized(store, messages, bytes, func(*Batch[int], error) {})
 	l.Admit(40, false, nil, func() {})
 	l.Append(40)
+	l.Barrier()
 	synctest.Wait()
 	return store, l
 }
