@@ -219,6 +219,28 @@ func startHeld(messages, bytes int) (*memory, *Log[int]) {
 	return store, l
 }
 
+// queue admits m, urgent if odd, and appends it, as the broker does.
+func queue(t *testing.T, l *Log[int], m int) *Outcome {
+	if !l.Admit(m, m%2 == 1, nil, func() {}) {
+		t.Errorf("no room for %d", m)
+	}
+	return l.Append(m)
+}
+
+// committed checks that the store committed want's batches, in order.
+func (m *memory) committed(t *testing.T, want [][]int) {
+	t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var got [][]int
+	for _, b := range m.batches {
+		got = append(got, b.Messages)
+	}
+	if !slices.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("batches %v, want %v", got, want)
+	}
+}
+
 func TestLog_AWaitedTopicCommitsBeforeAFloodOnAnother(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store, l := startHeld(4, 100)
@@ -227,29 +249,16 @@ func TestLog_AWaitedTopicCommitsBeforeAFloodOnAnother(t *testing.T) {
 		// While the commit in flight holds the loop, the next batch
 		// fills: a flood of 42 bytes on "large", and on "small" a
 		// message nobody waits for, then one somebody does.
-		queue := func(m int) *Outcome {
-			if !l.Admit(m, m%2 == 1, nil, func() {}) {
-				t.Fatalf("no room for %d", m)
-			}
-			return l.Append(m)
-		}
-		flood := queue(20)
-		queue(22)
-		queue(2)
-		confirm := queue(3)
+		flood := queue(t, l, 20)
+		queue(t, l, 22)
+		queue(t, l, 2)
+		confirm := queue(t, l, 3)
 		close(store.hold)
 		<-confirm.Done()
 		<-flood.Done()
 
 		// "small" went first, in its own order; the flood after it.
-		var got [][]int
-		for _, b := range store.batches {
-			got = append(got, b.Messages)
-		}
-		want := [][]int{{40}, {2, 3}, {20, 22}}
-		if !slices.EqualFunc(got, want, slices.Equal) {
-			t.Fatalf("batches %v, want %v", got, want)
-		}
+		store.committed(t, [][]int{{40}, {2, 3}, {20, 22}})
 	})
 }
 
@@ -349,20 +358,14 @@ func TestLog_AConfirmWaitsForAChunkOfAFloodNotAllOfIt(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				store, l := startHeld(16, 160)
 				defer l.Stop()
-				queue := func(m int) *Outcome {
-					if !l.Admit(m, m%2 == 1, nil, func() {}) {
-						t.Errorf("no room for %d", m)
-					}
-					return l.Append(m)
-				}
 				for _, m := range []int{20, 22, 24, 26, c.first} {
-					queue(m)
+					queue(t, l, m)
 				}
 				var late *Outcome
 				store.during = func(b *Batch[int]) {
 					if c.late != 0 && late == nil &&
 						slices.Equal(b.Messages, []int{20, 22}) {
-						late = queue(c.late)
+						late = queue(t, l, c.late)
 					}
 				}
 				close(store.hold)
@@ -370,15 +373,7 @@ func TestLog_AConfirmWaitsForAChunkOfAFloodNotAllOfIt(t *testing.T) {
 				if late != nil {
 					<-late.Done()
 				}
-				store.mu.Lock()
-				defer store.mu.Unlock()
-				var got [][]int
-				for _, b := range store.batches {
-					got = append(got, b.Messages)
-				}
-				if !slices.EqualFunc(got, c.want, slices.Equal) {
-					t.Fatalf("batches %v, want %v", got, c.want)
-				}
+				store.committed(t, c.want)
 			})
 		})
 	}
