@@ -447,15 +447,15 @@ func (l *Log[M]) commitInChunks(batch *Batch[M], hurry bool,
 // messages in remaining, which must commit before them.
 func (l *Log[M]) steal(remaining []M) {
 	l.mu.Lock()
+	if len(l.waited) == 0 || l.stopped {
+		l.mu.Unlock()
+		return
+	}
 	for _, m := range remaining {
 		if l.waited[l.config.Topic(m)] {
 			l.mu.Unlock()
 			return
 		}
-	}
-	if len(l.waited) == 0 || l.stopped {
-		l.mu.Unlock()
-		return
 	}
 	stolen, kept, bytes := &Batch[M]{}, l.queued.Messages[:0], 0
 	for _, m := range l.queued.Messages {
