@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -410,30 +411,18 @@ func subscribeAll(ctx context.Context, ws *websocket.Conn, topics int) error {
 	return nil
 }
 
-// readInto reads ws's next message into buf's room, growing it only for
-// a bigger message than any before, and returns it: ws.Read allocates
-// every message anew, and a reader of a burst must not spend the CPU the
-// bench is measuring.
-func readInto(ctx context.Context, ws *websocket.Conn, buf []byte) ([]byte,
-	error) {
+// readInto reads ws's next message into buf, emptied first, and returns
+// it: one buffer reused, where ws.Read allocates every message anew, and
+// a reader of a burst must not spend the CPU the bench is measuring.
+func readInto(ctx context.Context, ws *websocket.Conn,
+	buf *bytes.Buffer) ([]byte, error) {
 	_, r, err := ws.Reader(ctx)
 	if err != nil {
-		return buf[:0], err
+		return nil, err
 	}
-	buf = buf[:0]
-	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := r.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			return buf, nil
-		}
-		if err != nil {
-			return buf, err
-		}
-	}
+	buf.Reset()
+	_, err = buf.ReadFrom(r)
+	return buf.Bytes(), err
 }
 
 // printBench prints the summary.

@@ -147,10 +147,9 @@ func (l *load) connectPublishers(ctx context.Context) ([]*websocket.Conn,
 		}
 		list = append(list, ws)
 		go func() {
-			var data []byte
+			var buf bytes.Buffer
 			for {
-				var err error
-				data, err = readInto(context.Background(), ws, data)
+				data, err := readInto(context.Background(), ws, &buf)
 				if err != nil {
 					return
 				}
@@ -255,10 +254,9 @@ func (l *load) read(s *benchSubscriber) {
 	defer s.closed.Store(true)
 	defer close(s.acking)
 	acks := map[string]uint64{}
-	var data []byte
+	var buf bytes.Buffer
 	for {
-		var err error
-		data, err = readInto(context.Background(), s.ws, data)
+		data, err := readInto(context.Background(), s.ws, &buf)
 		if err != nil {
 			if websocket.CloseStatus(err) == 4008 {
 				l.cutOff.Add(1)

@@ -183,10 +183,10 @@ func confirmLoop(ws *websocket.Conn, publisher, window int,
 	var inFlight atomic.Int64
 	readDone := make(chan error, 1)
 	go func() {
-		var data []byte
+		var buf bytes.Buffer
 		for {
-			var err error
-			if data, err = readInto(ctx, ws, data); err != nil {
+			data, err := readInto(ctx, ws, &buf)
+			if err != nil {
 				readDone <- err
 				return
 			}

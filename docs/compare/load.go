@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
 	"sync"
@@ -90,10 +89,10 @@ func (p *popsubTarget) subscribe(got func([]byte)) error {
 		return err
 	}
 	go func() {
-		var data []byte
+		var buf bytes.Buffer
 		for {
-			var err error
-			if data, err = readInto(ctx, ws, data); err != nil {
+			data, err := readInto(ctx, ws, &buf)
+			if err != nil {
 				return
 			}
 			for range bytes.Count(data, []byte(`"type":"message"`)) {
@@ -104,30 +103,19 @@ func (p *popsubTarget) subscribe(got func([]byte)) error {
 	return nil
 }
 
-// readInto reads ws's next message into buf's room, and returns it:
-// one buffer reused, as nats.go reads into one, where ws.Read would
+// readInto reads ws's next message into buf, emptied first, and returns
+// it: one buffer reused, as nats.go reads into one, where ws.Read would
 // allocate every message anew, and spend on this client CPU the server
 // it measures shares.
-func readInto(ctx context.Context, ws *websocket.Conn, buf []byte) ([]byte,
-	error) {
+func readInto(ctx context.Context, ws *websocket.Conn,
+	buf *bytes.Buffer) ([]byte, error) {
 	_, r, err := ws.Reader(ctx)
 	if err != nil {
-		return buf[:0], err
+		return nil, err
 	}
-	buf = buf[:0]
-	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := r.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			return buf, nil
-		}
-		if err != nil {
-			return buf, err
-		}
-	}
+	buf.Reset()
+	_, err = buf.ReadFrom(r)
+	return buf.Bytes(), err
 }
 
 // publish sends n publishes, one frame each.
