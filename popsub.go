@@ -215,9 +215,9 @@ type Options struct {
 	LoginTokenTTL time.Duration
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
-	// OnEvent, if set, sees every x-ray event ("delivered" only while the
-	// x-ray is watched) and a "commit" event for each batch synced, for
-	// /metrics. It runs under the broker's locks: it must only count.
+	// OnEvent, if set, sees every x-ray event (those Counted counts only
+	// while the x-ray is watched) and a "commit" event per batch synced,
+	// for /metrics. It runs under the broker's locks: it must only count.
 	OnEvent func(wire.Event)
 }
 
@@ -371,10 +371,9 @@ type Broker struct {
 	// limit: 64 with the defaults (see c.read).
 	largeFrames chan struct{}
 	// xray queues x-ray events and publishes them on its own goroutine
-	// (package xray); delivered counts first deliveries (Delivered). See
-	// the x-ray, a detail.
-	xray      *events
-	delivered atomic.Uint64
+	// (package xray), and counts the messages published, committed and
+	// delivered (Counted). See the x-ray, a detail.
+	xray *events
 }
 
 // topic is one exact topic: its log's in-memory index and its subscribers.
@@ -717,7 +716,7 @@ func (b *Broker) startLog() *commitLog {
 // events is the x-ray's queue, b.xray (package xray): events.Emit queues
 // an event without blocking, dropping it if the queue is full;
 // events.Heard and events.Watched say whether anyone listens; events.Run
-// hands each event to b.publishEvent (The x-ray, a detail).
+// hands each event to b.publishEvent (The x-ray, a detail, has the rest).
 type events = xray.Feed
 
 // newEvents returns the x-ray's empty queue; opts.OnEvent hears every
@@ -1503,7 +1502,7 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 // wake. t.remember adds m to the topic's index. The caller holds t.mu.
 func (b *Broker) sequenced(t *topic, m *Message, last uint64, wake *wakeups) {
 	t.remember(m)
-	b.noteMessage("published", nil, m, nil)
+	b.noteCounted("published", nil, m, nil)
 	b.fanOut(t, m, last, wake)
 
 	// The caps are applied here, as messages arrive: b.applyCaps drops
@@ -1813,10 +1812,9 @@ func (c *connection) record(s *subscription, m *Message, deadline time.Time) {
 		p = c.addPending(pending{subscription: s, message: m, attempt: 1,
 			deadline: deadline})
 	}
-	// A delivery is counted, and b.noteDelivery reports it to the x-ray
+	// c.broker.noteCounted counts a delivery, and reports it to the x-ray
 	// only while someone watches.
-	c.broker.delivered.Add(1)
-	c.broker.noteDelivery(c, m, p)
+	c.broker.noteCounted("delivered", c, m, p)
 	// d.delivered moves a durable cursor past m, or up to it until it is
 	// acked (Durable subscriptions).
 	if d := s.durable; d != nil {
@@ -3590,11 +3588,12 @@ func (b *Broker) releaseDue(now time.Time) {
 // subscribes to a $sys topic, and no event is made about a $sys topic,
 // so the feed cannot feed on itself. The event types live in package
 // wire, which clients decode without the broker. Every transition the
-// x-ray reports also goes to Options.OnEvent, watched or not, but
-// deliveries, which the broker counts itself (Delivered, in record): the
-// command counts them for /metrics, and so each note function costs a
-// branch when nobody listens, and a little more than an event's fields
-// when someone does.
+// x-ray reports also goes to Options.OnEvent, watched or not, but the
+// ones that come once a message or more, which the broker counts itself
+// (Counted, through b.xray.Count): the command counts them for /metrics,
+// and so each note function costs a branch when nobody listens, and a
+// little more than an event's fields when someone does. A commit's size
+// and time go to Options.OnEvent alone (b.xray.Tell, in After a commit).
 
 // EventsTopic is the topic the broker publishes its transitions on.
 const EventsTopic = "$sys/events"
@@ -3626,13 +3625,15 @@ func (b *Broker) noteMessage(kind string, c *connection, m *Message,
 	b.xray.Emit(e)
 }
 
-// noteDelivery emits a first delivery, only while someone watches the
-// x-ray: an event per delivery, for /metrics to count, cost a busy
-// broker 6 % of its CPU with ten subscribers, more with a hundred; the
-// broker counts them itself (Delivered).
-func (b *Broker) noteDelivery(c *connection, m *Message, p *pending) {
-	if b.xray.Watched() {
-		b.noteMessage("delivered", c, m, p)
+// noteCounted counts a transition that comes once a message or more
+// (b.xray.Count) and emits it only while someone watches the x-ray: an
+// event per delivery, for /metrics to count, cost a busy broker 6 % of
+// its CPU with ten subscribers; one per publish and per commit, 3 % with
+// one.
+func (b *Broker) noteCounted(kind string, c *connection, m *Message,
+	p *pending) {
+	if b.xray.Count(kind); b.xray.Watched() {
+		b.noteMessage(kind, c, m, p)
 	}
 }
 
@@ -3708,9 +3709,11 @@ func (c *connection) state(state *wire.State) (wire.ConnectionState, bool) {
 	return cs, true
 }
 
-// Delivered is how many deliveries the broker has queued to subscribers,
-// first attempts only, for monitoring.
-func (b *Broker) Delivered() uint64 { return b.delivered.Load() }
+// Counted is how many messages the broker has given a seq, committed to
+// its log, and queued to subscribers (first attempts), for monitoring.
+func (b *Broker) Counted() (published, committed, delivered uint64) {
+	return b.xray.Counted()
+}
 
 // OutboxBytes is how many bytes wait in every connection's outbox now,
 // for monitoring.
@@ -3999,10 +4002,8 @@ func (b *Broker) committed(batch *Batch, took time.Duration, err error) {
 		b.markCommitted(batch.Messages)
 	}
 	b.settleHeads(batch.Heads, err == nil)
-	if hook := b.opts.OnEvent; hook != nil {
-		hook(wire.Event{Kind: "commit", Messages: len(batch.Messages),
-			Micros: took.Microseconds()})
-	}
+	b.xray.Tell(wire.Event{Kind: "commit", Messages: len(batch.Messages),
+		Micros: took.Microseconds()})
 }
 
 // markCommitted drops a synced batch's messages from their topics'
@@ -4021,7 +4022,7 @@ func (b *Broker) markCommitted(msgs []*Message) {
 		t.unsynced = t.unsynced[run:]
 		t.mu.Unlock()
 		for _, m := range msgs[:run] {
-			b.noteMessage("committed", nil, m, nil)
+			b.noteCounted("committed", nil, m, nil)
 		}
 	}
 }
@@ -4153,7 +4154,7 @@ func (b *Broker) feed(m *Message) {
 	if m.Seq > t.head {
 		m.delivery = appendDelivery(nil, m, 1)
 		b.sequenced(t, m, t.head, nil)
-		b.noteMessage("committed", nil, m, nil)
+		b.noteCounted("committed", nil, m, nil)
 		t.head = m.Seq
 	}
 }

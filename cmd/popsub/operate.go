@@ -15,7 +15,9 @@ import (
 // This file is what an operator's tools see of a running broker:
 // /metrics in the Prometheus text format, /healthz and /readyz. The
 // broker knows nothing of Prometheus: it reports each x-ray event, and
-// each commit of its log, to Options.OnEvent, and this file counts them.
+// each commit of its log, to Options.OnEvent, and this file counts them;
+// what comes once a message or more, the broker counts itself (Counted),
+// and this file reads at each scrape.
 
 // operations serves the operator's endpoints of one broker.
 type operations struct {
@@ -38,8 +40,6 @@ type operations struct {
 
 // counted are the events counted, with their metrics' names and help.
 var counted = []struct{ kind, name, help string }{
-	{"published", "popsub_published_total", "messages given a seq"},
-	{"committed", "popsub_committed_total", "messages synced to the log"},
 	{"redelivered", "popsub_redelivered_total",
 		"QoS 1 retries, to the subscriber or to another member of its group"},
 	{"nakked", "popsub_nakked_total",
@@ -108,18 +108,29 @@ func (o *operations) observe(e wire.Event) {
 // handshakeFailed counts a failed TLS handshake.
 func (o *operations) handshakeFailed() { o.handshakes.Inc() }
 
-// watch adds what is read from the broker at each scrape: the
-// deliveries, which the broker counts itself rather than reporting each
-// one (Broker.Delivered), and the bytes its outboxes hold.
+// watch adds what is read from the broker at each scrape: the messages
+// published, committed and delivered, which the broker counts itself
+// rather than reporting each one (Broker.Counted), and the bytes its
+// outboxes hold.
 func (o *operations) watch(broker *popsub.Broker) {
-	o.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "popsub_delivered_total",
-		Help: "deliveries queued to subscribers, first attempts"},
-		func() float64 { return float64(broker.Delivered()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "popsub_outbox_bytes",
-			Help: "bytes queued for subscribers' sockets, all connections"},
-			func() float64 { return float64(broker.OutboxBytes()) }))
+	// Counted's three counts, in its order.
+	for i, metric := range []struct{ name, help string }{
+		{"popsub_published_total", "messages given a seq"},
+		{"popsub_committed_total", "messages synced to the log"},
+		{"popsub_delivered_total",
+			"deliveries queued to subscribers, first attempts"},
+	} {
+		o.registry.MustRegister(prometheus.NewCounterFunc(
+			prometheus.CounterOpts{Name: metric.name, Help: metric.help},
+			func() float64 {
+				published, committed, delivered := broker.Counted()
+				return float64([3]uint64{published, committed, delivered}[i])
+			}))
+	}
+	o.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "popsub_outbox_bytes",
+		Help: "bytes queued for subscribers' sockets, all connections"},
+		func() float64 { return float64(broker.OutboxBytes()) }))
 }
 
 // register adds the endpoints to mux.
