@@ -110,8 +110,8 @@ const (
 	tokenLeeway       = 5 * time.Second // clock skew allowed on exp
 	maxMessageIDBytes = 256             // the longest message_id, in bytes
 	replayChunk       = 256             // messages read from the log at a time
-	maxQueueMessages  = 4096            // messages waiting for the log
-	maxQueueBytes     = 1 << 20         // their bytes; see b.log.Admit
+	maxQueueMessages  = 8192            // messages waiting for the log
+	maxQueueBytes     = 2 << 20         // their bytes; see b.log.Admit
 	largeFramesBytes  = 64 << 20        // frames over 64 KiB, together
 	deadPrefix        = "$dead/"        // dead letters of T go to $dead/T
 	// commitLinger is the longest a batch nobody waits for waits for
@@ -689,7 +689,7 @@ type wakeups = queue.Wakeups
 // batch at once when someone waits for it, or after 5 ms of company.
 //
 //   - b.log.Admit(size, urgent, done, beforeWait) waits for room in the
-//     queue, which holds at most 4,096 messages and 1 MiB (an eighth
+//     queue, which holds at most 8,192 messages and 2 MiB (an eighth
 //     more if urgent: QoS 1), and takes it; b.log.GiveBack returns
 //     unused room.
 //   - b.log.Append(m) queues m and returns the outcome done once m is

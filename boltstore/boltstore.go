@@ -34,7 +34,7 @@
 // Measured with the benchmarks named (docs/performance.md says how):
 //
 //	trick                                buys
-//	one transaction per batch            one sync for up to 4,096 messages
+//	one transaction per batch            one sync for up to 8,192 messages
 //	one arena per batch (appendMessages) a tenth of a busy broker's allocations
 //	pages filled (FillPercent 1.0)       half the file for the same log
 //	trims walk backwards (trimLog)       BenchmarkTrim: 8x faster at 4,096

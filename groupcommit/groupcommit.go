@@ -33,7 +33,7 @@
 // batch holds such messages beside a large rest, the messages of their
 // topics are committed first, in a small transaction of their own, and
 // the rest after it. For a while after someone waited, a large batch is
-// committed in chunks of a quarter of the queue, and between two chunks
+// committed in chunks of an eighth of the queue, and between two chunks
 // the topics someone has since come to wait for go first: the commit in
 // flight is then a chunk, not a megabyte. Order within a topic is kept;
 // only topics pass one another. One queue in strict order made such a
@@ -414,8 +414,8 @@ func (l *Log[M]) commit(batch *Batch[M], fates ...*Outcome) error {
 const hurryTakes = 64
 
 // commitInChunks commits batch and settles fates, in one transaction,
-// or, when hurry (someone waited for a batch lately), in chunks of a
-// quarter of the queue's bytes: between two chunks, the queued topics
+// or, when hurry (someone waited for a batch lately), in chunks of an
+// eighth of the queue's bytes: between two chunks, the queued topics
 // someone has since come to wait for commit first (l.steal). A confirm
 // then waits for a chunk of another topic's flood, not for a whole
 // batch of it. Chunks cost a flood more syncs, so a flood nobody waits
@@ -426,7 +426,7 @@ func (l *Log[M]) commitInChunks(batch *Batch[M], hurry bool,
 	var failed error
 	messages, bytes := batch.Messages, 0
 	for i := 0; hurry && i < len(messages)-1; i++ {
-		if bytes += l.config.Size(messages[i]); 4*bytes < l.config.MaxBytes {
+		if bytes += l.config.Size(messages[i]); 8*bytes < l.config.MaxBytes {
 			continue
 		}
 		failed = cmp.Or(failed,

@@ -243,7 +243,7 @@ func (m *memory) committed(t *testing.T, want [][]int) {
 
 func TestLog_AWaitedTopicCommitsBeforeAFloodOnAnother(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store, l := startHeld(4, 100)
+		store, l := startHeld(4, 200)
 		defer l.Stop()
 
 		// While the commit in flight holds the loop, the next batch
@@ -335,7 +335,7 @@ func TestLog_AnUrgentMessageFindsRoomAFloodCannotTake(t *testing.T) {
 }
 
 func TestLog_AConfirmWaitsForAChunkOfAFloodNotAllOfIt(t *testing.T) {
-	// The queue holds 16 messages and 160 bytes: chunks of 40 bytes. A
+	// The queue holds 16 messages and 320 bytes: chunks of 40 bytes. A
 	// flood of 92 bytes on "large" is queued beside a waited-for message
 	// on "small", which commits first and makes the loop hurry: the flood
 	// commits in chunks. While its first chunk commits, another message
@@ -356,7 +356,7 @@ func TestLog_AConfirmWaitsForAChunkOfAFloodNotAllOfIt(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				store, l := startHeld(16, 160)
+				store, l := startHeld(16, 320)
 				defer l.Stop()
 				for _, m := range []int{20, 22, 24, 26, c.first} {
 					queue(t, l, m)
@@ -373,6 +373,9 @@ func TestLog_AConfirmWaitsForAChunkOfAFloodNotAllOfIt(t *testing.T) {
 				if late != nil {
 					<-late.Done()
 				}
+				// A flood nobody waits for lingers: it is less than
+				// half the queue.
+				time.Sleep(time.Second)
 				store.committed(t, c.want)
 			})
 		})
