@@ -680,7 +680,7 @@ func (b *Broker) acceptSocket(w http.ResponseWriter, r *http.Request,
 // wakeups are the writers a connection's reader owes a start
 // (queue.Wakeups): wake.Owe(write) owes one (a nil wakeups starts it at
 // once), and wake.Start starts them all, as the reader does before it
-// reads its socket again: a burst of publishes reaches each subscriber
+// reads its socket: a burst of publishes reaches each subscriber
 // in one write.
 type wakeups = queue.Wakeups
 
@@ -697,8 +697,9 @@ type wakeups = queue.Wakeups
 //     everything queued so far.
 //   - b.log.Trim(topic, seq), b.log.SaveCursor(key, position) and
 //     b.log.SetHead(topic, head) queue a trim, a durable cursor's move
-//     and a topic's new stored head; b.log.Cursor(key) reads a cursor,
-//     newest first; b.log.Stop() commits what is queued and ends.
+//     and a topic's new stored head, which b.log.Await(topic) waits
+//     for; b.log.Cursor(key) reads a cursor, newest first;
+//     b.log.Stop() commits what is queued and ends.
 type commitLog = groupcommit.Log[*Message]
 
 // startLog starts b's committer over its store. After each commit, and
@@ -716,7 +717,7 @@ func (b *Broker) startLog() *commitLog {
 // events is the x-ray's queue, b.xray (package xray): events.Emit queues
 // an event without blocking, dropping it if the queue is full;
 // events.Heard and events.Watched say whether anyone listens; events.Run
-// hands each event to b.publishEvent (The x-ray, a detail, has the rest).
+// hands each event to b.publishEvent (The x-ray, a detail).
 type events = xray.Feed
 
 // newEvents returns the x-ray's empty queue; opts.OnEvent hears every
@@ -3874,7 +3875,9 @@ func (s *subscription) skipped(b *Broker, after, last uint64) {
 // The log's section says why a topic's stored head runs ahead of its
 // newest seq. Here is how: each topic remembers the head on disk
 // (reserved) and the one last handed to the log (asked). A publish that
-// would pass reserved waits for the sync that raises it; a publish that
+// would pass reserved waits for the sync that raises it, which goes ahead
+// of a flood queued beside it, as a confirm's does (b.log.Await: a new
+// topic's first confirm waited for a megabyte of flood); a publish that
 // leaves fewer than reserveAhead seqs asks for the next block, so a busy
 // topic's ask is on disk long before it is needed. A block the store
 // refuses is asked for again by the next publish, whose confirm (or
@@ -3926,7 +3929,7 @@ func (b *Broker) waitForSeq(t *topic, done <-chan struct{}) (*outcome, bool) {
 			return groupcommit.Failed(ErrClosed), false
 		}
 		b.askAhead(t)
-		stored := b.log.Barrier()
+		stored := b.log.Await(t.name)
 		t.mu.Unlock()
 		select {
 		case <-stored.Done():

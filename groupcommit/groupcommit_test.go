@@ -334,6 +334,77 @@ func TestLog_AnUrgentMessageFindsRoomAFloodCannotTake(t *testing.T) {
 	}
 }
 
+func TestLog_AFloodBesideAWaiterGetsHalfTheQueue(t *testing.T) {
+	// The queue holds 16 messages and 320 bytes: 16 of 20 fit, but once
+	// someone waited (the loop hurries), 8.
+	synctest.Test(t, func(t *testing.T) {
+		store, l := startHeld(16, 320)
+		defer l.Stop()
+		close(store.hold)
+		synctest.Wait()
+		admitted := func() (n int) {
+			for l.Admit(20, false, closedChannel(), func() {}) {
+				n++
+			}
+			for range n {
+				l.GiveBack(20)
+			}
+			return n
+		}
+		calm := admitted()
+		<-queue(t, l, 3).Done()
+		if hurried := admitted(); calm != 16 || hurried != 8 {
+			t.Fatalf("%d admitted while calm, %d beside a waiter; want "+
+				"16 and 8", calm, hurried)
+		}
+	})
+}
+
+func TestLog_AnAwaitedHeadGoesBeforeAFloodAndHurriesItBriefly(t *testing.T) {
+	// The queue holds 16 messages and 320 bytes: chunks of 40 bytes.
+	// While the commit in flight holds the loop, a flood of 92 bytes on
+	// "large" fills the next batch, and a new topic's head is awaited:
+	// the head commits first, alone, and the flood after it in chunks.
+	// The loop hurries for at most headTakes batches, then commits a
+	// flood whole.
+	synctest.Test(t, func(t *testing.T) {
+		store, l := startHeld(16, 320)
+		defer l.Stop()
+		flood := func() {
+			for _, m := range []int{20, 22, 24, 26} {
+				queue(t, l, m)
+			}
+		}
+		flood()
+		l.SetHead("small", 100)
+		head := l.Await("small")
+		close(store.hold)
+		<-head.Done()
+		synctest.Wait()
+		for range headTakes {
+			flood()
+			time.Sleep(time.Second) // it lingers: it is under half
+		}
+		store.mu.Lock()
+		batches := slices.Clone(store.batches)
+		store.mu.Unlock()
+		var got [][]int
+		for _, b := range batches {
+			got = append(got, b.Messages)
+		}
+		switch {
+		case len(got[1]) != 0 || batches[1].Heads["small"] != 100:
+			t.Fatalf("batches %v, the second with heads %v; want the "+
+				"head alone", got, batches[1].Heads)
+		case !slices.Equal(got[2], []int{20, 22}):
+			t.Fatalf("batches %v; want the flood after the head in chunks",
+				got)
+		case !slices.Equal(got[len(got)-1], []int{20, 22, 24, 26}):
+			t.Fatalf("batches %v; want the last flood whole", got)
+		}
+	})
+}
+
 func TestLog_AConfirmWaitsForAChunkOfAFloodNotAllOfIt(t *testing.T) {
 	// The queue holds 16 messages and 320 bytes: chunks of 40 bytes. A
 	// flood of 92 bytes on "large" is queued beside a waited-for message
