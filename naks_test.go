@@ -112,10 +112,12 @@ func TestNak_DeadSendsItToDeadLettersWithItsReason(t *testing.T) {
 	}
 
 	// It is settled: a second nak, or one of a message never sent here,
-	// is an error, and the worker owes nothing.
+	// is an error, and nobody owes anything once the operator's ack, on
+	// a connection of its own, has been read.
 	worker.send(map[string]any{"type": "nak", "message_id": "job-1"})
 	worker.expectError("not_pending")
 	worker.quiet()
+	operator.quiet()
 	if n := pendingCount(ts.broker); n != 0 {
 		t.Fatalf("pending = %d, want 0", n)
 	}
