@@ -186,7 +186,8 @@ type Log[M any] struct {
 	// urgent messages queued, false for those awaiting only a head.
 	waited map[string]bool
 	// calm counts the batches taken since the last that held an urgent
-	// message.
+	// message (fewer after an awaited head alone: headTakes). Admit
+	// reads it too, under mu.
 	calm int
 	// stopped is set by Stop: the loop commits what is queued and returns.
 	stopped bool
@@ -231,13 +232,14 @@ func (l *Log[M]) reset() {
 // bytes, urgent or not (Config.Urgent), and takes it; it reports false if
 // done is closed, or the log stopped, first. beforeWait runs before each
 // wait: the broker starts there the writers a publisher owes, so that its
-// subscribers do not wait with it. The queue holds at most MaxMessages and MaxBytes (but always
-// takes one message): a transaction stays bounded, and a publisher
-// faster than the disk waits here. An unbounded queue was simpler, and
-// under a flood grew to gigabytes, each commit slower than the last. An
-// urgent message may use an eighth more, kept for it. While the loop
-// hurries (someone waited lately), the others get half the queue: a
-// flood that the disk holds back leaves the cores to the waiter.
+// subscribers do not wait with it. The queue holds at most MaxMessages
+// and MaxBytes (but always takes one message): a transaction stays
+// bounded, and a publisher faster than the disk waits here. An unbounded
+// queue was simpler, and under a flood grew to gigabytes, each commit
+// slower than the last. An urgent message may use an eighth more, kept
+// for it. While the loop hurries (someone waited lately), the others get
+// half the queue: a flood that the disk holds back leaves the cores to
+// the waiter.
 func (l *Log[M]) Admit(size int, urgent bool, done <-chan struct{},
 	beforeWait func()) bool {
 	// Callers wait their turn: Go's mutex hands itself to the longest
@@ -250,9 +252,7 @@ func (l *Log[M]) Admit(size int, urgent bool, done <-chan struct{},
 	admitting.Lock()
 	defer admitting.Unlock()
 	l.mu.Lock()
-	for most, bytes := l.room(urgent); l.admitted > 0 &&
-		(l.admitted >= most || l.admittedBytes+size > bytes) &&
-		!l.stopped; most, bytes = l.room(urgent) {
+	for l.admitted > 0 && !l.fits(size, urgent) && !l.stopped {
 		freed := l.freed
 		l.mu.Unlock()
 		beforeWait()
@@ -271,6 +271,13 @@ func (l *Log[M]) Admit(size int, urgent bool, done <-chan struct{},
 	return true
 }
 
+// fits reports whether the queue has room for one more message of size
+// bytes (room). The caller holds l.mu.
+func (l *Log[M]) fits(size int, urgent bool) bool {
+	most, bytes := l.room(urgent)
+	return l.admitted < most && l.admittedBytes+size <= bytes
+}
+
 // room returns how many messages, and bytes, the queue may hold for a
 // message: an eighth more if urgent, half while the loop hurries if not.
 // The caller holds l.mu.
@@ -279,11 +286,16 @@ func (l *Log[M]) room(urgent bool) (most, bytes int) {
 	switch {
 	case urgent:
 		return most + most/8, bytes + bytes/8
-	case l.calm < hurryTakes: // the next batch taken hurries
+	case l.hurrying():
 		return most / 2, bytes / 2
 	}
 	return most, bytes
 }
+
+// hurrying reports whether the next batch taken commits in chunks: fewer
+// than hurryTakes batches were taken since one held an urgent message.
+// The caller holds l.mu.
+func (l *Log[M]) hurrying() bool { return l.calm < hurryTakes }
 
 // GiveBack gives back the room Admit took for a message that was not
 // appended after all.
@@ -409,8 +421,8 @@ func (l *Log[M]) loop() {
 				l.calm = min(l.calm, hurryTakes-headTakes)
 			}
 		}
+		hurry := l.hurrying() && !stopped
 		l.calm++
-		hurry := l.calm <= hurryTakes && !stopped
 		l.committing = batch
 		l.admitted -= len(batch.Messages)
 		l.admittedBytes -= l.queuedBytes

@@ -105,8 +105,9 @@ func (f *Feed) Tell(e wire.Event) {
 }
 
 // Count counts one of the transitions that come once a message or more:
-// "published", "committed" or "delivered". The broker counts them, and
-// emits them only while someone watches.
+// "published", "committed" or "delivered". The broker emits those as
+// events only while someone watches, and reads their counts (Counted)
+// for monitoring.
 func (f *Feed) Count(kind string) {
 	switch kind {
 	case "published":
