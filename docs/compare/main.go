@@ -7,6 +7,7 @@
 //	go run . run --popsub $(go env GOPATH)/bin/popsub
 //	go run . latency --popsub $(go env GOPATH)/bin/popsub
 //	go run . confirms --popsub $(go env GOPATH)/bin/popsub
+//	go run . idle --popsub $(go env GOPATH)/bin/popsub
 //
 // It starts each server as a child process on 127.0.0.1, and never
 // loads any other host.
@@ -48,6 +49,10 @@ func main() {
 		err = runLatency(os.Args[2:])
 	case "confirms":
 		err = runConfirms(os.Args[2:])
+	case "idle":
+		err = runIdle(os.Args[2:])
+	case "idle-clients":
+		err = runIdleClients(os.Args[2], os.Args[3], os.Args[4], os.Args[5])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
