@@ -42,6 +42,9 @@ func runIdle(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if *n < 1 {
+		return fmt.Errorf("--connections must be at least 1")
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -49,6 +52,9 @@ func runIdle(args []string) error {
 	// Each process keeps room for its other files: the database, the
 	// listener, NATS, /proc reads.
 	each := openFileLimit() - 100
+	if each < 1 {
+		return fmt.Errorf("a process may open only %d files", each+100)
+	}
 	brokers := (*n + each - 1) / each
 	fmt.Printf("%d connections, at most %d a process (RLIMIT_NOFILE), "+
 		"over %d broker(s)\n", *n, each, brokers)
