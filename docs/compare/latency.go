@@ -26,12 +26,15 @@ func runLatency(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if *n < 1 {
+		return fmt.Errorf("--subscribers must be at least 1")
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	fmt.Println("| server | msg/s | p50 | p90 | p99 | max | server CPU per delivery | client CPU per delivery |")
-	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Println("| server | msg/s held | p50 | p90 | p99 | max | p99 of each subscriber, lowest–highest | server CPU per delivery | client CPU per delivery |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	for _, s := range setups(*f.popsub, self, *f.only) {
 		if strings.Contains(s.name, "batch") {
 			continue // one message a frame: batches add nothing here
@@ -42,18 +45,25 @@ func runLatency(args []string) error {
 			if err != nil {
 				return fmt.Errorf("%s at %v/s: %w", s.name, rate, err)
 			}
-			fmt.Printf("| %s | %.0f | %s | %s | %s | %s | %.2f µs | %.2f µs |\n",
-				s.name, rate, ms(l.at(0.5)), ms(l.at(0.9)), ms(l.at(0.99)),
-				ms(l.at(1)), l.cpu, l.client)
+			fmt.Printf("| %s | %.0f | %s | %s | %s | %s | %s–%s | %.2f µs | %.2f µs |\n",
+				s.name, l.rate, ms(l.at(0.5)), ms(l.at(0.9)), ms(l.at(0.99)),
+				ms(l.at(1)), ms(slices.Min(l.each)), ms(slices.Max(l.each)),
+				l.cpu, l.client)
 		}
 	}
 	return nil
 }
 
-// latencies are the publish-to-delivery times of one run, sorted, and
-// the server's and this client's CPU µs per delivery.
+// latencies are one run's: the rate the publisher held (under the one
+// asked for when a publish takes longer than the time between two);
+// the publish-to-delivery times, sorted; each subscriber's p99 (alike
+// when the tail delays whole messages, higher for some when a server
+// serves its subscribers in turn); and the server's and this client's
+// CPU µs per delivery.
 type latencies struct {
+	rate        float64
 	sorted      []time.Duration
+	each        []time.Duration
 	cpu, client float64
 }
 
@@ -86,18 +96,22 @@ func measureLatency(s setup, n int, rate float64,
 	// Room for every sample is made up front: growing the slice would
 	// copy megabytes while deliveries wait to be timed.
 	var mu sync.Mutex
-	samples := make([]time.Duration, 0,
-		int(rate*float64(n)*(duration+time.Second).Seconds()))
+	most := int(rate * (duration + time.Second).Seconds())
+	samples := make([]time.Duration, 0, most*n)
+	each := make([][]time.Duration, n)
 	start := time.Now()
 	warm := start.Add(time.Second).UnixNano()
-	for range n {
+	for i := range n {
+		each[i] = make([]time.Duration, 0, most)
 		err := t.subscribe(func(payload []byte) {
 			sent := sentAt(payload)
 			if sent < warm {
 				return
 			}
+			took := time.Duration(time.Now().UnixNano() - sent)
 			mu.Lock()
-			samples = append(samples, time.Duration(time.Now().UnixNano()-sent))
+			samples = append(samples, took)
+			each[i] = append(each[i], took)
 			mu.Unlock()
 		})
 		if err != nil {
@@ -105,10 +119,12 @@ func measureLatency(s setup, n int, rate float64,
 		}
 	}
 	before, clientBefore := cpuTime(pid), cpuTime(os.Getpid())
+	publishing := time.Now()
 	published, err := publishAtRate(t, rate, duration+time.Second)
 	if err != nil {
 		return l, err
 	}
+	l.rate = float64(published) / time.Since(publishing).Seconds()
 	want := int(float64(published)*float64(n)*duration.Seconds()/
 		(duration+time.Second).Seconds()) * 99 / 100
 	for drain := time.Now(); time.Since(drain) < 5*time.Second; {
@@ -125,6 +141,10 @@ func measureLatency(s setup, n int, rate float64,
 	defer mu.Unlock()
 	l.sorted = slices.Clone(samples)
 	slices.Sort(l.sorted)
+	for _, one := range each {
+		slices.Sort(one)
+		l.each = append(l.each, latencies{sorted: one}.at(0.99))
+	}
 	l.cpu = float64(cpu.Microseconds()) / float64(published*n)
 	l.client = float64(client.Microseconds()) / float64(published*n)
 	return l, nil

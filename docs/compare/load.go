@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -265,6 +269,11 @@ type centrifugeTarget struct {
 	// api, if set, is the server API's address: publishes go there, a
 	// request per chunk, as an application's backend sends them.
 	api string
+	// apiConns carry one message a request (pipelined), in turn; sent
+	// counts those requests; apiErr is the first error a reply brought.
+	apiConns []net.Conn
+	sent     int
+	apiErr   atomic.Pointer[error]
 }
 
 // connect makes a connected client.
@@ -311,17 +320,14 @@ func (t *centrifugeTarget) subscribe(got func([]byte)) error {
 // publish sends n publishes, 16 in flight at a time, or, through the
 // server API, in one request.
 func (t *centrifugeTarget) publish(n int, payload []byte) error {
+	if t.api != "" && n == 1 {
+		// One message is written without waiting for the reply before
+		// it, as through the client below: a request at a time held
+		// 4,700 messages a second where 10,000 were due.
+		return t.pipelined(payload)
+	}
 	if t.api != "" {
-		resp, err := http.Post(fmt.Sprintf("%s?n=%d", t.api, n),
-			"application/json", bytes.NewReader(payload))
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("centrifuge API: %s", resp.Status)
-		}
-		return nil
+		return t.post(n, payload)
 	}
 	if t.publisher == nil {
 		c, err := t.connect()
@@ -362,9 +368,82 @@ func (t *centrifugeTarget) publish(n int, payload []byte) error {
 	return nil
 }
 
+// post publishes n copies of payload through the server API, in one
+// request.
+func (t *centrifugeTarget) post(n int, payload []byte) error {
+	resp, err := http.Post(fmt.Sprintf("%s?n=%d", t.api, n),
+		"application/json", bytes.NewReader(payload))
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("centrifuge API: %s", resp.Status)
+	}
+	return nil
+}
+
+// pipelines is how many connections to the server API one message a
+// request takes turns on.
+const pipelines = 4
+
+// pipelined writes one publish request to the server API on the next of
+// its kept-alive connections, without waiting for the replies of those
+// before it (HTTP/1.1 pipelining): the publisher neither waits for a
+// round trip nor hands the request to a goroutine, which would delay it
+// (p99 at 1,000 msg/s 1.2–1.5 ms that way, against 0.8–1.1 waiting for
+// each reply). A goroutine a connection reads the replies; the first
+// error ends the run.
+func (t *centrifugeTarget) pipelined(payload []byte) error {
+	if err := t.apiErr.Load(); err != nil {
+		return *err
+	}
+	api, err := url.Parse(t.api)
+	if err != nil {
+		return err
+	}
+	if t.apiConns == nil {
+		for range pipelines {
+			conn, err := net.Dial("tcp", api.Host)
+			if err != nil {
+				return err
+			}
+			t.apiConns = append(t.apiConns, conn)
+			go func() {
+				replies := bufio.NewReader(conn)
+				for {
+					resp, err := http.ReadResponse(replies, nil)
+					if err == nil {
+						io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						if resp.StatusCode != http.StatusOK {
+							err = fmt.Errorf("centrifuge API: %s",
+								resp.Status)
+						}
+					}
+					if err != nil {
+						t.apiErr.CompareAndSwap(nil, &err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	conn := t.apiConns[t.sent%pipelines]
+	t.sent++
+	request := fmt.Appendf(nil, "POST %s?n=1 HTTP/1.1\r\nHost: %s\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n",
+		api.Path, api.Host, len(payload))
+	_, err = conn.Write(append(request, payload...))
+	return err
+}
+
 // close drops every client.
 func (t *centrifugeTarget) close() {
 	for _, c := range t.clients {
 		c.Close()
+	}
+	for _, conn := range t.apiConns {
+		conn.Close()
 	}
 }
