@@ -6,6 +6,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -82,6 +83,9 @@ func runIdle(args []string) error {
 		before     float64 // resident KiB before the connections
 		clients    *exec.Cmd
 		lines      *bufio.Scanner
+		// hold is the clients' stdin, never written: when this process
+		// ends, however it ends, it closes, and they end too.
+		hold io.WriteCloser
 	}
 	var all []*broker
 	for i := range brokers {
@@ -107,6 +111,9 @@ func runIdle(args []string) error {
 			return err
 		}
 		b.lines = bufio.NewScanner(stdout)
+		if b.hold, err = b.clients.StdinPipe(); err != nil {
+			return err
+		}
 		if err := b.clients.Start(); err != nil {
 			return err
 		}
@@ -183,7 +190,8 @@ func share(n, brokers, i int) int {
 // runIdleClients is a child of runIdle: it opens count connections to
 // url from source, each subscribed to idle and reading, prints "ready",
 // then, once every connection has had a message, the time the last one
-// had it, in Unix nanoseconds; and holds the connections until killed.
+// had it, in Unix nanoseconds; and holds the connections until its
+// stdin closes, when runIdle ends.
 func runIdleClients(url, token, count, source string) error {
 	n, err := strconv.Atoi(count)
 	if err != nil {
@@ -242,7 +250,8 @@ func runIdleClients(url, token, count, source string) error {
 	fmt.Println("ready")
 	arrived.Wait()
 	fmt.Println(last.Load())
-	select {}
+	io.Copy(io.Discard, os.Stdin)
+	return nil
 }
 
 // dialPopsub connects to url through client (nil for the default) and

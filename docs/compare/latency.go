@@ -37,22 +37,8 @@ func runLatency(args []string) error {
 		return err
 	}
 	if *one != "" {
-		rate, err := strconv.ParseFloat(*rates, 64)
-		for _, s := range setups(*f.popsub, self, *one) {
-			if s.name != *one || err != nil {
-				continue
-			}
-			l, err := measureLatency(s, *n, rate, *f.duration)
-			if err != nil {
-				return fmt.Errorf("%s at %v/s: %w", s.name, rate, err)
-			}
-			fmt.Printf("| %s | %.0f | %s | %s | %s | %s | %s–%s | %.2f µs | %.2f µs |\n",
-				s.name, l.rate, ms(l.at(0.5)), ms(l.at(0.9)), ms(l.at(0.99)),
-				ms(l.at(1)), ms(slices.Min(l.each)), ms(slices.Max(l.each)),
-				l.cpu, l.client)
-			return nil
-		}
-		return fmt.Errorf("no setup %q at the rate %q", *one, *rates)
+		return measureLatencyRow(*f.popsub, self, *one, *rates, *n,
+			*f.duration)
 	}
 	fmt.Println("| server | msg/s held | p50 | p90 | p99 | max | p99 of each subscriber, lowest–highest | server CPU per delivery | client CPU per delivery |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
@@ -75,6 +61,30 @@ func runLatency(args []string) error {
 			}
 		}
 	}
+	return nil
+}
+
+// measureLatencyRow measures the setup named name at rate, and prints
+// its row of the table.
+func measureLatencyRow(popsub, self, name, rate string, n int,
+	duration time.Duration) error {
+	perSecond, err := strconv.ParseFloat(rate, 64)
+	if err != nil {
+		return fmt.Errorf("--rates: %w", err)
+	}
+	named := setups(popsub, self, name)
+	i := slices.IndexFunc(named, func(s setup) bool { return s.name == name })
+	if i < 0 {
+		return fmt.Errorf("no setup is named %q", name)
+	}
+	l, err := measureLatency(named[i], n, perSecond, duration)
+	if err != nil {
+		return fmt.Errorf("%s at %s/s: %w", name, rate, err)
+	}
+	fmt.Printf("| %s | %.0f | %s | %s | %s | %s | %s–%s | %.2f µs | %.2f µs |\n",
+		name, l.rate, ms(l.at(0.5)), ms(l.at(0.9)), ms(l.at(0.99)),
+		ms(l.at(1)), ms(slices.Min(l.each)), ms(slices.Max(l.each)),
+		l.cpu, l.client)
 	return nil
 }
 
@@ -117,16 +127,17 @@ func measureLatency(s setup, n int, rate float64,
 	}
 	defer stop()
 
-	// Room for every sample is made up front: growing the slice would
-	// copy megabytes while deliveries wait to be timed.
+	// Each subscriber keeps its own samples, with room for every one
+	// made up front: growing a slice would copy megabytes while
+	// deliveries wait to be timed.
 	var mu sync.Mutex
-	most := int(rate * (duration + time.Second).Seconds())
-	samples := make([]time.Duration, 0, most*n)
+	got := 0
 	each := make([][]time.Duration, n)
 	start := time.Now()
 	warm := start.Add(time.Second).UnixNano()
 	for i := range n {
-		each[i] = make([]time.Duration, 0, most)
+		each[i] = make([]time.Duration, 0,
+			int(rate*(duration+time.Second).Seconds()))
 		err := t.subscribe(func(payload []byte) {
 			sent := sentAt(payload)
 			if sent < warm {
@@ -134,8 +145,8 @@ func measureLatency(s setup, n int, rate float64,
 			}
 			took := time.Duration(time.Now().UnixNano() - sent)
 			mu.Lock()
-			samples = append(samples, took)
 			each[i] = append(each[i], took)
+			got++
 			mu.Unlock()
 		})
 		if err != nil {
@@ -153,9 +164,9 @@ func measureLatency(s setup, n int, rate float64,
 		(duration+time.Second).Seconds()) * 99 / 100
 	for drain := time.Now(); time.Since(drain) < 5*time.Second; {
 		mu.Lock()
-		got := len(samples)
+		enough := got >= want
 		mu.Unlock()
-		if got >= want {
+		if enough {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -163,12 +174,12 @@ func measureLatency(s setup, n int, rate float64,
 	cpu, client := cpuTime(pid)-before, cpuTime(os.Getpid())-clientBefore
 	mu.Lock()
 	defer mu.Unlock()
-	l.sorted = slices.Clone(samples)
-	slices.Sort(l.sorted)
 	for _, one := range each {
 		slices.Sort(one)
 		l.each = append(l.each, latencies{sorted: one}.at(0.99))
 	}
+	l.sorted = slices.Concat(each...)
+	slices.Sort(l.sorted)
 	l.cpu = float64(cpu.Microseconds()) / float64(published*n)
 	l.client = float64(client.Microseconds()) / float64(published*n)
 	return l, nil

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -270,9 +271,11 @@ type centrifugeTarget struct {
 	// request per chunk, as an application's backend sends them.
 	api string
 	// apiConns carry one message a request (pipelined), in turn; sent
-	// counts those requests; apiErr is the first error a reply brought.
+	// counts those requests, each written from request, one buffer
+	// reused; apiErr is the first error a reply brought.
 	apiConns []net.Conn
 	sent     int
+	request  []byte
 	apiErr   atomic.Pointer[error]
 }
 
@@ -398,44 +401,57 @@ func (t *centrifugeTarget) pipelined(payload []byte) error {
 	if err := t.apiErr.Load(); err != nil {
 		return *err
 	}
-	api, err := url.Parse(t.api)
-	if err != nil {
-		return err
-	}
 	if t.apiConns == nil {
-		for range pipelines {
-			conn, err := net.Dial("tcp", api.Host)
-			if err != nil {
-				return err
-			}
-			t.apiConns = append(t.apiConns, conn)
-			go func() {
-				replies := bufio.NewReader(conn)
-				for {
-					resp, err := http.ReadResponse(replies, nil)
-					if err == nil {
-						io.Copy(io.Discard, resp.Body)
-						resp.Body.Close()
-						if resp.StatusCode != http.StatusOK {
-							err = fmt.Errorf("centrifuge API: %s",
-								resp.Status)
-						}
-					}
-					if err != nil {
-						t.apiErr.CompareAndSwap(nil, &err)
-						return
-					}
-				}
-			}()
+		if err := t.openPipelines(); err != nil {
+			return err
 		}
 	}
 	conn := t.apiConns[t.sent%pipelines]
 	t.sent++
-	request := fmt.Appendf(nil, "POST %s?n=1 HTTP/1.1\r\nHost: %s\r\n"+
-		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n",
-		api.Path, api.Host, len(payload))
-	_, err = conn.Write(append(request, payload...))
+	head := len(t.request)
+	t.request = strconv.AppendInt(t.request, int64(len(payload)), 10)
+	t.request = append(append(t.request, "\r\n\r\n"...), payload...)
+	_, err := conn.Write(t.request)
+	t.request = t.request[:head]
 	return err
+}
+
+// openPipelines dials the server API's connections for pipelined, each
+// with a goroutine that reads its replies, and writes the head that
+// every request begins with into t.request.
+func (t *centrifugeTarget) openPipelines() error {
+	api, err := url.Parse(t.api)
+	if err != nil {
+		return err
+	}
+	t.request = fmt.Appendf(nil, "POST %s?n=1 HTTP/1.1\r\nHost: %s\r\n"+
+		"Content-Type: application/json\r\nContent-Length: ",
+		api.Path, api.Host)
+	for range pipelines {
+		conn, err := net.Dial("tcp", api.Host)
+		if err != nil {
+			return err
+		}
+		t.apiConns = append(t.apiConns, conn)
+		go func() {
+			replies := bufio.NewReader(conn)
+			for {
+				resp, err := http.ReadResponse(replies, nil)
+				if err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						err = fmt.Errorf("centrifuge API: %s", resp.Status)
+					}
+				}
+				if err != nil {
+					t.apiErr.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		}()
+	}
+	return nil
 }
 
 // close drops every client.

@@ -52,6 +52,10 @@ func main() {
 	case "idle":
 		err = runIdle(os.Args[2:])
 	case "idle-clients":
+		if len(os.Args) != 6 {
+			err = errors.New("usage: compare idle-clients URL TOKEN N SOURCE")
+			break
+		}
 		err = runIdleClients(os.Args[2], os.Args[3], os.Args[4], os.Args[5])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
