@@ -405,6 +405,50 @@ func TestLog_AnAwaitedHeadGoesBeforeAFloodAndHurriesItBriefly(t *testing.T) {
 	})
 }
 
+func TestLog_TheMessageBehindAnAwaitedHeadGoesBeforeTheFlood(t *testing.T) {
+	// As above, a new topic's head commits before a flood of 92 bytes.
+	// Its publisher then appends the topic's first message: a confirmed
+	// one commits before the flood's first chunk, which the loop holds
+	// back for it; one nobody waits for, with the flood, which the loop
+	// held back no longer than it took to come.
+	for _, c := range []struct {
+		name    string
+		message int
+		want    [][]int
+	}{
+		{"confirmed", 3, [][]int{{40}, nil, {3}, {20, 22}, {24, 26}}},
+		{"unconfirmed", 2, [][]int{{40}, nil, {20, 22}, {24, 26}, {2}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store, l := startHeld(16, 320)
+				defer l.Stop()
+				for _, m := range []int{20, 22, 24, 26} {
+					queue(t, l, m)
+				}
+				l.SetHead("small", 100)
+				head := l.Await("small")
+				var floodAt time.Duration
+				start := time.Now()
+				store.during = func(b *Batch[int]) {
+					if slices.Equal(b.Messages, []int{20, 22}) {
+						floodAt = time.Since(start)
+					}
+				}
+				close(store.hold)
+				<-head.Done()
+				message := queue(t, l, c.message)
+				<-message.Done()
+				store.committed(t, c.want)
+				if floodAt != 0 {
+					t.Errorf("the flood waited %v for a message that came "+
+						"at once", floodAt)
+				}
+			})
+		})
+	}
+}
+
 func TestLog_AConfirmWaitsForAChunkOfAFloodNotAllOfIt(t *testing.T) {
 	// The queue holds 16 messages and 320 bytes: chunks of 40 bytes. A
 	// flood of 92 bytes on "large" is queued beside a waited-for message
