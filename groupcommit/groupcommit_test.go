@@ -423,8 +423,9 @@ func TestLog_TheMessageBehindAnAwaitedHeadGoesBeforeTheFlood(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				store, l := startHeld(16, 320)
 				defer l.Stop()
+				var flood *Outcome
 				for _, m := range []int{20, 22, 24, 26} {
-					queue(t, l, m)
+					flood = queue(t, l, m)
 				}
 				l.SetHead("small", 100)
 				head := l.Await("small")
@@ -439,6 +440,7 @@ func TestLog_TheMessageBehindAnAwaitedHeadGoesBeforeTheFlood(t *testing.T) {
 				<-head.Done()
 				message := queue(t, l, c.message)
 				<-message.Done()
+				<-flood.Done()
 				store.committed(t, c.want)
 				if floodAt != 0 {
 					t.Errorf("the flood waited %v for a message that came "+
