@@ -192,7 +192,9 @@ type Log[M any] struct {
 	// urgent messages queued, false for those awaiting only a head.
 	waited map[string]bool
 	// heads holds the topics whose publisher awaits a head (Await) and
-	// has not appended behind it yet: follow waits for them.
+	// has not appended behind it yet: follow waits for them. A publisher
+	// that gave up leaves its topic here until the topic's next append
+	// or follow: one entry a topic at most.
 	heads map[string]bool
 	// calm counts the batches taken since the last that held an urgent
 	// message (fewer after an awaited head alone: headTakes). Admit
@@ -331,9 +333,12 @@ func (l *Log[M]) Append(m M) *Outcome {
 	l.queued.Messages = append(l.queued.Messages, m)
 	l.queuedBytes += l.config.Size(m)
 	notify(l.wake)
-	if len(l.heads) > 0 && l.heads[l.config.Topic(m)] {
-		delete(l.heads, l.config.Topic(m))
-		notify(l.followed)
+	// Most appends find heads empty, and skip asking for the topic.
+	if len(l.heads) > 0 {
+		if topic := l.config.Topic(m); l.heads[topic] {
+			delete(l.heads, topic)
+			notify(l.followed)
+		}
 	}
 	if !l.config.Urgent(m) {
 		return l.next
@@ -597,11 +602,10 @@ func (l *Log[M]) follow(waited map[string]bool) bool {
 		l.mu.Lock()
 		pending := slices.ContainsFunc(heads,
 			func(topic string) bool { return l.heads[topic] })
+		l.mu.Unlock()
 		if !pending {
-			l.mu.Unlock()
 			return true
 		}
-		l.mu.Unlock()
 		select {
 		case <-l.followed:
 		case <-timeout.C:

@@ -154,7 +154,7 @@ func runIdle(args []string) error {
 	// each client process answers with the time its last one had it.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ws, err := dialPopsub(ctx, all[0].url, all[0].token, nil)
+	ws, err := dialPopsub(ctx, all[0].url, all[0].token, nil, false)
 	if err != nil {
 		return err
 	}
@@ -205,7 +205,7 @@ func runIdleClients(url, token, count, source string) error {
 	var arrived sync.WaitGroup
 	var last atomic.Int64
 	connect := func() error {
-		ws, err := dialPopsub(ctx, url, token, client)
+		ws, err := dialPopsub(ctx, url, token, client, false)
 		if err != nil {
 			return err
 		}
@@ -255,9 +255,9 @@ func runIdleClients(url, token, count, source string) error {
 }
 
 // dialPopsub connects to url through client (nil for the default) and
-// authenticates with token.
+// authenticates with token, opting into batches if batch.
 func dialPopsub(ctx context.Context, url, token string,
-	client *http.Client) (*websocket.Conn, error) {
+	client *http.Client, batch bool) (*websocket.Conn, error) {
 	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	ws, _, err := websocket.Dial(dialCtx, url,
@@ -265,13 +265,14 @@ func dialPopsub(ctx context.Context, url, token string,
 	if err != nil {
 		return nil, err
 	}
-	err = ws.Write(dialCtx, websocket.MessageText,
-		fmt.Appendf(nil, `{"type":"auth","token":%q}`, token))
-	if err != nil {
-		return nil, err
+	auth := fmt.Appendf(nil, `{"type":"auth","token":%q,"batch":%v}`,
+		token, batch)
+	err = ws.Write(dialCtx, websocket.MessageText, auth)
+	var data []byte
+	if err == nil {
+		_, data, err = ws.Read(dialCtx)
 	}
-	if _, data, err := ws.Read(dialCtx); err != nil ||
-		!bytes.Contains(data, []byte("authenticated")) {
+	if err != nil || !bytes.Contains(data, []byte("authenticated")) {
 		ws.CloseNow()
 		return nil, fmt.Errorf("auth: %s %v", data, err)
 	}

@@ -58,20 +58,11 @@ type popsubTarget struct {
 func (p *popsubTarget) dial(batch bool) (*websocket.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	ws, _, err := websocket.Dial(ctx, p.url, nil)
+	ws, err := dialPopsub(ctx, p.url, p.token, nil, batch)
 	if err != nil {
 		return nil, err
 	}
 	ws.SetReadLimit(-1)
-	auth := fmt.Sprintf(`{"type":"auth","token":%q,"batch":%v}`, p.token,
-		batch)
-	if err := ws.Write(ctx, websocket.MessageText, []byte(auth)); err != nil {
-		return nil, err
-	}
-	if _, data, err := ws.Read(ctx); err != nil ||
-		!bytes.Contains(data, []byte("authenticated")) {
-		return nil, fmt.Errorf("auth: %s %v", data, err)
-	}
 	p.mu.Lock()
 	p.conns = append(p.conns, ws)
 	p.mu.Unlock()
