@@ -52,7 +52,7 @@ func runIdle(args []string) error {
 	}
 	// Each process keeps room for its other files: the database, the
 	// listener, NATS, /proc reads.
-	each := openFileLimit() - 100
+	each := raiseOpenFileLimit() - 100
 	if each < 1 {
 		return fmt.Errorf("a process may open only %d files", each+100)
 	}
@@ -139,12 +139,12 @@ func runIdle(args []string) error {
 	var files, resident float64
 	for i, b := range all {
 		count := share(*n, brokers, i)
-		metrics := serverMetrics(b.url)
+		metrics, rss := serverMetrics(b.url), rssKiB(b.pid)
 		files += metrics["process_open_fds"]
-		resident += rssKiB(b.pid)
+		resident += rss
 		fmt.Printf("| %d | %s | %d | %.0f | %.0f | %.1f KiB | %.0f MiB |\n",
 			i+1, store, count, metrics["process_open_fds"],
-			metrics["go_goroutines"], (rssKiB(b.pid)-b.before)/float64(count),
+			metrics["go_goroutines"], (rss-b.before)/float64(count),
 			rssKiB(b.clients.Process.Pid)/1024)
 	}
 	fmt.Printf("the broker(s) together: %.0f open files, %.0f MiB resident\n",
@@ -279,22 +279,18 @@ func dialPopsub(ctx context.Context, url, token string,
 	return ws, nil
 }
 
-// openFileLimit raises this process's open-file limit to its hard limit,
-// which children inherit, and returns it.
-func openFileLimit() int {
-	raiseOpenFileLimit()
+// raiseOpenFileLimit raises this process's soft open-file limit to its
+// hard one, which children inherit, and returns the limit now in force.
+func raiseOpenFileLimit() int {
 	var limit syscall.Rlimit
-	syscall.Getrlimit(syscall.RLIMIT_NOFILE, &limit)
-	return int(limit.Cur)
-}
-
-// raiseOpenFileLimit raises the soft open-file limit to the hard one.
-func raiseOpenFileLimit() {
-	var limit syscall.Rlimit
-	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &limit) == nil {
-		limit.Cur = limit.Max
-		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &limit)
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &limit) != nil {
+		return 0
 	}
+	limit.Cur = limit.Max
+	if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &limit) != nil {
+		syscall.Getrlimit(syscall.RLIMIT_NOFILE, &limit)
+	}
+	return int(limit.Cur)
 }
 
 // rssKiB is a process's resident memory, from /proc, in KiB.
