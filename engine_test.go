@@ -19,15 +19,19 @@ func TestBehaviour_OnJetStream(t *testing.T) {
 	// Each broker gets a prefix of its own: a fresh log, as a fresh
 	// bbolt file is on the default engine.
 	logs := 0
-	popsub.UseStore(func(t *testing.T, opts popsub.Options) popsub.Store {
+	popsub.UseStore(func(t *testing.T,
+		opts popsub.Options) func() popsub.Store {
 		logs++
-		log, err := jetstream.Open(jetstream.Options{URL: ns.ClientURL(),
-			Prefix: fmt.Sprint("test", logs), MaxMessages: opts.MaxMessages,
-			MaxAge: opts.TTL, Logger: cmp.Or(opts.Logger, quiet)})
-		if err != nil {
-			t.Fatalf("open jetstream log: %v", err)
+		prefix := fmt.Sprint("test", logs)
+		return func() popsub.Store {
+			log, err := jetstream.Open(jetstream.Options{URL: ns.ClientURL(),
+				Prefix: prefix, MaxMessages: opts.MaxMessages,
+				MaxAge: opts.TTL, Logger: cmp.Or(opts.Logger, quiet)})
+			if err != nil {
+				t.Fatalf("open jetstream log: %v", err)
+			}
+			return log
 		}
-		return log
 	})
 	defer popsub.UseStore(nil)
 	for name, test := range popsub.Behaviour {

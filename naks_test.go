@@ -571,3 +571,32 @@ func TestDeadLetters_TwoPlainSubscriptionsGiveUpEachItsOwn(t *testing.T) {
 	}
 	operator.quiet()
 }
+
+// A nak names what an ack would clear: one message_id pending on two
+// topics of one connection is handed back on both, as an ack by the
+// same id clears both (protocol.md, "Naks").
+func TestNak_ByIDHandsBackEveryDeliveryOfIt(t *testing.T) {
+	ts := startBroker(t, Options{AckTimeout: time.Minute})
+	sub, pub := ts.dial("sub"), ts.dial("pub")
+	sub.subscribe("jobs", nil)
+	sub.subscribe("mail", nil)
+	pub.publish("jobs", 1, 1, "twin")
+	pub.publish("mail", 2, 1, "twin")
+	sub.messages(2)
+
+	sub.send(map[string]any{"type": "nak", "message_id": "twin",
+		"delay_ms": 0})
+	topics := map[string]int{}
+	for _, g := range sub.messages(2) {
+		topics[g.Topic] = g.Attempt
+	}
+	if topics["jobs"] != 2 || topics["mail"] != 2 {
+		t.Fatalf("after the nak got attempts %v, want attempt 2 on jobs "+
+			"and on mail", topics)
+	}
+	sub.send(map[string]any{"type": "ack", "message_id": "twin"})
+	sub.quiet()
+	if left := pendingIDs(ts.broker); len(left) != 0 {
+		t.Fatalf("after one ack by id %v are pending, want none", left)
+	}
+}

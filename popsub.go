@@ -1718,15 +1718,18 @@ func (c *connection) closeWith(last reply, code websocket.StatusCode,
 // alone. The cost is one entry per subscriber per QoS 1 delivery,
 // bounded by the in-flight window; the gain is that "at least once" holds
 // for every subscriber. A connection that gets a message through two
-// subscriptions (a topic and a wildcard) owes one ack for it.
+// subscriptions (a topic and a wildcard, or a group beside either) has
+// an entry for each, as it had a delivery for each, and owes one ack
+// for it: the ack clears both, and moves every cursor either holds back.
+// One entry for the two made one of them forget the message, and a
+// durable or group cursor behind it never moved.
 //
 // The entries are kept per topic, in seq order, in a pendingQueue (the
-// queues' detail): q.Put puts one in its place, or replaces the same
-// message's, and bySeq compares one with a seq for a binary search.
-// Deliveries mostly come in order and are acked in it, so adding one is
-// an append and an ack "up to seq" a binary search. A map keyed by
-// message id made each such ack walk the whole table: QoS 1 to 100
-// subscribers cost 3.8 times QoS 0.
+// queues' detail), and bySeq compares one with a seq for a binary
+// search. Deliveries mostly come in order and are acked in it, so
+// adding one is an append and an ack "up to seq" a binary search. A map
+// keyed by message id made each such ack walk the whole table: QoS 1 to
+// 100 subscribers cost 3.8 times QoS 0.
 
 // pending is one QoS 1 delivery the subscriber has not acknowledged.
 type pending struct {
@@ -1823,24 +1826,30 @@ func (c *connection) record(s *subscription, m *Message, deadline time.Time) {
 	}
 }
 
-// addPending adds p to c's pending deliveries and returns where it went. The
-// caller holds c.mu.
+// addPending adds p to c's pending deliveries, after those of its seq
+// and before any later one, and returns where it went: mostly at the
+// back. The same subscription's entry for the same message is replaced.
+// The caller holds c.mu.
 func (c *connection) addPending(p pending) *pending {
 	q := c.unacked[p.message.Topic]
 	if q == nil {
 		q = &pendingQueue{}
 		c.unacked[p.message.Topic] = q
 	}
-	// The same message pending already is replaced (q.Put): the
-	// connection owes one ack for it.
-	at, added := q.Put(p,
-		func(e pending) int { return bySeq(e, p.message.Seq) })
-	if added {
-		c.inflight++
-		c.inflightBytes += p.message.size()
-		p.subscription.jobs++
+	live, seq := q.Live(), p.message.Seq
+	if at := q.find(p); at >= 0 {
+		live[at] = p
+		return &live[at]
 	}
-	return at
+	i := len(live)
+	if i > 0 && live[i-1].message.Seq > seq {
+		i = sort.Search(i, func(k int) bool { return live[k].message.Seq > seq })
+	}
+	q.Insert(i, p)
+	c.inflight++
+	c.inflightBytes += p.message.size()
+	p.subscription.jobs++
+	return &q.Live()[i]
 }
 
 // ack answers an ack frame. Three forms clear this connection's pending
@@ -1870,21 +1879,42 @@ func (c *connection) ack(f frame) {
 		})
 		c.settle(q, 0, n, "acked")
 	}
-	// By id: a search from the front of the topic's entries, or of every
-	// topic's when the frame names none (ids are a publisher's, so two
-	// topics may hold the same one); in-order acks find theirs first.
+	// By id: every entry of it, on the topic the frame names or on any
+	// (ids are a publisher's, so two topics may hold the same one); in-
+	// order acks find theirs at the front.
 	for _, id := range ids {
-		for topic, q := range c.unacked {
-			if f.Topic != "" && topic != f.Topic {
-				continue
-			}
-			i := slices.IndexFunc(q.Live(), func(p pending) bool {
-				return p.message.ID == id
-			})
-			if i >= 0 {
-				c.settle(q, i, i+1, "acked")
+		for _, p := range c.pendingOf(f.Topic, nil, id) {
+			c.settleOne(p, "acked")
+		}
+	}
+}
+
+// pendingOf returns copies of c's pending deliveries on topic, or on
+// every topic if it is "", of the message with seq (if not nil) or id.
+// The caller holds c.mu.
+func (c *connection) pendingOf(topic string, seq *uint64,
+	id string) []pending {
+	var found []pending
+	for name, q := range c.unacked {
+		if topic != "" && name != topic {
+			continue
+		}
+		for _, p := range q.Live() {
+			if seq != nil && p.message.Seq == *seq ||
+				seq == nil && p.message.ID == id {
+				found = append(found, p)
 			}
 		}
+	}
+	return found
+}
+
+// settleOne settles p, a copy of one of c's pending deliveries, if it is
+// still pending. The caller holds c.mu.
+func (c *connection) settleOne(p pending, kind string) {
+	q := c.unacked[p.message.Topic]
+	if i := q.find(p); i >= 0 {
+		c.settle(q, i, i+1, kind)
 	}
 }
 
@@ -1983,9 +2013,7 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 		}
 	}
 	for _, p := range dead {
-		q := c.unacked[p.message.Topic]
-		i, _ := slices.BinarySearchFunc(q.Live(), p.message.Seq, bySeq)
-		c.settle(q, i, i+1, "dead_lettered")
+		c.settleOne(p, "dead_lettered")
 	}
 	// c.release takes a move out of this member's window; the group
 	// places it after c.mu (Work queues).
@@ -3042,6 +3070,22 @@ func bySeq(p pending, seq uint64) int {
 	return cmp.Compare(p.message.Seq, seq)
 }
 
+// find returns where the entry of p's message for p's subscription is
+// among q's, or -1 if there is none (or no q).
+func (q *pendingQueue) find(p pending) int {
+	if q == nil {
+		return -1
+	}
+	live := q.Live()
+	i, _ := slices.BinarySearchFunc(live, p.message.Seq, bySeq)
+	for ; i < len(live) && live[i].message.Seq == p.message.Seq; i++ {
+		if live[i].subscription == p.subscription {
+			return i
+		}
+	}
+	return -1
+}
+
 // # Work queues (detail)
 //
 // A subscribe frame with a group name makes the connection a member of
@@ -3354,14 +3398,16 @@ func (b *Broker) retryDelay(p *pending) time.Duration {
 	return time.Duration(wait * (1 - float64(mix>>11)/(1<<53)/5))
 }
 
-// nak answers a nak frame: the delivery it names (by message_id, on any
-// topic or on "topic", or by topic and seq) is retried after delay_ms or
-// the backoff, or dead-lettered at once. A nak for a delivery this
+// nak answers a nak frame: the deliveries it names (by message_id, on
+// any topic or on "topic", or by topic and seq) are retried after
+// delay_ms or the backoff, or dead-lettered at once. It names what an
+// ack would clear: every entry of the message, as the connection got it
+// through each of its subscriptions. A nak for a delivery this
 // connection does not owe is an error: the client believes it holds one
 // it does not (acked already, dead-lettered, or never sent here).
 func (c *connection) nak(f frame) {
 	c.mu.Lock()
-	q, i := c.pendingOf(f)
+	naked := c.pendingOf(f.Topic, f.Seq, f.MessageID)
 	code, problem := "", ""
 	switch {
 	case f.Seq != nil && f.Topic == "" || f.Seq == nil && f.MessageID == "":
@@ -3373,7 +3419,7 @@ func (c *connection) nak(f frame) {
 			"31536000000 (a year), and absent with \"dead\":true"
 	case len(f.Reason) > maxMessageIDBytes:
 		code, problem = "invalid_reason", "reason is longer than 256 bytes"
-	case q == nil:
+	case len(naked) == 0:
 		code, problem = "not_pending", "no unacked delivery of it on this "+
 			"connection: acked, dead-lettered, or never sent here"
 	}
@@ -3383,43 +3429,28 @@ func (c *connection) nak(f frame) {
 			Topic: f.Topic, MessageID: f.MessageID})
 		return
 	}
-	p := &q.Live()[i]
 	if f.Dead {
-		dead := *p
-		c.settle(q, i, i+1, "dead_lettered")
+		for _, p := range naked {
+			c.settleOne(p, "dead_lettered")
+		}
 		c.mu.Unlock()
 		notify(c.room)
-		c.broker.deadLetter(&dead, c, cmp.Or(f.Reason, "rejected"))
+		for i := range naked {
+			c.broker.deadLetter(&naked[i], c, cmp.Or(f.Reason, "rejected"))
+		}
 		return
 	}
-	delay := c.broker.retryDelay(p)
-	if f.DelayMS != nil {
-		delay = time.Duration(*f.DelayMS) * time.Millisecond
+	for _, p := range naked {
+		q := c.unacked[p.message.Topic]
+		at := &q.Live()[q.find(p)]
+		at.deadline = time.Now().Add(c.broker.retryDelay(at))
+		if f.DelayMS != nil {
+			at.deadline = time.Now().Add(
+				time.Duration(*f.DelayMS) * time.Millisecond)
+		}
+		c.broker.noteMessage("nakked", c, at.message, at)
 	}
-	p.deadline = time.Now().Add(delay)
-	c.broker.noteMessage("nakked", c, p.message, p)
 	c.mu.Unlock()
-}
-
-// pendingOf finds the delivery f names among c's pending ones: by topic
-// and seq, or by message_id, on f.Topic if it names one; nil if none.
-// The caller holds c.mu.
-func (c *connection) pendingOf(f frame) (*pendingQueue, int) {
-	for topic, q := range c.unacked {
-		if f.Topic != "" && topic != f.Topic {
-			continue
-		}
-		i := slices.IndexFunc(q.Live(), func(p pending) bool {
-			if f.Seq != nil {
-				return p.message.Seq == *f.Seq
-			}
-			return p.message.ID == f.MessageID
-		})
-		if i >= 0 {
-			return q, i
-		}
-	}
-	return nil, -1
 }
 
 // deadID is the message_id of p's dead letter. Through a durable cursor

@@ -778,21 +778,21 @@ func TestBroker_AckForms(t *testing.T) {
 		}
 	}
 
-	t.Run("a message through two subscriptions owes one ack",
-		func(t *testing.T) {
-			worker.subscribe("#", nil)
-			publisher.publish("jobs", "twice", 1, "j7")
-			worker.messages(2)
-			if left := pendingIDs(ts.broker); !slices.Equal(left,
-				[]string{"j7"}) {
-				t.Fatalf("pending %v, want [j7]", left)
-			}
-			worker.send(map[string]any{"type": "ack", "message_id": "j7"})
-			worker.quiet()
-			if left := pendingIDs(ts.broker); len(left) != 0 {
-				t.Fatalf("pending %v after one ack, want none", left)
-			}
-		})
+	t.Run("a message through two subscriptions is pending for each, "+
+		"and owes one ack", func(t *testing.T) {
+		worker.subscribe("#", nil)
+		publisher.publish("jobs", "twice", 1, "j7")
+		worker.messages(2)
+		if left := pendingIDs(ts.broker); !slices.Equal(left,
+			[]string{"j7", "j7"}) {
+			t.Fatalf("pending %v, want [j7 j7]", left)
+		}
+		worker.send(map[string]any{"type": "ack", "message_id": "j7"})
+		worker.quiet()
+		if left := pendingIDs(ts.broker); len(left) != 0 {
+			t.Fatalf("pending %v after one ack, want none", left)
+		}
+	})
 	t.Run("an id on no topic is acked on every topic that holds it",
 		func(t *testing.T) {
 			publisher.publish("jobs", "same id", 1, "twin")
@@ -996,7 +996,11 @@ func TestUnacked_MatchesASortedList(t *testing.T) {
 	// removals (mostly from the front) and filters, against a plain
 	// sorted list.
 	random := rand.New(rand.NewPCG(1, 2))
-	var q pendingQueue
+	c := &connection{unacked: map[string]*pendingQueue{}}
+	s := &subscription{}
+	c.addPending(pending{subscription: s, message: &Message{}})
+	q := c.unacked[""]
+	q.Remove(0, 1)
 	var want []uint64
 	next := uint64(1)
 	for step := range 20000 {
@@ -1008,8 +1012,10 @@ func TestUnacked_MatchesASortedList(t *testing.T) {
 			} else {
 				next++
 			}
-			_, added := q.Put(pending{message: &Message{Seq: seq}},
-				func(e pending) int { return bySeq(e, seq) })
+			before := c.inflight
+			c.addPending(pending{subscription: s,
+				message: &Message{Seq: seq}})
+			added := c.inflight > before
 			i, found := slices.BinarySearch(want, seq)
 			if added == found {
 				t.Fatalf("step %d: add(%d) added=%v, but present=%v", step,

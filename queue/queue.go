@@ -6,12 +6,11 @@
 //
 // popsub.go keeps each connection's pending deliveries, and each topic's
 // index of retained messages, in a Queue: Live returns the items, oldest
-// first; Insert puts one at a place, at the back usually, and Put in
-// its sorted place; Remove drops a run of them; Drop drops those that
-// match, keeping the order of the rest. Each connection's frames for
-// its writer wait in an Outbox, bounded in bytes, and the writers a
-// reader's publishes filled wait in its Wakeups for their start
-// (outbox.go states both contracts).
+// first; Insert puts one at a place, at the back usually; Remove drops
+// a run of them; Drop drops those that match, keeping the order of the
+// rest. Each connection's frames for its writer wait in an Outbox,
+// bounded in bytes, and the writers a reader's publishes filled wait in
+// its Wakeups for their start (outbox.go states both contracts).
 //
 // # What each trick buys
 //
@@ -53,27 +52,6 @@ func (q *Queue[T]) Insert(i int, v T) {
 		q.items, q.head = q.items[:n], 0
 	}
 	q.items = slices.Insert(q.items, q.head+i, v)
-}
-
-// Put puts v in order among the live items, which are sorted by the
-// key that by compares with v's (negative: before v), and returns where
-// it went and whether it was added: an item with v's key is replaced.
-// Items mostly come in order, so Put is mostly an append.
-func (q *Queue[T]) Put(v T, by func(T) int) (*T, bool) {
-	live := q.Live()
-	i := len(live)
-	if i > 0 && by(live[i-1]) >= 0 {
-		// Out of order (a replay, say), or v's key again.
-		var found bool
-		i, found = slices.BinarySearchFunc(live, v,
-			func(item, _ T) int { return by(item) })
-		if found {
-			live[i] = v
-			return &live[i], false
-		}
-	}
-	q.Insert(i, v)
-	return &q.Live()[i], true
 }
 
 // Remove drops the live items i to j. An emptied queue starts again at

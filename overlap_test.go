@@ -1,0 +1,125 @@
+package popsub
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// These tests hold popsub.go's Acknowledgements to protocol.md where
+// subscriptions overlap: a connection that gets a message through two
+// subscriptions (a wildcard beside an exact topic, a durable name or a
+// group) owes one ack for it, and that ack moves every cursor either
+// subscription holds back, across a restart.
+
+// ackEach reads n deliveries on c and acks each by its message_id, then
+// proves with a ping that every ack was handled.
+func ackEach(c *client, n int) []got {
+	c.t.Helper()
+	list := c.messages(n)
+	for _, g := range list {
+		c.ack(g)
+	}
+	c.quiet()
+	return list
+}
+
+func TestOverlap_AnAckMovesADurableCursorBesideAWildcard(t *testing.T) {
+	ts := startBroker(t, Options{AckTimeout: time.Minute})
+	sub, pub := ts.dial("sub"), ts.dial("pub")
+	sub.subscribe("q/#", nil)
+	sub.subscribe("q/d", map[string]any{"durable": "d"})
+	const n = 50
+	for i := range n {
+		pub.publish("q/d", i, 1, fmt.Sprint("m", i))
+	}
+
+	// Each message comes twice, once through each subscription; the
+	// client acks both deliveries, the second ack finding nothing.
+	if got := ackEach(sub, 2*n); len(got) != 2*n {
+		t.Fatalf("got %d deliveries, want %d", len(got), 2*n)
+	}
+	if left := pendingIDs(ts.broker); len(left) != 0 {
+		t.Fatalf("after the acks %d deliveries are pending, want none",
+			len(left))
+	}
+
+	// Resumed alone, on another connection and after a restart, the
+	// durable name gets only what came after.
+	sub.ws.CloseNow()
+	ts = ts.restart()
+	again, pub := ts.dial("sub"), ts.dial("pub")
+	again.subscribe("q/d", map[string]any{"durable": "d"})
+	pub.publish("q/d", "after", 1, "after")
+	if g := again.expect("message"); g.MessageID != "after" {
+		t.Fatalf("resumed with %s (seq %d), want only after: the acks "+
+			"beside the wildcard did not move the cursor", g.MessageID, g.Seq)
+	}
+}
+
+func TestOverlap_AGroupBesideAWildcardRedoesNoAckedJobAfterARestart(
+	t *testing.T) {
+	ts := startBroker(t, Options{AckTimeout: time.Minute})
+	worker, pub := ts.dial("worker"), ts.dial("pub")
+	worker.subscribe("jobs/#", nil)
+	acking := join(worker, "jobs/a", "workers", true, nil)
+	const n = 100
+	for i := range n {
+		pub.publish("jobs/a", i, 1, fmt.Sprint("j", i))
+	}
+	// The member's window is 32 jobs: without its acks counting, it
+	// would stall there, short of the hundred.
+	waitUntil(t, "every job twice, each acked", func() bool {
+		return len(acking.deliveries()) == 2*n
+	}, acking)
+	waitFor(t, func() bool { return len(pendingIDs(ts.broker)) == 0 },
+		"every ack handled")
+
+	ts = ts.restart()
+	pub = ts.dial("pub")
+	pub.publish("jobs/a", "after", 1, "after")
+	again := ts.dial("worker")
+	again.subscribe("jobs/a", map[string]any{"group": "workers"})
+	if g := again.expect("message"); g.MessageID != "after" {
+		t.Fatalf("after the restart the group gave %s (seq %d), want "+
+			"only after: an acked job was done again", g.MessageID, g.Seq)
+	}
+}
+
+func TestOverlap_ARevokedMemberHandsOnItsJobsBesideAWildcard(t *testing.T) {
+	ts := startBroker(t, Options{AckTimeout: time.Minute})
+	leaves := ts.dialWith("leaves", Claims{Subscribe: []string{"jobs/#"}})
+	leaves.subscribe("jobs/a", map[string]any{"group": "workers"})
+	leaves.subscribe("jobs/#", nil)
+	pub := ts.dial("pub")
+	const n = 40
+	for i := range n {
+		pub.publish("jobs/a", i, 1, fmt.Sprint("j", i))
+	}
+
+	// The member takes its window of jobs, 32, and the wildcard a copy of
+	// every one; it acks none. The member that stays joins for the rest.
+	leaves.messages(DefaultGroupWindow + n)
+	stays := join(ts.dial("stays"), "jobs/a", "workers", true, nil)
+	waitUntil(t, "the jobs the first member had no room for", func() bool {
+		return len(stays.deliveries()) == n-DefaultGroupWindow
+	}, stays)
+
+	// A refresh to fewer grants ends both of its subscriptions; its jobs
+	// reach the member that stays, at once.
+	fewer := Claims{Subscribe: []string{"mail"}}
+	fewer.Subject, fewer.ExpiresAt = "leaves",
+		jwtTime(time.Now().Add(time.Hour))
+	token, err := fewer.Sign(testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaves.send(map[string]any{"type": "auth", "token": token})
+	waitUntil(t, "every job at the member that stays", func() bool {
+		ids := map[string]bool{}
+		for _, g := range stays.deliveries() {
+			ids[g.MessageID] = true
+		}
+		return len(ids) == n
+	}, stays)
+}
