@@ -212,6 +212,7 @@ var Behaviour = map[string]func(*testing.T){
 	"TestDelay_SentWhenDueWithItsTimeOnEitherEngine":            TestDelay_SentWhenDueWithItsTimeOnEitherEngine,
 	"TestOverlap_AnAckMovesADurableCursorBesideAWildcard":       TestOverlap_AnAckMovesADurableCursorBesideAWildcard,
 	"TestNak_ByIDHandsBackEveryDeliveryOfIt":                    TestNak_ByIDHandsBackEveryDeliveryOfIt,
+	"TestDeadLetters_EveryTopicHasRoomForItsDeadLetters":        TestDeadLetters_EveryTopicHasRoomForItsDeadLetters,
 }
 
 // oneEngine names the tests that start a broker on the run's engine but

@@ -1919,21 +1919,25 @@ func (c *connection) settleOne(p pending, kind string) {
 }
 
 // settle removes the live entries i to j of q, acked or dead_lettered
-// (the kind), and moves durable cursors past the acked ones (a dead
-// letter's moves once b.deadLetter has queued it). Acks for what this
-// connection does not owe find nothing and change nothing. An emptied
-// table stays, for the retry loop to drop: a busy topic's table empties
-// and refills many times a second. The caller holds c.mu.
+// (the kind). An ack moves durable cursors past them, and the x-ray
+// hears of it; a dead letter does both once it is on disk
+// (b.deadLetter). Acks for what this connection does not owe find
+// nothing and change nothing. An emptied table stays, for the retry loop
+// to drop: a busy topic's table empties and refills many times a
+// second. The caller holds c.mu.
 func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 	live := q.Live()
 	for k := i; k < j; k++ {
 		p := &live[k]
 		c.inflightBytes -= p.message.size()
 		p.subscription.jobs--
+		if kind != "acked" {
+			continue
+		}
 		c.broker.noteMessage(kind, c, p.message, p)
 		// d.settled moves a durable cursor past what no longer holds it
-		// back (Durable subscriptions); a dead letter's once it is sent.
-		if d := p.subscription.durable; d != nil && kind != "dead_lettered" {
+		// back (Durable subscriptions).
+		if d := p.subscription.durable; d != nil {
 			d.settled(c.broker, p.message.Seq)
 		}
 	}
@@ -1981,7 +1985,7 @@ func (c *connection) redeliver(now time.Time) {
 		p.subscription.group.place([]pending{p}, c)
 	}
 	for i := range dead {
-		c.broker.deadLetter(&dead[i], c, dead[i].message.deadReason())
+		c.broker.deadLetter(dead[i], c, dead[i].message.deadReason())
 	}
 }
 
@@ -2026,20 +2030,14 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 // deadLetter publishes an exhausted delivery to $dead/<topic>, with QoS 1
 // so that whoever watches gets it at least once; a dead letter's own is
 // logged, not nested. The reason is a nak's, or m.deadReason (Naks…).
-func (b *Broker) deadLetter(p *pending, c *connection, reason string) {
-	// A durable cursor moves past m only after its dead letter is queued:
-	// a crash between the two makes the letter again, and p.deadID
-	// makes that a duplicate (Naks, backoff and expiry).
+// Every topic has room for its dead letters' (wire.MaxTopicBytes).
+func (b *Broker) deadLetter(p pending, c *connection, reason string) {
 	m := p.message
-	if d := p.subscription.durable; d != nil {
-		defer d.settled(b, m.Seq)
-	}
 	b.logger.Warn("dead letter", "topic", m.Topic, "message_id", m.ID,
 		"seq", m.Seq, "subscriber", c.subject, "attempts", p.attempt,
 		"reason", reason)
-	dead := deadPrefix + m.Topic
-	if strings.HasPrefix(m.Topic, deadPrefix) ||
-		len(dead) > wire.MaxTopicBytes {
+	if strings.HasPrefix(m.Topic, deadPrefix) {
+		b.deadLettered(p, c, true)
 		return
 	}
 	payload, _ := json.Marshal(wire.DeadLetter{
@@ -2047,8 +2045,50 @@ func (b *Broker) deadLetter(p *pending, c *connection, reason string) {
 		Reason: reason, Attempts: p.attempt,
 		Subscriber: c.subject, Client: c.client,
 	})
-	b.publish(&Message{Topic: dead, ID: p.deadID(), QoS: 1,
-		Payload: payload}, b.stop, nil)
+	_, duplicate, stored := b.publish(&Message{Topic: deadPrefix + m.Topic,
+		ID: p.deadID(), QoS: 1, Payload: payload}, b.stop, nil)
+
+	// The delivery is done with only once its dead letter is on disk. A
+	// crash before that makes the letter again, and p.deadID makes it a
+	// duplicate (Naks, backoff and expiry): stored once, and said once.
+	// A letter the log refused leaves the delivery pending, to be tried
+	// again; a broker stopping leaves a durable cursor behind it.
+	if stored == nil {
+		return
+	}
+	go func() {
+		<-stored.Done()
+		if err := stored.Err(); err != nil {
+			b.logger.Error("dead letter not stored", "topic", m.Topic,
+				"seq", m.Seq, "err", err)
+			c.keepPending(p)
+			return
+		}
+		b.deadLettered(p, c, !duplicate && !stored.Duplicate())
+	}()
+}
+
+// deadLettered settles p, whose dead letter is on disk: a durable cursor
+// moves past it, and, unless the letter was made before (said false),
+// the x-ray hears of it.
+func (b *Broker) deadLettered(p pending, c *connection, said bool) {
+	if d := p.subscription.durable; d != nil {
+		d.settled(b, p.message.Seq)
+	}
+	if said {
+		b.noteMessage("dead_lettered", c, p.message, &p)
+	}
+}
+
+// keepPending puts p back among c's pending deliveries, due again after
+// its backoff, unless its subscription has ended.
+func (c *connection) keepPending(p pending) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !p.subscription.ended() {
+		p.deadline = time.Now().Add(c.broker.retryDelay(&p))
+		c.addPending(p)
+	}
 }
 
 // # Replay
@@ -3436,7 +3476,7 @@ func (c *connection) nak(f frame) {
 		c.mu.Unlock()
 		notify(c.room)
 		for i := range naked {
-			c.broker.deadLetter(&naked[i], c, cmp.Or(f.Reason, "rejected"))
+			c.broker.deadLetter(naked[i], c, cmp.Or(f.Reason, "rejected"))
 		}
 		return
 	}

@@ -182,8 +182,16 @@ func AppendString(buf []byte, s string) []byte {
 // level, "#" matches the rest and must come last, and a wildcard in the
 // first level never matches a topic starting with "$".
 
-// MaxTopicBytes is the longest topic name or filter, in bytes.
+// MaxTopicBytes is the longest topic name or filter, in bytes, not
+// counting the prefix of a topic's dead letters' or delayed messages' log
+// ($dead/ and $delayed/, or both): every topic has room for both.
 const MaxTopicBytes = 256
+
+// nameBytes is how long filter is, as MaxTopicBytes counts.
+func nameBytes(filter string) int {
+	filter = strings.TrimPrefix(filter, "$dead/")
+	return len(strings.TrimPrefix(filter, "$delayed/"))
+}
 
 // ValidTopic explains why name cannot be published to, or returns "".
 func ValidTopic(name string) string {
@@ -199,7 +207,7 @@ func ValidFilter(filter string) string {
 	switch {
 	case filter == "":
 		return "topic is missing or empty"
-	case len(filter) > MaxTopicBytes:
+	case nameBytes(filter) > MaxTopicBytes:
 		return "topic is longer than 256 bytes"
 	case strings.ContainsRune(filter, 0):
 		return "topic contains a NUL character"
