@@ -21,6 +21,18 @@ import (
 // readsDeadLetters are the grants of an operator who reads dead letters.
 var readsDeadLetters = Claims{Subscribe: []string{"#", "$dead/#"}}
 
+// signed signs claims for sub, valid for an hour.
+func signed(t *testing.T, sub string, claims Claims) string {
+	t.Helper()
+	claims.Subject, claims.ExpiresAt = sub, jwtTime(time.Now().Add(
+		time.Hour))
+	token, err := claims.Sign(testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return token
+}
+
 func TestDeadLetters_EveryTopicHasRoomForItsDeadLetters(t *testing.T) {
 	ts := startBroker(t, Options{AckTimeout: 100 * time.Millisecond,
 		MaxRetries: -1})

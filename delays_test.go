@@ -1,8 +1,9 @@
 package popsub
 
 import (
-	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -55,52 +56,188 @@ func TestDelay_DeliveredWhenDueWithTheSeqThen(t *testing.T) {
 	})
 }
 
-func TestDelay_SurvivesARestartAndIsSentOnce(t *testing.T) {
+// Killed (the disk keeping only what it had committed) while a chain
+// of delayed messages falls due, the broker sends after its restart
+// exactly what the disk still held in $delayed/jobs: a message whose
+// send reached the disk left the $delayed log in the same commit, so it
+// is never sent again, however far the topic's cap has moved and its
+// dedup forgotten the id.
+func TestDelay_AKillMidChainSendsNothingTwice(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := &crashingStore{memoryStore: newMemoryStore()}
-		opts := Options{Secret: testSecret, Logger: quietLogger,
-			Store: store, PingInterval: time.Hour}
-		b, err := New(opts)
-		if err != nil {
-			t.Fatal(err)
+		d := newDisk()
+		opts := Options{Store: d, MaxMessages: 10}
+		ps := startPipeBroker(t, opts)
+		sub, pub := ps.dialAs("sub"), ps.dialAs("pub")
+		sub.subscribe("jobs", nil)
+		const n = 200
+		for i := range n {
+			pub.send(map[string]any{"type": "publish", "topic": "jobs",
+				"payload": i, "qos": 1, "message_id": fmt.Sprint("m", i),
+				"delay_ms": 1000 + 5*i})
 		}
-		publisher, wake := fakeConnection(b, "publisher")
-		publisher.handle([]byte(`{"type":"publish","topic":"jobs",` +
-			`"payload":1,"qos":1,"message_id":"first","delay_ms":2000}`))
-		publisher.handle([]byte(`{"type":"publish","topic":"jobs",` +
-			`"payload":2,"qos":1,"message_id":"second",` +
-			`"deliver_at":` + jsonTime(time.Now().Add(time.Hour)) + `}`))
-		nextFrame(t, publisher, wake)
-		nextFrame(t, publisher, wake)
+		for range n {
+			pub.expect("published")
+		}
+		before := map[string]bool{}
+		for range n / 2 {
+			before[sub.expect("message").MessageID] = true
+		}
 
-		// The first is sent; a crash loses the $delayed log's trim, and
-		// the broker is down when the second falls due.
-		store.loseTrims.Store(true)
-		time.Sleep(3 * time.Second)
-		synctest.Wait()
-		b.unregister(publisher)
-		b.Shutdown(context.Background())
-		store.loseTrims.Store(false)
-		time.Sleep(2 * time.Hour)
-
-		// After the restart the second goes at the first look; the first,
-		// sent again, is the duplicate jobs stores once.
-		b, err = New(opts)
-		if err != nil {
-			t.Fatal(err)
+		// Killed mid-chain: what the disk kept of $delayed/jobs is what
+		// the next broker must send, no more.
+		d = ps.crash(d)
+		kept, _ := d.Read("$delayed/jobs", 0, n, 1<<30)
+		waiting := map[string]bool{}
+		for _, m := range kept {
+			waiting[m.ID] = true
 		}
-		defer b.Shutdown(context.Background())
-		time.Sleep(time.Second)
-		synctest.Wait()
-		msgs, _ := store.Read("jobs", 0, 10, 1<<20)
-		var ids []string
-		for _, m := range msgs {
-			ids = append(ids, m.ID)
+		stored, _ := d.Read("jobs", 0, n, 1<<30)
+		var after uint64
+		if len(stored) > 0 {
+			after = stored[len(stored)-1].Seq
 		}
-		if len(ids) != 2 || ids[0] != "first" || ids[1] != "second" {
-			t.Fatalf("jobs holds %v, want first and second, once each", ids)
+		opts.Store = d
+		ps = startPipeBroker(t, opts)
+		defer ps.stop()
+		sub = ps.dialAs("sub")
+		sub.subscribe("jobs", map[string]any{"after": after})
+		for range len(waiting) {
+			g := sub.expect("message")
+			if !waiting[g.MessageID] {
+				t.Fatalf("after the restart %s came again, which left "+
+					"$delayed/jobs before the kill", g.MessageID)
+			}
+			delete(waiting, g.MessageID)
+			before[g.MessageID] = true
+		}
+		time.Sleep(time.Second) // the last send's commit
+		synctest.Wait()
+		if len(before) != n {
+			t.Fatalf("%d of %d messages came, want all", len(before), n)
+		}
+		if left, _ := d.Read("$delayed/jobs", 0, n, 1<<30); len(left) != 0 {
+			t.Fatalf("$delayed/jobs holds %d records once all were sent",
+				len(left))
 		}
 	})
+}
+
+// 3,000 delayed messages behind one due later, all sent, were all sent
+// again after a restart once the topic's cap (1,000 by default) had
+// forgotten their ids: the $delayed log was trimmed only up to the first
+// message not sent yet.
+func TestDelay_ARestartSendsNothingAgainPastTheTopicsCap(t *testing.T) {
+	ts := startBroker(t, Options{})
+	pub := ts.dial("pub")
+	pub.send(map[string]any{"type": "publish", "topic": "jobs",
+		"payload": "later", "qos": 1, "message_id": "later",
+		"delay_ms": (30 * time.Minute).Milliseconds()})
+	pub.expect("published")
+	const n = 3 * DefaultMaxMessages
+	for i := range n {
+		pub.send(map[string]any{"type": "publish", "topic": "jobs",
+			"payload": i, "qos": 1, "message_id": fmt.Sprint("m", i),
+			"delay_ms": 10})
+	}
+	for range n {
+		pub.expect("published")
+	}
+	waitFor(t, func() bool {
+		left, _ := ts.broker.store.Read("$delayed/jobs", 0, n, 1<<30)
+		return len(left) == 1 && ts.broker.topic("jobs").headNow() == n
+	}, "every delayed message due sent, and gone from $delayed/jobs")
+
+	// Stopped as SIGTERM stops it, and started again: none is sent
+	// again, though the topic forgot all but a thousand ids. The marker
+	// is a delayed message too, sent after any that fell due before it.
+	ts = ts.restart()
+	sub, pub := ts.dial("sub"), ts.dial("pub")
+	sub.subscribe("jobs", map[string]any{"after": n})
+	pub.send(map[string]any{"type": "publish", "topic": "jobs",
+		"payload": "end", "qos": 1, "message_id": "end", "delay_ms": 10})
+	pub.expect("published")
+	if g := sub.expect("message"); g.MessageID != "end" {
+		t.Fatalf("after the restart got %s (seq %d), want only end: a "+
+			"delayed message was sent again", g.MessageID, g.Seq)
+	}
+}
+
+func TestDelay_WhatWaitsIsBoundedForATopicAndAToken(t *testing.T) {
+	ts := startBroker(t, Options{MaxDelayed: 3, MaxDelayedBytes: 2000})
+	alice, bob := ts.dial("alice"), ts.dial("bob")
+	later := func(c *client, topic string, payload any, id string) {
+		c.send(map[string]any{"type": "publish", "topic": topic,
+			"payload": payload, "qos": 1, "message_id": id,
+			"delay_ms": time.Hour.Milliseconds() / 2})
+	}
+	for i := range 3 {
+		later(alice, "jobs", i, fmt.Sprint("a", i))
+		alice.expect("published")
+	}
+
+	// The topic holds three: the fourth is refused, whoever sends it,
+	// and names the limit.
+	later(bob, "jobs", 3, "b3")
+	g := bob.expectError("delayed_limit")
+	if g.MessageID != "b3" || g.Topic != "jobs" ||
+		!strings.Contains(g.Message, "max-delayed") {
+		t.Fatalf("refusal %+v, want one naming b3, jobs and --max-delayed",
+			g)
+	}
+	// The token holds three too, on any topic; another token does not.
+	later(alice, "mail", 4, "a4")
+	alice.expectError("delayed_limit")
+	later(bob, "mail", 5, "b5")
+	bob.expect("published")
+	// Bytes: one message larger than what is left.
+	later(bob, "mail", strings.Repeat("x", 1000), "b6")
+	if g := bob.expectError("delayed_limit"); !strings.Contains(g.Message,
+		"max-delayed-bytes") {
+		t.Fatalf("refusal %+v, want one naming --max-delayed-bytes", g)
+	}
+	// A publish that is not delayed is never refused for it.
+	alice.publish("jobs", "now", 1, "now")
+}
+
+func TestDelay_AWaitThatEndsMakesRoom(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ps := startPipeBroker(t, Options{MaxDelayed: 1})
+		defer ps.stop()
+		pub := ps.dialAs("pub")
+		publish := func(id string) got {
+			pub.send(map[string]any{"type": "publish", "topic": "jobs",
+				"payload": 1, "qos": 1, "message_id": id, "delay_ms": 1000})
+			return pub.next()
+		}
+		if g := publish("first"); g.Type != "published" {
+			t.Fatalf("first: %+v", g)
+		}
+		if g := publish("second"); g.Code != "delayed_limit" {
+			t.Fatalf("second, with the first waiting: %+v", g)
+		}
+		time.Sleep(2 * time.Second)
+		if g := publish("third"); g.Type != "published" {
+			t.Fatalf("third, once the first was sent: %+v", g)
+		}
+	})
+}
+
+// A deliver_at keeps its milliseconds, and the message comes within a
+// few of them, not at the next second.
+func TestDelay_ADeliverAtKeepsItsMilliseconds(t *testing.T) {
+	ts := startBroker(t, Options{})
+	sub, pub := ts.dial("sub"), ts.dial("pub")
+	sub.subscribe("jobs", nil)
+	at := time.Now().Add(300 * time.Millisecond).UnixMilli()
+	at += 7 - at%10 // ends in 7
+	pub.send(map[string]any{"type": "publish", "topic": "jobs",
+		"payload": 1, "qos": 1, "deliver_at": at})
+	pub.expect("published")
+	if g := sub.expect("message"); g.DeliverAt != at ||
+		time.Now().UnixMilli() < at {
+		t.Fatalf("got deliver_at %d at %d, want %d, and not before it",
+			g.DeliverAt, time.Now().UnixMilli(), at)
+	}
 }
 
 // jsonTime is t in Unix milliseconds, as JSON.

@@ -213,6 +213,9 @@ var Behaviour = map[string]func(*testing.T){
 	"TestOverlap_AnAckMovesADurableCursorBesideAWildcard":       TestOverlap_AnAckMovesADurableCursorBesideAWildcard,
 	"TestNak_ByIDHandsBackEveryDeliveryOfIt":                    TestNak_ByIDHandsBackEveryDeliveryOfIt,
 	"TestDeadLetters_EveryTopicHasRoomForItsDeadLetters":        TestDeadLetters_EveryTopicHasRoomForItsDeadLetters,
+	"TestDelay_ARestartSendsNothingAgainPastTheTopicsCap":       TestDelay_ARestartSendsNothingAgainPastTheTopicsCap,
+	"TestDelay_WhatWaitsIsBoundedForATopicAndAToken":            TestDelay_WhatWaitsIsBoundedForATopicAndAToken,
+	"TestDelay_ADeliverAtKeepsItsMilliseconds":                  TestDelay_ADeliverAtKeepsItsMilliseconds,
 }
 
 // oneEngine names the tests that start a broker on the run's engine but
@@ -596,10 +599,18 @@ func (s *memoryStore) Commit(batch *Batch) error {
 	for _, m := range batch.Messages {
 		s.logs[m.Topic] = append(s.logs[m.Topic], m)
 		s.heads[m.Topic] = max(s.heads[m.Topic], m.Seq)
+		if log, seq := m.Releases(); seq != 0 {
+			s.logs[log] = slices.DeleteFunc(s.logs[log],
+				func(m *Message) bool { return m.Seq == seq })
+		}
 	}
 	for topic, upTo := range batch.Trims {
 		s.logs[topic] = slices.DeleteFunc(s.logs[topic],
 			func(m *Message) bool { return m.Seq <= upTo })
+	}
+	for topic, seqs := range batch.Deletes {
+		s.logs[topic] = slices.DeleteFunc(s.logs[topic],
+			func(m *Message) bool { return slices.Contains(seqs, m.Seq) })
 	}
 	maps.Copy(s.heads, batch.Heads)
 	for key, position := range batch.Cursors {

@@ -526,23 +526,20 @@ func pendingOf(b *Broker, c *connection) int {
 	return c.inflight
 }
 
-// crashingStore is a memoryStore whose cursor moves (or trims) are lost
-// while lose (or loseTrims) is set, as a crash between a message's
-// commit and theirs would lose them, and which a restarted broker opens
-// again.
+// crashingStore is a memoryStore whose cursor moves are lost while lose
+// is set, as a crash between a message's commit and theirs would lose
+// them, and which a restarted broker opens again.
 type crashingStore struct {
 	*memoryStore
-	lose, loseTrims atomic.Bool
+	lose atomic.Bool
 }
 
-// Commit commits batch, without what s is set to lose.
+// Commit commits batch, without its cursor moves while s is set to lose
+// them.
 func (s *crashingStore) Commit(batch *Batch) error {
 	kept := *batch
 	if s.lose.Load() {
 		kept.Cursors = nil
-	}
-	if s.loseTrims.Load() {
-		kept.Trims = nil
 	}
 	return s.memoryStore.Commit(&kept)
 }
@@ -599,4 +596,48 @@ func TestNak_ByIDHandsBackEveryDeliveryOfIt(t *testing.T) {
 	if left := pendingIDs(ts.broker); len(left) != 0 {
 		t.Fatalf("after one ack by id %v are pending, want none", left)
 	}
+}
+
+// A subscriber that stops reading while a large message fills its
+// socket holds messages with a ttl_ms in its outbox; once it reads
+// again, those that expired while they waited are not written: nothing
+// leaves after its expires_at. The QoS 1 one goes to $dead as expired.
+func TestExpiry_KeptAtTheSocketBehindAFullOutbox(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ps := startPipeBroker(t, Options{AckTimeout: time.Second,
+			MaxRetries: -1})
+		defer ps.stop()
+		sub, pub := ps.dialAs("sub"), ps.dialAs("pub")
+		operator := ps.dial("operator")
+		operator.authenticate(signed(t, "operator", readsDeadLetters))
+		operator.subscribe("$dead/offers", nil)
+		sub.subscribe("offers", nil)
+		sub.ws.SetReadLimit(1 << 20)
+
+		// The pipe takes nothing the subscriber does not read: the
+		// writer waits on the large message, and the rest behind it.
+		pub.publish("offers", strings.Repeat("x", 64<<10), 0, "large")
+		for qos, id := range []string{"short-0", "short-1"} {
+			pub.send(map[string]any{"type": "publish", "topic": "offers",
+				"payload": id, "qos": qos, "message_id": id, "ttl_ms": 300})
+			if qos == 1 {
+				pub.expect("published")
+			}
+		}
+		pub.publish("offers", "kept", 0, "kept")
+		time.Sleep(2 * time.Second)
+
+		for _, want := range []string{"large", "kept"} {
+			if g := sub.expect("message"); g.MessageID != want {
+				t.Fatalf("got %s, want %s: a message was written after "+
+					"its expires_at", g.MessageID, want)
+			}
+		}
+		dead := operator.expect("message")
+		var letter wire.DeadLetter
+		json.Unmarshal(dead.Payload, &letter)
+		if letter.MessageID != "short-1" || letter.Reason != "expired" {
+			t.Fatalf("dead letter %+v, want short-1's, expired", letter)
+		}
+	})
 }

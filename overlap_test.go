@@ -12,13 +12,15 @@ import (
 // group) owes one ack for it, and that ack moves every cursor either
 // subscription holds back, across a restart.
 
-// ackEach reads n deliveries on c and acks each by its message_id, then
-// proves with a ping that every ack was handled.
+// ackEach reads n deliveries on c and acks each by its message_id as it
+// comes, then proves with a ping that every ack was handled.
 func ackEach(c *client, n int) []got {
 	c.t.Helper()
-	list := c.messages(n)
-	for _, g := range list {
+	list := make([]got, 0, n)
+	for range n {
+		g := c.expect("message")
 		c.ack(g)
+		list = append(list, g)
 	}
 	c.quiet()
 	return list

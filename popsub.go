@@ -62,6 +62,7 @@ package popsub
 import (
 	"bytes"
 	"cmp"
+	"container/heap"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -188,6 +189,12 @@ type Options struct {
 	// may hold; the group offers more to the others. Zero:
 	// DefaultGroupWindow, 32.
 	GroupWindow int
+	// MaxDelayed and MaxDelayedBytes bound the delayed messages waiting
+	// for one topic, and for one token's subject, in messages and in
+	// bytes as Message.size counts them; past either a delayed publish is
+	// refused. Zero: DefaultMaxDelayed, 10,000, and DefaultMaxDelayedBytes,
+	// 64 MiB.
+	MaxDelayed, MaxDelayedBytes int
 	// WriteTimeout is how long one socket write may wait for the peer
 	// before it is cut off. Zero: DefaultWriteTimeout, 10 s.
 	WriteTimeout time.Duration
@@ -251,6 +258,9 @@ type Message struct {
 	// the process: a repeated message_id is a duplicate only from the
 	// same publisher, as Kafka scopes idempotence to its producer.
 	publisher string
+	// released is the seq, in $delayed/<Topic>, of the record a delayed
+	// message was sent from when due (Releases), or 0.
+	released uint64
 }
 
 // key is what makes m a duplicate: its publisher and its message_id.
@@ -374,6 +384,9 @@ type Broker struct {
 	// (package xray), and counts the messages published, committed and
 	// delivered (Counted). See the x-ray, a detail.
 	xray *events
+	// delays are the delayed messages waiting for their time (Delayed
+	// delivery, a detail).
+	delays *delays
 }
 
 // topic is one exact topic: its log's in-memory index and its subscribers.
@@ -419,7 +432,6 @@ type entry struct {
 	timestamp int64      // Unix ms, for the time-to-live
 	key       messageKey // a QoS 1 message's, for idempotent publishes
 	size      int        // Message.size, for the byte cap
-	due       int64      // a delayed message's DeliverAt; -1 once sent
 }
 
 // New starts a broker over opts.Store, loading every topic's index from it.
@@ -436,7 +448,8 @@ func New(opts Options) (*Broker, error) {
 		topics: map[string]*topic{}, wildcards: map[*subscription]struct{}{},
 		connections: map[*connection]struct{}{}, groups: map[string]*group{},
 		durables: map[string]*subscription{}, stop: make(chan struct{}),
-		xray: newEvents(opts), largeFrames: make(chan struct{},
+		xray: newEvents(opts), delays: newDelays(),
+		largeFrames: make(chan struct{},
 			max(1, largeFramesBytes/opts.MaxFrameBytes))}
 	// b.startLogins readies the password checks (Logins, a detail).
 	b.shared, _ = opts.Store.(SharedLog)
@@ -460,14 +473,14 @@ func New(opts Options) (*Broker, error) {
 	// Retries, retention and x-ray events run on loops of their own. A
 	// retry is late by at most RetryInterval, a fifth of the ack timeout
 	// (but the loop is no busier than a millisecond, and no lazier than
-	// the original's one second), and so is a delayed message
-	// (b.releaseDue, in Delayed delivery); b.trimExpired drops what
-	// outlived the TTL (Retention), at most a tenth of it late.
+	// the original's one second); b.trimExpired drops what outlived the
+	// TTL (Retention), at most a tenth of it late; b.releaseLoop sends
+	// each delayed message when it falls due (Delayed delivery).
 	b.loops.Add(4)
 	go b.every(RetryInterval(opts.AckTimeout), b.retry)
-	go b.every(RetryInterval(opts.AckTimeout), b.releaseDue)
 	go b.every(min(max(opts.TTL/10, time.Millisecond), time.Minute),
 		b.trimExpired)
+	go b.releaseLoop()
 	go func() {
 		defer b.loops.Done()
 		b.xray.Run(b.stop, b.publishEvent)
@@ -631,8 +644,9 @@ type Store interface {
 	Close() error
 }
 
-// Batch is one atomic step of the log: appends first, then trims, then
-// heads, then cursor moves (groupcommit.Batch says each field's rule).
+// Batch is one atomic step of the log: appends first, then trims and
+// deletes, then heads, then cursor moves (groupcommit.Batch says each
+// field's rule).
 type Batch = groupcommit.Batch[*Message]
 
 // outcome is what became of one batch: outcome.Done is closed once
@@ -654,7 +668,8 @@ type Socket interface {
 	SetReadLimit(n int64)
 	// Send writes frames in order, each a WebSocket frame, or, joined,
 	// runs of them joined by newlines in one frame; each write waits at
-	// most WriteTimeout for the peer.
+	// most WriteTimeout for the peer. A message frame whose expires_at
+	// has passed when its turn comes is dropped (wire.Expired).
 	Send(frames [][]byte, joined bool) error
 	// Ping pings the peer and waits for its pong, or for ctx to end.
 	Ping(ctx context.Context) error
@@ -1387,6 +1402,9 @@ func (c *connection) publish(f frame) {
 			f.Topic, f.Topic)
 	case c.limiter != nil && !c.limiter.Allow(): // a token bucket
 		problem = topicError("rate_limited", "publishing too fast", f.Topic)
+	case m.DeliverAt != 0: // a delayed publish: b.delayed, a detail
+		m.publisher = c.subject
+		problem = c.broker.delayed(m)
 	}
 	if problem.Type != "" {
 		// A refusal names the publisher's message_id, so a client with
@@ -1500,9 +1518,10 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 
 // sequenced indexes m, which has its seq and its frame, and fans it out
 // to those who have had everything up to last, owing their writers to
-// wake. t.remember adds m to the topic's index. The caller holds t.mu.
+// wake. b.remember adds m to the topic's index (Retention), and
+// schedules a delayed one (Delayed delivery). The caller holds t.mu.
 func (b *Broker) sequenced(t *topic, m *Message, last uint64, wake *wakeups) {
-	t.remember(m)
+	b.remember(t, m)
 	b.noteCounted("published", nil, m, nil)
 	b.fanOut(t, m, last, wake)
 
@@ -2412,6 +2431,13 @@ const (
 	// still does 32,000 jobs a second, and one that never acks holds 32
 	// jobs an ack timeout, not its share of the queue.
 	DefaultGroupWindow = 32
+	// DefaultMaxDelayed and DefaultMaxDelayedBytes bound the delayed
+	// messages waiting for one topic or one token, as a topic's log is
+	// bounded: a token publishing delayed messages as fast as it could
+	// grew the disk by 4 GB a minute, and a broker restarted on that
+	// took 24 s to read it back. At the bounds a start reads 64 MiB more.
+	DefaultMaxDelayed      = 10000
+	DefaultMaxDelayedBytes = 64 << 20
 	// DefaultWriteTimeout is how long one write to a socket may wait for
 	// a peer that does not read before the peer is cut off: NATS's
 	// write deadline. Shorter would cut off a phone on a slow network.
@@ -2441,6 +2467,8 @@ func (o Options) withDefaults() Options {
 	o.MaxInflight = cmp.Or(o.MaxInflight, DefaultMaxInflight)
 	o.MaxInflightBytes = cmp.Or(o.MaxInflightBytes, DefaultMaxInflightBytes)
 	o.GroupWindow = cmp.Or(o.GroupWindow, DefaultGroupWindow)
+	o.MaxDelayed = cmp.Or(o.MaxDelayed, DefaultMaxDelayed)
+	o.MaxDelayedBytes = cmp.Or(o.MaxDelayedBytes, DefaultMaxDelayedBytes)
 	o.WriteTimeout = cmp.Or(o.WriteTimeout, DefaultWriteTimeout)
 	o.AuthTimeout = cmp.Or(o.AuthTimeout, DefaultAuthTimeout)
 	o.PingInterval = cmp.Or(o.PingInterval, DefaultPingInterval)
@@ -3537,21 +3565,36 @@ func (m *Message) expired() bool {
 // memory, so that a crash does not lose it: a restart reads it back with
 // the rest of the log (loadTopics), due time and all.
 //
-// A loop at the retry loop's pace (b.releaseDue) publishes each message
-// that fell due to its topic, under its own message_id and publisher,
-// with its deliver_at, which its deliveries carry; once that is on disk,
-// its $delayed log forgets it. A crash before that forgetting is on disk
-// sends it again after the restart, and the topic's idempotent publish
-// stores it once: so a delayed message is QoS 1, whose id the log
-// remembers. It waits at most the log's TTL, the longest the log keeps
-// anything, and a $delayed log is not trimmed by the caps or the TTL,
-// only by sending.
+// The broker keeps the waiting messages in a heap by due time, without
+// their payloads, and one goroutine sleeps until the earliest is due
+// (b.releaseLoop): a message is sent within a millisecond or two of its
+// time, and messages not due cost nothing until they are. A loop that
+// looked every retry tick sent them up to a second late, and walked
+// every waiting message each time. When one falls due, it is published
+// to its topic, under its own message_id and publisher, with its
+// deliver_at, which its deliveries carry. That message names its record
+// in the $delayed log (Message.Releases), and the store deletes the
+// record as it stores the message: in the same transaction, on the
+// broker's own log, so that a crash or a restart can never send it
+// twice; on a shared log right after, where the log's dedup of its
+// message_id covers a crash between the two. Trimming the $delayed log
+// from its front, as others are, left every message sent out of order
+// behind one due later, to be sent again at the next start.
+//
+// What waits is bounded, by MaxDelayed messages and MaxDelayedBytes for
+// each topic and for each token's subject: past either a delayed
+// publish is refused with delayed_limit, which names the limit, and
+// nothing already confirmed is touched. A broker that refuses a publish
+// it cannot keep loses nothing; one that fills the disk loses
+// everything. A delay is at most the log's TTL, and a $delayed log is
+// not trimmed by the caps or the TTL, only by sending.
 //
 // On a shared log every broker that knows a $delayed log (its
-// publisher's, and any started since) sends what fell due, and the
-// log's dedup keeps one copy. JetStream's own message schedules (NATS
-// 2.12) would give the schedule a seq in the topic's stream: a gap in
-// its seqs, which a subscriber would hear of as messages lost.
+// publisher's, and any started since) sends what fell due; the log's
+// dedup keeps one copy, and a broker that finds the record gone forgets
+// it. JetStream's own message schedules (NATS 2.12) would give the
+// schedule a seq in the topic's stream: a gap in its seqs, which a
+// subscriber would hear of as messages lost.
 
 // DelayedPrefix names the log a delayed message waits in: $delayed/T.
 // A shared log must keep such a log's messages until they are due.
@@ -3596,54 +3639,249 @@ func (b *Broker) times(m *Message, f frame) reply {
 	return reply{}
 }
 
-// releaseDue publishes every delayed message that fell due to its
-// topic, where it gets its seq now; it runs on a loop of its own, at the
-// retry loop's pace. Each $delayed log then forgets what reached the
-// disk, and trims the run of sent messages at its front; one the store
-// refused goes at the next look.
-func (b *Broker) releaseDue(now time.Time) {
-	for _, t := range b.topicList() {
-		if !strings.HasPrefix(t.name, DelayedPrefix) {
-			continue
+// Releases names the record of the $delayed log that m was sent from
+// when it fell due, or returns "" and 0: a Store that stores m deletes
+// that record, in the same transaction if it can.
+func (m *Message) Releases() (log string, seq uint64) {
+	if m.released == 0 {
+		return "", 0
+	}
+	return DelayedPrefix + m.Topic, m.released
+}
+
+// delays are the delayed messages waiting in the broker's $delayed logs:
+// a heap by due time, and what waits for each topic and each token.
+type delays struct {
+	// mu guards the fields below; nothing is locked under it.
+	mu sync.Mutex
+	// due holds every message waiting, earliest first (container/heap).
+	due dueHeap
+	// topics and tokens count what waits, by topic (the $delayed log's
+	// name) and by publisher.
+	topics, tokens map[string]load
+	// sooner is signalled when a message is due before any other: the
+	// release loop sets its timer again.
+	sooner chan struct{}
+}
+
+// waiting is one delayed message in the heap.
+type waiting struct {
+	due       int64  // Unix ms: its deliver_at
+	log       *topic // its $delayed log
+	seq       uint64 // its seq there
+	publisher string // the token subject that published it
+	size      int    // Message.size
+}
+
+// load is what waits for one topic or one token: messages, and bytes as
+// Message.size counts them.
+type load struct{ messages, bytes int }
+
+// dueHeap orders waiting messages by due time, for container/heap.
+type dueHeap []waiting
+
+func (h dueHeap) Len() int           { return len(h) }
+func (h dueHeap) Less(i, j int) bool { return h[i].due < h[j].due }
+func (h dueHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *dueHeap) Push(x any)        { *h = append(*h, x.(waiting)) }
+func (h *dueHeap) Pop() any {
+	old := *h
+	w := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return w
+}
+
+// newDelays returns an empty schedule.
+func newDelays() *delays {
+	return &delays{topics: map[string]load{}, tokens: map[string]load{},
+		sooner: make(chan struct{}, 1)}
+}
+
+// delayed explains why m, a delayed publish, would pass a bound on what
+// waits for its topic or its publisher, or returns a zero reply. A
+// topic's delayed messages published at once may pass it by one each.
+func (b *Broker) delayed(m *Message) reply {
+	d := b.delays
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	over := func(l load, what string) string {
+		switch {
+		case l.messages >= b.opts.MaxDelayed:
+			return fmt.Sprintf("%s has %d delayed messages waiting, the "+
+				"most MaxDelayed (--max-delayed) allows", what, l.messages)
+		case l.bytes+m.size() > b.opts.MaxDelayedBytes:
+			return fmt.Sprintf("%s has %d bytes of delayed messages "+
+				"waiting, and MaxDelayedBytes (--max-delayed-bytes) allows "+
+				"%d", what, l.bytes, b.opts.MaxDelayedBytes)
 		}
+		return ""
+	}
+	problem := cmp.Or(over(d.topics[m.Topic], "topic "+
+		strings.TrimPrefix(m.Topic, DelayedPrefix)),
+		over(d.tokens[m.publisher], "token "+m.publisher))
+	if problem == "" {
+		return reply{}
+	}
+	return topicError("delayed_limit", problem,
+		strings.TrimPrefix(m.Topic, DelayedPrefix))
+}
+
+// schedule adds m, just indexed in its $delayed log t, to the messages
+// waiting, and wakes the release loop if it is due before any other.
+func (b *Broker) schedule(t *topic, m *Message) {
+	d := b.delays
+	w := waiting{due: m.DeliverAt, log: t, seq: m.Seq,
+		publisher: m.publisher, size: m.size()}
+	d.mu.Lock()
+	heap.Push(&d.due, w)
+	d.count(w, 1)
+	first := d.due[0] == w
+	d.mu.Unlock()
+	if first {
+		notify(d.sooner)
+	}
+}
+
+// count adds sign (1 or -1) times w to what waits for its topic and its
+// token. The caller holds d.mu.
+func (d *delays) count(w waiting, sign int) {
+	for table, key := range map[*map[string]load]string{
+		&d.topics: w.log.name, &d.tokens: w.publisher} {
+		l := (*table)[key]
+		l.messages += sign
+		l.bytes += sign * w.size
+		if l.messages == 0 {
+			delete(*table, key)
+		} else {
+			(*table)[key] = l
+		}
+	}
+}
+
+// fallenDue takes out of the heap every message due by now, and returns
+// them with how long until the next one is, or a day if none waits.
+func (d *delays) fallenDue(now int64) ([]waiting, time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var due []waiting
+	for len(d.due) > 0 && d.due[0].due <= now {
+		due = append(due, heap.Pop(&d.due).(waiting))
+	}
+	if len(d.due) == 0 {
+		return due, 24 * time.Hour
+	}
+	return due, time.Duration(d.due[0].due-now) * time.Millisecond
+}
+
+// releaseLoop sends each delayed message when it falls due: it sleeps
+// until the earliest is, or until one is scheduled sooner, and ends at
+// Shutdown.
+func (b *Broker) releaseLoop() {
+	defer b.loops.Done()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-timer.C:
+		case <-b.delays.sooner:
+		case <-b.stop:
+			return
+		}
+		due, next := b.delays.fallenDue(time.Now().UnixMilli())
+		b.release(due)
+		timer.Reset(next)
+	}
+}
+
+// release publishes each of due to its topic, where it gets its seq
+// now, and forgets those on disk there. One whose record is not on disk
+// yet, or whose publish the log refused, waits a little and tries again;
+// one whose record is gone (sent by another broker on a shared log, or
+// refused when it was published) is forgotten.
+func (b *Broker) release(due []waiting) {
+	type sending struct {
+		waiting
+		stored *outcome
+	}
+	var sent []sending
+	var done []waiting
+	for _, w := range due {
+		m, state := b.readDelayed(w)
+		switch {
+		case state == "later":
+			b.retryRelease(w)
+		case state == "gone":
+			done = append(done, w)
+		default:
+			// A duplicate (its publisher sent it again after it was
+			// sent on) stores nothing to delete the record with.
+			_, duplicate, stored := b.publish(m, b.stop, nil)
+			if stored == nil {
+				return // Shutdown: the record waits on disk
+			}
+			if duplicate {
+				b.log.Delete(w.log.name, w.seq)
+			}
+			sent = append(sent, sending{w, stored})
+		}
+	}
+	for _, s := range sent {
+		if <-s.stored.Done(); s.stored.Err() != nil {
+			b.retryRelease(s.waiting)
+		} else {
+			done = append(done, s.waiting)
+		}
+	}
+	b.forgetDelayed(done)
+}
+
+// readDelayed reads w's message from its $delayed log and returns the
+// copy to publish to its topic, or says why not: "later" if its record
+// is not on disk yet, "gone" if the log no longer has it.
+func (b *Broker) readDelayed(w waiting) (*Message, string) {
+	w.log.mu.Lock()
+	onDisk := w.log.synced() >= w.seq
+	w.log.mu.Unlock()
+	msgs, err := b.store.Read(w.log.name, w.seq-1, 1, maxQueueBytes)
+	switch {
+	case err != nil || !onDisk && b.shared == nil:
+		return nil, "later"
+	case len(msgs) == 0 || msgs[0].Seq != w.seq:
+		return nil, "gone"
+	}
+	// A copy: the store's own may be shared. It keeps its message_id,
+	// publisher, payload and times, and names its record.
+	m := *msgs[0]
+	m.Topic = strings.TrimPrefix(w.log.name, DelayedPrefix)
+	m.Seq, m.Timestamp, m.delivery, m.released = 0, 0, nil, w.seq
+	return &m, ""
+}
+
+// retryRelease schedules w again a second from now.
+func (b *Broker) retryRelease(w waiting) {
+	d := b.delays
+	w.due = time.Now().Add(time.Second).UnixMilli()
+	d.mu.Lock()
+	heap.Push(&d.due, w)
+	d.mu.Unlock()
+}
+
+// forgetDelayed drops list, sent or gone, from what waits and from
+// their $delayed logs' indexes, one pass over each log's.
+func (b *Broker) forgetDelayed(list []waiting) {
+	seqs := map[*topic]map[uint64]bool{}
+	b.delays.mu.Lock()
+	for _, w := range list {
+		b.delays.count(w, -1)
+		if seqs[w.log] == nil {
+			seqs[w.log] = map[uint64]bool{}
+		}
+		seqs[w.log][w.seq] = true
+	}
+	b.delays.mu.Unlock()
+	for t, gone := range seqs {
 		t.mu.Lock()
-		due := slices.DeleteFunc(slices.Clone(t.index.Live()),
-			func(e entry) bool { return e.due <= 0 || e.due > now.UnixMilli() })
-		t.mu.Unlock()
-		sent := map[uint64]*outcome{}
-		for _, e := range due {
-			// The index keeps no payloads: each is read from the log. One
-			// not synced yet goes at the next look. A copy is sent, with
-			// its message_id, publisher, payload and times: the store's
-			// own may be shared.
-			msgs, err := b.store.Read(t.name, e.seq-1, 1, maxQueueBytes)
-			if err == nil && len(msgs) > 0 && msgs[0].Seq == e.seq {
-				m := *msgs[0]
-				m.Topic = strings.TrimPrefix(t.name, DelayedPrefix)
-				if _, _, stored := b.publish(&m, b.stop, nil); stored != nil {
-					sent[e.seq] = stored
-				}
-			}
-		}
-		for seq, stored := range sent {
-			if <-stored.Done(); stored.Err() != nil {
-				delete(sent, seq)
-			}
-		}
-		// Mark what was sent, and count the run of sent at the front.
-		t.mu.Lock()
-		live, n := t.index.Live(), 0
-		for i := range live {
-			if sent[live[i].seq] != nil {
-				live[i].due = -1
-			}
-			if n == i && live[i].due < 0 {
-				n++
-			}
-		}
-		if n > 0 {
-			b.log.Trim(t.name, t.forget(n))
-		}
+		t.drop(func(e entry) bool { return gone[e.seq] })
 		t.mu.Unlock()
 	}
 }
@@ -3811,12 +4049,13 @@ func (b *Broker) OutboxBytes() int {
 // subscriber reading from the log that a trim overtakes is told what it
 // missed, with its next message (skipped).
 
-// remember adds m to the topic's index. The caller holds t.mu (or owns t).
-func (t *topic) remember(m *Message) {
+// remember adds m to t's index, and has a $delayed log's message wait
+// for its time (b.schedule, in Delayed delivery). The caller holds t.mu
+// (or owns t).
+func (b *Broker) remember(t *topic, m *Message) {
 	// Only QoS 1 ids are remembered for dedup: a QoS 0 publisher asked
 	// for at most once and gets no confirm to retry after.
-	e := entry{seq: m.Seq, timestamp: m.Timestamp, size: m.size(),
-		due: m.DeliverAt}
+	e := entry{seq: m.Seq, timestamp: m.Timestamp, size: m.size()}
 	if m.QoS == 1 {
 		e.key = m.key()
 		t.ids[e.key] = m.Seq
@@ -3824,6 +4063,24 @@ func (t *topic) remember(m *Message) {
 	t.index.Insert(len(t.index.Live()), e)
 	t.bytes += e.size
 	t.lastTime = max(t.lastTime, m.Timestamp)
+	if strings.HasPrefix(t.name, DelayedPrefix) {
+		b.schedule(t, m)
+	}
+}
+
+// drop drops the entries of t's index that match, wherever they are,
+// with their ids and their bytes. The caller holds t.mu.
+func (t *topic) drop(match func(entry) bool) {
+	t.index.Drop(func(e entry) bool {
+		if !match(e) {
+			return false
+		}
+		if e.key.id != "" && t.ids[e.key] == e.seq {
+			delete(t.ids, e.key)
+		}
+		t.bytes -= e.size
+		return true
+	})
 }
 
 // forget drops the oldest n entries of the index and returns the seq of
@@ -3970,7 +4227,7 @@ func (b *Broker) loadTopics() error {
 
 		// Read the log in chunks: retention keeps it short, but a broker
 		// restarted with a smaller cap still has the old, longer one.
-		// t.remember adds each message to the index (Retention).
+		// b.remember adds each message to the index (Retention).
 		for after := uint64(0); ; {
 			msgs, err := b.store.Read(name, after, replayChunk, maxQueueBytes)
 			if err != nil {
@@ -3980,7 +4237,7 @@ func (b *Broker) loadTopics() error {
 				break
 			}
 			for _, m := range msgs {
-				t.remember(m)
+				b.remember(t, m)
 			}
 			after = msgs[len(msgs)-1].Seq
 		}
@@ -4112,15 +4369,7 @@ func (b *Broker) forgetFailed(msgs []*Message) {
 		t := b.topic(m.Topic)
 		t.mu.Lock()
 		t.unsynced = t.unsynced[1:]
-		if t.ids[m.key()] == m.Seq {
-			delete(t.ids, m.key())
-		}
-		t.index.Drop(func(e entry) bool {
-			if e.seq == m.Seq {
-				t.bytes -= e.size
-			}
-			return e.seq == m.Seq
-		})
+		t.drop(func(e entry) bool { return e.seq == m.Seq })
 		t.mu.Unlock()
 	}
 }

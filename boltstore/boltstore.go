@@ -198,6 +198,15 @@ func (s *Store) Commit(batch *popsub.Batch) (err error) {
 		if err := s.appendMessages(tx, batch); err != nil {
 			return err
 		}
+		for topic, seqs := range batch.Deletes {
+			if records := LogOf(tx, topic); records != nil {
+				for _, seq := range seqs {
+					if err := records.Delete(SeqKey(seq)); err != nil {
+						return fmt.Errorf("delete from %q: %w", topic, err)
+					}
+				}
+			}
+		}
 		for topic, head := range batch.Heads {
 			if err := setHead(tx, topic, head); err != nil {
 				return fmt.Errorf("set head of %q: %w", topic, err)
@@ -252,6 +261,9 @@ func (s *Store) appendMessages(tx *bolt.Tx, batch *popsub.Batch) error {
 		for ; start < len(msgs) && msgs[start].Topic == name; start++ {
 			m := msgs[start]
 			head = max(head, m.Seq)
+			if err := deleteReleased(tx, m); err != nil {
+				return err
+			}
 			if m.Seq <= batch.Trims[name] {
 				continue
 			}
@@ -270,6 +282,19 @@ func (s *Store) appendMessages(tx *bolt.Tx, batch *popsub.Batch) error {
 		}
 		if err := bucket.Put(HeadKey, SeqKey(head)); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// deleteReleased deletes the $delayed record m was sent from when it
+// fell due, if it was (Message.Releases): in the transaction that
+// stores m, so that no restart sends it twice.
+func deleteReleased(tx *bolt.Tx, m *popsub.Message) error {
+	log, seq := m.Releases()
+	if records := LogOf(tx, log); records != nil {
+		if err := records.Delete(SeqKey(seq)); err != nil {
+			return fmt.Errorf("delete %q seq %d: %w", log, seq, err)
 		}
 	}
 	return nil

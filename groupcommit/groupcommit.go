@@ -6,7 +6,7 @@
 // popsub.go relies on a Log for the moment a message becomes durable
 // (its section "The log: seq first, sync second"): Admit waits for room
 // in a bounded queue; Append queues a message and returns the Outcome
-// that is done once the message is on disk, or failed; Trim,
+// that is done once the message is on disk, or failed; Trim, Delete,
 // SetHead and SaveCursor queue the other changes a batch carries;
 // Barrier returns the outcome of everything queued so far; Cursor reads
 // a durable cursor, newest first; Stop commits what is queued and ends.
@@ -81,13 +81,15 @@ import (
 	"time"
 )
 
-// Batch is one atomic step of the log: appends first, then trims, then
-// heads, then cursor moves.
+// Batch is one atomic step of the log: appends first, then trims and
+// deletes, then heads, then cursor moves.
 type Batch[M any] struct {
 	// Messages to append, in seq order within each topic.
 	Messages []M
 	// Trims maps a topic to the seq up to which its log is deleted.
 	Trims map[string]uint64
+	// Deletes maps a topic to single seqs deleted from its log.
+	Deletes map[string][]uint64
 	// Heads maps a topic to the head it is to have from now on: a
 	// reservation, or at a clean stop the newest seq. It is set as it
 	// is, lower or higher; the broker never sets one below a seq it
@@ -235,7 +237,8 @@ func Start[M any](config Config[M], closed error) *Log[M] {
 // reset starts an empty queue. The caller holds l.mu (or owns l).
 func (l *Log[M]) reset() {
 	l.queued = &Batch[M]{Trims: map[string]uint64{},
-		Heads: map[string]uint64{}, Cursors: map[string]uint64{}}
+		Deletes: map[string][]uint64{}, Heads: map[string]uint64{},
+		Cursors: map[string]uint64{}}
 	l.next, l.nextUrgent, l.waited = NewOutcome(), NewOutcome(), nil
 	l.queuedBytes, l.urgent = 0, false
 }
@@ -378,6 +381,11 @@ func (l *Log[M]) Trim(topic string, seq uint64) {
 	l.queue(func(q *Batch[M]) { q.Trims[topic] = max(q.Trims[topic], seq) })
 }
 
+// Delete queues deleting seq from topic's log.
+func (l *Log[M]) Delete(topic string, seq uint64) {
+	l.queue(func(q *Batch[M]) { q.Deletes[topic] = append(q.Deletes[topic], seq) })
+}
+
 // SetHead queues setting topic's stored head to head.
 func (l *Log[M]) SetHead(topic string, head uint64) {
 	l.queue(func(q *Batch[M]) { q.Heads[topic] = head })
@@ -454,8 +462,8 @@ func (l *Log[M]) loop() {
 		}
 		l.mu.Unlock()
 
-		if len(batch.Messages)+len(batch.Trims)+len(batch.Heads)+
-			len(batch.Cursors) == 0 {
+		if len(batch.Messages)+len(batch.Trims)+len(batch.Deletes)+
+			len(batch.Heads)+len(batch.Cursors) == 0 {
 			// Nothing to write, and what was queued before is written:
 			// a sync would add nothing (a steal can leave a wake-up).
 			fate.Settle(0, false, nil)
@@ -509,8 +517,8 @@ const headTakes = 4
 // someone has since come to wait for commit first (l.steal). A confirm
 // then waits for a chunk of another topic's flood, not for a whole
 // batch of it. Chunks cost a flood more syncs, so a flood nobody waits
-// beside commits whole. Trims, heads and cursor moves go with the last
-// chunk; fates hear the first error.
+// beside commits whole. Trims, deletes, heads and cursor moves go with
+// the last chunk; fates hear the first error.
 func (l *Log[M]) commitInChunks(batch *Batch[M], hurry bool,
 	fates ...*Outcome) {
 	var failed error
@@ -623,15 +631,17 @@ func (l *Log[M]) follow(waited map[string]bool) bool {
 // committed first, the messages of the topics in waited, and the heads,
 // which are small and which a topic's first publish may wait for, if the
 // rest is large enough to keep them waiting: an eighth of the queue's
-// bytes. Trims and cursor moves stay with the rest, which commits after
-// them. It returns a nil first when there is nothing to split.
+// bytes. Trims, deletes and cursor moves stay with the rest, which
+// commits after them. It returns a nil first when there is nothing to
+// split.
 func (l *Log[M]) split(batch *Batch[M], waited map[string]bool,
 	size int) (first, rest *Batch[M]) {
 	if len(waited) == 0 || 8*size < l.config.MaxBytes {
 		return nil, batch
 	}
 	first = &Batch[M]{Heads: batch.Heads}
-	rest = &Batch[M]{Trims: batch.Trims, Cursors: batch.Cursors}
+	rest = &Batch[M]{Trims: batch.Trims, Deletes: batch.Deletes,
+		Cursors: batch.Cursors}
 	restBytes := 0
 	for _, m := range batch.Messages {
 		if waited[l.config.Topic(m)] {

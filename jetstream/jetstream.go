@@ -422,6 +422,9 @@ func orMinusOne(n int64) int64 {
 // duplicate that JetStream answers with the first copy's seq.
 func (l *Log) Append(m *popsub.Message,
 	done func(seq uint64, duplicate bool, err error)) {
+	if log, seq := m.Releases(); seq != 0 {
+		done = l.deletingAfter(log, seq, done)
+	}
 	s, ready := l.ready(m.Topic)
 	if !ready {
 		if err := l.create(m.Topic, s); err != nil {
@@ -453,6 +456,38 @@ func (l *Log) Append(m *popsub.Message,
 	case l.acks <- pendingAck{future, s, done}:
 	case <-l.stop:
 		done(0, false, popsub.ErrClosed)
+	}
+}
+
+// deletingAfter returns done, which first deletes seq from log's stream
+// once the message sent from it is stored (or was already: a
+// duplicate). A delayed message's record is deleted after its send, not
+// with it: JetStream has no transaction across two streams, and its
+// dedup of the message_id keeps one copy if a broker sends it again
+// before the delete. Any broker may delete it: one that finds it gone
+// has nothing to do.
+func (l *Log) deletingAfter(log string, seq uint64,
+	done func(uint64, bool, error)) func(uint64, bool, error) {
+	return func(sent uint64, duplicate bool, err error) {
+		if err == nil {
+			go l.deleteMsg(l.stream(log), seq)
+		}
+		done(sent, duplicate, err)
+	}
+}
+
+// deleteMsg deletes seq from s's stream, logging a failure other than
+// its being gone already.
+func (l *Log) deleteMsg(s *stream, seq uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	js, err := l.js.Stream(ctx, s.name)
+	if err == nil {
+		err = js.DeleteMsg(ctx, seq)
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		l.opts.Logger.Warn("delete a sent delayed message", "stream", s.name,
+			"seq", seq, "err", err)
 	}
 }
 
@@ -574,6 +609,11 @@ func answerNow(p pendingAck) {
 // stream's own limits.
 func (l *Log) Commit(batch *popsub.Batch) error {
 	l.keepLocal(batch)
+	for topic, seqs := range batch.Deletes {
+		for _, seq := range seqs {
+			l.deleteMsg(l.stream(topic), seq)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
 	for key, position := range batch.Cursors {

@@ -48,17 +48,26 @@ func (c contents) clone() contents {
 	return d
 }
 
-// apply applies a batch as the Batch type says: appends, trims, heads,
-// cursors. keepHeads false drops the heads the broker reserved, as the
+// apply applies a batch as the Batch type says: appends (each deleting
+// the $delayed record it was sent from, if any), trims and deletes,
+// heads, cursors. keepHeads false drops the heads the broker reserved, as the
 // lab's broker without reservations does (noreserve.go).
 func (c contents) apply(b *popsub.Batch) {
 	for _, m := range b.Messages {
 		c.logs[m.Topic] = append(c.logs[m.Topic], m)
 		c.heads[m.Topic] = max(c.heads[m.Topic], m.Seq)
+		if log, seq := m.Releases(); seq != 0 {
+			c.logs[log] = slices.DeleteFunc(c.logs[log],
+				func(m *popsub.Message) bool { return m.Seq == seq })
+		}
 	}
 	for topic, upTo := range b.Trims {
 		c.logs[topic] = slices.DeleteFunc(c.logs[topic],
 			func(m *popsub.Message) bool { return m.Seq <= upTo })
+	}
+	for topic, seqs := range b.Deletes {
+		c.logs[topic] = slices.DeleteFunc(c.logs[topic],
+			func(m *popsub.Message) bool { return slices.Contains(seqs, m.Seq) })
 	}
 	if keepHeads {
 		maps.Copy(c.heads, b.Heads)

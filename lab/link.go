@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/coder/websocket"
 	"github.com/popsub/popsub/socket"
+	"github.com/popsub/popsub/wire"
 )
 
 // # The network
@@ -113,13 +115,18 @@ func (e brokerEnd) SetReadLimit(n int64) {
 }
 
 // Send queues frames for the client, a run joined by newlines as one
-// frame, waiting at most WriteTimeout for room.
+// frame, waiting at most WriteTimeout for room. A message whose
+// expires_at has passed is dropped as its turn comes (wire.Expired).
 func (e brokerEnd) Send(frames [][]byte, joined bool) error {
 	e.gate.wait()
-	if joined {
+	if frames = slices.DeleteFunc(slices.Clone(frames),
+		wire.Expired); joined && len(frames) > 0 {
 		frames = [][]byte{bytes.Join(frames, []byte("\n"))}
 	}
 	for _, f := range frames {
+		if wire.Expired(f) { // it waited for room meanwhile
+			continue
+		}
 		if err := e.put(item{frame: bytes.Clone(f)}); err != nil {
 			return err
 		}

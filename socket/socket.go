@@ -69,6 +69,7 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -77,6 +78,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/popsub/popsub/poller"
+	"github.com/popsub/popsub/wire"
 )
 
 // Sizes of what Read reads and Send writes.
@@ -370,15 +372,25 @@ func (c *Conn) shut() {
 // Send writes frames in order: each its own WebSocket frame or, joined,
 // runs of them joined by newlines in one frame, under MaxJoined unless
 // one frame is more. It writes in one system call per writeChunk, or per
-// joined run.
+// joined run. A message whose expires_at has passed (wire.Expired) is
+// dropped as its turn comes, so one that waited behind a write the peer
+// was slow to take is not sent late.
 func (c *Conn) Send(frames [][]byte, joined bool) error {
 	framed := writeBufferPool.Get().(*[]byte)
 	defer writeBufferPool.Put(framed)
 	buffer := (*framed)[:0]
 	defer func() { *framed = buffer }()
 	for len(frames) > 0 {
+		if wire.Expired(frames[0]) {
+			frames = frames[1:]
+			continue
+		}
 		n, size := 1, len(frames[0])+1 // the run, and a newline to come
 		for joined && n < len(frames) && size+len(frames[n]) < MaxJoined {
+			if wire.Expired(frames[n]) {
+				frames = slices.Delete(frames, n, n+1)
+				continue
+			}
 			size, n = size+len(frames[n])+1, n+1
 		}
 		buffer, frames = appendFrame(buffer, frames[:n]), frames[n:]

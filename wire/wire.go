@@ -21,6 +21,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Frame is any frame a client sends, with "type" saying which. Pointers
@@ -136,8 +137,9 @@ func BearerToken(authorization string) string {
 // AppendMessage appends a message frame, as the broker delivers it at
 // attempt. It is written by hand because a broker runs it once per
 // publish and once per retry, and encoding/json costs several times as
-// much. Field order and names are the original PopSub's, with seq and
-// attempt added at the end, then expires_at and deliver_at if not 0. Topic
+// much. Field names are the original PopSub's, in its order, with seq
+// and attempt added at the end, then deliver_at if not 0; an expires_at
+// not 0 comes first, so that ExpiresAt finds it without a parse. Topic
 // and id are escaped; the payload is copied as it is, because it is
 // valid, compact JSON. Room for all of it is made at once, so the frame
 // is one allocation.
@@ -145,20 +147,51 @@ func AppendMessage(buf []byte, topic, id string, payload []byte,
 	timestamp int64, qos int, seq uint64, attempt int,
 	expiresAt, deliverAt int64) []byte {
 	buf = slices.Grow(buf, 128+len(topic)+len(id)+len(payload))
-	buf = AppendString(append(buf, `{"type":"message","topic":`...), topic)
+	buf = append(buf, `{"type":"message",`...)
+	if expiresAt != 0 {
+		buf = strconv.AppendInt(append(buf, expiresField...), expiresAt, 10)
+		buf = append(buf, ',')
+	}
+	buf = AppendString(append(buf, `"topic":`...), topic)
 	buf = append(append(buf, `,"payload":`...), payload...)
 	buf = strconv.AppendInt(append(buf, `,"timestamp":`...), timestamp, 10)
 	buf = AppendString(append(buf, `,"message_id":`...), id)
 	buf = strconv.AppendInt(append(buf, `,"qos":`...), int64(qos), 10)
 	buf = strconv.AppendUint(append(buf, `,"seq":`...), seq, 10)
 	buf = strconv.AppendInt(append(buf, `,"attempt":`...), int64(attempt), 10)
-	if expiresAt != 0 {
-		buf = strconv.AppendInt(append(buf, `,"expires_at":`...), expiresAt, 10)
-	}
 	if deliverAt != 0 {
 		buf = strconv.AppendInt(append(buf, `,"deliver_at":`...), deliverAt, 10)
 	}
 	return append(buf, '}')
+}
+
+// expiresField opens a message frame that has an expires_at.
+const expiresField = `"expires_at":`
+
+// ExpiresAt returns the expires_at of a message frame AppendMessage
+// made, or 0 if it has none (or frame is another frame): a writer checks
+// every frame it is about to send, so it reads no more than the frame's
+// first field.
+func ExpiresAt(frame []byte) int64 {
+	rest, ok := bytes.CutPrefix(frame, []byte(`{"type":"message",`+
+		expiresField))
+	if !ok {
+		return 0
+	}
+	end := bytes.IndexByte(rest, ',')
+	at, err := strconv.ParseInt(string(rest[:max(end, 0)]), 10, 64)
+	if err != nil {
+		return 0
+	}
+	return at
+}
+
+// Expired reports whether frame is a message whose expires_at has passed:
+// a socket drops it as its turn to be written comes, however long it
+// waited (in an outbox, a replay, a retry).
+func Expired(frame []byte) bool {
+	at := ExpiresAt(frame)
+	return at != 0 && time.Now().UnixMilli() >= at
 }
 
 // AppendString appends s as a JSON string. s is valid UTF-8 (the broker
