@@ -82,7 +82,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
@@ -658,11 +657,12 @@ type outcome = groupcommit.Outcome
 // and frames what the broker sends; a test, or a page, may keep the same
 // contract another way.
 type Socket interface {
-	// Read returns the next text frame, valid until the next Read, or
-	// nil once the client is quiet (Idle). One over 64 KiB first takes a
-	// place among b.largeFrames, held until the next Read or a close. An
-	// error means the socket is done: closed, reset, or closed for a
-	// binary frame (1003) or one over the read limit (1009).
+	// Read returns the next text frame, valid UTF-8 and valid until the
+	// next Read, or nil once the client is quiet (Idle). One over 64 KiB
+	// first takes a place among b.largeFrames, held until the next Read
+	// or a close. An error means the socket is done: closed, reset, or
+	// closed for a binary frame (1003), invalid UTF-8 (1007), or one over
+	// the read limit (1009).
 	Read() ([]byte, error)
 	// SetReadLimit caps the frames Read returns, in bytes.
 	SetReadLimit(n int64)
@@ -1049,15 +1049,14 @@ func (c *connection) accept(f frame) bool {
 }
 
 // read returns the next text frame, valid until the next read, or nil
-// when the client has been quiet a while (Socket.Idle). Binary
-// frames and invalid UTF-8 close the connection: encoding/json would
-// silently replace bad bytes, and then a payload would not be what its
-// publisher sent. A frame over the read limit is closed with 1009 by the
-// socket itself, before it is buffered; one over 64 KiB first waits for
-// one of the broker's places for large frames (b.largeFrames), which it
-// holds until it has been handled: a thousand publishers of 1 MiB frames,
-// each held while its publish waits for room in the log's queue, held
-// gigabytes.
+// when the client has been quiet a while (Socket.Idle). The socket
+// closes the connection for binary frames and invalid UTF-8 (encoding/
+// json would silently replace bad bytes, and then a payload would not be
+// what its publisher sent), and for a frame over the read limit, before
+// it is buffered; one over 64 KiB first waits for one of the broker's
+// places for large frames (b.largeFrames), which it holds until it has
+// been handled: a thousand publishers of 1 MiB frames, each held while
+// its publish waits for room in the log's queue, held gigabytes.
 func (c *connection) read() ([]byte, bool) {
 	// The limit follows the session: 8 KiB until the client has
 	// authenticated (c.claims is set), MaxFrameBytes after. Setting it
@@ -1069,17 +1068,10 @@ func (c *connection) read() ([]byte, bool) {
 	c.ws.SetReadLimit(limit)
 
 	// Any read error (a close, a reset, a frame over the limit, a binary
-	// frame) ends the connection; the socket has sent whatever close
-	// applies.
+	// frame, invalid UTF-8) ends the connection; the socket has sent
+	// whatever close applies.
 	data, err := c.ws.Read()
-	if err != nil {
-		return nil, false
-	}
-	if !utf8.Valid(data) {
-		c.closeSocket(websocket.StatusInvalidFramePayloadData, "invalid UTF-8")
-		return nil, false
-	}
-	return data, true
+	return data, err == nil
 }
 
 // handle decodes one frame and answers it. A bad frame costs the client

@@ -20,10 +20,16 @@ package socket
 //
 // Frames are parsed as RFC 6455 says a server must: every frame masked,
 // no reserved bits (no extension is offered), control frames short and
-// whole. A ping is answered here and a pong noted for Ping, so neither
-// wakes the broker. A close is answered and ends Read. Anything else
-// wrong closes the socket with the code the RFC names: 1002 for a
-// broken frame, 1003 for a binary one, 1009 for one over the limit.
+// whole, a length's top bit clear, a fragmented message continued by
+// continuation frames only, and text valid UTF-8. A ping is answered
+// here and a pong noted for Ping, so neither wakes the broker. A close is
+// answered with its own code and ends Read; one whose code may not be
+// sent (0, 1004 to 1006, 1015, 5000, …) or whose payload is one byte
+// is answered with 1002, and one whose reason is not UTF-8 with 1007
+// (sections 5.5.1, 7.1.5 and 7.4). Anything else wrong closes the
+// socket with the code the RFC names: 1002 for a broken frame, 1003 for
+// a binary one, 1007 for text that is not UTF-8, 1009 for one over the
+// limit.
 
 import (
 	"encoding/binary"
@@ -33,6 +39,7 @@ import (
 	"os"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coder/websocket"
 	"github.com/popsub/popsub/poller"
@@ -103,7 +110,7 @@ func (c *Conn) readMessage() ([]byte, error) {
 		case h.op == opBinary && c.message == nil:
 			return nil, c.fail(websocket.StatusUnsupportedData,
 				"text frames only", h.length)
-		case h.op == opText && c.message != nil,
+		case h.op != opContinuation && c.message != nil,
 			h.op == opContinuation && c.message == nil:
 			return nil, c.fail(websocket.StatusProtocolError,
 				fmt.Sprintf("unexpected opcode %d", h.op), 0)
@@ -125,7 +132,11 @@ func (c *Conn) readMessage() ([]byte, error) {
 			return nil, err
 		}
 		unmask((*c.message)[start:], h.mask)
-		if h.fin {
+		switch {
+		case h.fin && !utf8.Valid(*c.message):
+			return nil, c.fail(websocket.StatusInvalidFramePayloadData,
+				"invalid UTF-8", 0)
+		case h.fin:
 			return *c.message, nil
 		}
 	}
@@ -167,7 +178,11 @@ func (c *Conn) readHeader() (header, error) {
 	case 126:
 		h.length = uint64(binary.BigEndian.Uint16(b[2:]))
 	case 127:
-		h.length = binary.BigEndian.Uint64(b[2:]) & (1<<63 - 1)
+		h.length = binary.BigEndian.Uint64(b[2:])
+	}
+	if h.length >= 1<<63 {
+		return header{}, c.fail(websocket.StatusProtocolError,
+			"a length's top bit must be 0", 0)
 	}
 	copy(h.mask[:], b[size-4:])
 	c.take(size)
@@ -192,16 +207,44 @@ func (c *Conn) control(h header) error {
 	case opPing:
 		return c.writeControl(opPong, payload, time.Time{})
 	case opClose:
-		closed := websocket.CloseError{Code: websocket.StatusNoStatusRcvd}
-		if len(payload) >= 2 {
-			closed.Code = websocket.StatusCode(binary.BigEndian.Uint16(payload))
-			closed.Reason = string(payload[2:])
-		}
-		c.writeClose(closed.Code, "")
-		c.conn.Close()
-		return closed
+		return c.answerClose(payload)
 	}
 	return nil // a pong
+}
+
+// answerClose answers the peer's close with its own code (none, if it
+// gave none), and returns the error that ends Read; a close that breaks
+// the rules is answered as fail answers a broken frame.
+func (c *Conn) answerClose(payload []byte) error {
+	closed := websocket.CloseError{Code: websocket.StatusNoStatusRcvd}
+	if len(payload) >= 2 {
+		closed.Code = websocket.StatusCode(binary.BigEndian.Uint16(payload))
+		closed.Reason = string(payload[2:])
+	}
+	switch {
+	case len(payload) == 1:
+		return c.fail(websocket.StatusProtocolError,
+			"a close payload of one byte", 0)
+	case len(payload) >= 2 && !sendable(closed.Code):
+		return c.fail(websocket.StatusProtocolError,
+			fmt.Sprintf("close code %d may not be sent", closed.Code), 0)
+	case !utf8.ValidString(closed.Reason):
+		return c.fail(websocket.StatusInvalidFramePayloadData,
+			"a close reason must be UTF-8", 0)
+	}
+	c.writeClose(closed.Code, "")
+	c.conn.Close()
+	return closed
+}
+
+// sendable reports whether code may be sent in a close frame: 1000 to
+// 1003 and 1007 to 1014 (IANA's registry), and 3000 to 4999 for
+// libraries and applications. 1004 is reserved, and 1005, 1006 and 1015
+// only report a close that had no code, had no close frame, or failed
+// its TLS handshake.
+func sendable(code websocket.StatusCode) bool {
+	return code >= 1000 && code <= 1003 || code >= 1007 && code <= 1014 ||
+		code >= 3000 && code <= 4999
 }
 
 // fail closes the socket with code and reason, after skipping the rest of
