@@ -110,6 +110,45 @@ func TestBroker_TokenExpiry(t *testing.T) {
 			c.expectClose(CloseTokenExpired)
 		})
 	})
+	t.Run("a reconnect with the expired token is refused, never served",
+		func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ps := startPipeBroker(t, Options{PingInterval: time.Hour})
+				defer ps.stop()
+				token := tokenUntil(t, "alice", time.Now().Add(time.Minute))
+				c := ps.dial("alice")
+				c.authenticate(token)
+				c.subscribe("news", map[string]any{"durable": "d"})
+				time.Sleep(time.Minute) // then the leeway, in the read
+				c.expectError("token_expired")
+				c.expectClose(CloseTokenExpired)
+
+				// In the auth frame, and as a Bearer token on the upgrade:
+				// an error and 4001, and nothing of the durable name.
+				ps.dialAs("bob").publish("news", "for alice", 1, "n1")
+				again := ps.dial("alice")
+				again.send(map[string]any{"type": "auth", "token": token})
+				again.expectError("auth_failed")
+				again.expectClose(CloseAuthFailed)
+				bearer, _, err := websocket.Dial(context.Background(),
+					"ws://pipe/ws", &websocket.DialOptions{
+						HTTPClient: ps.client, HTTPHeader: http.Header{
+							"Authorization": {"Bearer " + token}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer bearer.CloseNow()
+				if _, data, err := bearer.Read(context.Background()); err != nil ||
+					!strings.Contains(string(data), "auth_failed") {
+					t.Fatalf("with a Bearer token: %s, %v", data, err)
+				}
+				if _, _, err := bearer.Read(context.Background()); websocket.
+					CloseStatus(err) != CloseAuthFailed {
+					t.Fatalf("with a Bearer token: %v, want a close with 4001",
+						err)
+				}
+			})
+		})
 	t.Run("a fresh auth extends the session", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			ps := startPipeBroker(t, Options{PingInterval: 2 * time.Hour})

@@ -231,6 +231,7 @@ var oneEngine = map[string]string{
 	"TestGroups_AMemberThatDoesNotAckIsGivenNoMoreThanItsWindow":     groupsRefused,
 	"TestNak_InAGroupGoesToAnotherMember":                            groupsRefused,
 	"TestOverlap_AGroupBesideAWildcardRedoesNoAckedJobAfterARestart": groupsRefused,
+	"TestGroups_QoS0JobsBesideAFullWindowNeverStopTheGroup":          groupsRefused,
 	"TestOverlap_ARevokedMemberHandsOnItsJobsBesideAWildcard":        groupsRefused,
 	"TestBroker_LoginBesideGuessersOverSockets": "a login never " +
 		"touches the log",

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -452,5 +453,62 @@ func TestGroups_OnTheRunsEngine(t *testing.T) {
 	if g := c.expectError("bad_frame"); g.Message !=
 		"groups need the broker's own log, not a shared one" {
 		t.Fatalf("refused with %q", g.Message)
+	}
+}
+
+// A group whose jobs mix QoS 0 and QoS 1, beside a member whose window
+// is full and never empties, hands out every job (a QoS 0 one once, to
+// one member; a QoS 1 one until a member acks it) and never stops; after
+// a restart it redoes none of them. NATS's work queues stalled this year
+// when a QoS 0 delivery never counted as done.
+func TestGroups_QoS0JobsBesideAFullWindowNeverStopTheGroup(t *testing.T) {
+	var acks ackedBy
+	ts := startBroker(t, Options{AckTimeout: 100 * time.Millisecond,
+		MaxRetries: 50, GroupWindow: 4, OnEvent: acks.watch("jobs")})
+	full := join(ts.dial("full"), "jobs", "workers", false, nil)
+	busy := join(ts.dial("busy"), "jobs", "workers", true, nil)
+	publisher := ts.dial("publisher")
+	const n = 300 // every third a QoS 0 job
+	qos := func(i int) int { return min(i%3, 1) }
+	for i := range n {
+		publisher.publish("jobs", i, qos(i), fmt.Sprint("j", i))
+	}
+	got := func() map[string]int {
+		ids := map[string]int{}
+		for _, m := range []*member{full, busy} {
+			for _, g := range m.deliveries() {
+				if g.QoS == 0 || m == busy {
+					ids[g.MessageID]++
+				}
+			}
+		}
+		return ids
+	}
+	waitUntil(t, "every job handed out, each QoS 1 one acked", func() bool {
+		acked, _ := acks.count()
+		return acked == 2*n/3 && len(got()) == n
+	}, full, busy)
+	if len(firstSeqs(full.deliveries())) < 4 {
+		t.Fatalf("the member that does not ack got %d jobs, want its "+
+			"window's worth at least", len(full.deliveries()))
+	}
+	for id, times := range got() {
+		var i int
+		fmt.Sscan(strings.TrimPrefix(id, "j"), &i)
+		if qos(i) == 0 && times != 1 {
+			t.Errorf("QoS 0 job %s was delivered %d times, want once", id,
+				times)
+		}
+	}
+
+	// Restarted, the group takes up after every job: the next is new.
+	ts = ts.restart()
+	again := join(ts.dial("busy"), "jobs", "workers", true, nil)
+	ts.dial("publisher").publish("jobs", "after", 1, "after")
+	waitUntil(t, "the next job", func() bool {
+		return len(again.deliveries()) > 0
+	}, again)
+	if g := again.deliveries()[0]; g.MessageID != "after" {
+		t.Fatalf("after the restart the group gave %s, want after", g.MessageID)
 	}
 }
