@@ -21,11 +21,11 @@ import (
 // readsDeadLetters are the grants of an operator who reads dead letters.
 var readsDeadLetters = Claims{Subscribe: []string{"#", "$dead/#"}}
 
-// signed signs claims for sub, valid for an hour.
+// signed signs claims for sub, valid for a day.
 func signed(t *testing.T, sub string, claims Claims) string {
 	t.Helper()
 	claims.Subject, claims.ExpiresAt = sub, jwtTime(time.Now().Add(
-		time.Hour))
+		24*time.Hour))
 	token, err := claims.Sign(testSecret)
 	if err != nil {
 		t.Fatal(err)

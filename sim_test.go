@@ -20,9 +20,14 @@ import (
 // This file is the simulation. A broker runs in fake time on a disk that
 // loses whatever it had not committed (crash_test.go's disk), its
 // clients on pipes; a seeded nemesis kills it (also on a new topic's
-// first delivery, and twice before a commit), cuts every connection or
-// a random half of them (one work-queue member dies, the other stays),
-// and stalls them all, some for longer than the write timeout. The
+// first delivery, and twice before a commit), stops and starts it as
+// SIGTERM would, cuts every connection or a random half of them (one
+// work-queue member dies, the other stays), and stalls them all, some
+// for longer than the write timeout. The workload mixes delayed,
+// expiring and nakked values; durable, plain and group subscribers,
+// one durable subscriber and one member with a wildcard beside their
+// topic on the same connection, and members whose sessions are narrowed
+// to fewer grants while they hold a job. The
 // clients and the checker are package chaos's, which `popsub chaos`
 // runs against real processes: a schedule that breaks a promise here
 // breaks the same invariant there. Each schedule is one seed:
@@ -98,7 +103,9 @@ func simulate(t *testing.T, seed uint64) (chaos.Report, error) {
 	defer cancel()
 
 	// The workload: two topics, three publishers, and on each topic a
-	// durable subscriber, a plain one, and a work queue of two members.
+	// durable subscriber (with a wildcard beside), a plain one, and a
+	// work queue of two members (one with a wildcard beside), whose
+	// sessions are narrowed now and then.
 	topics := []string{"jobs", "chat"}
 	stop := make(chan struct{})
 	var publishers, subscribers sync.WaitGroup
@@ -110,6 +117,9 @@ func simulate(t *testing.T, seed uint64) (chaos.Report, error) {
 	for _, topic := range topics {
 		for _, durable := range []string{"d-" + topic, ""} {
 			s := w.client(cmp.Or(durable, "s-"+topic))
+			if durable != "" {
+				s.Overlap = topic + "/#"
+			}
 			subscribers.Go(func() {
 				s.Subscribe(ctx, topic, durable, "end-"+topic)
 			})
@@ -121,6 +131,11 @@ func simulate(t *testing.T, seed uint64) (chaos.Report, error) {
 		finished := sync.OnceFunc(func() { time.AfterFunc(5*time.Second, end) })
 		for i := range 2 {
 			m := w.client(fmt.Sprintf("g%d-%s", i+1, topic))
+			if i == 0 {
+				m.Overlap = topic + "/#"
+			}
+			m.Narrow = signed(w.t, m.Name, Claims{
+				Subscribe: []string{"other"}})
 			subscribers.Go(func() {
 				m.Join(group, topic, "workers", "end-"+topic, finished)
 			})
@@ -166,9 +181,11 @@ func (w *world) nemesis(ctx context.Context, r *rand.Rand) []string {
 	for start := time.Now(); time.Since(start) < simRun; {
 		time.Sleep(200*time.Millisecond +
 			time.Duration(r.Int64N(int64(1800*time.Millisecond))))
-		switch r.IntN(7) {
+		switch r.IntN(8) {
 		case 0:
 			w.crash()
+		case 7:
+			w.restart()
 		case 1:
 			// A new topic, killed on its first delivery.
 			topic := fmt.Sprint("fresh-", len(fresh)+1)
@@ -250,6 +267,23 @@ func (w *world) crash() {
 		c.Close()
 	}
 	old.stop()
+	next := w.startBroker(kept)
+	w.mu.Lock()
+	w.server, w.disk = next, kept
+	w.mu.Unlock()
+	healed()
+}
+
+// restart stops the broker as SIGTERM would (Shutdown: its clients are
+// told 1001, and everything queued is committed), and starts the next
+// one on the same disk.
+func (w *world) restart() {
+	healed := w.history.Fault("restart", "broker")
+	w.mu.Lock()
+	old, d := w.server, w.disk
+	w.mu.Unlock()
+	old.stop()
+	kept := &disk{memoryStore: d.memoryStore.copy(), delay: d.delay}
 	next := w.startBroker(kept)
 	w.mu.Lock()
 	w.server, w.disk = next, kept

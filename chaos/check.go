@@ -159,6 +159,7 @@ func Check(h *History) Report {
 		checkGaps(h),
 		checkDurables(h, confirmed),
 		checkGroups(h, confirmed),
+		checkRedone(h),
 		checkNakked(h),
 		checkDeadOnce(h),
 		checkExpired(h),
@@ -307,10 +308,14 @@ func checkAttempted(h *History, attempted map[key]string) Line {
 
 // checkOrder: within a subscription, new seqs come in ascending order,
 // and a seq comes again only as a later attempt (a retry), never as a
-// duplicate at the hand-over from replay to live.
+// duplicate at the hand-over from replay to live. One with a wildcard
+// beside it gets a replay and live traffic at once, each in order.
 func checkOrder(h *History) Line {
 	l := Line{Invariant: "each subscription's seqs come in order"}
 	for _, s := range h.Subscriptions {
+		if s.Overlap != "" {
+			continue
+		}
 		attempts := map[uint64]int{}
 		var newest uint64
 		for _, d := range s.Deliveries {
@@ -345,8 +350,11 @@ func checkGaps(h *History) Line {
 		name := s.Subscriber + "\x00" + s.Durable + "\x00" + s.Topic
 		known := s.Durable == "" || !resumed[name]
 		resumed[name] = s.Durable != ""
-		// A group member gets a share: checkGroups checks the whole.
-		if s.Unrecovered || len(s.Deliveries) == 0 || s.Group != "" {
+		// A group member gets a share: checkGroups checks the whole. One
+		// with a wildcard beside it gets live traffic that way while it
+		// replays: checkDurables checks what it had.
+		if s.Unrecovered || len(s.Deliveries) == 0 || s.Group != "" ||
+			s.Overlap != "" {
 			continue
 		}
 		from := uint64(0)
@@ -502,6 +510,120 @@ func checkGroups(h *History, confirmed map[key]uint64) Line {
 	return l
 }
 
+// redoMargin is how long before a clean restart an ack must have been
+// sent to count as settled: time for it to reach the broker.
+const redoMargin = time.Second
+
+// redoWindow is the least time of quiet before a clean restart that
+// checkRedone looks at: a nakked delivery's retry, which an earlier
+// fault may have held up, comes well inside it.
+const redoWindow = 3 * time.Second
+
+// lineage names a durable cursor: a durable subscription's, or a
+// group's, which its members share.
+type lineage struct{ kind, name, topic string }
+
+// lineageOf returns s's cursor, and false for a plain subscription.
+func lineageOf(s *Subscription) (lineage, bool) {
+	switch {
+	case s.Group != "":
+		return lineage{"group", s.Group, s.Topic}, true
+	case s.Durable != "":
+		return lineage{"durable", s.Subscriber + "/" + s.Durable, s.Topic},
+			true
+	}
+	return lineage{}, false
+}
+
+// checkRedone: a clean restart (SIGTERM) keeps every cursor a durable
+// subscription or a group had: neither is given again, after it, a
+// message it acked before it, as far as its cursor covered (every
+// stored message up to it acked, or never delivered because it
+// expired). Only acks sent in quiet count: after the last fault before
+// the restart ended, and redoMargin before it began.
+func checkRedone(h *History) Line {
+	l := Line{Invariant: "an acked job or durable message is not redone " +
+		"after a clean restart"}
+	expiring := expiringValues(h)
+	for _, r := range h.Faults {
+		if r.Kind != "restart" || !r.Healed {
+			continue
+		}
+		var from time.Time
+		for _, f := range h.Faults {
+			end := f.End
+			if !f.Healed {
+				end = r.Start
+			}
+			if f != r && f.Start.Before(r.Start) && end.After(from) {
+				from = end
+			}
+		}
+		cutoff := r.Start.Add(-redoMargin)
+		if cutoff.Sub(from) < redoWindow {
+			continue
+		}
+		delivered := map[lineage]map[uint64]string{}
+		acked := map[lineage]map[uint64]bool{}
+		for _, s := range h.Subscriptions {
+			k, ok := lineageOf(s)
+			if !ok {
+				continue
+			}
+			if delivered[k] == nil {
+				delivered[k], acked[k] = map[uint64]string{}, map[uint64]bool{}
+			}
+			for _, d := range s.Deliveries {
+				if !d.At.Before(from) && d.At.Before(cutoff) {
+					delivered[k][d.Seq] = d.ID
+					acked[k][d.Seq] = acked[k][d.Seq] || !d.Nakked
+				}
+			}
+		}
+		covered := map[lineage]uint64{}
+		for k, seqs := range delivered {
+			if len(seqs) > 0 {
+				covered[k] = cursorOf(h.Final[k.topic], seqs, acked[k],
+					expiring, k.topic)
+			}
+		}
+		for _, s := range h.Subscriptions {
+			k, _ := lineageOf(s)
+			for _, d := range s.Deliveries {
+				if d.At.After(r.End) && d.Seq <= covered[k] && acked[k][d.Seq] {
+					l.mark(s.Topic, d.ID, d.Seq)
+					l.violation("%s %q on %s: seq %d (%s), acked before the "+
+						"restart at %s, given again at attempt %d", k.kind,
+						k.name, k.topic, d.Seq, d.ID,
+						r.Start.Format("15:04:05.000"), d.Attempt)
+				}
+			}
+		}
+	}
+	return l
+}
+
+// cursorOf is where a cursor stands that was given delivered (seq →
+// id) and had acked those acked: past the run of log's messages from
+// the first delivered on, each acked, or an expiring one never
+// delivered (which the broker skipped).
+func cursorOf(log []Stored, delivered map[uint64]string,
+	acked map[uint64]bool, expiring map[key]bool, topic string) uint64 {
+	first := slices.Min(slices.Collect(maps.Keys(delivered)))
+	at := first - 1
+	for _, m := range log {
+		_, given := delivered[m.Seq]
+		switch {
+		case m.Seq < first:
+		case acked[m.Seq], !given && expiring[key{topic, m.ID}]:
+			at = m.Seq
+		default:
+			return at
+		}
+	}
+	return at
+}
+
 // nakGrace is how soon a nakked delivery comes again, at the most: its
 // delay (the workload's nakDelay), the retry loop's next look, and
 // slack, under the one-second ack timeout both drivers give the broker.
@@ -512,7 +634,11 @@ const nakGrace = 2 * time.Second
 // or goes to $dead; unless its connection ended within nakGrace, which
 // took the subscriber's obligation with it (a durable one is replayed
 // the message on resume, which checkDurables holds it to), or ended
-// later after a fault that slowed everything.
+// later after a fault that slowed everything. A group member that
+// leaves, or is made to (a refresh to fewer grants, a cut), hands the
+// job on as its next attempt: only a fault of the broker's within
+// nakGrace, after which the group replays it from its cursor at attempt
+// 1, excuses it.
 func checkNakked(h *History) Line {
 	l := Line{Invariant: "every nakked delivery comes again or is " +
 		"dead-lettered"}
@@ -535,10 +661,20 @@ func checkNakked(h *History) Line {
 		}
 		return false
 	}
+	brokerFault := func(start, end time.Time) bool {
+		return slices.ContainsFunc(h.Faults, func(f *Fault) bool {
+			return f.Kind != "cut" && !f.Start.Before(start) &&
+				!f.Start.After(end)
+		})
+	}
 	for _, s := range h.Subscriptions {
 		for _, d := range s.Deliveries {
 			excused := s.Ended && (s.End.Before(d.At.Add(nakGrace)) ||
 				slowedBetween(h, d.At, s.End))
+			if s.Group != "" {
+				excused = brokerFault(d.At, d.At.Add(nakGrace)) ||
+					slowedBetween(h, d.At, d.At.Add(nakGrace))
+			}
 			if d.Nakked && !excused && !dead[letter{s.Topic, d.ID}] &&
 				!again(s, d) {
 				l.mark(s.Topic, d.ID, d.Seq)

@@ -104,6 +104,10 @@ type Subscription struct {
 	// Group is the work queue it joined, or "": its deliveries are the
 	// group's share of the topic, not all of it.
 	Group string
+	// Overlap is a wildcard filter subscribed beside it on the same
+	// connection, or "": then its deliveries are those of both, each
+	// once, in the order they came, and it is a plain subscription too.
+	Overlap string
 	// After is the "after" it sent, or nil: a plain subscription's
 	// first, from the oldest message kept, or a durable one's.
 	After *uint64

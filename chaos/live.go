@@ -140,7 +140,7 @@ func oneLineage(h *History, subscriber, topic string) bool {
 		if s.Group != "" {
 			this = "group " + s.Group
 		}
-		plain := s.Durable == "" && s.Group == ""
+		plain := s.Durable == "" && s.Group == "" || s.Overlap != ""
 		if plain || lineage != "" && this != lineage {
 			return false
 		}

@@ -29,6 +29,19 @@ type Client struct {
 	// Pace is how long Publish waits before each new value: zero
 	// publishes as fast as the window allows.
 	Pace time.Duration
+	// Overlap, if set, is a wildcard filter that Subscribe and Join
+	// subscribe to on the same connection, beside their topic, which it
+	// covers: every message of the topic then comes through both, and
+	// the one ack (or nak) the client sends for it must settle both.
+	Overlap string
+	// Narrow, if set, is a token of the same subject without the grant
+	// to read the topic: a member that naks a job (some of those it
+	// naks, revokeAt) refreshes its session to it while the job is its
+	// to ack, which ends its subscriptions and must hand the job on, and
+	// joins again with Token, once for each value.
+	Narrow string
+	// narrowed holds the values whose nak narrowed the session.
+	narrowed map[string]bool
 }
 
 // frame is any frame the broker sends: the protocol's own type.
@@ -271,7 +284,7 @@ func (c *Client) Subscribe(ctx context.Context, topic, durable,
 			return fmt.Errorf("subscribe %s: %w", topic, err)
 		}
 		s := &Subscription{Subscriber: c.Name, Topic: topic,
-			Durable: durable, After: last}
+			Durable: durable, After: last, Overlap: c.Overlap}
 		done, seen := c.read(ctx, ws, s, until)
 		ws.CloseNow()
 		if done {
@@ -295,7 +308,8 @@ func (c *Client) Join(ctx context.Context, topic, group, until string,
 		if err != nil {
 			return
 		}
-		s := &Subscription{Subscriber: c.Name, Topic: topic, Group: group}
+		s := &Subscription{Subscriber: c.Name, Topic: topic, Group: group,
+			Overlap: c.Overlap}
 		if done, _ := c.read(ctx, ws, s, until); done {
 			finished()
 		}
@@ -320,17 +334,37 @@ func (c *Client) read(ctx context.Context, ws *websocket.Conn,
 	}
 	c.History.Subscribed(s)
 	defer c.History.Closed(s)
-	if send(ctx, ws, request) != nil {
+	if send(ctx, ws, request) != nil || s.Overlap != "" &&
+		send(ctx, ws, map[string]any{"type": "subscribe",
+			"topic": s.Overlap}) != nil {
 		return false, newest
 	}
+	// seen holds the deliveries (seq and attempt) this connection had:
+	// through an overlapping filter each comes twice, and only the first
+	// is recorded and answered.
+	seen := map[[2]uint64]bool{}
 	for {
 		f, err := read(ctx, ws)
 		if err != nil {
 			return false, newest
 		}
+		if f.Type == "message" && s.Overlap != "" {
+			delivery := [2]uint64{f.Seq, uint64(f.Attempt)}
+			if seen[delivery] || f.Topic != s.Topic {
+				continue // acked with the first; not this topic's
+			}
+			seen[delivery] = true
+		}
 		switch f.Type {
 		case "subscribed":
-			c.History.Replied(s, f.Seq, f.Recovered == nil || *f.Recovered)
+			if f.Topic == s.Topic {
+				c.History.Replied(s, f.Seq, f.Recovered == nil ||
+					*f.Recovered)
+			}
+		case "unsubscribed":
+			// A refresh to Narrow ended the subscription: leave, and
+			// come back with Token.
+			return false, newest
 		case "skipped":
 			c.History.Skipped(s, f.Seq)
 			newest = max(newest, f.Seq)
@@ -354,6 +388,11 @@ func (c *Client) read(ctx context.Context, ws *websocket.Conn,
 			}
 			if f.MessageID == until {
 				return true, newest
+			}
+			if nak && c.narrowAt(value) && s.Group != "" &&
+				send(ctx, ws, map[string]any{"type": "auth",
+					"token": c.Narrow}) != nil {
+				return false, newest
 			}
 		}
 	}
@@ -388,11 +427,29 @@ const delayedPrefix = "$delayed/"
 // one in eight.
 func waiting(id string) bool { return eighth(id) == 2 }
 
+// narrowAt reports whether a member that naks value's first delivery
+// narrows its session then (Client.Narrow): a quarter of the values it
+// naks, once each, or a group that replays the value at attempt 1 after
+// a restart would see its only member leave again for ever.
+func (c *Client) narrowAt(value string) bool {
+	if c.Narrow == "" || hash(value)%32 != 0 || c.narrowed[value] {
+		return false
+	}
+	if c.narrowed == nil {
+		c.narrowed = map[string]bool{}
+	}
+	c.narrowed[value] = true
+	return true
+}
+
 // eighth sorts a value into one of eight classes, by its hash.
-func eighth(value string) uint32 {
+func eighth(value string) uint32 { return hash(value) % 8 }
+
+// hash is value's FNV-1a hash.
+func hash(value string) uint32 {
 	h := fnv.New32a()
 	h.Write([]byte(value))
-	return h.Sum32() % 8
+	return h.Sum32()
 }
 
 // ReadLog reads topic's whole log, from the oldest message kept up to
