@@ -461,7 +461,11 @@ func (r *chaosRun) workload(ctx context.Context) (chaos.Report, error) {
 	}
 
 	// Publishers spread over the topics and the brokers; on each topic a
-	// durable subscriber and a plain one, each on a broker of its own.
+	// durable subscriber with a wildcard beside it on the same
+	// connection, a plain one, each on a broker of its own, and, on
+	// bbolt, a work queue of two members (groups need the broker's own
+	// log), one with a wildcard beside it, both narrowing their sessions
+	// to fewer grants now and then while they hold a job.
 	stop := make(chan struct{})
 	var publishers, subscribers sync.WaitGroup
 	for i := range r.cfg.publishers {
@@ -472,12 +476,19 @@ func (r *chaosRun) workload(ctx context.Context) (chaos.Report, error) {
 		topic := topics[i%len(topics)]
 		publishers.Go(func() { p.Publish(ctx, stop, topic, r.cfg.window) })
 	}
+	var members sync.WaitGroup
 	for i, topic := range topics {
 		for j, durable := range []string{"d-" + topic, ""} {
 			s := r.client(cmp.Or(durable, "s-"+topic), 2*i+j+1)
+			if durable != "" {
+				s.Overlap = topic + "/#"
+			}
 			subscribers.Go(func() {
 				s.Subscribe(ctx, topic, durable, "end-"+topic)
 			})
+		}
+		if r.cfg.engine == "bbolt" {
+			r.join(ctx, &members, topic)
 		}
 	}
 	r.nemesis(ctx)
@@ -503,7 +514,7 @@ func (r *chaosRun) workload(ctx context.Context) (chaos.Report, error) {
 			return chaos.Report{}, err
 		}
 	}
-	if !waitGroup(drainCtx, &subscribers) {
+	if !waitGroup(drainCtx, &subscribers) || !waitGroup(drainCtx, &members) {
 		return chaos.Report{}, fmt.Errorf("%w: subscribers",
 			chaos.ErrUnfinished)
 	}
@@ -516,6 +527,36 @@ func (r *chaosRun) workload(ctx context.Context) (chaos.Report, error) {
 		}
 	}
 	return chaos.Check(r.history), nil
+}
+
+// join starts topic's work queue: two members, on brokers of their own,
+// one with a wildcard beside it; the member that gets the marker ends
+// the group a few seconds later, so that jobs moved from a member cut
+// off at the end still come.
+func (r *chaosRun) join(ctx context.Context, members *sync.WaitGroup,
+	topic string) {
+	group, end := context.WithCancel(ctx)
+	finished := sync.OnceFunc(func() { time.AfterFunc(5*time.Second, end) })
+	for i := range 2 {
+		m := r.client(fmt.Sprintf("g%d-%s", i+1, topic), i)
+		if i == 0 {
+			m.Overlap = topic + "/#"
+		}
+		m.Narrow = r.narrow(m.Name)
+		members.Go(func() {
+			m.Join(group, topic, "workers", "end-"+topic, finished)
+		})
+	}
+}
+
+// narrow signs a day's token for name that may read nothing the
+// workload uses.
+func (r *chaosRun) narrow(name string) string {
+	claims := popsub.Claims{Subscribe: []string{"nothing"}}
+	claims.Subject = name
+	claims.ExpiresAt = jwt.NewNumericDate(time.Now().Add(24 * time.Hour))
+	token, _ := claims.Sign([]byte(chaosSecret))
+	return token
 }
 
 // waitGroup waits for wg, or for ctx; it reports whether wg finished.
@@ -583,7 +624,7 @@ func (r *chaosRun) clock() string {
 // next fault may find still paused or stalled; heal undoes those.
 func (r *chaosRun) nemesis(ctx context.Context) {
 	faults := []func(context.Context){r.kill, r.killOnNewTopic,
-		r.killTwice, r.pause, r.cut, r.stall}
+		r.killTwice, r.restartClean, r.pause, r.cut, r.stall}
 	if r.cfg.engine == "nats" {
 		faults = append(faults, r.killNATS, r.afterNATSRestart)
 	}
@@ -629,6 +670,21 @@ func (r *chaosRun) restart(ctx context.Context, b *process, kind,
 	healed := r.note(kind, b.name, how)
 	b.kill()
 	time.Sleep(time.Duration(r.rand.Int64N(int64(500 * time.Millisecond))))
+	if err := b.startRetrying(ctx); err != nil {
+		fmt.Fprintf(r.out, "%s  %s did not restart: %v\n", r.clock(),
+			b.name, err)
+		return
+	}
+	healed()
+}
+
+// restartClean stops a broker gracefully (SIGINT, which it takes as
+// SIGTERM), as a deploy does, and
+// starts it again on the same files.
+func (r *chaosRun) restartClean(ctx context.Context) {
+	_, b := r.anyBroker()
+	healed := r.note("restart", b.name, "SIGINT, then start")
+	b.stop()
 	if err := b.startRetrying(ctx); err != nil {
 		fmt.Fprintf(r.out, "%s  %s did not restart: %v\n", r.clock(),
 			b.name, err)
