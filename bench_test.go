@@ -358,3 +358,43 @@ func writeFrame(b *testing.B, ws *websocket.Conn, frame string) {
 		b.Fatal(err)
 	}
 }
+
+// BenchmarkStart_WithAFullDelayedLog measures New on a bbolt file whose
+// $delayed log holds as much as the default bounds let one topic (and
+// one token) keep waiting: 10,000 small messages, or 64 MiB of large
+// ones. Each op is one start, loading the log and scheduling every
+// message, and the Shutdown after it.
+func BenchmarkStart_WithAFullDelayedLog(b *testing.B) {
+	for _, payload := range []int{64, 256 << 10} {
+		b.Run(fmt.Sprintf("payload=%d", payload), func(b *testing.B) {
+			path := filepath.Join(b.TempDir(), "popsub.db")
+			store := openBolt(b, path)
+			body := json.RawMessage(`"` + strings.Repeat("x", payload) + `"`)
+			due := time.Now().Add(time.Hour).UnixMilli()
+			bytes, n := 0, 0
+			for n < DefaultMaxDelayed {
+				m := &Message{Topic: DelayedPrefix + "jobs",
+					ID: fmt.Sprint("m", n), Seq: uint64(n + 1), QoS: 1,
+					Timestamp: time.Now().UnixMilli(), Payload: body,
+					DeliverAt: due, publisher: "alice"}
+				if bytes+m.size() > DefaultMaxDelayedBytes {
+					break
+				}
+				bytes, n = bytes+m.size(), n+1
+				if err := store.Commit(&Batch{Messages: []*Message{m}}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			store.Close()
+			for b.Loop() {
+				broker, err := New(Options{Secret: testSecret,
+					Store: openBolt(b, path), Logger: quietLogger})
+				if err != nil {
+					b.Fatal(err)
+				}
+				broker.Shutdown(context.Background())
+			}
+			b.ReportMetric(float64(n), "messages")
+		})
+	}
+}

@@ -2,8 +2,10 @@ package popsub
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -302,4 +304,44 @@ func TestDelay_SentWhenDueWithItsTimeOnEitherEngine(t *testing.T) {
 		t.Fatalf("got %+v, want soon at seq 2, once its deliver_at passed",
 			g)
 	}
+}
+
+// refusingOnce is a memoryStore that refuses the first batch holding a
+// message to topic, as a disk that is full a moment would.
+type refusingOnce struct {
+	*memoryStore
+	topic   string
+	refused atomic.Bool
+}
+
+// Commit refuses the first batch with a message to s.topic.
+func (s *refusingOnce) Commit(batch *Batch) error {
+	for _, m := range batch.Messages {
+		if m.Topic == s.topic && s.refused.CompareAndSwap(false, true) {
+			return errors.New("disk full")
+		}
+	}
+	return s.memoryStore.Commit(batch)
+}
+
+// A delayed message whose send the log refuses is sent again a second
+// later, alone in the schedule or not: the release loop wakes for it.
+func TestDelay_ASendTheLogRefusesIsTriedAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &refusingOnce{memoryStore: newMemoryStore(), topic: "jobs"}
+		ps := startPipeBroker(t, Options{Store: store})
+		defer ps.stop()
+		sub, pub := ps.dialAs("sub"), ps.dialAs("pub")
+		sub.subscribe("jobs", nil)
+		pub.send(map[string]any{"type": "publish", "topic": "jobs",
+			"payload": 1, "qos": 1, "message_id": "later", "delay_ms": 1000})
+		pub.expect("published")
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		msgs, _ := store.Read("jobs", 0, 10, 1<<20)
+		if len(msgs) != 1 || msgs[0].ID != "later" {
+			t.Fatalf("jobs holds %d messages, want later once, sent again "+
+				"after the refusal", len(msgs))
+		}
+	})
 }

@@ -3750,19 +3750,26 @@ func (d *delays) count(w waiting, sign int) {
 	}
 }
 
-// fallenDue takes out of the heap every message due by now, and returns
-// them with how long until the next one is, or a day if none waits.
-func (d *delays) fallenDue(now int64) ([]waiting, time.Duration) {
+// fallenDue takes out of the heap every message due by now.
+func (d *delays) fallenDue(now int64) []waiting {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var due []waiting
 	for len(d.due) > 0 && d.due[0].due <= now {
 		due = append(due, heap.Pop(&d.due).(waiting))
 	}
+	return due
+}
+
+// untilNext is how long until the earliest message waiting is due, or a
+// day if none waits.
+func (d *delays) untilNext() time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if len(d.due) == 0 {
-		return due, 24 * time.Hour
+		return 24 * time.Hour
 	}
-	return due, time.Duration(d.due[0].due-now) * time.Millisecond
+	return time.Until(time.UnixMilli(d.due[0].due))
 }
 
 // releaseLoop sends each delayed message when it falls due: it sleeps
@@ -3779,9 +3786,8 @@ func (b *Broker) releaseLoop() {
 		case <-b.stop:
 			return
 		}
-		due, next := b.delays.fallenDue(time.Now().UnixMilli())
-		b.release(due)
-		timer.Reset(next)
+		b.release(b.delays.fallenDue(time.Now().UnixMilli()))
+		timer.Reset(b.delays.untilNext())
 	}
 }
 

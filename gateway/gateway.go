@@ -322,6 +322,7 @@ var statuses = map[string]int{
 	"timeout":            http.StatusRequestTimeout,
 	"too_large":          http.StatusRequestEntityTooLarge,
 	"rate_limited":       http.StatusTooManyRequests,
+	"delayed_limit":      http.StatusTooManyRequests,
 	"store_failed":       http.StatusServiceUnavailable,
 	"unavailable":        http.StatusServiceUnavailable,
 	"internal":           http.StatusInternalServerError,

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -159,6 +160,10 @@ type chaosRun struct {
 	proxies   []*chaos.Proxy
 	// fresh numbers the new topics the nemesis makes.
 	fresh []string
+	// mu guards clients, the names of the subscribers and members still
+	// reading, for a drain that times out to name.
+	mu      sync.Mutex
+	clients map[string]bool
 }
 
 // process is one server the run started, which the nemesis may kill,
@@ -484,6 +489,7 @@ func (r *chaosRun) workload(ctx context.Context) (chaos.Report, error) {
 				s.Overlap = topic + "/#"
 			}
 			subscribers.Go(func() {
+				defer r.running(s.Name)()
 				s.Subscribe(ctx, topic, durable, "end-"+topic)
 			})
 		}
@@ -515,8 +521,8 @@ func (r *chaosRun) workload(ctx context.Context) (chaos.Report, error) {
 		}
 	}
 	if !waitGroup(drainCtx, &subscribers) || !waitGroup(drainCtx, &members) {
-		return chaos.Report{}, fmt.Errorf("%w: subscribers",
-			chaos.ErrUnfinished)
+		return chaos.Report{}, fmt.Errorf("%w: %s", chaos.ErrUnfinished,
+			r.stillRunning())
 	}
 	for _, topic := range all {
 		if err := drain.ReadLog(drainCtx, topic, "end-"+topic); err != nil {
@@ -527,6 +533,30 @@ func (r *chaosRun) workload(ctx context.Context) (chaos.Report, error) {
 		}
 	}
 	return chaos.Check(r.history), nil
+}
+
+// running notes that the client called name is under way, until the
+// function it returns is called.
+func (r *chaosRun) running(name string) func() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.clients == nil {
+		r.clients = map[string]bool{}
+	}
+	r.clients[name] = true
+	return func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		delete(r.clients, name)
+	}
+}
+
+// stillRunning names the clients under way, for a drain that timed out.
+func (r *chaosRun) stillRunning() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return "still reading: " + strings.Join(slices.Sorted(maps.Keys(
+		r.clients)), ", ")
 }
 
 // join starts topic's work queue: two members, on brokers of their own,
@@ -544,6 +574,7 @@ func (r *chaosRun) join(ctx context.Context, members *sync.WaitGroup,
 		}
 		m.Narrow = r.narrow(m.Name)
 		members.Go(func() {
+			defer r.running(m.Name)()
 			m.Join(group, topic, "workers", "end-"+topic, finished)
 		})
 	}

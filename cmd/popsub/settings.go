@@ -74,6 +74,12 @@ func serveSettings(c *serveConfig) []setting {
 		number("group-window", "broker.group_window",
 			popsub.DefaultGroupWindow, "unacked QoS 1 jobs per member of "+
 				"a work queue", &o.GroupWindow, positive),
+		number("max-delayed", "broker.max_delayed",
+			popsub.DefaultMaxDelayed, "delayed messages waiting per topic "+
+				"and per token", &o.MaxDelayed, positive),
+		number("max-delayed-bytes", "broker.max_delayed_bytes",
+			popsub.DefaultMaxDelayedBytes, "their bytes, per topic and per "+
+				"token", &o.MaxDelayedBytes, positive),
 		span("write-timeout", "broker.write_timeout",
 			popsub.DefaultWriteTimeout, "wait for a peer that does not read, "+
 				"then cut it off", &o.WriteTimeout, positive),
