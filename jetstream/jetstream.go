@@ -270,9 +270,12 @@ func (l *Log) openBuckets() error {
 	var err error
 	for name, kv := range map[string]*jetstream.KeyValue{
 		"topics": &l.topics, "cursors": &l.cursors} {
-		*kv, err = l.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket: l.opts.Prefix + "_" + name, Replicas: l.opts.Replicas,
-			Storage: jetstream.FileStorage})
+		err = whileForming(ctx, func() (err error) {
+			*kv, err = l.js.CreateOrUpdateKeyValue(ctx,
+				jetstream.KeyValueConfig{Bucket: l.opts.Prefix + "_" + name,
+					Replicas: l.opts.Replicas, Storage: jetstream.FileStorage})
+			return err
+		})
 		if errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
 			errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
 			return fmt.Errorf("%s has no JetStream: start nats-server "+
@@ -288,6 +291,31 @@ func (l *Log) openBuckets() error {
 	}
 	return nil
 }
+
+// whileForming runs create until it succeeds, fails for another reason
+// than a cluster still forming, or ctx ends. A cluster that has just
+// elected its leader may not yet count every node as a peer, and refuses
+// a replicated stream or bucket with "no suitable peers for placement"
+// (err_code 10005) for a moment: a broker starting beside it, or a test
+// on a loaded machine, met that.
+func whileForming(ctx context.Context, create func() error) error {
+	for {
+		err := create()
+		var api *jetstream.APIError
+		if !errors.As(err, &api) || api.ErrorCode != noPeersCode {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// noPeersCode is JetStream's err_code for "no suitable peers for
+// placement".
+const noPeersCode = 10005
 
 // answering waits until a bucket answers reads. A replicated bucket just
 // made, or one whose cluster is electing, has no leader for a moment,
@@ -395,7 +423,10 @@ func (l *Log) create(topic string, s *stream) error {
 	if strings.HasPrefix(topic, popsub.DelayedPrefix) {
 		config.MaxMsgs, config.MaxBytes, config.MaxAge = -1, -1, 2*l.opts.MaxAge
 	}
-	_, err := l.js.CreateOrUpdateStream(ctx, config)
+	err := whileForming(ctx, func() error {
+		_, err := l.js.CreateOrUpdateStream(ctx, config)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("create stream for %q: %w", topic, err)
 	}

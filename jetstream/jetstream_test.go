@@ -3,12 +3,14 @@ package jetstream
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/popsub/popsub"
 	"github.com/popsub/popsub/jetstream/natstest"
 )
@@ -389,5 +391,31 @@ func TestJetStream_ADelayedMessageOutlivesItsBroker(t *testing.T) {
 	}
 	if m, ok := worker.tryNext(); ok {
 		t.Fatalf("then %+v, want nothing more", m)
+	}
+}
+
+// A cluster still forming refuses a replicated stream with "no suitable
+// peers for placement" for a moment: creating waits it out, and gives
+// up on any other error at once.
+func TestWhileForming_WaitsOutAClusterStillForming(t *testing.T) {
+	noPeers := &jetstream.APIError{Code: 400, ErrorCode: noPeersCode,
+		Description: "no suitable peers for placement"}
+	tries := 0
+	err := whileForming(context.Background(), func() error {
+		if tries++; tries < 3 {
+			return fmt.Errorf("create: %w", noPeers)
+		}
+		return nil
+	})
+	if err != nil || tries != 3 {
+		t.Fatalf("%v after %d tries, want success at the third", err, tries)
+	}
+	other := errors.New("stream name already in use")
+	tries = 0
+	if err := whileForming(context.Background(), func() error {
+		tries++
+		return other
+	}); err != other || tries != 1 {
+		t.Fatalf("%v after %d tries, want the error at once", err, tries)
 	}
 }
