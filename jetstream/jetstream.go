@@ -55,10 +55,12 @@
 // sends on when due keeps its own, and so its dedup.
 //
 // A delayed message waits in the stream of $delayed/<topic>, which has
-// no count or size cap and keeps each message twice the others' age:
-// it leaves only once it is old enough to have been sent. JetStream's
-// own message schedules are not used: the schedule would take a seq in
-// the topic's stream, a gap PopSub would announce as lost messages. Durable cursors are a second
+// no count or size cap (the broker bounds what waits) and keeps each
+// message twice the others' age; once sent to its topic it is deleted
+// from there (Message.Releases), and JetStream's dedup covers a send
+// repeated before the delete. JetStream's own message schedules are not
+// used: the schedule would take a seq in the topic's stream, a gap
+// PopSub would announce as lost messages. Durable cursors are a second
 // bucket, keyed by the durable key in base64.
 //
 // Each broker follows only the topics it wants: those its clients
@@ -635,9 +637,9 @@ func answerNow(p pendingAck) {
 }
 
 // Commit keeps a batch's cursor moves in the cursors bucket, and its
-// messages, which only the broker's own topics send here, in memory.
-// Shared topics' messages come through Append, and their trims are each
-// stream's own limits.
+// messages, which only the broker's own topics send here, in memory; it
+// deletes the single messages it names. Shared topics' messages come
+// through Append, and their trims are each stream's own limits.
 func (l *Log) Commit(batch *popsub.Batch) error {
 	l.keepLocal(batch)
 	for topic, seqs := range batch.Deletes {
