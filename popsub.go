@@ -62,7 +62,6 @@ package popsub
 import (
 	"bytes"
 	"cmp"
-	"container/heap"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -3641,135 +3640,85 @@ func (m *Message) Releases() (log string, seq uint64) {
 	return DelayedPrefix + m.Topic, m.released
 }
 
-// delays are the delayed messages waiting in the broker's $delayed logs:
-// a heap by due time, and what waits for each topic and each token.
+// delays are the delayed messages waiting in the broker's $delayed logs,
+// in a queue.Schedule by due time, and how many, and how many bytes,
+// each token has waiting; each $delayed log's index counts its topic's.
 type delays struct {
 	// mu guards the fields below; nothing is locked under it.
-	mu sync.Mutex
-	// due holds every message waiting, earliest first (container/heap).
-	due dueHeap
-	// topics and tokens count what waits, by topic (the $delayed log's
-	// name) and by publisher.
-	topics, tokens map[string]load
+	mu     sync.Mutex
+	due    queue.Schedule[waiting]
+	tokens map[string]load
 	// sooner is signalled when a message is due before any other: the
 	// release loop sets its timer again.
 	sooner chan struct{}
 }
 
-// waiting is one delayed message in the heap.
+// waiting is one delayed message: its $delayed log, and its seq there.
 type waiting struct {
-	due       int64  // Unix ms: its deliver_at
-	log       *topic // its $delayed log
-	seq       uint64 // its seq there
-	publisher string // the token subject that published it
-	size      int    // Message.size
+	log *topic
+	seq uint64
 }
 
 // load is what waits for one topic or one token: messages, and bytes as
 // Message.size counts them.
 type load struct{ messages, bytes int }
 
-// dueHeap orders waiting messages by due time, for container/heap.
-type dueHeap []waiting
-
-func (h dueHeap) Len() int           { return len(h) }
-func (h dueHeap) Less(i, j int) bool { return h[i].due < h[j].due }
-func (h dueHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *dueHeap) Push(x any)        { *h = append(*h, x.(waiting)) }
-func (h *dueHeap) Pop() any {
-	old := *h
-	w := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return w
-}
-
 // newDelays returns an empty schedule.
 func newDelays() *delays {
-	return &delays{topics: map[string]load{}, tokens: map[string]load{},
-		sooner: make(chan struct{}, 1)}
+	return &delays{tokens: map[string]load{}, sooner: make(chan struct{}, 1)}
 }
 
 // delayed explains why m, a delayed publish, would pass a bound on what
-// waits for its topic or its publisher, or returns a zero reply. A
-// topic's delayed messages published at once may pass it by one each.
+// waits for its topic or its publisher, or returns a zero reply. Delayed
+// publishes to one topic at the same moment may pass it by one each.
 func (b *Broker) delayed(m *Message) reply {
-	d := b.delays
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	over := func(l load, what string) string {
+	t := b.topic(m.Topic)
+	t.mu.Lock()
+	topic := load{len(t.index.Live()), t.bytes}
+	t.mu.Unlock()
+	b.delays.mu.Lock()
+	token := b.delays.tokens[m.publisher]
+	b.delays.mu.Unlock()
+	name := strings.TrimPrefix(m.Topic, DelayedPrefix)
+	for what, l := range map[string]load{"topic " + name: topic,
+		"token " + m.publisher: token} {
 		switch {
 		case l.messages >= b.opts.MaxDelayed:
-			return fmt.Sprintf("%s has %d delayed messages waiting, the "+
-				"most MaxDelayed (--max-delayed) allows", what, l.messages)
+			return topicError("delayed_limit", fmt.Sprintf("%s has %d "+
+				"delayed messages waiting, the most --max-delayed allows",
+				what, l.messages), name)
 		case l.bytes+m.size() > b.opts.MaxDelayedBytes:
-			return fmt.Sprintf("%s has %d bytes of delayed messages "+
-				"waiting, and MaxDelayedBytes (--max-delayed-bytes) allows "+
-				"%d", what, l.bytes, b.opts.MaxDelayedBytes)
+			return topicError("delayed_limit", fmt.Sprintf("%s has %d "+
+				"bytes of delayed messages waiting, and --max-delayed-bytes "+
+				"allows %d", what, l.bytes, b.opts.MaxDelayedBytes), name)
 		}
-		return ""
 	}
-	problem := cmp.Or(over(d.topics[m.Topic], "topic "+
-		strings.TrimPrefix(m.Topic, DelayedPrefix)),
-		over(d.tokens[m.publisher], "token "+m.publisher))
-	if problem == "" {
-		return reply{}
-	}
-	return topicError("delayed_limit", problem,
-		strings.TrimPrefix(m.Topic, DelayedPrefix))
+	return reply{}
 }
 
-// schedule adds m, just indexed in its $delayed log t, to the messages
-// waiting, and wakes the release loop if it is due before any other.
+// schedule has m, just indexed in its $delayed log t, wait for its
+// time, counts it against its token (b.drop takes it off), and wakes
+// the release loop if it is due before any other.
 func (b *Broker) schedule(t *topic, m *Message) {
 	d := b.delays
-	w := waiting{due: m.DeliverAt, log: t, seq: m.Seq,
-		publisher: m.publisher, size: m.size()}
 	d.mu.Lock()
-	heap.Push(&d.due, w)
-	d.count(w, 1)
-	first := d.due[0] == w
+	first := d.due.Add(m.DeliverAt, waiting{t, m.Seq})
 	d.mu.Unlock()
+	d.count(m.publisher, 1, m.size())
 	if first {
 		notify(d.sooner)
 	}
 }
 
-// count adds sign (1 or -1) times w to what waits for its topic and its
-// token. The caller holds d.mu.
-func (d *delays) count(w waiting, sign int) {
-	for table, key := range map[*map[string]load]string{
-		&d.topics: w.log.name, &d.tokens: w.publisher} {
-		l := (*table)[key]
-		l.messages += sign
-		l.bytes += sign * w.size
-		if l.messages == 0 {
-			delete(*table, key)
-		} else {
-			(*table)[key] = l
-		}
-	}
-}
-
-// fallenDue takes out of the heap every message due by now.
-func (d *delays) fallenDue(now int64) []waiting {
+// count adds n messages of size bytes to what publisher has waiting.
+func (d *delays) count(publisher string, n, size int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var due []waiting
-	for len(d.due) > 0 && d.due[0].due <= now {
-		due = append(due, heap.Pop(&d.due).(waiting))
+	l := load{d.tokens[publisher].messages + n, d.tokens[publisher].bytes +
+		size}
+	if d.tokens[publisher] = l; l.messages == 0 {
+		delete(d.tokens, publisher)
 	}
-	return due
-}
-
-// untilNext is how long until the earliest message waiting is due, or a
-// day if none waits.
-func (d *delays) untilNext() time.Duration {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if len(d.due) == 0 {
-		return 24 * time.Hour
-	}
-	return time.Until(time.UnixMilli(d.due[0].due))
 }
 
 // releaseLoop sends each delayed message when it falls due: it sleeps
@@ -3786,30 +3735,36 @@ func (b *Broker) releaseLoop() {
 		case <-b.stop:
 			return
 		}
-		b.release(b.delays.fallenDue(time.Now().UnixMilli()))
-		timer.Reset(b.delays.untilNext())
+		d := b.delays
+		d.mu.Lock()
+		due := d.due.Due(time.Now().UnixMilli())
+		d.mu.Unlock()
+		b.release(due)
+		wait := 24 * time.Hour
+		d.mu.Lock()
+		if next, ok := d.due.Next(); ok {
+			wait = time.Until(time.UnixMilli(next))
+		}
+		d.mu.Unlock()
+		timer.Reset(wait)
 	}
 }
 
 // release publishes each of due to its topic, where it gets its seq
 // now, and forgets those on disk there. One whose record is not on disk
-// yet, or whose publish the log refused, waits a little and tries again;
+// yet, or whose publish the log refused, is tried again a second later;
 // one whose record is gone (sent by another broker on a shared log, or
 // refused when it was published) is forgotten.
 func (b *Broker) release(due []waiting) {
-	type sending struct {
-		waiting
-		stored *outcome
-	}
-	var sent []sending
-	var done []waiting
+	var sent []*outcome
+	var done, later []waiting
 	for _, w := range due {
-		m, state := b.readDelayed(w)
+		m, gone := b.readDelayed(w)
 		switch {
-		case state == "later":
-			b.retryRelease(w)
-		case state == "gone":
+		case gone:
 			done = append(done, w)
+		case m == nil:
+			later = append(later, w)
 		default:
 			// A duplicate (its publisher sent it again after it was
 			// sent on) stores nothing to delete the record with.
@@ -3820,66 +3775,57 @@ func (b *Broker) release(due []waiting) {
 			if duplicate {
 				b.log.Delete(w.log.name, w.seq)
 			}
-			sent = append(sent, sending{w, stored})
+			sent, done = append(sent, stored), append(done, w)
 		}
 	}
-	for _, s := range sent {
-		if <-s.stored.Done(); s.stored.Err() != nil {
-			b.retryRelease(s.waiting)
-		} else {
-			done = append(done, s.waiting)
+	for i := len(sent) - 1; i >= 0; i-- {
+		if <-sent[i].Done(); sent[i].Err() != nil {
+			later, done = append(later, done[i]), slices.Delete(done, i, i+1)
 		}
 	}
 	b.forgetDelayed(done)
+	b.delays.mu.Lock()
+	for _, w := range later {
+		b.delays.due.Add(time.Now().Add(time.Second).UnixMilli(), w)
+	}
+	b.delays.mu.Unlock()
 }
 
 // readDelayed reads w's message from its $delayed log and returns the
-// copy to publish to its topic, or says why not: "later" if its record
-// is not on disk yet, "gone" if the log no longer has it.
-func (b *Broker) readDelayed(w waiting) (*Message, string) {
+// copy to publish to its topic; nil if its record is not on disk yet, or
+// nil and true if the log no longer has it.
+func (b *Broker) readDelayed(w waiting) (*Message, bool) {
 	w.log.mu.Lock()
-	onDisk := w.log.synced() >= w.seq
+	onDisk := w.log.synced() >= w.seq || b.shared != nil
 	w.log.mu.Unlock()
 	msgs, err := b.store.Read(w.log.name, w.seq-1, 1, maxQueueBytes)
 	switch {
-	case err != nil || !onDisk && b.shared == nil:
-		return nil, "later"
+	case err != nil || !onDisk:
+		return nil, false
 	case len(msgs) == 0 || msgs[0].Seq != w.seq:
-		return nil, "gone"
+		return nil, true
 	}
 	// A copy: the store's own may be shared. It keeps its message_id,
 	// publisher, payload and times, and names its record.
 	m := *msgs[0]
 	m.Topic = strings.TrimPrefix(w.log.name, DelayedPrefix)
 	m.Seq, m.Timestamp, m.delivery, m.released = 0, 0, nil, w.seq
-	return &m, ""
+	return &m, false
 }
 
-// retryRelease schedules w again a second from now.
-func (b *Broker) retryRelease(w waiting) {
-	d := b.delays
-	w.due = time.Now().Add(time.Second).UnixMilli()
-	d.mu.Lock()
-	heap.Push(&d.due, w)
-	d.mu.Unlock()
-}
-
-// forgetDelayed drops list, sent or gone, from what waits and from
-// their $delayed logs' indexes, one pass over each log's.
+// forgetDelayed drops list, sent or gone, from their $delayed logs'
+// indexes, one pass over each, and from what their tokens have waiting.
 func (b *Broker) forgetDelayed(list []waiting) {
-	seqs := map[*topic]map[uint64]bool{}
-	b.delays.mu.Lock()
+	gone := map[*topic]map[uint64]bool{}
 	for _, w := range list {
-		b.delays.count(w, -1)
-		if seqs[w.log] == nil {
-			seqs[w.log] = map[uint64]bool{}
+		if gone[w.log] == nil {
+			gone[w.log] = map[uint64]bool{}
 		}
-		seqs[w.log][w.seq] = true
+		gone[w.log][w.seq] = true
 	}
-	b.delays.mu.Unlock()
-	for t, gone := range seqs {
+	for t, seqs := range gone {
 		t.mu.Lock()
-		t.drop(func(e entry) bool { return gone[e.seq] })
+		b.drop(t, func(e entry) bool { return seqs[e.seq] })
 		t.mu.Unlock()
 	}
 }
@@ -4067,8 +4013,10 @@ func (b *Broker) remember(t *topic, m *Message) {
 }
 
 // drop drops the entries of t's index that match, wherever they are,
-// with their ids and their bytes. The caller holds t.mu.
-func (t *topic) drop(match func(entry) bool) {
+// with their ids and their bytes, and a $delayed log's from what their
+// tokens have waiting. The caller holds t.mu.
+func (b *Broker) drop(t *topic, match func(entry) bool) {
+	delayed := strings.HasPrefix(t.name, DelayedPrefix)
 	t.index.Drop(func(e entry) bool {
 		if !match(e) {
 			return false
@@ -4076,7 +4024,9 @@ func (t *topic) drop(match func(entry) bool) {
 		if e.key.id != "" && t.ids[e.key] == e.seq {
 			delete(t.ids, e.key)
 		}
-		t.bytes -= e.size
+		if t.bytes -= e.size; delayed {
+			b.delays.count(e.key.publisher, -1, -e.size)
+		}
 		return true
 	})
 }
@@ -4367,7 +4317,7 @@ func (b *Broker) forgetFailed(msgs []*Message) {
 		t := b.topic(m.Topic)
 		t.mu.Lock()
 		t.unsynced = t.unsynced[1:]
-		t.drop(func(e entry) bool { return e.seq == m.Seq })
+		b.drop(t, func(e entry) bool { return e.seq == m.Seq })
 		t.mu.Unlock()
 	}
 }

@@ -47,3 +47,35 @@ func TestQueue_KeepsOrderAndBoundsItsArray(t *testing.T) {
 			cap(q.items), widest)
 	}
 }
+
+// A schedule hands back, at each time, exactly the items due by then,
+// earliest first, whatever order they were added in.
+func TestSchedule_HandsBackWhatIsDueEarliestFirst(t *testing.T) {
+	random := rand.New(rand.NewPCG(3, 4))
+	var s Schedule[int]
+	var want []int
+	for i := range 1000 {
+		due := random.IntN(100)
+		earliest := len(want) == 0 || due <= slices.Min(want)
+		if s.Add(int64(due), due) != earliest {
+			t.Fatalf("add %d: earliest %v, want %v", i, !earliest, earliest)
+		}
+		want = append(want, due)
+	}
+	slices.Sort(want)
+	var got []int
+	for now := int64(0); now < 100; now += 7 {
+		got = append(got, s.Due(now)...)
+		if next, ok := s.Next(); ok && next <= now {
+			t.Fatalf("at %d the next is due at %d, and was not handed back",
+				now, next)
+		}
+	}
+	got = append(got, s.Due(100)...)
+	if !slices.Equal(got, want) {
+		t.Fatalf("handed back %d items out of order or not all", len(got))
+	}
+	if _, ok := s.Next(); ok {
+		t.Fatal("an emptied schedule says something is due")
+	}
+}
