@@ -1844,10 +1844,7 @@ func (c *connection) addPending(p pending) *pending {
 		live[at] = p
 		return &live[at]
 	}
-	i := len(live)
-	if i > 0 && live[i-1].message.Seq > seq {
-		i = sort.Search(i, func(k int) bool { return live[k].message.Seq > seq })
-	}
+	i, _ := slices.BinarySearchFunc(live, seq+1, bySeq)
 	q.Insert(i, p)
 	c.inflight++
 	c.inflightBytes += p.message.size()
