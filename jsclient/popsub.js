@@ -31,7 +31,19 @@
 //     WebSocket frame, with no timer, and reads the broker's frames the
 //     same way ("batch":true);
 //   - names close codes: 4008 "cut_off", 4003 "token_expired", 4001
-//     "auth_failed", 1001 "going_away".
+//     "auth_failed", 1001 "going_away"; a token that expires, or that
+//     the broker refuses, ends the client with one error, unless
+//     getToken gives a fresh one: it never dials again with a token it
+//     knows the broker will refuse.
+//
+// What it promises about a subscription's end, and a new one begun in
+// a handler: once unsubscribe() or close() returns, no handler of that
+// subscription (or client) is called again, even for a delivery
+// already on its way. A subscription started inside a handler,
+// {after: message.seq} say, gets what at-least-once promises: every
+// message after that seq, each handled once (one handled may come
+// again only after a reconnect, before its ack arrived), and none at or
+// before it, including the one being handled.
 //
 // In Node 20, start with --experimental-websocket (Node 22 has
 // WebSocket built in), or pass a WebSocket class as options.WebSocket.
@@ -108,6 +120,9 @@ export class PopsubError extends Error {
  *   when it was published with ttlMs
  * @property {number} [deliverAt] Unix ms when it was due, when it was
  *   published with delayMs or deliverAt
+ * @property {Subscription} subscription the subscription it came
+ *   through: a handler may end it, replayed messages come before
+ *   subscribe's promise resolves
  * @property {() => void} ack acks it (a QoS 0 delivery needs none)
  * @property {(options?: {delayMs?: number, dead?: boolean,
  *   reason?: string}) => void} nak hands it back: retried after delayMs
@@ -150,6 +165,7 @@ export class Client {
   #refreshTimer = null;
   #pingTimer = null;
   #heard = 0; // when the socket last received anything, in ms
+  #refusedToken = ""; // the last token the broker refused or expired
   #subject = ""; // the subject the broker accepted first, for good
   /** @type {Map<string, Subscription>} by topic */ #subscriptions = new Map();
   /** @type {Map<string, object>} by topic and message_id */ #publishes = new Map();
@@ -236,7 +252,19 @@ export class Client {
 
   async #authenticate(ws) {
     if (!this.#token && this.#options.getToken) {
-      this.#token = await this.#options.getToken();
+      const token = await this.#options.getToken();
+      // A token the broker refused, or one expired already, would only
+      // be refused again, and again: a reconnect loop, never served.
+      const exp = expiryOf(token);
+      if (token === this.#refusedToken || exp && exp < Date.now()) {
+        const err = new PopsubError("token_expired", "getToken gave a " +
+          "token that is expired, or that the broker refused: not used");
+        this.#emit("error", err);
+        this.#fail(err);
+        ws.close(1000, "");
+        return;
+      }
+      this.#token = token;
     }
     // batch: the broker then reads several frames a WebSocket frame,
     // one per line, and sends them so too (#flush, #receive).
@@ -290,7 +318,7 @@ export class Client {
       this.#firstOpen.reject(new PopsubError(name, reason ||
         "could not connect to " + this.#url));
     }
-    if (tokenProblem) this.#token = undefined;
+    if (tokenProblem) [this.#refusedToken, this.#token] = [this.#token, undefined];
     const delay = reconnecting ? this.#backoff() : 0;
     this.#emit("close", {code, name, reason, reconnecting, delay});
     if (reconnecting) {
@@ -397,7 +425,9 @@ export class Client {
   // # Frames from the broker
 
   #receive(ws, data) {
-    if (ws !== this.#ws) return;
+    // Nothing is delivered once close() returns, though the socket may
+    // bring more before its close handshake ends.
+    if (ws !== this.#ws || this.#closed) return;
     this.#heard = Date.now();
     // One WebSocket frame may hold several of the broker's, one a line.
     for (const line of String(data).split("\n")) {
@@ -536,6 +566,10 @@ export class Client {
     if (ttlMs !== undefined) frame.ttl_ms = ttlMs;
     if (delayMs !== undefined) frame.delay_ms = delayMs;
     if (deliverAt !== undefined) frame.deliver_at = deliverAt;
+    if (qos === 0 && (delayMs !== undefined || deliverAt !== undefined)) {
+      return Promise.reject(new PopsubError("invalid_delay", "a delayed " +
+        "publish needs qos 1: it is confirmed once stored"));
+    }
     if (qos === 0) {
       if (!this.#authenticated) {
         return Promise.reject(new PopsubError("not_connected",
@@ -735,7 +769,8 @@ export class Subscription {
     /** @type {Message} */
     const message = {topic: frame.topic, payload: frame.payload,
       seq: frame.seq, messageId: frame.message_id, qos: frame.qos,
-      timestamp: frame.timestamp, attempt: frame.attempt, ack, nak};
+      timestamp: frame.timestamp, attempt: frame.attempt, ack, nak,
+      subscription: this};
     if (frame.expires_at) message.expiresAt = frame.expires_at;
     if (frame.deliver_at) message.deliverAt = frame.deliver_at;
     const manual = this.#options.ack === "manual" && frame.qos === 1;

@@ -483,3 +483,117 @@ test("connect rejects a broker whose certificate it does not trust",
       equal(err.name, "PopsubError", "the rejection: " + err);
     }
   });
+
+// What centrifuge-js's recovery harness (its issues #393 to #425) and
+// Mercure's users found in their clients this year: deliveries after
+// teardown, a message recovered twice by a resubscribe inside a handler,
+// a token that expired retried for ever.
+
+test("nothing is delivered once unsubscribe() resolves, or close() returns",
+  async (env) => {
+    const token = await tokenFor(env, "alice");
+    const publisher = env.track(await env.lib.connect(env.base + "/ws",
+      {token}));
+    const t = topic("teardown");
+    for (const end of ["unsubscribe", "close"]) {
+      const c = env.track(await env.lib.connect(env.base + "/ws", {token}));
+      let after = 0, ended = false;
+      const sub = await c.subscribe(t, () => { if (ended) after++; },
+        {last: 0});
+      // A stream on its way as the subscription ends.
+      const sending = Promise.all(Array.from({length: 200},
+        (_, i) => publisher.publish(t, i, {qos: 1})));
+      await new Promise((r) => setTimeout(r, 5));
+      if (end === "unsubscribe") await sub.unsubscribe();
+      else c.close();
+      ended = true;
+      await sending;
+      // A reader that sees the last of them has seen them all arrive.
+      const watcher = env.track(await env.lib.connect(env.base + "/ws",
+        {token}));
+      let last = false;
+      await watcher.subscribe(t, (m) => { last ||= m.payload === "last"; },
+        {last: 0});
+      await publisher.publish(t, "last", {qos: 1});
+      await waitUntil(() => last, "the last one");
+      equal(after, 0, `deliveries after ${end}`);
+    }
+  });
+
+test("a resubscribe inside a handler gets each later message once, " +
+  "and none before", async (env) => {
+  const token = await tokenFor(env, "alice");
+  const c = env.track(await env.lib.connect(env.base + "/ws", {token}));
+  const t = topic("inside");
+  for (let i = 1; i <= 10; i++) await c.publish(t, i, {qos: 1});
+  const first = [], second = [];
+  // The replay may come in the frame that says "subscribed", before
+  // subscribe resolves: the handler ends its subscription through the
+  // message.
+  await c.subscribe(t, async (m) => {
+    first.push(m.seq);
+    if (m.seq === 5) {
+      await m.subscription.unsubscribe();
+      await c.subscribe(t, (n) => { second.push(n.seq); }, {after: m.seq});
+    }
+  }, {after: 0});
+  await waitUntil(() => second.length >= 5, "the second subscription");
+  await c.publish(t, 11, {qos: 1});
+  await waitUntil(() => second.includes(11), "a live one");
+  equal(first, [1, 2, 3, 4, 5], "the first subscription's");
+  equal(second, [6, 7, 8, 9, 10, 11], "the second's");
+});
+
+test("a token that expires ends the client with one error, and no dial " +
+  "after", async (env) => {
+  // The broker allows a token 5 s past its exp: this one ends in 6 s.
+  const token = await tokenFor(env, "alice", {ttl: 1});
+  let dials = 0;
+  const Counting = class extends globalThis.WebSocket {
+    constructor(...args) { super(...args); dials++; }
+  };
+  const c = env.track(await env.lib.connect(env.base + "/ws",
+    {token, WebSocket: Counting, minDelay: 10, maxDelay: 20}));
+  const errors = [], closes = [];
+  c.on("error", (e) => errors.push(e.code));
+  c.on("close", (e) => closes.push([e.name, e.reconnecting]));
+  await waitUntil(() => closes.length > 0, "the session's end");
+  await new Promise((r) => setTimeout(r, 500));
+  equal([errors, closes, dials], [["token_expired"],
+    [["token_expired", false]], 1], "errors, closes and dials");
+  let rejected = "";
+  await c.publish(topic("after"), 1, {qos: 1}).catch((e) => {
+    rejected = e.code;
+  });
+  equal(rejected, "closed", "a publish after the end");
+});
+
+test("a token that getToken gives expired is never sent", async (env) => {
+  // A broken getToken hands back the token that just expired: the client
+  // says so once and stops, where dialling again would loop for ever.
+  const expired = await tokenFor(env, "alice", {ttl: -60});
+  let dials = 0;
+  const Counting = class extends globalThis.WebSocket {
+    constructor(...args) { super(...args); dials++; }
+  };
+  const errors = [];
+  const c = new env.lib.Client(env.base + "/ws", {getToken: () => expired,
+    WebSocket: Counting, minDelay: 10, maxDelay: 20});
+  env.track(c);
+  c.on("error", (e) => errors.push(e.code));
+  let refused = "";
+  await c.opened.catch((e) => { refused = e.code; });
+  await new Promise((r) => setTimeout(r, 300));
+  equal([errors, dials, refused !== ""], [["token_expired"], 1, true],
+    "errors, dials, and connect's refusal");
+});
+
+test("a delayed QoS 0 publish is refused at the call", async (env) => {
+  const c = env.track(await env.lib.connect(env.base + "/ws",
+    {token: await tokenFor(env, "alice")}));
+  let code = "";
+  await c.publish(topic("delay0"), 1, {delayMs: 100}).catch((e) => {
+    code = e.code;
+  });
+  equal(code, "invalid_delay", "the refusal");
+});
