@@ -173,6 +173,90 @@ func TestDocs_EveryCommandAndFrameRuns(t *testing.T) {
 		}
 	}
 	t.Run("every frame is in docs/asyncapi.json", checkDocFrames)
+	t.Run("asyncapi-validator reads each frame as the Go validator does",
+		crossCheckDocFrames)
+}
+
+// crossCheckDocFrames validates every distinct frame of the docs'
+// sessions again with asyncapi-validator, an Ajv-based reading of the
+// document written by other people, and fails where its verdict and the
+// Go validator's differ: two readings that agree are a check of the
+// document, not of one validator's reading of it.
+func crossCheckDocFrames(t *testing.T) {
+	tools := npmTools(t)
+	frames, verdicts, err := docFrames.Distinct()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type input struct {
+		FromClient bool   `json:"fromClient"`
+		Frame      string `json:"frame"`
+	}
+	var in []input
+	for _, f := range frames {
+		in = append(in, input{f.FromClient, string(f.Data)})
+	}
+	data, _ := json.Marshal(in)
+	command := exec.Command(nodeBinary(t), filepath.Join(tools,
+		"validate-frames.mjs"), "../../docs/asyncapi.json")
+	command.Stdin = bytes.NewReader(data)
+	out, err := command.Output()
+	if err != nil {
+		t.Fatalf("validate-frames.mjs: %v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != len(frames) {
+		t.Fatalf("%d verdicts for %d frames", len(lines), len(frames))
+	}
+	for i, line := range lines {
+		var v struct {
+			OK    bool
+			Error string
+		}
+		json.Unmarshal([]byte(line), &v)
+		if v.OK != (verdicts[i] == nil) {
+			t.Errorf("%s: %s: asyncapi-validator says valid %v (%s), the Go "+
+				"validator %v (%v)", frames[i].Where, frames[i].Data, v.OK,
+				v.Error, verdicts[i] == nil, verdicts[i])
+		}
+	}
+	t.Logf("%d distinct frames, each read alike by both", len(frames))
+}
+
+// npmTools is the folder of the npm packages the tests check PopSub with
+// (testdata/npm: the AsyncAPI project's parser, asyncapi-validator,
+// eventsource), which .ci/run installs with npm ci. Without them a test
+// is skipped on a developer's machine, and fails under CI=true.
+func npmTools(t *testing.T) string {
+	dir, err := filepath.Abs("../../testdata/npm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules")); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no npm packages in %s; .ci/run installs them with "+
+				"npm ci", dir)
+		}
+		t.Skipf("no npm packages in %s (npm ci --prefix testdata/npm)", dir)
+	}
+	return dir
+}
+
+// TestAsyncAPI_TheProjectsOwnParserReadsTheDocument parses
+// docs/asyncapi.json with @asyncapi/parser, the AsyncAPI project's own:
+// no error and no warning, the latest version of the specification
+// included.
+func TestAsyncAPI_TheProjectsOwnParserReadsTheDocument(t *testing.T) {
+	tools := npmTools(t)
+	command := exec.Command(nodeBinary(t), filepath.Join(tools,
+		"parse-asyncapi.mjs"), "../../docs/asyncapi.json")
+	out, err := command.CombinedOutput()
+	if err != nil {
+		t.Fatalf("@asyncapi/parser: %v\n%s", err, out)
+	}
+	if len(bytes.TrimSpace(out)) > 0 {
+		t.Logf("@asyncapi/parser's notes:\n%s", out)
+	}
 }
 
 // docFrames are the frames the docs' sessions sent and received, held to

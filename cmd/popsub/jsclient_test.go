@@ -409,9 +409,11 @@ func TestJavaScriptClient_InNode(t *testing.T) {
 	s := startJSServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	// Node 20 has WebSocket behind a flag; later versions accept it.
+	// Node 20 has WebSocket behind a flag; later versions accept it. The
+	// npm eventsource package stands for a browser's EventSource.
 	command := exec.CommandContext(ctx, node, "--experimental-websocket",
-		"--no-warnings", filepath.Join(jsSuite, "node.mjs"), s.url)
+		"--no-warnings", filepath.Join(jsSuite, "node.mjs"), s.url,
+		npmTools(t))
 	var stderr bytes.Buffer
 	command.Stderr = &stderr
 	out, err := command.Output()

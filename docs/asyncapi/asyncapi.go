@@ -108,6 +108,32 @@ func (r *Recorder) Check(excused func(frames []Frame, i int) bool) (
 	return problems, nil
 }
 
+// Distinct returns each distinct frame kept, by its side, once, with
+// what the document says of it: nil, or why it does not describe it.
+func (r *Recorder) Distinct() ([]Frame, []error, error) {
+	client, broker, err := Schemas()
+	if err != nil {
+		return nil, nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var frames []Frame
+	var verdicts []error
+	seen := map[string]bool{}
+	for _, f := range r.frames {
+		schema, side := broker, "received"
+		if f.FromClient {
+			schema, side = client, "sent"
+		}
+		if !seen[side+string(f.Data)] {
+			seen[side+string(f.Data)] = true
+			frames = append(frames, f)
+			verdicts = append(verdicts, Validate(schema, f.Data))
+		}
+	}
+	return frames, verdicts, nil
+}
+
 // Len returns how many frames are kept.
 func (r *Recorder) Len() int {
 	r.mu.Lock()

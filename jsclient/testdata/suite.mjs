@@ -438,7 +438,7 @@ test("a silent connection is noticed by the client's pings",
 
 test("follow renews an expired token and goes on after the last seq",
   async (env) => {
-    if (!globalThis.EventSource) return; // a browser's; Node has none
+    if (!globalThis.EventSource) return; // a browser's, or npm's in Node
     // The real serve, with its HTTP gateway; this page is of another
     // origin, which serve's --origins allows.
     const {ws} = await serve(env);
@@ -597,3 +597,38 @@ test("a delayed QoS 0 publish is refused at the call", async (env) => {
   });
   equal(code, "invalid_delay", "the refusal");
 });
+
+test("an EventSource resumes with Last-Event-ID after the broker restarts",
+  async (env) => {
+    if (!globalThis.EventSource) return; // in Node, the npm package's
+    const {ws} = await serve(env);
+    const base = ws.replace(/^ws/, "http").replace(/\/ws$/, "");
+    const token = await tokenFor(env, "alice");
+    const writer = env.track(await env.lib.connect(ws,
+      {token, minDelay: 20, maxDelay: 200}));
+    const t = topic("sse");
+    await writer.publish(t, 1, {qos: 1});
+    const got = [], ids = [];
+    const query = new URLSearchParams({access_token: token, after: "0"});
+    const source = new EventSource(`${base}/topics/${t}?${query}`);
+    source.addEventListener("message", (e) => {
+      got.push(JSON.parse(e.data).payload);
+      ids.push(e.lastEventId);
+    });
+    try {
+      await writer.publish(t, 2, {qos: 1});
+      await waitUntil(() => got.length === 2, "the first two");
+      // The stream drops with the broker; EventSource comes back by
+      // itself, sending the last id it saw, and the broker goes on after
+      // it (the URL's after=0 would replay everything).
+      await control(env, "serve-stop");
+      await control(env, "serve-start");
+      await writer.publish(t, 3, {qos: 1});
+      await waitUntil(() => got.length >= 3, "the one after the restart");
+      await new Promise((r) => setTimeout(r, 200));
+      equal([got, ids], [[1, 2, 3], ["1", "2", "3"]],
+        "each message once, with its seq as its id");
+    } finally {
+      source.close();
+    }
+  });
