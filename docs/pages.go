@@ -9,6 +9,8 @@ import (
 	"path"
 	"regexp"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/yuin/goldmark"
 	"github.com/yuin/goldmark/ast"
@@ -55,7 +57,9 @@ func Pages() ([]Page, map[string][]byte, error) {
 
 // render turns one page's Markdown into a document.
 func render(md goldmark.Markdown, name string, source []byte) (Page, error) {
-	doc := md.Parser().Parse(text.NewReader(source))
+	ids := parser.WithIDs(&codeHostIDs{seen: map[string]int{}})
+	doc := md.Parser().Parse(text.NewReader(source),
+		parser.WithContext(parser.NewContext(ids)))
 	title := name
 	ast.Walk(doc, func(n ast.Node, entering bool) (ast.WalkStatus, error) {
 		if !entering {
@@ -83,6 +87,35 @@ func render(md goldmark.Markdown, name string, source []byte) (Page, error) {
 	page.WriteString(pageFoot)
 	return Page{Name: name, Title: title, HTML: page.Bytes()}, nil
 }
+
+// codeHostIDs gives headings the ids a code host's rendering gives them,
+// so that a link written for one works on the other: lower case,
+// letters, digits, - and _ kept, a space made -, anything else dropped,
+// and -1, -2, … after an id already given. goldmark's own turn _ into -,
+// and "#expiry-ttl_ms" led nowhere on the served page.
+type codeHostIDs struct{ seen map[string]int }
+
+// Generate returns the id of a heading whose text is value.
+func (c *codeHostIDs) Generate(value []byte, _ ast.NodeKind) []byte {
+	var id []byte
+	for _, r := range strings.ToLower(string(value)) {
+		switch {
+		case unicode.IsLetter(r), unicode.IsDigit(r), r == '-', r == '_':
+			id = utf8.AppendRune(id, r)
+		case r == ' ':
+			id = append(id, '-')
+		}
+	}
+	n := c.seen[string(id)]
+	c.seen[string(id)]++
+	if n > 0 {
+		id = fmt.Appendf(id, "-%d", n)
+	}
+	return id
+}
+
+// Put notes an id a heading was given by hand.
+func (c *codeHostIDs) Put(value []byte) { c.seen[string(value)]++ }
 
 // index is the page at /docs/ itself: every page, by its title.
 func index(pages []Page) Page {

@@ -924,12 +924,18 @@ func (s *docServer) endSession() {
 }
 
 // tokenFor is a token for the named client. In a tutorial it is the
-// one its setup exported under the client's name in capitals (ALICE), or
-// the one serve printed when there is no secret. Elsewhere a token is
-// signed for the name when the secret is known.
+// one its setup exported under the client's name in capitals (ALICE),
+// and there is none if it exported none; without a secret, the one serve
+// printed. Elsewhere a token is signed for the name when the secret is
+// known.
 func (s *docServer) tokenFor(name string) (string, error) {
 	secret := os.Getenv("POPSUB_SECRET")
-	if s.tutorial || secret == "" {
+	// A reader who exported a secret exported each client's token too:
+	// a client the tutorial never gave one has none.
+	if s.tutorial && secret != "" {
+		return tokenOf(name, "")
+	}
+	if secret == "" {
 		return tokenOf(name, s.token)
 	}
 	claims := popsub.Claims{Subscribe: []string{"#", "$sys/#", "$dead/#"}}
@@ -978,7 +984,8 @@ func TestDocs_ServedAsPagesWhoseLinksResolve(t *testing.T) {
 	if len(pages) < 10 {
 		t.Fatalf("/docs/ lists %d pages:\n%s", len(pages), list)
 	}
-	link := regexp.MustCompile(`(?:href|src)="(/[^"]*)"`)
+	// A link on the broker, or within the page itself (#id).
+	link := regexp.MustCompile(`(?:href|src)="(/[^"]*|#[^"]*)"`)
 	seen := map[string]string{}
 	for _, page := range pages {
 		kind, body := fetch(page[1])
@@ -986,8 +993,12 @@ func TestDocs_ServedAsPagesWhoseLinksResolve(t *testing.T) {
 			!strings.Contains(body, "<h1") {
 			t.Errorf("%s is %s without a heading, want a page", page[1], kind)
 		}
+		seen[page[1]] = body
 		for _, m := range link.FindAllStringSubmatch(body, -1) {
 			path, fragment, _ := strings.Cut(m[1], "#")
+			if path == "" {
+				path = page[1]
+			}
 			if _, ok := seen[path]; !ok {
 				_, seen[path] = fetch(path)
 			}
