@@ -53,6 +53,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -662,6 +663,10 @@ func publishFrameOf(r *http.Request, topic string) (publishFrame, frame) {
 	query := r.URL.Query()
 	publish := publishFrame{Type: "publish", Topic: topic, QoS: 1,
 		MessageID: query.Get("message_id")}
+	if problem := unknownParameter(query, "qos", "message_id", "ttl_ms",
+		"delay_ms", "deliver_at"); problem.Type != "" {
+		return publish, problem
+	}
 	if q := query.Get("qos"); q != "" {
 		qos, err := strconv.Atoi(q)
 		if err != nil || qos < 0 || qos > 1 {
@@ -691,6 +696,22 @@ func publishFrameOf(r *http.Request, topic string) (publishFrame, frame) {
 		publish.MessageID = wire.NewMessageID()
 	}
 	return publish, noProblem
+}
+
+// unknownParameter refuses a query that names a parameter other than
+// known, with bad_request naming it: most likely a typo (?dealy_ms=),
+// which ignored would publish at once, or replay everything, where the
+// caller asked for something else. popsub.js refuses an option it does
+// not know the same way.
+func unknownParameter(query url.Values, known ...string) frame {
+	for _, name := range slices.Sorted(maps.Keys(query)) {
+		if !slices.Contains(known, name) {
+			return refusal("bad_request", "unknown parameter "+
+				strconv.Quote(name)+": this path takes "+
+				strings.Join(known, ", "))
+		}
+	}
+	return noProblem
 }
 
 // maxMessageIDBytes is the broker's limit on a message_id.
@@ -1224,7 +1245,8 @@ func subscribeFrameOf(r *http.Request, topic string) (subscribeFrame,
 	query := r.URL.Query()
 	subscribe := subscribeFrame{Type: "subscribe", Topic: topic,
 		Durable: query.Get("durable")}
-	var problem frame
+	problem := unknownParameter(query, "after", "last", "durable",
+		"access_token")
 	number := func(name, text string) *uint64 {
 		if text == "" {
 			return nil

@@ -204,6 +204,8 @@ func TestPublish_AnswersWithTheFrameAndAFittingStatus(t *testing.T) {
 			400, "invalid_delay"},
 		{"a ttl_ms of 0 is 400", "sensors/a", "?ttl_ms=0", sensor, `1`, 400,
 			"invalid_ttl"},
+		{"a parameter it does not know is 400, not ignored", "sensors/a",
+			"?dealy_ms=5000", sensor, `1`, 400, "bad_request"},
 		{"a body over the limit is 413", "sensors/a", "", sensor,
 			`"` + strings.Repeat("x", 80) + `"`, 413, "too_large"},
 		{"the first publish in a second is allowed", "sensors/a", "", sensor,
@@ -400,6 +402,8 @@ func TestStream_RefusalsAreHTTPErrors(t *testing.T) {
 			sensor, 400, "bad_frame"},
 		{"replay on a wildcard is 400", "sensors/+", "?after=0&" +
 			"access_token=" + sensor, 400, "bad_frame"},
+		{"a parameter it does not know is 400, not ignored", "sensors/a",
+			"?afer=3&access_token=" + sensor, 400, "bad_request"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
