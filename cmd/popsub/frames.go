@@ -75,8 +75,11 @@ type framesClient struct {
 	matched int
 	hidden  []string
 	// authenticated is set once the broker said so: only such a
-	// connection may be pinged as a barrier.
+	// connection may be pinged as a barrier. owed counts the answers
+	// still due to frames it sent (a QoS 1 publish's confirm, a
+	// subscribe's reply, a pong…), which the end of the input waits for.
 	authenticated bool
+	owed          int
 	// arrived is signalled whenever a frame comes; ended is closed, and
 	// code set, when the connection ends.
 	arrived chan struct{}
@@ -181,9 +184,13 @@ func parseFrameLine(line string) (frameLine, bool, error) {
 	l := frameLine{name: name, arrow: arrows[arrow],
 		body: strings.TrimSpace(body)}
 	switch {
+	case strings.HasPrefix(line, "{"):
+		return l, false, errors.New("a frame needs the name of its " +
+			"connection first: alice → {frame}")
 	case name == "" || strings.ContainsAny(name, "{}\"") || l.arrow == "":
-		return l, false, errors.New("a line is NAME → {frame}, NAME ← " +
-			"{frame}, or NAME ✕ [close code]")
+		return l, false, fmt.Errorf("after %s comes → (send), ← (the "+
+			"frame it gets next) or ✕ (a close), not %q: a line is NAME → "+
+			"{frame}, NAME ← {frame}, or NAME ✕ [close code]", name, arrow)
 	case l.arrow == "←" && !json.Valid([]byte(l.body)):
 		// A frame sent may be malformed on purpose: the broker says why.
 		return l, false, fmt.Errorf("%s's frame is not JSON: %s", name,
@@ -242,8 +249,25 @@ func (s *framesSession) write(ctx context.Context, c *framesClient,
 	if err := c.ws.Write(ctx, websocket.MessageText, []byte(body)); err != nil {
 		return fmt.Errorf("%s → %s: %w", c.name, body, err)
 	}
+	var sent struct {
+		Type string
+		QoS  int
+	}
+	json.Unmarshal([]byte(body), &sent)
+	if sent.Type != "publish" && sent.Type != "ack" && sent.Type != "nak" ||
+		sent.Type == "publish" && sent.QoS == 1 {
+		s.mu.Lock()
+		c.owed++
+		s.mu.Unlock()
+	}
 	return nil
 }
+
+// answers are the frames the broker sends in answer to one of a
+// client's, not on its own.
+var answers = map[string]bool{"published": true, "subscribed": true,
+	"unsubscribed": true, "pong": true, "authenticated": true,
+	"login_response": true, "error": true}
 
 // client returns the connection called name, opening it if need be, and
 // authenticating it quietly when authenticate is set.
@@ -314,6 +338,9 @@ func (s *framesSession) receive(c *framesClient) {
 				refusalHint(refused.Code))
 		}
 		c.authenticated = c.authenticated || typ == "authenticated"
+		if answers[typ] && c.owed > 0 {
+			c.owed--
+		}
 		if len(c.hidden) > 0 && typ == c.hidden[0] {
 			c.hidden = c.hidden[1:]
 		} else {
@@ -421,18 +448,17 @@ func (s *framesSession) hangUp(name string) {
 	}
 }
 
-// barrier pings every open, authenticated connection and waits for each
-// pong: the broker answers a connection's frames in order, so whatever
-// was on its way came first. It returns the frames no ← line claimed, as
-// lines.
+// barrier waits for the answers every connection is owed, then pings
+// every open, authenticated one and waits for each pong: the broker
+// answers a connection's frames in order, so whatever was on its way
+// came first. It returns the frames no ← line claimed, as lines.
 func (s *framesSession) barrier(ctx context.Context) []string {
-	// A connection still waiting for its quiet auth's answer gets it
-	// first: input that ended at once (a pipe) would otherwise find no
-	// connection to ping, and end before anything arrived.
+	// Input that ends at once (a pipe) would otherwise end the session
+	// before anything arrived: a quiet auth's answer, or a QoS 1
+	// publish's confirm, which leaves after the disk's sync, and may come
+	// after a pong sent later.
 	for _, c := range s.clients {
-		s.waitFor(c, func() bool {
-			return len(c.hidden) == 0 || c.hidden[0] != "authenticated"
-		})
+		s.waitFor(c, func() bool { return c.owed == 0 })
 	}
 	for _, c := range s.clients {
 		// A ping before auth would be refused, and close the connection.

@@ -75,6 +75,8 @@ func TestFrames_SaysWhatIsWrongWithALine(t *testing.T) {
 	t.Setenv("POPSUB_TOKEN", "")
 	cases := []struct{ line, want string }{
 		{`alice {"type":"ping"}`, "a line is NAME → {frame}"},
+		{`{"type":"ping"}`, "the name of its connection first"},
+		{`alice hello`, `after alice comes → (send)`},
 		{`zed → {"type":"ping"}`, "export ZED=$(go run ./cmd/popsub token " +
 			"--sub zed)"},
 		{`stranger ← {"type":`, "not JSON"},
@@ -149,6 +151,36 @@ func TestFrames_TypedWithoutRepliesPrintsThemAndGoesOn(t *testing.T) {
 		&stdout, &stderr)
 	if !strings.Contains(stdout.String(), "# alice's token was refused") {
 		t.Errorf("a refused token printed %q, want a hint", stdout.String())
+	}
+}
+
+// Input from a pipe ends at once; the answers other connections are
+// owed still come, and are printed, before the command exits: a QoS 1
+// confirm leaves after the disk's sync, later than a pong sent after it.
+func TestFrames_PipedInputWaitsForTheAnswersItIsOwed(t *testing.T) {
+	secret := "a-tutorial-secret-of-at-least-32-bytes"
+	url, _, _ := startServe(t, "--secret", secret)
+	for _, name := range []string{"alice", "bob"} {
+		token, err := signFor(secret, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv(strings.ToUpper(name), token)
+	}
+	piped := `alice → {"type":"subscribe","topic":"jobs"}
+bob → {"type":"publish","topic":"jobs","payload":1,"qos":1}
+alice → {"type":"ping"}
+`
+	var stdout, stderr bytes.Buffer
+	if err := runWithInput([]string{"client", "frames", "--url",
+		url + "/ws"}, piped, &stdout, &stderr); err != nil {
+		t.Fatalf("client frames: %v\n%s", err, stderr.String())
+	}
+	for _, want := range []string{`bob ← {"type":"published"`,
+		`alice ← {"type":"message"`} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("printed\n%s\nwithout %s", stdout.String(), want)
+		}
 	}
 }
 
