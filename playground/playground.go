@@ -1,7 +1,9 @@
 // Package playground serves the PopSub playground: a page rendered with
-// templ and a client compiled from ../wasm to WebAssembly, both embedded
-// in the binary, so go install and go run give a working playground with
-// no extra step.
+// templ, embedded in the binary, and a client compiled from ../wasm to
+// WebAssembly: embedded too when go generate made it before go build (a
+// release), or else built from the checkout as serve starts (package
+// wasmbuild), so that go run gives a playground of this very checkout
+// with no extra step, and the repository holds no compiled client.
 package playground
 
 //go:generate go tool templ generate -path ..
@@ -20,16 +22,20 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/popsub/popsub/wasmbuild"
 )
 
-// static holds the assets: the stylesheet, the boot script, Go's
-// wasm_exec.js and the gzipped client.
+// static holds the assets: the stylesheet, the boot script and, once go
+// generate made them, Go's wasm_exec.js and the gzipped client.
 //
 //go:embed static
 var static embed.FS
 
-// asset is one embedded file, ready to serve.
+// asset is one file, ready to serve, or, with build set, once the build
+// of the checkout's client is done.
 type asset struct {
 	body     []byte // as stored; gzipped when gzipped is true
 	gzipped  bool
@@ -38,6 +44,11 @@ type asset struct {
 	plain    []byte // the gunzipped body, made on first need
 	plainErr error
 	once     sync.Once
+	// build is the client being built, whose module (or, glue, its
+	// wasm_exec.js) this is: the asset made of it, once built, is built.
+	build *wasmbuild.Result
+	glue  bool
+	built atomic.Pointer[asset]
 }
 
 // Settings are what the page shows of the broker that serves it.
@@ -50,19 +61,20 @@ type Settings struct {
 	MaxRetries    int // before a dead letter; negative: none
 }
 
-// Handler serves the page at / and its assets under /static/.
+// Handler serves the page at / and its assets under /static/. The
+// client's addresses are made for each page, as its build may finish
+// after the first is served.
 func Handler(settings Settings) http.Handler {
 	assets := loadAssets()
-	data := PageData{Settings: settings,
-		CSS:      assets.url("playground.css"),
-		Boot:     assets.url("boot.js"),
-		WasmExec: assets.url("wasm_exec.js"),
-		Wasm:     assets.url("popsub.wasm")}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-cache")
-		Page(data).Render(r.Context(), w)
+		Page(PageData{Settings: settings,
+			CSS:      assets.url("playground.css"),
+			Boot:     assets.url("boot.js"),
+			WasmExec: assets.url("wasm_exec.js"),
+			Wasm:     assets.url("popsub.wasm")}).Render(r.Context(), w)
 	})
 	mux.HandleFunc("GET /static/{name}", assets.serve)
 	return mux
@@ -84,7 +96,32 @@ func loadAssets() assets {
 		}
 		list[name] = newAsset(body, gzipped, kind)
 	}
+	if list["popsub.wasm"] == nil || list["wasm_exec.js"] == nil {
+		build := wasmbuild.Start("wasm", nil, nil)
+		list["popsub.wasm"] = &asset{kind: "application/wasm", build: build}
+		list["wasm_exec.js"] = &asset{kind: "text/javascript", build: build,
+			glue: true}
+	}
 	return list
+}
+
+// ready returns the file to serve: file itself, or, once the build it
+// comes from is done, the asset made of it; or why the build failed.
+func (file *asset) ready() (*asset, error) {
+	if file.build == nil {
+		return file, nil
+	}
+	if err := file.build.Wait(); err != nil {
+		return nil, err
+	}
+	if file.built.Load() == nil {
+		body, gzipped := file.build.Wasm, true
+		if file.glue {
+			body, gzipped = file.build.WasmExec, false
+		}
+		file.built.CompareAndSwap(nil, newAsset(body, gzipped, file.kind))
+	}
+	return file.built.Load(), nil
 }
 
 // newAsset makes an asset of body, kept gzipped: compressed here, once,
@@ -116,13 +153,17 @@ func Document(kind string, body []byte) http.Handler {
 }
 
 // url is the versioned address of name: its content hash in the query
-// lets browsers keep it for a year and still see every new build.
+// lets browsers keep it for a year and still see every new build. A file
+// still being built has none yet: it is revalidated on each visit.
 func (a assets) url(name string) string {
-	etag := ""
-	if file := a[name]; file != nil {
-		etag = strings.Trim(file.etag, `"`)
+	file := a[name]
+	if file == nil || file.build != nil && !file.build.Ready() {
+		return "/static/" + name
 	}
-	return "/static/" + name + "?v=" + etag
+	if file, _ = file.ready(); file == nil {
+		return "/static/" + name
+	}
+	return "/static/" + name + "?v=" + strings.Trim(file.etag, `"`)
 }
 
 // serve sends the asset a URL names.
@@ -130,6 +171,11 @@ func (a assets) serve(w http.ResponseWriter, r *http.Request) {
 	file := a[r.PathValue("name")]
 	if file == nil {
 		http.NotFound(w, r)
+		return
+	}
+	file, err := file.ready()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return
 	}
 	file.serve(w, r, r.URL.Query().Get("v") == strings.Trim(file.etag, `"`))

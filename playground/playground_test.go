@@ -21,7 +21,19 @@ func get(t *testing.T, path string, header map[string]string) *http.Response {
 	return recorder.Result()
 }
 
+// built waits for the client's build (or finds it embedded): every page
+// of the process then names its versioned address.
+func built(t *testing.T, assets assets) *asset {
+	t.Helper()
+	wasm, err := assets["popsub.wasm"].ready()
+	if err != nil {
+		t.Fatalf("the client's WebAssembly: %v", err)
+	}
+	return wasm
+}
+
 func TestHandler_ServesThePageWithVersionedAssets(t *testing.T) {
+	built(t, loadAssets())
 	response := get(t, "/", nil)
 	body, _ := io.ReadAll(response.Body)
 	if response.StatusCode != 200 || !strings.Contains(string(body),
@@ -33,10 +45,7 @@ func TestHandler_ServesThePageWithVersionedAssets(t *testing.T) {
 
 func TestHandler_ServesTheClientCompressedAndCacheable(t *testing.T) {
 	assets := loadAssets()
-	wasm := assets["popsub.wasm"]
-	if wasm == nil {
-		t.Fatal("popsub.wasm.gz is not embedded: run go generate ./playground")
-	}
+	wasm := built(t, assets)
 	url := assets.url("popsub.wasm")
 
 	t.Run("gzip for clients that take it, cached for a year", func(t *testing.T) {
@@ -69,7 +78,7 @@ func TestHandler_ServesTheClientCompressedAndCacheable(t *testing.T) {
 			t.Fatalf("Cache-Control %q", r.Header.Get("Cache-Control"))
 		}
 	})
-	t.Run("the embedded client is a valid gzip stream", func(t *testing.T) {
+	t.Run("the client is a valid gzip stream", func(t *testing.T) {
 		zr, err := gzip.NewReader(strings.NewReader(string(wasm.body)))
 		if err != nil {
 			t.Fatal(err)
@@ -82,6 +91,7 @@ func TestHandler_ServesTheClientCompressedAndCacheable(t *testing.T) {
 
 func TestHandler_CompressesEveryAsset(t *testing.T) {
 	assets := loadAssets()
+	built(t, assets)
 	for name := range assets {
 		r := get(t, assets.url(name), map[string]string{
 			"Accept-Encoding": "gzip"})

@@ -28,6 +28,7 @@ import (
 	"github.com/popsub/popsub/jsclient"
 	labpage "github.com/popsub/popsub/lab/page"
 	"github.com/popsub/popsub/playground"
+	"github.com/popsub/popsub/wasmbuild"
 )
 
 // minSecretBytes is the shortest secret serve accepts: HS256 keys shorter
@@ -131,6 +132,7 @@ func serve(ctx context.Context, args []string, stdout,
 			popsub.DefaultWriteTimeout),
 		Origins: cfg.options.OriginPatterns})
 	handler := routes(broker, topics, page, ops)
+	go reportPageBuilds(logger)
 	if pages != nil {
 		handler = withPages(handler, pages)
 	}
@@ -408,6 +410,23 @@ func routes(broker *popsub.Broker, topics *gateway.Gateway,
 		page.ServeHTTP(w, r)
 	})
 	return mux
+}
+
+// reportPageBuilds logs how the pages' WebAssembly, which this binary
+// does not hold, was built from the checkout as serve started, or why it
+// could not be: until then the playground and the lab wait for it.
+func reportPageBuilds(logger *slog.Logger) {
+	for pkg, build := range wasmbuild.Started() {
+		logger.Info("building a page's WebAssembly from this checkout",
+			"package", pkg)
+		if err := build.Wait(); err != nil {
+			logger.Error("a page's WebAssembly did not build", "package",
+				pkg, "err", err)
+			continue
+		}
+		logger.Info("built a page's WebAssembly", "package", pkg,
+			"took", build.Took.Round(100*time.Millisecond))
+	}
 }
 
 // pageKinds are the files --pages serves, by extension: what a page
