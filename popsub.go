@@ -83,6 +83,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub/groupcommit"
 	"github.com/popsub/popsub/login"
 	"github.com/popsub/popsub/queue"
@@ -1005,11 +1006,17 @@ func (c *connection) authenticate() bool {
 	}
 }
 
-// Claims are what a token says about its holder (login.Claims): who
-// (Subject), until when (ExpiresAt), and which topics it may Publish and
-// Subscribe to, nil for every ordinary topic; $sys/… and $dead/… need an
-// explicit grant.
-type Claims = login.Claims
+// Claims are what a token says about its holder: who (sub), until when
+// (exp), and optionally which topics it may publish and subscribe to.
+type Claims struct {
+	jwt.RegisteredClaims
+	// Publish lists the filters the holder may publish to; nil means
+	// every ordinary topic (none starting with $).
+	Publish []string `json:"publish,omitempty"`
+	// Subscribe lists the filters the holder may subscribe to; nil means
+	// every ordinary topic. $sys/… and $dead/… need an explicit grant.
+	Subscribe []string `json:"subscribe,omitempty"`
+}
 
 // accept checks the auth frame's token and, if it is good, starts the
 // session: the subject, the grants, and its timers.
@@ -2512,7 +2519,7 @@ func (c *connection) reauthenticate(f frame) {
 		return
 	}
 	c.claims = claims
-	c.expiry.Reset(claims.Until(tokenLeeway))
+	c.expiry.Reset(untilExpiry(claims))
 	c.reply(reply{Type: "authenticated", Sub: c.subject, Conn: c.id})
 	c.revokeBeyond(claims.Subscribe)
 }
@@ -2536,17 +2543,42 @@ func (c *connection) revokeBeyond(grants []string) {
 }
 
 // Verify checks a token (login.Verify says how: at most 4 KiB, HS256
-// only, exp required and honoured within tokenLeeway, iss and aud when
-// the broker is configured with them, and a sub).
+// only, exp required, iss and aud when the broker is configured with
+// them, and a sub).
 func (b *Broker) Verify(token string) (*Claims, error) {
-	return login.Verify(token, b.opts.Secret, b.opts.Issuer,
-		b.opts.Audience, tokenLeeway)
+	claims := &Claims{}
+	if err := login.Verify(token, claims, b.opts.Secret, b.opts.Issuer,
+		b.opts.Audience, tokenLeeway); err != nil {
+		return nil, err
+	}
+	return claims, nil
+}
+
+// Sign signs the claims with secret, HS256.
+func (c Claims) Sign(secret []byte) (string, error) {
+	return login.Sign(c, secret)
+}
+
+// UnmarshalJSON decodes claims, refusing an exp that is a string
+// (login.Decode says why).
+func (c *Claims) UnmarshalJSON(data []byte) error {
+	type plain Claims // without this method, so no recursion
+	return login.Decode(data, (*plain)(c))
+}
+
+// untilExpiry is how long a verified token has left, leeway included.
+func untilExpiry(claims *Claims) time.Duration {
+	// The leeway is added to the date, not to the duration: time.Until
+	// saturates for an exp centuries away, and a sum would overflow and
+	// close the session at once.
+	return time.Until(claims.ExpiresAt.Add(tokenLeeway))
 }
 
 // NewToken signs a token for subject sub that expires after ttl and may
 // use every ordinary topic (Claims.Sign signs any claims, HS256).
 func NewToken(secret []byte, sub string, ttl time.Duration) (string, error) {
-	return login.NewToken(secret, sub, ttl)
+	return Claims{RegisteredClaims: login.Registered(sub, "", "", ttl)}.
+		Sign(secret)
 }
 
 // # Keepalives, limits and batches (detail)
@@ -2620,7 +2652,7 @@ func (o Options) check() error {
 // and woke ten thousand readers for them, a third more memory per idle
 // connection. So pings fall as their connections came.
 func (c *connection) startTimers(claims *Claims) {
-	c.expiry = time.AfterFunc(claims.Until(tokenLeeway), c.tokenExpired)
+	c.expiry = time.AfterFunc(untilExpiry(claims), c.tokenExpired)
 	// Made stopped and then started, so that c.pings is set before it
 	// can fire.
 	c.pings = time.AfterFunc(1<<63-1, c.keepalive)

@@ -397,55 +397,18 @@ func Decode(data []byte, v any) error {
 	return json.Unmarshal(data, v)
 }
 
-// Claims are what a token says about its holder: who (sub), until when
-// (exp), and optionally which topics it may publish and subscribe to.
-type Claims struct {
-	jwt.RegisteredClaims
-	// Publish lists the filters the holder may publish to; nil means
-	// every ordinary topic (none starting with $).
-	Publish []string `json:"publish,omitempty"`
-	// Subscribe lists the filters the holder may subscribe to; nil means
-	// every ordinary topic. $sys/… and $dead/… need an explicit grant.
-	Subscribe []string `json:"subscribe,omitempty"`
-}
-
-// Sign signs the claims with secret, HS256.
-func (c Claims) Sign(secret []byte) (string, error) { return Sign(c, secret) }
-
-// UnmarshalJSON decodes claims, refusing an exp that is a string
-// (Decode says why).
-func (c *Claims) UnmarshalJSON(data []byte) error {
-	type plain Claims // without this method, so no recursion
-	return Decode(data, (*plain)(c))
-}
-
-// Until is how long a verified token has left, leeway included. The
-// leeway is added to the date, not to the duration: time.Until saturates
-// for an exp centuries away, and a sum would overflow and end the
-// session at once.
-func (c *Claims) Until(leeway time.Duration) time.Duration {
-	return time.Until(c.ExpiresAt.Add(leeway))
-}
-
-// NewToken signs a token for subject sub that expires after ttl and may
-// use every ordinary topic.
-func NewToken(secret []byte, sub string, ttl time.Duration) (string, error) {
-	return Claims{RegisteredClaims: Registered(sub, "", "", ttl)}.Sign(secret)
-}
-
 // MaxTokenBytes is the longest token Verify parses: a forged token
 // cannot make the parser decode megabytes of base64.
 const MaxTokenBytes = 4 << 10
 
-// Verify parses token and checks it with secret: at most MaxTokenBytes,
-// HS256 only (so neither alg none nor an RSA key passed off as an HMAC
-// secret gets through), exp required and honoured within leeway, iss and
-// aud when issuer and audience are not empty, and a sub.
-func Verify(token string, secret []byte, issuer, audience string,
-	leeway time.Duration) (*Claims, error) {
-	claims := &Claims{}
+// Verify parses token into claims and checks it with secret: at most
+// MaxTokenBytes, HS256 only (so neither alg none nor an RSA key passed
+// off as an HMAC secret gets through), exp required and honoured within
+// leeway, iss and aud when issuer and audience are not empty, and a sub.
+func Verify(token string, claims jwt.Claims, secret []byte, issuer,
+	audience string, leeway time.Duration) error {
 	if len(token) == 0 || len(token) > MaxTokenBytes {
-		return nil, errors.New("token missing or too long")
+		return errors.New("token missing or too long")
 	}
 	options := []jwt.ParserOption{jwt.WithValidMethods([]string{"HS256"}),
 		jwt.WithExpirationRequired(), jwt.WithLeeway(leeway)}
@@ -458,12 +421,12 @@ func Verify(token string, secret []byte, issuer, audience string,
 	_, err := jwt.ParseWithClaims(token, claims,
 		func(*jwt.Token) (any, error) { return secret, nil }, options...)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if claims.Subject == "" {
-		return nil, errors.New("token has no sub")
+	if sub, _ := claims.GetSubject(); sub == "" {
+		return errors.New("token has no sub")
 	}
-	return claims, nil
+	return nil
 }
 
 // Deadline is a clock a connection must beat to authenticate: when it
