@@ -30,7 +30,7 @@
 //
 // # Reading path
 //
-// The broker's behaviour is this file, about 2,200 lines of code, 1,200
+// The broker's behaviour is this file, about 2,400 lines of code, 1,200
 // of them on the first reading, which takes about 3.5 hours at 150 words
 // of prose and 8 lines of code a minute. You follow a message: options
 // and frames; the broker's tables; the log, and the contracts of the
@@ -442,6 +442,8 @@ func New(opts Options) (*Broker, error) {
 	}
 	// opts.withDefaults gives every zero field its default (Defaults).
 	opts = opts.withDefaults()
+	// newEvents readies the x-ray's queue, newDelays the schedule of
+	// delayed messages (both details).
 	b := &Broker{opts: opts, logger: opts.Logger, store: opts.Store,
 		topics: map[string]*topic{}, wildcards: map[*subscription]struct{}{},
 		connections: map[*connection]struct{}{}, groups: map[string]*group{},
@@ -1838,8 +1840,8 @@ func (c *connection) record(s *subscription, m *Message, deadline time.Time) {
 
 // addPending adds p to c's pending deliveries, after those of its seq
 // and before any later one, and returns where it went: mostly at the
-// back. The same subscription's entry for the same message is replaced.
-// The caller holds c.mu.
+// back. The same subscription's entry for the same message, which
+// q.find finds, is replaced. The caller holds c.mu.
 func (c *connection) addPending(p pending) *pending {
 	q := c.unacked[p.message.Topic]
 	if q == nil {
