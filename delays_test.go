@@ -127,15 +127,16 @@ func TestDelay_AKillMidChainSendsNothingTwice(t *testing.T) {
 // 3,000 delayed messages behind one due later, all sent, were all sent
 // again after a restart once the topic's cap (1,000 by default) had
 // forgotten their ids: the $delayed log was trimmed only up to the first
-// message not sent yet.
+// message not sent yet. Here three times a cap of 100.
 func TestDelay_ARestartSendsNothingAgainPastTheTopicsCap(t *testing.T) {
-	ts := startBroker(t, Options{})
+	const limit = 100
+	ts := startBroker(t, Options{MaxMessages: limit})
 	pub := ts.dial("pub")
 	pub.send(map[string]any{"type": "publish", "topic": "jobs",
 		"payload": "later", "qos": 1, "message_id": "later",
 		"delay_ms": (30 * time.Minute).Milliseconds()})
 	pub.expect("published")
-	const n = 3 * DefaultMaxMessages
+	const n = 3 * limit
 	for i := range n {
 		pub.send(map[string]any{"type": "publish", "topic": "jobs",
 			"payload": i, "qos": 1, "message_id": fmt.Sprint("m", i),
@@ -150,7 +151,7 @@ func TestDelay_ARestartSendsNothingAgainPastTheTopicsCap(t *testing.T) {
 	}, "every delayed message due sent, and gone from $delayed/jobs")
 
 	// Stopped as SIGTERM stops it, and started again: none is sent
-	// again, though the topic forgot all but a thousand ids. The marker
+	// again, though the topic forgot all but a hundred ids. The marker
 	// is a delayed message too, sent after any that fell due before it.
 	ts = ts.restart()
 	sub, pub := ts.dial("sub"), ts.dial("pub")
