@@ -591,9 +591,9 @@ func (b *Broker) topicList() []*topic {
 // 0, never will. What it must never see is one seq given to two
 // messages, or its "after" would skip the second. So seqs are reserved
 // on disk before they are used: a topic's stored head is not its newest
-// seq but the end of a block of 16,384 it may give out, and no seq past
+// seq but the end of a block of 32,768 it may give out, and no seq past
 // the block leaves before the next block is on disk. A busy topic asks
-// for its next block while 8,192 are left, more than the queue can give
+// for its next block while 16,384 are left, more than the queue can give
 // out before the ask is synced, so only a topic's first publish, and its
 // first after a restart, waits for a sync. After a crash each topic
 // starts at its stored head, past any seq that can have been seen; a

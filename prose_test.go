@@ -1,0 +1,161 @@
+package popsub
+
+import (
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// These tests hold the numbers the docs and popsub.go's comments say of
+// the code to the constants they name: a number in prose went stale the
+// day the seq reservation's block doubled, and a reader checking the
+// docs against a crash saw a jump twice as large as promised.
+
+// thousands writes n as the docs do: 16,384.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+// numberIn reads a number as the docs write it, commas and all.
+func numberIn(text string) int {
+	n, _ := strconv.Atoi(strings.ReplaceAll(text, ",", ""))
+	return n
+}
+
+// The seq reservation: the block a topic reserves, the seqs left when it
+// asks for the next, and the seq a crash right after a new topic's first
+// delivery jumps to.
+func TestProse_TheReservationBlockIsTheCodes(t *testing.T) {
+	checks := []struct {
+		pattern string
+		want    int
+	}{
+		{`blocks? of ([0-9][0-9,]*)`, reserveBlock},
+		{`by up to ([0-9][0-9,]*)`, reserveBlock},
+		{`while ([0-9][0-9,]*) are left`, reserveAhead},
+		{`next seq is ([0-9][0-9,]*)`, reserveBlock + 1},
+		{`seq ([0-9][0-9,]*) after seq 1`, reserveBlock + 1},
+	}
+	found := 0
+	for _, path := range []string{"popsub.go", "README.md",
+		"docs/protocol.md", "docs/3-replay-and-resume.md",
+		"docs/6-where-popsub-stops.md", "docs/reliability.md"} {
+		text, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		flat := prose(string(text))
+		for _, c := range checks {
+			for _, m := range regexp.MustCompile(c.pattern).
+				FindAllStringSubmatch(flat, -1) {
+				found++
+				if numberIn(m[1]) != c.want {
+					t.Errorf("%s says %q; the code makes it %s", path, m[0],
+						thousands(c.want))
+				}
+			}
+		}
+	}
+	if found < 6 {
+		t.Fatalf("found %d mentions of the reservation: the search is "+
+			"broken", found)
+	}
+}
+
+// lasting writes a duration as the docs do: 5 s, 1 h, or an hour.
+func lasting(d time.Duration) []string {
+	switch {
+	case d%time.Hour == 0:
+		return []string{fmt.Sprintf("%d h", d/time.Hour), "an hour"}
+	case d%time.Minute == 0:
+		return []string{fmt.Sprintf("%d min", d/time.Minute), "a minute"}
+	}
+	return []string{fmt.Sprintf("%d s", d/time.Second)}
+}
+
+// size writes bytes as the docs do: 4 MiB.
+func size(n int) []string {
+	return []string{fmt.Sprintf("%d MiB", n>>20)}
+}
+
+// defaultsInProse are the defaults the docs name beside each flag, made
+// from the constants: any of a flag's forms may stand in the text.
+var defaultsInProse = map[string][]string{
+	"ack-timeout":     lasting(DefaultAckTimeout),
+	"max-retries":     {thousands(DefaultMaxRetries)},
+	"max-messages":    {thousands(DefaultMaxMessages)},
+	"ttl":             lasting(DefaultTTL),
+	"max-frame":       size(DefaultMaxFrameBytes),
+	"outbox-bytes":    size(DefaultOutboxBytes),
+	"max-inflight":    {thousands(DefaultMaxInflight)},
+	"group-window":    {thousands(DefaultGroupWindow)},
+	"write-timeout":   lasting(DefaultWriteTimeout),
+	"ping-interval":   lasting(DefaultPingInterval),
+	"auth-timeout":    lasting(DefaultAuthTimeout),
+	"max-delayed":     {thousands(DefaultMaxDelayed)},
+	"max-retry-delay": lasting(DefaultMaxRetryDelay),
+}
+
+// Every "`--flag` (default X" in protocol.md, and every row of
+// security.md's table of limits that names a flag, gives the default
+// the code has.
+func TestProse_TheDefaultsAreTheCodes(t *testing.T) {
+	said := func(text string, forms []string) bool {
+		for _, form := range forms {
+			if strings.Contains(text, form) {
+				return true
+			}
+		}
+		return false
+	}
+	checked := 0
+	protocol, err := os.ReadFile("docs/protocol.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat := prose(string(protocol))
+	mention := regexp.MustCompile("`--([a-z-]+)`[^.;|]{0,30}?\\(default " +
+		"([^;)]*)|`--([a-z-]+)`, ([^)]*) by default")
+	for _, m := range mention.FindAllStringSubmatch(flat, -1) {
+		flag, value := m[1]+m[3], m[2]+m[4]
+		if forms, ok := defaultsInProse[flag]; ok {
+			checked++
+			if !said(value, forms) {
+				t.Errorf("protocol.md: --%s's default is %q; the code's is %s",
+					flag, value, forms[0])
+			}
+		}
+	}
+	security, err := os.ReadFile("docs/security.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flagIn := regexp.MustCompile("`--([a-z-]+)`")
+	for line := range strings.Lines(string(security)) {
+		cells := strings.Split(line, "|")
+		if len(cells) < 4 {
+			continue
+		}
+		for _, m := range flagIn.FindAllStringSubmatch(cells[1], 1) {
+			if forms, ok := defaultsInProse[m[1]]; ok {
+				checked++
+				if !said(cells[2], forms) {
+					t.Errorf("security.md: --%s's default is %q; the code's "+
+						"is %s", m[1], strings.TrimSpace(cells[2]), forms[0])
+				}
+			}
+		}
+	}
+	if checked < 15 {
+		t.Fatalf("checked %d defaults: the search is broken", checked)
+	}
+	t.Logf("%d defaults named in the docs, each the code's", checked)
+}
