@@ -159,3 +159,64 @@ func TestProse_TheDefaultsAreTheCodes(t *testing.T) {
 	}
 	t.Logf("%d defaults named in the docs, each the code's", checked)
 }
+
+// The README says what PopSub is before it says how fast: no figure
+// above its two commands, and its figures in one short section, each a
+// claim with the command that measures it again and a link to the page
+// that gives the whole table.
+func TestProse_TheReadmeSaysWhatBeforeHowFast(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(readme)
+	first, _, found := strings.Cut(text, "\n## Two commands\n")
+	if !found {
+		t.Fatal(`the README has no "## Two commands" section`)
+	}
+	quantity := regexp.MustCompile(`\d[\d,.–]*\s?(×|%|µs|ms|s\b|KiB|MiB|` +
+		`GiB|KB|MB|lines|hours|minutes|seconds|messages|times)`)
+	if figure := quantity.FindString(first); figure != "" {
+		t.Errorf("a figure above the two commands: %q", figure)
+	}
+
+	_, figures, found := strings.Cut(text, "\n## Figures\n")
+	if !found {
+		t.Fatal(`the README has no "## Figures" section`)
+	}
+	figures, _, _ = strings.Cut(figures, "\n## ")
+	lines := 0
+	for line := range strings.Lines(strings.TrimSpace(figures)) {
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		lines++
+		if strings.HasPrefix(line, "- ") && (!strings.Contains(line, "`") ||
+			!strings.Contains(line, "](")) {
+			t.Errorf("a figure without its command or its page: %q", line)
+		}
+	}
+	if lines > 10 {
+		t.Errorf("Figures is %d lines, want at most 10", lines)
+	}
+}
+
+// docs/performance.md is a page a user reads in ten minutes: the method,
+// today's figures against each peer, how to rerun them, what each
+// mechanism buys and what was not kept. The history is git log.
+func TestProse_ThePerformancePageKeepsItsBudget(t *testing.T) {
+	page, err := os.ReadFile("docs/performance.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Count(string(page), "\n"); lines > 400 {
+		t.Errorf("docs/performance.md is %d lines, want at most 400", lines)
+	}
+	for _, section := range []string{"## The method", "### Throughput",
+		"### Latency", "### Memory", "### Durability", "## How to rerun",
+		"## What each speed mechanism buys", "## What was tried and not kept"} {
+		if !strings.Contains(string(page), "\n"+section) {
+			t.Errorf("docs/performance.md lacks %q", section)
+		}
+	}
+}
