@@ -348,7 +348,10 @@ func (s *framesSession) receive(c *framesClient) {
 			fmt.Fprintf(s.out, "%s ← %s\n", c.name, data)
 		}
 		s.mu.Unlock()
-		notify(c.arrived)
+		select { // c.arrived holds one signal; one is enough
+		case c.arrived <- struct{}{}:
+		default:
+		}
 	}
 }
 

@@ -48,16 +48,6 @@ func runToken(t *testing.T, args ...string) string {
 	return stdout.String()
 }
 
-func TestBench_SpreadsOverBrokersSharingALog(t *testing.T) {
-	nats := startNATS(t)
-	one, _, _ := startServe(t, "--nats", nats, "--secret", benchTestSecret)
-	two, _, _ := startServe(t, "--nats", nats, "--secret", benchTestSecret)
-	// The publisher is on the first broker; the subscribers take the
-	// two in turn, so two of them hear it through the log.
-	deliveredOnceEach(t, benchURL(t, one+","+two, "--subscribers", "3",
-		"--qos", "1", "--duration", "300ms", "--window", "50"), 3)
-}
-
 func TestServe_SaysWhatIsWrongWithTheNATSItIsGiven(t *testing.T) {
 	plain := natstest.Run(t, &server.Options{Host: "127.0.0.1", Port: -1,
 		NoSigs: true, NoLog: true})

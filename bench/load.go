@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bufio"
@@ -26,7 +26,7 @@ const drainTimeout = 10 * time.Second
 
 // load is one throughput run: its connections and what they counted.
 type load struct {
-	cfg         benchConfig
+	cfg         Config
 	subscribers []*benchSubscriber
 	sent        []atomic.Int64 // per publisher: messages sent
 	confirmed   atomic.Int64   // QoS 1 confirms received
@@ -52,19 +52,19 @@ type benchSubscriber struct {
 }
 
 // runLoad publishes for the configured duration and reports.
-func runLoad(ctx context.Context, cfg benchConfig, server *benchServer,
-	stderr io.Writer) (benchResult, error) {
-	l := &load{cfg: cfg, sent: make([]atomic.Int64, cfg.publishers),
+func runLoad(ctx context.Context, cfg Config, server *benchServer,
+	stderr io.Writer) (Result, error) {
+	l := &load{cfg: cfg, sent: make([]atomic.Int64, cfg.Publishers),
 		progress: make(chan struct{}, 1)}
 	if err := l.subscribe(ctx); err != nil {
-		return benchResult{}, err
+		return Result{}, err
 	}
 	publishers, err := l.connectPublishers(ctx)
 	if err != nil {
-		return benchResult{}, err
+		return Result{}, err
 	}
 	if err := l.connectStuck(ctx); err != nil {
-		return benchResult{}, err
+		return Result{}, err
 	}
 
 	// Publish until the deadline, then wait (bounded) for the tail.
@@ -73,7 +73,7 @@ func runLoad(ctx context.Context, cfg benchConfig, server *benchServer,
 		cpuBefore = server.cpu()
 	}
 	start := time.Now()
-	deadline := start.Add(cfg.duration)
+	deadline := start.Add(cfg.Duration)
 	done := make(chan struct{})
 	go l.showProgress(stderr, start, done)
 	var wg sync.WaitGroup
@@ -81,7 +81,7 @@ func runLoad(ctx context.Context, cfg benchConfig, server *benchServer,
 		wg.Go(func() { l.publish(ctx, i, ws, start, deadline) })
 	}
 	bystanderDone := make(chan struct{})
-	if cfg.bystander {
+	if cfg.Bystander {
 		go l.runBystander(ctx, done, bystanderDone)
 	} else {
 		close(bystanderDone)
@@ -114,20 +114,20 @@ func runLoad(ctx context.Context, cfg benchConfig, server *benchServer,
 
 // subscribe connects the subscribers and starts their readers.
 func (l *load) subscribe(ctx context.Context) error {
-	for i := range l.cfg.subscribers {
+	for i := range l.cfg.Subscribers {
 		ws, err := benchDial(ctx, l.cfg, fmt.Sprintf("sub-%d", i), i,
-			l.cfg.batch)
+			l.cfg.Batch)
 		if err != nil {
 			return err
 		}
-		if err := subscribeAll(ctx, ws, l.cfg.topics); err != nil {
+		if err := subscribeAll(ctx, ws, l.cfg.Topics); err != nil {
 			return err
 		}
 		s := &benchSubscriber{ws: ws,
-			received: make([]atomic.Int64, l.cfg.publishers),
-			seen:     make([][]bool, l.cfg.publishers),
+			received: make([]atomic.Int64, l.cfg.Publishers),
+			seen:     make([][]bool, l.cfg.Publishers),
 			toAck:    map[string]uint64{}, acking: make(chan struct{}, 1),
-			latency: newLatencies(maxSamples / l.cfg.subscribers)}
+			latency: newLatencies(maxSamples / l.cfg.Subscribers)}
 		l.subscribers = append(l.subscribers, s)
 		go l.read(s)
 		go s.ackLoop()
@@ -139,9 +139,9 @@ func (l *load) subscribe(ctx context.Context) error {
 func (l *load) connectPublishers(ctx context.Context) ([]*websocket.Conn,
 	error) {
 	var list []*websocket.Conn
-	for i := range l.cfg.publishers {
+	for i := range l.cfg.Publishers {
 		ws, err := benchDial(ctx, l.cfg, fmt.Sprintf("pub-%d", i), i,
-			l.cfg.batch)
+			l.cfg.Batch)
 		if err != nil {
 			return nil, err
 		}
@@ -174,8 +174,8 @@ const (
 // publishes fast would, and sends what it has before any wait.
 func (l *load) publish(ctx context.Context, p int, ws *websocket.Conn,
 	start, deadline time.Time) {
-	padding := strings.Repeat("x", max(l.cfg.size-48, 1))
-	perPublisher := l.cfg.rate / float64(l.cfg.publishers)
+	padding := strings.Repeat("x", max(l.cfg.Size-48, 1))
+	perPublisher := l.cfg.Rate / float64(l.cfg.Publishers)
 	var frame []byte
 	queued := 0
 	send := func() bool {
@@ -189,8 +189,8 @@ func (l *load) publish(ctx context.Context, p int, ws *websocket.Conn,
 	}
 	defer send()
 	limit := int64(math.MaxInt64)
-	if l.cfg.burst > 0 {
-		limit = int64((l.cfg.burst + l.cfg.publishers - 1) / l.cfg.publishers)
+	if l.cfg.Burst > 0 {
+		limit = int64((l.cfg.Burst + l.cfg.Publishers - 1) / l.cfg.Publishers)
 	}
 	for n := int64(0); n < limit && time.Now().Before(deadline); n++ {
 		if perPublisher > 0 {
@@ -207,13 +207,13 @@ func (l *load) publish(ctx context.Context, p int, ws *websocket.Conn,
 		if queued > 0 {
 			frame = append(frame, '\n')
 		}
-		topic := (p + int(n)) % l.cfg.topics
+		topic := (p + int(n)) % l.cfg.Topics
 		frame = fmt.Appendf(frame, `{"type":"publish","topic":"bench/%d",`+
 			`"qos":%d,"payload":{"p":%d,"n":%d,"t":%d,"x":"%s"}}`, topic,
-			l.cfg.qos, p, n, time.Now().UnixNano(), padding)
+			l.cfg.QoS, p, n, time.Now().UnixNano(), padding)
 		queued++
 		full := queued == publishBatch || len(frame) >= publishBatchBytes
-		if (!l.cfg.batch || full) && !send() {
+		if (!l.cfg.Batch || full) && !send() {
 			return
 		}
 	}
@@ -222,7 +222,7 @@ func (l *load) publish(ctx context.Context, p int, ws *websocket.Conn,
 // inWindow reports whether publisher p's message n is within the window
 // of every live subscriber. A window of 0 is an open loop: always.
 func (l *load) inWindow(p int, n int64) bool {
-	if l.cfg.window == 0 {
+	if l.cfg.Window == 0 {
 		return true
 	}
 	slowest := n
@@ -231,7 +231,7 @@ func (l *load) inWindow(p int, n int64) bool {
 			slowest = min(slowest, s.received[p].Load())
 		}
 	}
-	return n-slowest < int64(l.cfg.window)
+	return n-slowest < int64(l.cfg.Window)
 }
 
 // waitForWindow holds publisher p until its message n is within the
@@ -340,7 +340,7 @@ func (l *load) count(s *benchSubscriber, line []byte, now int64,
 		s.received[p].Add(1)
 	}
 	s.mu.Unlock()
-	if l.cfg.qos == 1 {
+	if l.cfg.QoS == 1 {
 		seq, _, _ := field(rest, `"seq":`)
 		if uint64(seq) > acks[string(topic)] {
 			acks[string(topic)] = uint64(seq)
@@ -386,10 +386,10 @@ func (s *benchSubscriber) missing(sent []atomic.Int64) int64 {
 }
 
 // result summarizes the run.
-func (l *load) result(elapsed time.Duration) benchResult {
-	r := benchResult{Publishers: l.cfg.publishers,
-		Subscribers: l.cfg.subscribers, Topics: l.cfg.topics,
-		PayloadBytes: l.cfg.size, QoS: l.cfg.qos,
+func (l *load) result(elapsed time.Duration) Result {
+	r := Result{Publishers: l.cfg.Publishers,
+		Subscribers: l.cfg.Subscribers, Topics: l.cfg.Topics,
+		PayloadBytes: l.cfg.Size, QoS: l.cfg.QoS,
 		Seconds: elapsed.Seconds(), CutOff: l.cutOff.Load()}
 	for p := range l.sent {
 		r.Published += l.sent[p].Load()
@@ -430,7 +430,7 @@ func (l *load) showProgress(w io.Writer, start time.Time,
 			fmt.Fprint(w, "\r\033[K")
 			return
 		case <-tick.C:
-			part := min(time.Since(start).Seconds()/l.cfg.duration.Seconds(), 1)
+			part := min(time.Since(start).Seconds()/l.cfg.Duration.Seconds(), 1)
 			bar := strings.Repeat("#", int(part*30)) +
 				strings.Repeat(" ", 30-int(part*30))
 			var sent int64
@@ -450,14 +450,14 @@ func (l *load) showProgress(w io.Writer, start time.Time,
 // reads from the start, as a real client does, so that it answers the
 // server's pings. Each 20,000 come from a source address of their own,
 // 127.0.0.1, then .2, …: ports run out near 28,000 a source.
-func runIdle(ctx context.Context, cfg benchConfig,
-	server *benchServer) (benchResult, error) {
+func runIdle(ctx context.Context, cfg Config,
+	server *benchServer) (Result, error) {
 	memory := func() float64 { return 0 }
 	if server != nil {
 		memory = server.memory
 	}
 	before := memory()
-	open := make([]*websocket.Conn, 0, cfg.idle)
+	open := make([]*websocket.Conn, 0, cfg.Idle)
 	defer func() {
 		for _, ws := range open {
 			ws.CloseNow()
@@ -465,7 +465,7 @@ func runIdle(ctx context.Context, cfg benchConfig,
 	}()
 	subscribe := []byte(`{"type":"subscribe","topic":"idle"}`)
 	var arrived sync.WaitGroup
-	for i := range cfg.idle {
+	for i := range cfg.Idle {
 		dialer := &net.Dialer{}
 		if i >= 20_000 {
 			dialer.LocalAddr = &net.TCPAddr{IP: net.IPv4(127, 0, 0,
@@ -475,17 +475,17 @@ func runIdle(ctx context.Context, cfg benchConfig,
 			Transport: &http.Transport{DialContext: dialer.DialContext}}}
 		token, err := cfg.tokenFor("idle-" + strconv.Itoa(i))
 		if err != nil {
-			return benchResult{}, err
+			return Result{}, err
 		}
-		ws, err := dialAuthenticated(ctx, cfg.urls[0], options,
+		ws, err := dial(ctx, cfg.urls[0], options,
 			map[string]any{"token": token})
 		if err != nil {
-			return benchResult{}, fmt.Errorf("connection %d: %w", i+1, err)
+			return Result{}, fmt.Errorf("connection %d: %w", i+1, err)
 		}
 		open = append(open, ws)
 		ws.Write(ctx, websocket.MessageText, subscribe)
 		if _, _, err := ws.Read(ctx); err != nil {
-			return benchResult{}, err
+			return Result{}, err
 		}
 		arrived.Go(func() { ws.Read(ctx) })
 	}
@@ -493,9 +493,9 @@ func runIdle(ctx context.Context, cfg benchConfig,
 	// reader to the poller: wait until the last one has, and then some.
 	time.Sleep(2 * time.Second)
 	perConnection := func() float64 {
-		return (memory() - before) / float64(cfg.idle)
+		return (memory() - before) / float64(cfg.Idle)
 	}
-	r := benchResult{IdleConnections: cfg.idle,
+	r := Result{IdleConnections: cfg.Idle,
 		ServerKiBPerConn: perConnection()}
 	metrics := serverMetrics(ctx, cfg.urls[0])
 	r.ServerFDs, r.ServerGoroutines = metrics["process_open_fds"],
@@ -503,7 +503,7 @@ func runIdle(ctx context.Context, cfg benchConfig,
 	// Each ping wakes every reader with its pong, for a second: the
 	// memory that costs is part of what an idle connection costs.
 	r.ServerKiBWatched = r.ServerKiBPerConn
-	for end := time.Now().Add(cfg.idleWatch); server != nil &&
+	for end := time.Now().Add(cfg.IdleWatch); server != nil &&
 		ctx.Err() == nil && time.Now().Before(end); {
 		time.Sleep(250 * time.Millisecond)
 		r.ServerKiBWatched = max(r.ServerKiBWatched, perConnection())
@@ -575,13 +575,13 @@ func between(line []byte, open, close string) ([]byte, []byte) {
 
 // connectStuck connects the subscribers that never read.
 func (l *load) connectStuck(ctx context.Context) error {
-	for i := range l.cfg.stuck {
+	for i := range l.cfg.Stuck {
 		ws, err := benchDial(ctx, l.cfg, fmt.Sprintf("stuck-%d", i), i,
 			false)
 		if err != nil {
 			return err
 		}
-		if err := subscribeAll(ctx, ws, l.cfg.topics); err != nil {
+		if err := subscribeAll(ctx, ws, l.cfg.Topics); err != nil {
 			return err
 		}
 		l.stuck = append(l.stuck, ws)
@@ -621,15 +621,11 @@ func (l *load) stuckCutOff() int64 {
 // the server's part under 20 ms.
 func (l *load) runBystander(ctx context.Context, done, finished chan struct{}) {
 	defer close(finished)
-	self, err := os.Executable()
-	if err != nil {
-		return
-	}
-	cmd := exec.CommandContext(ctx, self, "bench", "--bystander-only",
+	cmd := exec.CommandContext(ctx, l.cfg.Popsub, "bench", "--bystander-only",
 		"--url", l.cfg.urls[0], "--allow-remote="+
-			strconv.FormatBool(l.cfg.allowRemote))
-	cmd.Env = append(os.Environ(), "POPSUB_SECRET="+l.cfg.secret,
-		"POPSUB_TOKEN="+l.cfg.token)
+			strconv.FormatBool(l.cfg.AllowRemote))
+	cmd.Env = append(os.Environ(), "POPSUB_SECRET="+l.cfg.Secret,
+		"POPSUB_TOKEN="+l.cfg.Token)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil || cmd.Start() != nil {
@@ -655,7 +651,7 @@ func (l *load) runBystander(ctx context.Context, done, finished chan struct{}) {
 
 // bystand publishes one QoS 1 message every 10ms to a topic of its own
 // until ctx ends, and reports how long each confirm took.
-func bystand(ctx context.Context, cfg benchConfig,
+func bystand(ctx context.Context, cfg Config,
 	report func(time.Duration)) error {
 	ws, err := benchDial(ctx, cfg, "bystander", 0, false)
 	if err != nil {
@@ -684,7 +680,7 @@ func bystand(ctx context.Context, cfg benchConfig,
 }
 
 // bystanderResult adds the bystander's confirm latencies to r.
-func (l *load) bystanderResult(r *benchResult) {
+func (l *load) bystanderResult(r *Result) {
 	sorted := slices.Sorted(slices.Values(l.bystander))
 	if len(sorted) == 0 {
 		return

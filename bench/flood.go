@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bytes"
@@ -30,14 +30,14 @@ import (
 //	http-publish   POST 1 MiB bodies with a valid token, back to back
 //	ws-publish     the same over a WebSocket, for the figure to beat
 
-// floods lists the floods bench knows, in the order the table above
+// Floods lists the floods bench knows, in the order the table above
 // gives them.
-var floods = []string{"slow-bodies", "idle-sockets", "big-headers",
+var Floods = []string{"slow-bodies", "idle-sockets", "big-headers",
 	"http-publish", "ws-publish"}
 
-// floodResult is what a flood did: answers by status (or "error"), the
+// FloodResult is what a flood did: answers by status (or "error"), the
 // bystander's publishes, and the server's peak memory.
-type floodResult struct {
+type FloodResult struct {
 	Flood           string         `json:"flood"`
 	Connections     int            `json:"connections"`
 	Seconds         float64        `json:"seconds"`
@@ -50,7 +50,7 @@ type floodResult struct {
 
 // flood is one flood under way.
 type flood struct {
-	cfg     benchConfig
+	cfg     Config
 	host    string // host:port of the HTTP door
 	token   string // a valid token
 	mu      sync.Mutex
@@ -58,33 +58,33 @@ type flood struct {
 }
 
 // runFlood runs cfg.flood against the server and reports.
-func runFlood(ctx context.Context, cfg benchConfig,
-	server *benchServer) (floodResult, error) {
-	if !slices.Contains(floods, cfg.flood) {
-		return floodResult{}, fmt.Errorf("--flood: one of %s",
-			strings.Join(floods, ", "))
+func runFlood(ctx context.Context, cfg Config,
+	server *benchServer) (FloodResult, error) {
+	if !slices.Contains(Floods, cfg.Flood) {
+		return FloodResult{}, fmt.Errorf("--flood: one of %s",
+			strings.Join(Floods, ", "))
 	}
 	u, err := url.Parse(cfg.urls[0])
 	if err != nil {
-		return floodResult{}, err
+		return FloodResult{}, err
 	}
 	token, err := cfg.tokenFor("flood")
 	if err != nil {
-		return floodResult{}, err
+		return FloodResult{}, err
 	}
 	f := &flood{cfg: cfg, host: u.Host, token: token,
 		answers: map[string]int{}}
-	ctx, stop := context.WithTimeout(ctx, cfg.duration)
+	ctx, stop := context.WithTimeout(ctx, cfg.Duration)
 	defer stop()
 	var wg sync.WaitGroup
-	for i := range cfg.connections {
+	for i := range cfg.Connections {
 		wg.Go(func() { f.one(ctx, i) })
 	}
 	var bystander bystanderCount
 	wg.Go(func() { f.bystander(ctx, &bystander) })
 	start := time.Now()
 	wg.Wait()
-	r := floodResult{Flood: cfg.flood, Connections: cfg.connections,
+	r := FloodResult{Flood: cfg.Flood, Connections: cfg.Connections,
 		Seconds: time.Since(start).Seconds(), Answers: f.answers,
 		BystanderOK:     int(bystander.ok.Load()),
 		BystanderFailed: int(bystander.failed.Load()),
@@ -104,7 +104,7 @@ func (f *flood) count(answer string) {
 
 // one is the i-th connection's part of the flood, until ctx ends.
 func (f *flood) one(ctx context.Context, i int) {
-	switch f.cfg.flood {
+	switch f.cfg.Flood {
 	case "slow-bodies":
 		f.raw(ctx, fmt.Sprintf("POST /topics/flood HTTP/1.1\r\nHost: "+
 			"popsub\r\nAuthorization: Bearer x\r\nContent-Length: %d\r\n"+
@@ -257,7 +257,7 @@ func (f *flood) bystander(ctx context.Context, count *bystanderCount) {
 }
 
 // printFlood prints a flood's result.
-func printFlood(w io.Writer, r floodResult) {
+func printFlood(w io.Writer, r FloodResult) {
 	fmt.Fprintf(w, "flood %s: %d connections, %.1fs\n", r.Flood,
 		r.Connections, r.Seconds)
 	keys := slices.Sorted(func(yield func(string) bool) {
