@@ -6,9 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,35 +13,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/popsub/popsub/internal/built"
 	"github.com/popsub/popsub/jetstream/natstest"
 )
 
-// built is the popsub command, built once for the tests: the servers Run
-// starts, and the bystander's process, are that binary, as they are for
-// popsub bench.
-var built = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "popsub-bench-test")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "popsub")
-	out, err := exec.Command("go", "build", "-o", bin,
-		"../cmd/popsub").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bin, nil
-})
-
-// config is Defaults with the built command, and changed by change.
+// config is Defaults with the built command (package internal/built):
+// the servers Run starts, and the bystander's process, are that binary,
+// as they are for popsub bench. Then change changes it.
 func config(t *testing.T, change func(*Config)) Config {
 	t.Helper()
-	bin, err := built()
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := Defaults
-	cfg.Popsub, cfg.JSON = bin, true
+	cfg.Popsub, cfg.JSON = built.PopsubFor(t), true
 	change(&cfg)
 	return cfg
 }

@@ -69,17 +69,17 @@ var (
 	ErrDamaged = errors.New("damaged")
 )
 
-// The file's layout, which Store writes and popsub db reads back
+// The file's layout, which Store writes and Salvage reads back
 // without a store (a damaged file may not open as one): a topics bucket
-// with a bucket per topic, holding the topic's records under LogBucket,
-// keyed by SeqKey, and its head under HeadKey; and a cursors bucket, from
-// a durable key to its position as a SeqKey. A record is what
-// encodeRecord makes; RecordIntact checks one.
+// with a bucket per topic, holding the topic's records under logBucket,
+// keyed by seqKey, and its head under headKey; and a cursors bucket, from
+// a durable key to its position as a seqKey. A record is what
+// encodeRecord makes; recordIntact checks one.
 var (
-	TopicsBucket  = []byte("topics")  // topic name → topic bucket
-	CursorsBucket = []byte("cursors") // durable key → position
-	LogBucket     = []byte("log")     // in a topic bucket: seq → record
-	HeadKey       = []byte("head")    // in a topic bucket: newest seq
+	topicsBucket  = []byte("topics")  // topic name → topic bucket
+	cursorsBucket = []byte("cursors") // durable key → position
+	logBucket     = []byte("log")     // in a topic bucket: seq → record
+	headKey       = []byte("head")    // in a topic bucket: newest seq
 )
 
 // Store is the Store kept in one bbolt file. bbolt allows one
@@ -107,7 +107,7 @@ func Open(path string, logger *slog.Logger) (_ *Store, err error) {
 			db.Close()
 		}
 	}()
-	defer Guard(path, &err)()
+	defer guard(path, &err)()
 
 	// bbolt locks the file; without a timeout, a second broker on the
 	// same file would wait for the lock for ever, saying nothing.
@@ -122,7 +122,7 @@ func Open(path string, logger *slog.Logger) (_ *Store, err error) {
 	// The two top buckets are made once, so that no reader need check
 	// for them.
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{TopicsBucket, CursorsBucket} {
+		for _, name := range [][]byte{topicsBucket, cursorsBucket} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
@@ -149,29 +149,29 @@ const (
 // such a broker left unclean, so that no seq a subscriber may have seen
 // is given out again; then it marks the file closed.
 func closeLegacyGap(tx *bolt.Tx) error {
-	cursors, topics := tx.Bucket(CursorsBucket), tx.Bucket(TopicsBucket)
-	if clean, ok := SeqOf(cursors.Get([]byte(legacyClean))); !ok || clean != 0 {
+	cursors, topics := tx.Bucket(cursorsBucket), tx.Bucket(topicsBucket)
+	if clean, ok := seqOf(cursors.Get([]byte(legacyClean))); !ok || clean != 0 {
 		return nil
 	}
 	err := topics.ForEachBucket(func(name []byte) error {
 		bucket := topics.Bucket(name)
-		head, _ := SeqOf(bucket.Get(HeadKey))
-		return bucket.Put(HeadKey, SeqKey(head+legacyGap))
+		head, _ := seqOf(bucket.Get(headKey))
+		return bucket.Put(headKey, seqKey(head+legacyGap))
 	})
 	if err != nil {
 		return fmt.Errorf("close the legacy gap: %w", err)
 	}
-	return cursors.Put([]byte(legacyClean), SeqKey(1))
+	return cursors.Put([]byte(legacyClean), seqKey(1))
 }
 
-// Guard turns a panic, or a fault on the file's memory map, into an
+// guard turns a panic, or a fault on the file's memory map, into an
 // error that names the file and wraps ErrDamaged: bbolt panics on a
 // damaged page and faults on a file cut short, and one bad page must
 // cost the caller an error, not the process. Use it as defer
-// Guard(path, &err)(): the call turns faults into panics on this
+// guard(path, &err)(): the call turns faults into panics on this
 // goroutine, and the function it returns, deferred, recovers them
-// (recover works only there). popsub db reads with it too.
-func Guard(path string, err *error) func() {
+// (recover works only there). Salvage reads with it too.
+func guard(path string, err *error) func() {
 	old := debug.SetPanicOnFault(true)
 	return func() {
 		debug.SetPanicOnFault(old)
@@ -188,7 +188,7 @@ func Guard(path string, err *error) func() {
 // filled only when it commits, so each delete from the front of a freshly
 // filled page moved everything behind it.
 func (s *Store) Commit(batch *popsub.Batch) (err error) {
-	defer Guard(s.path, &err)()
+	defer guard(s.path, &err)()
 	return s.db.Update(func(tx *bolt.Tx) error {
 		for topic, seq := range batch.Trims {
 			if err := trimLog(tx, topic, seq); err != nil {
@@ -199,9 +199,9 @@ func (s *Store) Commit(batch *popsub.Batch) (err error) {
 			return err
 		}
 		for topic, seqs := range batch.Deletes {
-			if records := LogOf(tx, topic); records != nil {
+			if records := logOf(tx, topic); records != nil {
 				for _, seq := range seqs {
-					if err := records.Delete(SeqKey(seq)); err != nil {
+					if err := records.Delete(seqKey(seq)); err != nil {
 						return fmt.Errorf("delete from %q: %w", topic, err)
 					}
 				}
@@ -214,9 +214,9 @@ func (s *Store) Commit(batch *popsub.Batch) (err error) {
 		}
 		// A cursor is its key and an 8-byte position: the newest
 		// position wins, in the batch as on disk.
-		cursors := tx.Bucket(CursorsBucket)
+		cursors := tx.Bucket(cursorsBucket)
 		for key, position := range batch.Cursors {
-			if err := cursors.Put([]byte(key), SeqKey(position)); err != nil {
+			if err := cursors.Put([]byte(key), seqKey(position)); err != nil {
 				return fmt.Errorf("save cursor: %w", err)
 			}
 		}
@@ -229,7 +229,7 @@ func (s *Store) Commit(batch *popsub.Batch) (err error) {
 // buckets up once and writes the head once: with a hundred messages in a
 // batch, that was most of an append's work.
 func (s *Store) appendMessages(tx *bolt.Tx, batch *popsub.Batch) error {
-	msgs, topics := batch.Messages, tx.Bucket(TopicsBucket)
+	msgs, topics := batch.Messages, tx.Bucket(topicsBucket)
 	// Records go into one arena, sized for the batch up front: bbolt
 	// keeps a reference to each value until the transaction commits, so
 	// none may be reused before then, and one arena beats one allocation
@@ -248,7 +248,7 @@ func (s *Store) appendMessages(tx *bolt.Tx, batch *popsub.Batch) error {
 		bucket, err := topics.CreateBucketIfNotExists([]byte(name))
 		var records *bolt.Bucket
 		if err == nil {
-			records, err = bucket.CreateBucketIfNotExists(LogBucket)
+			records, err = bucket.CreateBucketIfNotExists(logBucket)
 		}
 		if err != nil {
 			return fmt.Errorf("append %q: %w", name, err)
@@ -277,10 +277,10 @@ func (s *Store) appendMessages(tx *bolt.Tx, batch *popsub.Batch) error {
 		}
 		// The head is written even when every record of the run was
 		// trimmed: seqs must go on from it after a restart.
-		if old, ok := SeqOf(bucket.Get(HeadKey)); ok {
+		if old, ok := seqOf(bucket.Get(headKey)); ok {
 			head = max(head, old)
 		}
-		if err := bucket.Put(HeadKey, SeqKey(head)); err != nil {
+		if err := bucket.Put(headKey, seqKey(head)); err != nil {
 			return err
 		}
 	}
@@ -292,8 +292,8 @@ func (s *Store) appendMessages(tx *bolt.Tx, batch *popsub.Batch) error {
 // stores m, so that no restart sends it twice.
 func deleteReleased(tx *bolt.Tx, m *popsub.Message) error {
 	log, seq := m.Releases()
-	if records := LogOf(tx, log); records != nil {
-		if err := records.Delete(SeqKey(seq)); err != nil {
+	if records := logOf(tx, log); records != nil {
+		if err := records.Delete(seqKey(seq)); err != nil {
 			return fmt.Errorf("delete %q seq %d: %w", log, seq, err)
 		}
 	}
@@ -303,17 +303,17 @@ func deleteReleased(tx *bolt.Tx, m *popsub.Message) error {
 // setHead sets topic's stored head, making its bucket if it has none:
 // a new topic's first block of seqs comes before its first message.
 func setHead(tx *bolt.Tx, topic string, head uint64) error {
-	bucket, err := tx.Bucket(TopicsBucket).CreateBucketIfNotExists(
+	bucket, err := tx.Bucket(topicsBucket).CreateBucketIfNotExists(
 		[]byte(topic))
 	if err != nil {
 		return err
 	}
-	return bucket.Put(HeadKey, SeqKey(head))
+	return bucket.Put(headKey, seqKey(head))
 }
 
 // trimLog deletes topic's records with seq <= upTo.
 func trimLog(tx *bolt.Tx, topic string, upTo uint64) error {
-	records := LogOf(tx, topic)
+	records := logOf(tx, topic)
 	if records == nil {
 		return nil
 	}
@@ -325,7 +325,7 @@ func trimLog(tx *bolt.Tx, topic string, upTo uint64) error {
 	// did, walked past every page the trim had emptied, so trimming n
 	// records cost n squared (BenchmarkTrim: 8 times slower at 4,096).
 	cursor := records.Cursor()
-	cursor.Seek(SeqKey(upTo + 1))
+	cursor.Seek(seqKey(upTo + 1))
 	for k, _ := cursor.Prev(); k != nil; k, _ = cursor.Prev() {
 		if err := cursor.Delete(); err != nil {
 			return err
@@ -334,13 +334,13 @@ func trimLog(tx *bolt.Tx, topic string, upTo uint64) error {
 	return nil
 }
 
-// LogOf returns topic's record bucket, or nil if it has none.
-func LogOf(tx *bolt.Tx, topic string) *bolt.Bucket {
-	bucket := tx.Bucket(TopicsBucket).Bucket([]byte(topic))
+// logOf returns topic's record bucket, or nil if it has none.
+func logOf(tx *bolt.Tx, topic string) *bolt.Bucket {
+	bucket := tx.Bucket(topicsBucket).Bucket([]byte(topic))
 	if bucket == nil {
 		return nil
 	}
-	return bucket.Bucket(LogBucket)
+	return bucket.Bucket(logBucket)
 }
 
 // Read returns up to limit records of topic after seq, and no more once
@@ -348,16 +348,16 @@ func LogOf(tx *bolt.Tx, topic string) *bolt.Bucket {
 // does not match.
 func (s *Store) Read(topic string, after uint64,
 	limit, maxBytes int) (msgs []*popsub.Message, err error) {
-	defer Guard(s.path, &err)()
+	defer guard(s.path, &err)()
 	err = s.db.View(func(tx *bolt.Tx) error {
-		records := LogOf(tx, topic)
+		records := logOf(tx, topic)
 		if records == nil {
 			return nil
 		}
 		// A damaged record is logged and skipped, never delivered: its
 		// neighbours are still good, and replay steps over the gap.
 		cursor, size := records.Cursor(), 0
-		for k, v := cursor.Seek(SeqKey(after + 1)); k != nil &&
+		for k, v := cursor.Seek(seqKey(after + 1)); k != nil &&
 			len(msgs) < limit && size < maxBytes; k, v = cursor.Next() {
 			m, err := decodeRecord(v)
 			if err != nil {
@@ -377,12 +377,12 @@ func (s *Store) Read(topic string, after uint64,
 // was trimmed empty still has its bucket and its head, so it is listed:
 // its next seq must not start again from 1.
 func (s *Store) Topics() (heads map[string]uint64, err error) {
-	defer Guard(s.path, &err)()
+	defer guard(s.path, &err)()
 	heads = map[string]uint64{}
 	err = s.db.View(func(tx *bolt.Tx) error {
-		topics := tx.Bucket(TopicsBucket)
+		topics := tx.Bucket(topicsBucket)
 		return topics.ForEachBucket(func(name []byte) error {
-			if head, ok := SeqOf(topics.Bucket(name).Get(HeadKey)); ok {
+			if head, ok := seqOf(topics.Bucket(name).Get(headKey)); ok {
 				heads[string(name)] = head
 			}
 			return nil
@@ -395,9 +395,9 @@ func (s *Store) Topics() (heads map[string]uint64, err error) {
 // asks only when the cursor is not in a batch it still holds.
 func (s *Store) Cursor(key string) (position uint64, found bool,
 	err error) {
-	defer Guard(s.path, &err)()
+	defer guard(s.path, &err)()
 	err = s.db.View(func(tx *bolt.Tx) error {
-		position, found = SeqOf(tx.Bucket(CursorsBucket).Get([]byte(key)))
+		position, found = seqOf(tx.Bucket(cursorsBucket).Get([]byte(key)))
 		return nil
 	})
 	return position, found, err
@@ -429,15 +429,15 @@ func encodeRecord(buffer []byte, m *popsub.Message) []byte {
 // write it guards.
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// RecordIntact reports whether record's checksum matches what it holds.
-func RecordIntact(record []byte) bool {
+// recordIntact reports whether record's checksum matches what it holds.
+func recordIntact(record []byte) bool {
 	return len(record) >= 4 && crc32.Checksum(record[4:], castagnoli) ==
 		binary.BigEndian.Uint32(record)
 }
 
 // decodeRecord checks a record's CRC and decodes it.
 func decodeRecord(record []byte) (*popsub.Message, error) {
-	if !RecordIntact(record) {
+	if !recordIntact(record) {
 		return nil, errors.New("checksum mismatch")
 	}
 	body := record[4:]
@@ -459,13 +459,13 @@ func decodeRecord(record []byte) (*popsub.Message, error) {
 	return m, nil
 }
 
-// SeqKey is seq as an 8-byte big-endian key, which sorts numerically.
-func SeqKey(seq uint64) []byte {
+// seqKey is seq as an 8-byte big-endian key, which sorts numerically.
+func seqKey(seq uint64) []byte {
 	return binary.BigEndian.AppendUint64(nil, seq)
 }
 
-// SeqOf reads a SeqKey back, and reports false for anything else.
-func SeqOf(key []byte) (uint64, bool) {
+// seqOf reads a seqKey back, and reports false for anything else.
+func seqOf(key []byte) (uint64, bool) {
 	if len(key) != 8 {
 		return 0, false
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/popsub/popsub/internal/built"
 	"io"
 	"net/http"
 	"os"
@@ -22,7 +23,7 @@ import (
 // compares what it printed, connection by connection, with the block's
 // ← lines.
 func TestFrames_APastedBlockPrintsWhatEachConnectionReceives(t *testing.T) {
-	bin := popsubBinary(t)
+	bin := built.PopsubFor(t)
 	secret := "a-tutorial-secret-of-at-least-32-bytes"
 	url, _, _ := startServe(t, "--secret", secret, "--ack-timeout", "1s")
 	block := `alice → {"type":"subscribe","topic":"jobs"}
@@ -187,7 +188,7 @@ alice → {"type":"ping"}
 // runWithInput runs popsub with args, input as its standard input.
 func runWithInput(args []string, input string, stdout,
 	stderr *bytes.Buffer) error {
-	bin, err := built()
+	bin, err := built.Popsub()
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/popsub/popsub/internal/built"
 	"io"
 	"os"
 	"os/exec"
@@ -218,7 +219,7 @@ func TestServe_MaxRetriesZeroMeansNone(t *testing.T) {
 // POPSUB_CPUPROFILE and POPSUB_MEMPROFILE, which performance.md's
 // figures come from, each leave a profile when serve stops on SIGINT.
 func TestServe_WritesItsProfilesWhenItStops(t *testing.T) {
-	bin := popsubBinary(t)
+	bin := built.PopsubFor(t)
 	dir := t.TempDir()
 	cpu, allocs := filepath.Join(dir, "cpu.pprof"),
 		filepath.Join(dir, "allocs.pprof")
