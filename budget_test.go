@@ -487,3 +487,49 @@ func TestMachineRoom_EachPackageKeepsItsBudget(t *testing.T) {
 		}
 	}
 }
+
+// budgetCommand is cmd/popsub's code lines: each of its files is a
+// subcommand's flags and wiring. What a subcommand drives is library
+// code in a package of its own, with its tests and a header a reader
+// starts from: the load generator (bench), the fault runner (nemesis),
+// the frame sessions (transcript), the salvage (boltstore).
+const budgetCommand = 2000
+
+func TestCommand_IsItsSubcommandsWiring(t *testing.T) {
+	paths, err := filepath.Glob("cmd/popsub/*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code := 0
+	for _, path := range paths {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := source.Measure(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		code += b.Code
+	}
+	t.Logf("cmd/popsub: %d code lines", code)
+	if code > budgetCommand {
+		t.Errorf("cmd/popsub: %d code lines, budget %d", code, budgetCommand)
+	}
+	for _, dir := range []string{"bench", "nemesis", "transcript"} {
+		tests, _ := filepath.Glob(filepath.Join(dir, "*_test.go"))
+		pkg, err := parser.ParseFile(gotoken.NewFileSet(),
+			filepath.Join(dir, dir+".go"), nil,
+			parser.ParseComments|parser.PackageClauseOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(tests) == 0 || strings.Count(pkg.Doc.Text(), "\n") < 10 {
+			t.Errorf("%s: want tests and a package doc of ten lines or "+
+				"more", dir)
+		}
+	}
+}

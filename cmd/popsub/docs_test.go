@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/popsub/popsub/transcript"
 	"io"
 	"net"
 	"net/http"
@@ -97,7 +98,7 @@ type docServer struct {
 	stop    func() error // stops the running server
 	// session is the clients' frames session on the running broker;
 	// block says where the block it runs now is, for docFrames.
-	session *framesSession
+	session *transcript.Session
 	block   string
 	// name is the file being run.
 	name string
@@ -831,7 +832,7 @@ func (s *docServer) match(what string, expected, got []string) {
 		if arrow == gotArrow && json.Unmarshal([]byte("{"+wantBody),
 			&wantJSON) == nil && json.Unmarshal([]byte("{"+gotBody),
 			&gotJSON) == nil {
-			if !matchJSON("", wantJSON, gotJSON, s.tutorial) {
+			if !transcript.Match("", wantJSON, gotJSON, s.tutorial) {
 				s.t.Errorf("%s printed\n  %s\nwhere the doc shows\n  %s",
 					what, got[i], want)
 			}
@@ -893,24 +894,24 @@ func words(t *testing.T, line string) []string {
 // and no line of the block shows.
 func (s *docServer) frames(lines []string, where string) {
 	if s.session == nil {
-		s.session = newFramesSession("ws://"+s.address+"/ws",
+		s.session = transcript.NewSession("ws://"+s.address+"/ws",
 			s.tokenFor, io.Discard)
-		s.session.strict = s.tutorial
-		s.session.observe = func(client string, fromClient bool,
+		s.session.Strict = s.tutorial
+		s.session.Observe = func(client string, fromClient bool,
 			frame []byte) {
 			docFrames.Add(s.block, client, fromClient, frame)
 		}
 	}
 	s.block = s.name + ", " + where
 	ctx := context.Background()
-	start := s.session.line
+	start := s.session.LineNumber()
 	for _, line := range lines {
-		if err := s.session.run(ctx, line); err != nil {
-			s.t.Errorf("%s, its line %d: %v", where, s.session.line-start,
+		if err := s.session.Run(ctx, line); err != nil {
+			s.t.Errorf("%s, its line %d: %v", where, s.session.LineNumber()-start,
 				err)
 		}
 	}
-	for _, unlisted := range s.session.barrier(ctx) {
+	for _, unlisted := range s.session.Barrier(ctx) {
 		s.t.Errorf("%s: the block does not show %s", where, unlisted)
 	}
 }
@@ -918,7 +919,7 @@ func (s *docServer) frames(lines []string, where string) {
 // endSession closes the clients of the last broker's session.
 func (s *docServer) endSession() {
 	if s.session != nil {
-		s.session.close()
+		s.session.Close()
 		s.session = nil
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/popsub/popsub/internal/built"
+	"github.com/popsub/popsub/transcript"
 	"io"
 	"net/http"
 	"os"
@@ -83,11 +84,11 @@ func TestFrames_SaysWhatIsWrongWithALine(t *testing.T) {
 		{`stranger ← {"type":`, "not JSON"},
 	}
 	for _, tc := range cases {
-		s := newFramesSession(url+"/ws", func(name string) (string, error) {
+		s := transcript.NewSession(url+"/ws", func(name string) (string, error) {
 			return tokenOf(name, "")
 		}, &bytes.Buffer{})
-		err := s.run(t.Context(), tc.line)
-		s.close()
+		err := s.Run(t.Context(), tc.line)
+		s.Close()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want an error saying %q", tc.line, err,
 				tc.want)
@@ -99,9 +100,9 @@ func TestFrames_SaysWhatIsWrongWithALine(t *testing.T) {
 func received(text, name, arrow string) []string {
 	var frames []string
 	for line := range strings.Lines(text) {
-		l, ok, _ := parseFrameLine(line)
-		if ok && l.name == name && l.arrow == arrow {
-			frames = append(frames, l.body)
+		l, ok, _ := transcript.ParseLine(line)
+		if ok && l.Name == name && l.Arrow == arrow {
+			frames = append(frames, l.Body)
 		}
 	}
 	return slices.Clip(frames)
@@ -111,7 +112,7 @@ func received(text, name, arrow string) []string {
 func frameMatches(want, got string) bool {
 	var w, g any
 	return json.Unmarshal([]byte(want), &w) == nil &&
-		json.Unmarshal([]byte(got), &g) == nil && matchJSON("", w, g, true)
+		json.Unmarshal([]byte(got), &g) == nil && transcript.Match("", w, g, true)
 }
 
 // signFor signs an hour's token for name with secret.
