@@ -685,12 +685,22 @@ type Socket interface {
 
 // acceptSocket upgrades r to a WebSocket (socket.Accept), refusing a
 // page from another site unless its origin is allowed, and runs
-// beforeRead before each read of the socket.
+// beforeRead before each read of the socket; or it opens the socket r
+// carries under socketKey (WithSocket, the lab's way in).
 func (b *Broker) acceptSocket(w http.ResponseWriter, r *http.Request,
 	beforeRead func()) (Socket, error) {
-	return socket.Accept(w, r, socket.Options{BeforeRead: beforeRead,
+	opts := socket.Options{BeforeRead: beforeRead,
 		OriginPatterns: b.opts.OriginPatterns, Stop: b.stop,
-		WriteTimeout: b.opts.WriteTimeout, LargeFrames: b.largeFrames})
+		WriteTimeout: b.opts.WriteTimeout, LargeFrames: b.largeFrames}
+	if open, ok := r.Context().Value(socketKey{}).(func(
+		socket.Options) Socket); ok {
+		return open(opts), nil
+	}
+	conn, err := socket.Accept(w, r, opts)
+	if err != nil {
+		return nil, err
+	}
+	return conn, nil
 }
 
 // wakeups are the writers a connection's reader owes a start
@@ -2993,7 +3003,20 @@ func (d *durableCursor) save(b *Broker) {
 // socket: the same checks, sequencing and fan-out as a client's publish
 // frame, and at QoS 1 a return once the message is on disk. A WebSocket
 // to itself was the alternative, and would cost a process that only
-// wants to publish an encoding and a goroutine per message.
+// wants to publish an encoding and a goroutine per message. A program
+// with clients of its own that no WebSocket can reach (the lab's, in a
+// browser tab) hands the broker their sockets with WithSocket.
+
+// socketKey is the request context's key for a socket kept another way.
+type socketKey struct{}
+
+// WithSocket returns r carrying a socket kept another way, which
+// ServeHTTP serves in place of upgrading r: open makes it, given the
+// options a WebSocket would be accepted with (acceptSocket).
+func WithSocket(r *http.Request,
+	open func(socket.Options) Socket) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), socketKey{}, open))
+}
 
 // Publish publishes payload to topic from inside the process, as a
 // client's publish frame would, and returns the message's seq. For QoS 1

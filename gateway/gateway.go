@@ -659,9 +659,9 @@ func refuse(w http.ResponseWriter, f frame) {
 
 // publishFrameOf reads a POST's parameters into a publish frame, or says
 // what is wrong with them.
-func publishFrameOf(r *http.Request, topic string) (publishFrame, frame) {
+func publishFrameOf(r *http.Request, topic string) (wire.Frame, frame) {
 	query := r.URL.Query()
-	publish := publishFrame{Type: "publish", Topic: topic, QoS: 1,
+	publish := wire.Frame{Type: "publish", Topic: topic, QoS: 1,
 		MessageID: query.Get("message_id")}
 	if problem := unknownParameter(query, "qos", "message_id", "ttl_ms",
 		"delay_ms", "deliver_at"); problem.Type != "" {
@@ -893,7 +893,7 @@ func (p *publisher) read() {
 
 // send writes publish on the session and returns the channel its answer
 // comes on. A QoS 0 publish's pong comes on it too.
-func (p *publisher) send(ctx context.Context, publish publishFrame) (
+func (p *publisher) send(ctx context.Context, publish wire.Frame) (
 	chan frame, error) {
 	answers := make(chan frame, 2)
 	key := answerKey(publish.Topic, publish.MessageID)
@@ -931,22 +931,10 @@ func (p *publisher) forget(key string, answers chan frame) {
 	}
 }
 
-// publishFrame is the publish frame the gateway sends.
-type publishFrame struct {
-	Type      string          `json:"type"`
-	Topic     string          `json:"topic"`
-	Payload   json.RawMessage `json:"payload,omitempty"`
-	MessageID string          `json:"message_id"`
-	QoS       int             `json:"qos"`
-	TTLMS     *int64          `json:"ttl_ms,omitempty"`
-	DelayMS   *int64          `json:"delay_ms,omitempty"`
-	DeliverAt *int64          `json:"deliver_at,omitempty"`
-}
-
 // publishOn publishes on the token's session and returns the broker's
 // answer.
 func (g *Gateway) publishOn(r *http.Request, token string,
-	publish publishFrame) frame {
+	publish wire.Frame) frame {
 	p, reply := g.publisherFor(r, token)
 	if p == nil {
 		return reply
@@ -979,7 +967,7 @@ func (g *Gateway) publishOn(r *http.Request, token string,
 }
 
 // accepted is the answer to a QoS 0 publish the broker took.
-func accepted(publish publishFrame) frame {
+func accepted(publish wire.Frame) frame {
 	raw, _ := json.Marshal(struct {
 		Type      string `json:"type"`
 		Topic     string `json:"topic"`

@@ -11,7 +11,6 @@ import (
 
 	"github.com/popsub/popsub"
 	"github.com/popsub/popsub/chaos"
-	"github.com/popsub/popsub/socket"
 	"github.com/popsub/popsub/wire"
 )
 
@@ -121,7 +120,7 @@ func (c *client) connectLocked() {
 			Label: why})
 	})
 	request, _ := http.NewRequest(http.MethodGet, "http://lab/ws", nil)
-	go b.ServeHTTP(nobody{}, socket.WithEndpoint(request, l.open))
+	go b.ServeHTTP(nobody{}, popsub.WithSocket(request, l.open))
 	c.conn = &conn{link: l, wake: make(chan struct{}, 1)}
 	token, _ := popsub.NewToken(c.lab.secret, c.name, 24*time.Hour)
 	c.queue(wire.Frame{Type: "auth", Token: token, Client: c.name})

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/popsub/popsub"
 	"net"
 	"slices"
 	"sync"
@@ -19,7 +20,7 @@ import (
 //
 // A client's connection is a link in memory: frames each way on a
 // channel, as a socket's buffers would hold them. The broker takes its
-// end through socket.WithEndpoint, so it serves the link exactly as it
+// end through popsub.WithSocket, so it serves the link exactly as it
 // serves a WebSocket. Toward the client the link holds linkFrames
 // frames: a client that stops reading fills it, and then the broker's
 // writes wait, as they would for a TCP window, until WriteTimeout cuts
@@ -61,8 +62,8 @@ func newLink(g *gate, ended func(why string)) *link {
 		limit: 1 << 20}
 }
 
-// open is the link's broker end, for socket.WithEndpoint.
-func (l *link) open(opts socket.Options) socket.Endpoint {
+// open is the link's broker end, for popsub.WithSocket.
+func (l *link) open(opts socket.Options) popsub.Socket {
 	l.opts = opts
 	return brokerEnd{l}
 }

@@ -10,10 +10,9 @@
 // quiet for IdleAfter, with nobody left reading until resume starts;
 // Send writes a run of frames in order; Ping, Close and CloseNow do what
 // they say. Conn keeps it over the TCP connection the
-// HTTP server hands over (RFC 6455, server side, without extensions); a
-// request may carry a socket kept another way (WithEndpoint), as the lab
-// page's network keeps one in memory, in a browser, where nothing can be
-// accepted. Clients, the tests and the command use
+// HTTP server hands over (RFC 6455, server side, without extensions);
+// the lab page's network keeps one in memory instead, in a browser,
+// where nothing can be accepted (popsub.WithSocket). Clients, the tests and the command use
 // github.com/coder/websocket; its server side costs an idle connection
 // 14 KiB more than framing here does (read.go says where it goes).
 //
@@ -115,31 +114,10 @@ type Options struct {
 	Stop        <-chan struct{}
 }
 
-// Endpoint is the contract a socket keeps: popsub.go's Socket, met by a
-// Conn or by a socket a request carries.
-type Endpoint interface {
-	Read() ([]byte, error)
-	SetReadLimit(n int64)
-	Send(frames [][]byte, joined bool) error
-	Ping(ctx context.Context) error
-	Close(code websocket.StatusCode, reason string) error
-	CloseNow() error
-	Idle(resume func())
-}
-
 // IdleAfter is how long a socket given a resume (Idle) waits for its
 // client, its reader parked on the runtime's poller, before it parks in
 // package poller, with no goroutine.
 var IdleAfter = time.Second
-
-// endpointKey is the request context's key for a socket kept another way.
-type endpointKey struct{}
-
-// WithEndpoint returns r carrying a socket kept another way: Accept
-// returns open(opts) in place of upgrading r.
-func WithEndpoint(r *http.Request, open func(Options) Endpoint) *http.Request {
-	return r.WithContext(context.WithValue(r.Context(), endpointKey{}, open))
-}
 
 // Conn is one client's WebSocket, accepted by Accept.
 type Conn struct {
@@ -195,14 +173,9 @@ type Conn struct {
 
 // Accept upgrades a request to a WebSocket. It checks the Origin header:
 // a page from another site, running in a user's browser, may not open a
-// socket unless opts allows its origin. A request from WithEndpoint gets
-// the socket it carries.
-func Accept(w http.ResponseWriter, r *http.Request, opts Options) (Endpoint,
+// socket unless opts allows its origin.
+func Accept(w http.ResponseWriter, r *http.Request, opts Options) (*Conn,
 	error) {
-	open, ok := r.Context().Value(endpointKey{}).(func(Options) Endpoint)
-	if ok {
-		return open(opts), nil
-	}
 	if status, err := checkUpgrade(w.Header(), r, opts.OriginPatterns); err != nil {
 		http.Error(w, err.Error(), status)
 		return nil, err

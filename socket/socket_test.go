@@ -91,7 +91,7 @@ func TestRead_ALargeFrameHoldsAPlaceUntilTheNextReadOrAClose(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			accepted <- c.(*Conn)
+			accepted <- c
 		}))
 	defer server.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -158,7 +158,7 @@ func serveOne(t *testing.T, opts Options) (*httptest.Server, chan *Conn) {
 		func(w http.ResponseWriter, r *http.Request) {
 			c, err := Accept(w, r, opts)
 			if err == nil {
-				accepted <- c.(*Conn)
+				accepted <- c
 			}
 		}))
 	t.Cleanup(server.Close)

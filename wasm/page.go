@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/popsub/popsub/wire"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -266,12 +267,7 @@ const noGrant = "This token may not subscribe to $sys/events, so the " +
 // and returns the frames the x-ray sends back: acks of dead letters, and
 // subscriptions to dead-letter topics it has just learned of.
 func (p *page) handleFrame(data []byte) []any {
-	var frame struct {
-		Type, Topic, Code, Message string
-		MessageID                  string `json:"message_id"`
-		Seq                        uint64
-		Payload                    json.RawMessage
-	}
+	var frame wire.Received
 	if json.Unmarshal(data, &frame) != nil {
 		return nil
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"github.com/popsub/popsub/internal/built"
+	"github.com/popsub/popsub/wire"
 	"io"
 	"os"
 	"os/exec"
@@ -101,10 +102,7 @@ func TestServe_ClientRoundTrip(t *testing.T) {
 	t.Run("pub with qos 1 prints the confirm", func(t *testing.T) {
 		out := runClient(t, append([]string{"pub", "orders", `{"n":1}`,
 			"--qos", "1", "--id", "o-1"}, auth...)...)
-		var confirm struct {
-			MessageID string `json:"message_id"`
-			Seq       uint64 `json:"seq"`
-		}
+		var confirm wire.Received
 		json.Unmarshal([]byte(out), &confirm)
 		if !strings.Contains(out, `"type":"published"`) ||
 			confirm.MessageID != "o-1" || confirm.Seq != 1 {
