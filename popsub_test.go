@@ -25,6 +25,44 @@ import (
 // These tests are the broker's specification. Each runs a real broker on
 // 127.0.0.1 and talks to it over WebSockets, except the few that use
 // testing/synctest to run the retry and retention clocks in fake time.
+//
+// Where each section of popsub.go is tested (TestSections_EachHasItsTests
+// holds this table to the file's sections):
+//
+//	section                              test files
+//	What it promises                     sim_test.go behaviour_test.go
+//	Options, messages and frames         popsub_test.go schema_test.go
+//	The broker and its topics            popsub_test.go engine_test.go
+//	The log: seq first, sync second      store_test.go crash_test.go
+//	The machine room                     store_test.go budget_test.go
+//	Connecting and authenticating        popsub_test.go hardening_test.go
+//	Subscribing                          popsub_test.go overlap_test.go
+//	Publishing and fan-out               popsub_test.go flow_test.go
+//	The outbox and back-pressure         flow_test.go popsub_test.go
+//	Acknowledgements                     popsub_test.go overlap_test.go
+//	Retries and dead letters             deadletters_test.go store_test.go
+//	Replay                               popsub_test.go store_test.go
+//	Shutdown                             popsub_test.go hardening_test.go
+//	Tokens                               popsub_test.go hardening_test.go
+//	Keepalives, limits and batches       hardening_test.go popsub_test.go
+//	Logins and passwords                 hardening_test.go
+//	Topic rules                          popsub_test.go hardening_test.go
+//	Durable subscriptions                popsub_test.go crash_test.go
+//	Publishing from Go                   example_test.go
+//	Confirms                             popsub_test.go flow_test.go
+//	Work queues                          workqueues_test.go
+//	Naks, backoff and expiry             naks_test.go
+//	Delayed delivery                     delays_test.go crash_test.go
+//	The x-ray                            events_test.go
+//	Retention                            store_test.go
+//	Seqs reserved on disk                crash_test.go store_test.go
+//	After a commit                       store_test.go
+//	A log shared by several brokers      shared_test.go engine_test.go
+//
+// The package doc's own sections (Reading path, Goroutines, A session),
+// Helpers, Defaults, The queues and Messages at rest have no behaviour
+// of their own: their code is tested through the sections that use it,
+// and prose_test.go holds the numbers the prose quotes to the code.
 
 func TestBroker_Authentication(t *testing.T) {
 	ts := startBroker(t, Options{})

@@ -220,3 +220,49 @@ func TestProse_ThePerformancePageKeepsItsBudget(t *testing.T) {
 		}
 	}
 }
+
+// A reader looks for a section's tests in popsub_test.go's table: every
+// section of popsub.go is in it, or in its list of sections with no
+// behaviour of their own, and every file it names has tests.
+func TestSections_EachHasItsTests(t *testing.T) {
+	code, err := os.ReadFile("popsub.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests, err := os.ReadFile("popsub_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	header, _, _ := strings.Cut(string(tests), "\nfunc ")
+	rows := map[string][]string{}
+	for line := range strings.Lines(header) {
+		row := strings.TrimPrefix(line, "//\t")
+		if row == line || strings.HasPrefix(row, "section ") {
+			continue
+		}
+		name, files, _ := strings.Cut(row, "  ")
+		rows[name] = strings.Fields(files)
+	}
+	_, untested, _ := strings.Cut(header, "The package doc's own sections")
+	untested = strings.Join(strings.Fields(untested), " ")
+
+	sections := regexp.MustCompile(`(?m)^// # (.+?)( \(detail\))?$`)
+	for _, m := range sections.FindAllStringSubmatch(string(code), -1) {
+		name := m[1]
+		files, listed := rows[name]
+		switch {
+		case !listed && !strings.Contains(untested, name):
+			t.Errorf("section %q is not in popsub_test.go's table", name)
+		case listed && len(files) == 0:
+			t.Errorf("section %q names no test file", name)
+		}
+		for _, file := range files {
+			src, err := os.ReadFile(file)
+			if err != nil || !strings.Contains(string(src), "\nfunc Test") &&
+				!strings.Contains(string(src), "\nfunc Example") {
+				t.Errorf("section %q names %s, which has no tests (%v)",
+					name, file, err)
+			}
+		}
+	}
+}
