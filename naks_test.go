@@ -18,8 +18,10 @@ import (
 func fakeBroker(t *testing.T, opts Options) (*Broker, *connection,
 	chan struct{}) {
 	t.Helper()
-	opts.Secret, opts.Store, opts.Logger = testSecret, newMemoryStore(),
-		quietLogger
+	opts.Secret, opts.Logger = testSecret, quietLogger
+	if opts.Store == nil {
+		opts.Store = newMemoryStore()
+	}
 	opts.PingInterval = time.Hour // a fake connection has no socket to ping
 	b, err := New(opts)
 	if err != nil {
@@ -51,8 +53,8 @@ func within(t *testing.T, g got, attempt int, since time.Time,
 
 func TestNak_RetriesAfterItsDelayOrTheBackoffAndCountsAnAttempt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		// A five-second ack timeout: the retry loop ticks every second,
-		// so a retry comes at most a second after it falls due.
+		// A five-second ack timeout, and the connection's retry timer set
+		// for each deadline: a retry comes within RetryWindow of it.
 		b, worker, wake := fakeBroker(t, Options{MaxRetries: 2})
 		b.publish(&Message{Topic: "jobs", ID: "j", QoS: 1,
 			Payload: json.RawMessage(`1`)}, nil, nil)
@@ -64,14 +66,14 @@ func TestNak_RetriesAfterItsDelayOrTheBackoffAndCountsAnAttempt(t *testing.T) {
 		worker.handle([]byte(`{"type":"nak","message_id":"j","delay_ms":500}`))
 		naked := time.Now()
 		within(t, nextFrame(t, worker, wake), 2, naked, 500*time.Millisecond,
-			1500*time.Millisecond)
+			500*time.Millisecond+RetryWindow)
 
 		// A nak without one waits the backoff for the attempt it names:
 		// ten seconds at attempt 2, less up to a fifth. Never zero.
 		worker.handle([]byte(`{"type":"nak","topic":"jobs","seq":1}`))
 		naked = time.Now()
 		within(t, nextFrame(t, worker, wake), 3, naked, 8*time.Second,
-			11*time.Second)
+			10*time.Second+RetryWindow)
 
 		// Each nak's retry was an attempt: past the last of them (two
 		// retries) the next nak's retry is a dead letter instead.

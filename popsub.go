@@ -45,9 +45,10 @@
 //
 // Per connection: the reader; a writer while frames are queued; a
 // confirmer once it publishes at QoS 1; a replayer per subscription
-// while it catches up; and, for a moment each ping interval, a pinger.
-// Per broker: the retry, delayed-delivery, keepalive and retention
-// loops, the x-ray's events loop and the log's committer.
+// while it catches up; and, for a moment when one of its timers fires
+// (its retries, its pings, its token's expiry), that timer's work. Per
+// broker: the delayed-delivery and retention loops, the x-ray's events
+// loop and the log's committer.
 //
 // # A session
 //
@@ -470,14 +471,12 @@ func New(opts Options) (*Broker, error) {
 		b.shared.Follow(b.feed)
 	}
 
-	// Retries, retention and x-ray events run on loops of their own. A
-	// retry is late by at most RetryInterval, a fifth of the ack timeout
-	// (but the loop is no busier than a millisecond, and no lazier than
-	// the original's one second); b.trimExpired drops what outlived the
-	// TTL (Retention), at most a tenth of it late; b.releaseLoop sends
-	// each delayed message when it falls due (Delayed delivery).
-	b.loops.Add(4)
-	go b.every(RetryInterval(opts.AckTimeout), b.retry)
+	// Three loops of the broker's own: b.every calls b.trimExpired,
+	// which drops what outlived the TTL (Retention); b.releaseLoop sends
+	// each delayed message when it falls due (Delayed delivery); the
+	// x-ray publishes its events. Retries are each connection's own
+	// timer (Retries and dead letters).
+	b.loops.Add(3)
 	go b.every(min(max(opts.TTL/10, time.Millisecond), time.Minute),
 		b.trimExpired)
 	go b.releaseLoop()
@@ -486,31 +485,6 @@ func New(opts Options) (*Broker, error) {
 		b.xray.Run(b.stop, b.publishEvent)
 	}()
 	return b, nil
-}
-
-// RetryInterval is how often the retry loop looks for overdue deliveries
-// at an ack timeout of ackTimeout: a fifth of it, but no more often than
-// every millisecond and no less than every second. A retry comes up to
-// that much after its deadline.
-func RetryInterval(ackTimeout time.Duration) time.Duration {
-	return min(max(ackTimeout/5, time.Millisecond), time.Second)
-}
-
-// every calls work at each tick of interval until Shutdown. One loop per
-// kind of chore, for the whole broker, rather than a timer per delivery
-// or per connection, keeps the cost flat however many there are.
-func (b *Broker) every(interval time.Duration, work func(now time.Time)) {
-	defer b.loops.Done()
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case now := <-tick.C:
-			work(now)
-		case <-b.stop:
-			return
-		}
-	}
 }
 
 // newTopic returns an empty topic called name.
@@ -789,6 +763,11 @@ type connection struct {
 	// expiry closes the connection when the token runs out; a fresh auth
 	// frame resets it. pings pings the peer an interval after each pong.
 	expiry, pings *time.Timer
+	// retries fires when the earliest of unacked is due, retryAt (Retries
+	// and dead letters); nil until the first QoS 1 delivery. Both are
+	// guarded by mu.
+	retries *time.Timer
+	retryAt time.Time
 	// batch is set when the client opted into several objects a frame;
 	// loginFailed once a login on it failed (Logins). The reader's alone.
 	batch, loginFailed bool
@@ -912,6 +891,9 @@ func (b *Broker) unregister(c *connection) {
 	}
 	c.mu.Lock()
 	subs := slices.Collect(maps.Values(c.subscriptions))
+	if c.retries != nil {
+		c.retries.Stop()
+	}
 	c.mu.Unlock()
 	for _, s := range subs {
 		b.unsubscribe(s)
@@ -1355,7 +1337,7 @@ func (b *Broker) unsubscribe(s *subscription) {
 		close(s.cancel)
 		b.noteSubscription("unsubscribed", s)
 	}
-	// An emptied table stays, for the retry loop to drop, as settle's.
+	// An emptied table stays, for overdue to drop, as settle's.
 	for _, q := range c.unacked {
 		c.inflight -= q.Drop(func(p pending) bool {
 			if p.subscription != s {
@@ -1859,6 +1841,7 @@ func (c *connection) addPending(p pending) *pending {
 		c.unacked[p.message.Topic] = q
 	}
 	live, seq := q.Live(), p.message.Seq
+	c.retryBy(p.deadline)
 	if at := q.find(p); at >= 0 {
 		live[at] = p
 		return &live[at]
@@ -1941,8 +1924,8 @@ func (c *connection) settleOne(p pending, kind string) {
 // (the kind). An ack moves durable cursors past them, and the x-ray
 // hears of it; a dead letter does both once it is on disk
 // (b.deadLetter). Acks for what this connection does not owe find
-// nothing and change nothing. An emptied table stays, for the retry loop
-// to drop: a busy topic's table empties and refills many times a
+// nothing and change nothing. An emptied table stays, for overdue to
+// drop: a busy topic's table empties and refills many times a
 // second. The caller holds c.mu.
 func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 	live := q.Live()
@@ -1967,25 +1950,41 @@ func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 // # Retries and dead letters
 //
 // The original retried by sending the message to the whole topic again,
-// subscribers that had acked included. Here the retry loop sends a retry
-// only to the subscriber that owes the ack. After the last retry the
-// message is not dropped: it goes to $dead/<topic>, with the reason and
-// the subscriber, for an operator. One loop walks every connection five
-// times per ack timeout, not a timer per delivery, so the cost stays
-// flat however many wait. Each retry waits longer than the last
-// (b.retryDelay), a nak hands a delivery back early, and a message may
-// expire (m.expired): the detail Naks, backoff and expiry says how.
+// subscribers that had acked included. Here a retry goes only to the
+// subscriber that owes the ack, and after the last one the message goes
+// to $dead/<topic>, with the reason and the subscriber, not away. Each
+// connection has one timer, set for its earliest deadline: a retry is
+// at most RetryWindow late, and a connection owing nothing holds none. A
+// loop over every connection was up to a second late; a timer per
+// delivery would cost memory per message. Each retry waits longer than
+// the last (b.retryDelay), a nak hands a delivery back early, and a
+// message may expire (m.expired): the detail Naks, backoff and expiry.
 
-// retry redelivers every connection's overdue QoS 1 messages; it runs
-// five times per AckTimeout.
-func (b *Broker) retry(now time.Time) {
-	for _, c := range b.connectionList() {
-		c.redeliver(now)
+// RetryWindow is how late a retry may be: a connection's timer fires at
+// most once a RetryWindow, however its deadlines fall.
+const RetryWindow = 5 * time.Millisecond
+
+// retryBy makes sure c's timer fires by deadline, or a RetryWindow from
+// now if that is later, when c.redeliver retries what is due then. The
+// caller holds c.mu.
+func (c *connection) retryBy(deadline time.Time) {
+	if soonest := time.Now().Add(RetryWindow); deadline.Before(soonest) {
+		deadline = soonest
 	}
+	switch {
+	case !c.retryAt.IsZero() && !deadline.Before(c.retryAt):
+		return
+	case c.retries == nil:
+		c.retries = time.AfterFunc(time.Until(deadline),
+			func() { c.redeliver(time.Now()) })
+	default:
+		c.retries.Reset(time.Until(deadline))
+	}
+	c.retryAt = deadline
 }
 
 // redeliver retries c's overdue deliveries and dead-letters exhausted
-// ones.
+// ones; c's timer runs it.
 func (c *connection) redeliver(now time.Time) {
 	// What is due is collected under c.mu and acted on after: a dead
 	// letter takes a topic's lock, which comes before c.mu.
@@ -2011,9 +2010,11 @@ func (c *connection) redeliver(now time.Time) {
 // overdue walks c's pending deliveries once. Each overdue one gets its
 // next attempt and a retry frame (or, in a group, goes among moves),
 // or, past its last retry or expiry, is settled as dead_lettered and
-// goes among dead. It drops emptied tables. The caller holds c.mu.
+// goes among dead. It drops emptied tables, and sets c's timer for the
+// earliest deadline left. The caller holds c.mu.
 func (c *connection) overdue(now time.Time) (retries [][]byte,
 	dead, moves []pending) {
+	next := int64(math.MaxInt64) // the earliest deadline left, Unix ns
 	for topic, q := range c.unacked {
 		live := q.Live()
 		if len(live) == 0 {
@@ -2022,6 +2023,7 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 		for i := range live {
 			switch p := &live[i]; {
 			case now.Before(p.deadline):
+				next = min(next, p.deadline.UnixNano())
 			case p.attempt > c.broker.opts.MaxRetries || p.message.expired():
 				dead = append(dead, *p)
 			case p.subscription.group != nil:
@@ -2029,11 +2031,16 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 			default:
 				p.attempt++
 				p.deadline = now.Add(c.broker.retryDelay(p))
+				next = min(next, p.deadline.UnixNano())
 				c.broker.noteMessage("redelivered", c, p.message, p)
 				retries = append(retries,
 					appendDelivery(nil, p.message, p.attempt))
 			}
 		}
+	}
+	c.retryAt = time.Time{}
+	if next < math.MaxInt64 {
+		c.retryBy(time.Unix(0, next))
 	}
 	for _, p := range dead {
 		c.settleOne(p, "dead_lettered")
@@ -3529,6 +3536,7 @@ func (c *connection) nak(f frame) {
 			at.deadline = time.Now().Add(
 				time.Duration(*f.DelayMS) * time.Millisecond)
 		}
+		c.retryBy(at.deadline)
 		c.broker.noteMessage("nakked", c, at.message, at)
 	}
 	c.mu.Unlock()
@@ -4014,6 +4022,22 @@ func (b *Broker) OutboxBytes() int {
 // every publish was simpler, and cost a read of the log per message. A
 // subscriber reading from the log that a trim overtakes is told what it
 // missed, with its next message (skipped).
+
+// every calls work at each tick of interval until Shutdown: the TTL's
+// trim, which may be a tenth of the TTL late, needs no timer of its own.
+func (b *Broker) every(interval time.Duration, work func(now time.Time)) {
+	defer b.loops.Done()
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case now := <-tick.C:
+			work(now)
+		case <-b.stop:
+			return
+		}
+	}
+}
 
 // remember adds m to t's index, and has a $delayed log's message wait
 // for its time (b.schedule, in Delayed delivery). The caller holds t.mu

@@ -40,7 +40,7 @@ import (
 //	Publishing and fan-out               popsub_test.go flow_test.go
 //	The outbox and back-pressure         flow_test.go popsub_test.go
 //	Acknowledgements                     popsub_test.go overlap_test.go
-//	Retries and dead letters             deadletters_test.go store_test.go
+//	Retries and dead letters             deadletters_test.go timers_test.go
 //	Replay                               popsub_test.go store_test.go
 //	Shutdown                             popsub_test.go hardening_test.go
 //	Tokens                               popsub_test.go hardening_test.go
@@ -52,7 +52,7 @@ import (
 //	Confirms                             popsub_test.go flow_test.go
 //	Work queues                          workqueues_test.go
 //	Naks, backoff and expiry             naks_test.go
-//	Delayed delivery                     delays_test.go crash_test.go
+//	Delayed delivery                     delays_test.go timers_test.go
 //	The x-ray                            events_test.go
 //	Retention                            store_test.go
 //	Seqs reserved on disk                crash_test.go store_test.go
@@ -1034,9 +1034,13 @@ func TestUnacked_MatchesASortedList(t *testing.T) {
 	// removals (mostly from the front) and filters, against a plain
 	// sorted list.
 	random := rand.New(rand.NewPCG(1, 2))
+	// The deadlines are an hour away: the connection's retry timer, set
+	// for the earliest, must not fire on this half-built connection.
 	c := &connection{unacked: map[string]*pendingQueue{}}
-	s := &subscription{}
-	c.addPending(pending{subscription: s, message: &Message{}})
+	s, later := &subscription{}, time.Now().Add(time.Hour)
+	c.addPending(pending{subscription: s, message: &Message{},
+		deadline: later})
+	defer c.retries.Stop()
 	q := c.unacked[""]
 	q.Remove(0, 1)
 	var want []uint64
@@ -1052,7 +1056,7 @@ func TestUnacked_MatchesASortedList(t *testing.T) {
 			}
 			before := c.inflight
 			c.addPending(pending{subscription: s,
-				message: &Message{Seq: seq}})
+				message: &Message{Seq: seq}, deadline: later})
 			added := c.inflight > before
 			i, found := slices.BinarySearch(want, seq)
 			if added == found {

@@ -625,7 +625,7 @@ func cursorOf(log []Stored, delivered map[uint64]string,
 }
 
 // nakGrace is how soon a nakked delivery comes again, at the most: its
-// delay (the workload's nakDelay), the retry loop's next look, and
+// delay (the workload's nakDelay), the connection's retry timer, and
 // slack, under the one-second ack timeout both drivers give the broker.
 const nakGrace = 2 * time.Second
 

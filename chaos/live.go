@@ -75,7 +75,7 @@ func storedIDs(h *History) map[key][]uint64 {
 }
 
 // checkRetried: a QoS 1 delivery is followed, within its ack timeout and
-// the retry loop's lateness (within), by its ack, a retry, its move to
+// a retry's lateness (within), by its ack, a retry, its move to
 // another member of its group, a dead letter, or the end of its
 // connection (its subscription's is another promise); and no delivery
 // is dead-lettered twice on one durable cursor or group. A fault under

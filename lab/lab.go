@@ -427,7 +427,7 @@ func (l *Lab) promises(logs map[string][]diskMessage) []chaos.Promise {
 	}
 	l.history.SetDeadLetters(dead)
 	return chaos.Promises(l.history, brokerOptions.AckTimeout,
-		popsub.RetryInterval(brokerOptions.AckTimeout)+commitTime, time.Now())
+		popsub.RetryWindow+commitTime, time.Now())
 }
 
 // currentDisk returns the disk the broker runs on now.

@@ -55,10 +55,7 @@ type asset struct {
 type Settings struct {
 	Clients    []string      // the page's clients, a panel each
 	AckTimeout time.Duration // before a retry
-	// RetryInterval is how often the broker looks for overdue acks: a
-	// retry comes up to that much after the ack timeout.
-	RetryInterval time.Duration
-	MaxRetries    int // before a dead letter; negative: none
+	MaxRetries int           // before a dead letter; negative: none
 }
 
 // Handler serves the page at / and its assets under /static/. The

@@ -121,9 +121,8 @@ func serve(ctx context.Context, args []string, stdout,
 		listener.Addr().String(), where, localToken, random)
 	ops.watch(broker)
 	page := playground.Settings{Clients: []string{"alice", "bob", "carol"},
-		AckTimeout:    cmp.Or(cfg.options.AckTimeout, popsub.DefaultAckTimeout),
-		MaxRetries:    cfg.options.MaxRetries,
-		RetryInterval: popsub.RetryInterval(cfg.options.AckTimeout)}
+		AckTimeout: cmp.Or(cfg.options.AckTimeout, popsub.DefaultAckTimeout),
+		MaxRetries: cfg.options.MaxRetries}
 	// A publish body may fill the frame but for the frame around it.
 	topics := gateway.New(broker, gateway.Options{Logger: logger,
 		MaxBody: cmp.Or(cfg.options.MaxFrameBytes,
