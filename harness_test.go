@@ -216,6 +216,7 @@ var Behaviour = map[string]func(*testing.T){
 	"TestDelay_ARestartSendsNothingAgainPastTheTopicsCap":       TestDelay_ARestartSendsNothingAgainPastTheTopicsCap,
 	"TestDelay_WhatWaitsIsBoundedForATopicAndAToken":            TestDelay_WhatWaitsIsBoundedForATopicAndAToken,
 	"TestDelay_ADeliverAtKeepsItsMilliseconds":                  TestDelay_ADeliverAtKeepsItsMilliseconds,
+	"TestOverlap_AWildcardSaysSubscribedBeforeItsFirstMessage":  TestOverlap_AWildcardSaysSubscribedBeforeItsFirstMessage,
 }
 
 // oneEngine names the tests that start a broker on the run's engine but

@@ -1,9 +1,13 @@
 package popsub
 
 import (
+	"cmp"
+	"context"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 )
 
 // These tests hold popsub.go's Acknowledgements to protocol.md where
@@ -124,4 +128,34 @@ func TestOverlap_ARevokedMemberHandsOnItsJobsBesideAWildcard(t *testing.T) {
 		}
 		return len(ids) == n
 	}, stays)
+}
+
+// A wildcard subscription's reply comes before any message of it, as an
+// exact topic's does, while publishes to the topics it covers race the
+// subscribe: a client tells a subscription's messages from those of the
+// one it replaced, or unsubscribed a moment ago, by that order.
+func TestOverlap_AWildcardSaysSubscribedBeforeItsFirstMessage(t *testing.T) {
+	ts := startBroker(t, Options{})
+	sub, pub := ts.dial("sub"), ts.dial("pub")
+	publish := []byte(`{"type":"publish","topic":"w/x","qos":0,"payload":1}`)
+	for range 200 {
+		burst := make(chan error, 1)
+		go func() {
+			var err error
+			for range 20 {
+				err = cmp.Or(err, pub.ws.Write(context.Background(),
+					websocket.MessageText, publish))
+			}
+			burst <- err
+		}()
+		sub.send(map[string]any{"type": "subscribe", "topic": "w/+"})
+		sub.expect("subscribed")
+		if err := <-burst; err != nil {
+			t.Fatal(err)
+		}
+		// Whatever of the burst came through it, then the end of it.
+		sub.send(map[string]any{"type": "unsubscribe", "topic": "w/+"})
+		for sub.next().Type != "unsubscribed" {
+		}
+	}
 }

@@ -2836,15 +2836,23 @@ func (c *connection) subscribeWildcard(f frame) {
 		return
 	}
 	// A wildcard subscription has no replay, so it is live at once and
-	// its reply carries no seq: there is no single head to report.
-	// b.want tells a shared log to feed this broker the filter's topics.
+	// its reply carries no seq: there is no single head to report. b.want
+	// tells a shared log to feed this broker the filter's topics.
 	s := c.newSubscription(f.Topic, nil, "")
 	c.broker.want(f.Topic)
+	// The reply is queued and the filter registered under the lock that
+	// fan-out reads the filters under: the client hears "subscribed"
+	// before any message of it, and gets every one published after. An
+	// outbox too full for the reply is one that no delivery fits either.
+	data, _ := json.Marshal(reply{Type: "subscribed", Topic: f.Topic})
 	c.broker.mu.Lock()
+	queued := c.outbox.Push(data)
 	c.broker.wildcards[s] = struct{}{}
 	c.broker.mu.Unlock()
+	if !queued {
+		c.enqueue(data)
+	}
 	c.broker.noteSubscription("subscribed", s)
-	c.reply(reply{Type: "subscribed", Topic: f.Topic})
 }
 
 // Allowed reports whether grants permit filter. No grants at all (nil)

@@ -635,6 +635,7 @@ export class Subscription {
   #open = new Map();
   #baseline = 0;
   #subscribedOnce = false;
+  #live = false; // the broker's "subscribed" came on this socket
   #asked; // the after of the last subscribe frame, for a gap event
 
   constructor(client, topic, handler, options, send, emit, forget) {
@@ -688,6 +689,7 @@ export class Subscription {
       frame.last = last;
     }
     this.#asked = frame.after;
+    this.#live = false;
     // What comes after the resume point comes again, unacked or not: the
     // old socket's acks may not have arrived. A durable cursor may be
     // further back still, so it starts afresh.
@@ -711,6 +713,7 @@ export class Subscription {
         ? Math.max(0, (frame.seq || 0) - last) : 0);
     }
     this.#subscribedOnce = true;
+    this.#live = true;
     if (frame.recovered === false) {
       this.#emit("gap", {topic: this.topic, after: this.#asked,
         seq: frame.seq});
@@ -722,6 +725,7 @@ export class Subscription {
   // The log overtook this subscription: what came up to frame.seq is
   // gone, and delivery goes on after it.
   _skipped(frame) {
+    if (!this.#live) return;
     const seen = this.#seen.get(frame.topic) || 0;
     this.#seen.set(frame.topic, Math.max(seen, frame.seq));
     this.#emit("gap", {topic: this.topic, after: frame.seq - frame.missed,
@@ -741,6 +745,12 @@ export class Subscription {
   }
 
   _deliver(ws, frame) {
+    // The broker says "subscribed" before any message of a subscription,
+    // so what comes on this topic before it was sent to the subscription
+    // this one replaced, or to one unsubscribed a moment ago: the broker
+    // dropped those with it, and this one's replay brings them again, in
+    // order. Taken here, they would run ahead of the replay.
+    if (!this.#live) return;
     // A delivery this subscription already handled comes again when two
     // overlapping subscriptions both match, and at a resume's hand-over.
     const seen = this.#seen.get(frame.topic) || 0;
