@@ -22,7 +22,9 @@
 // of the slowest subscriber (a closed loop, the steady figure), or, with
 // Window 0, publishes as fast as the server reads (an open loop: a
 // burst). Stuck subscribers never read, beside the others. Idle opens
-// connections that say nothing and times one publish reaching them all.
+// connections that say nothing (on one topic, or a topic each) and times
+// one publish reaching them all. Delayed leaves messages waiting, none
+// due, and reads the server's CPU while they wait.
 // Flood runs one of the doors' attacks (Floods) beside a bystander.
 //
 // A message a reader was told it missed, in a skipped frame, counts as
@@ -103,10 +105,17 @@ type Config struct {
 	Stuck                    int
 	Bystander, BystanderOnly bool
 	// Idle, when above 0, runs the idle measure instead: that many
-	// connections subscribed to one topic, then IdleWatch of watching
-	// the server's memory through a round of its pings.
-	Idle      int
-	IdleWatch time.Duration
+	// connections subscribed to one topic, or each to a topic of its own
+	// with IdleTopicEach, then IdleWatch of watching the server's memory
+	// through a round of its pings.
+	Idle          int
+	IdleTopicEach bool
+	IdleWatch     time.Duration
+	// Delayed, when above 0, runs the delayed measure instead: that many
+	// QoS 1 messages due in an hour, 10,000 a topic and a token (the
+	// default bound on what waits), each confirmed; then IdleWatch of
+	// the server's CPU with nothing due, on a server Run started.
+	Delayed int
 	// Flood, when set, runs one of Floods instead, with Connections
 	// strangers.
 	Flood       string
@@ -159,6 +168,11 @@ type Result struct {
 	BystanderMaxMilli float64 `json:"bystander_confirm_max_ms,omitempty"`
 	Bystanders        int     `json:"bystander_confirms,omitempty"`
 	ServerPeakRSSMiB  float64 `json:"server_peak_rss_mib,omitempty"`
+	// DelayedWaiting is the delayed measure's confirmed messages, and
+	// ServerIdleCorePct the server's CPU while they wait, in percent of
+	// one core.
+	DelayedWaiting    int     `json:"delayed_waiting,omitempty"`
+	ServerIdleCorePct float64 `json:"server_idle_core_pct,omitempty"`
 }
 
 // Defaults is popsub bench's run with no flags: ten subscribers to one
@@ -192,6 +206,10 @@ func (c Config) Check() error {
 		return errors.New("--idle-watch may not be negative")
 	case c.Idle < 0 || c.Idle > 100_000 || c.Size < 16 || c.Size > 1<<20:
 		return errors.New("--idle ≤ 100000, 16 ≤ --size ≤ 1 MiB")
+	case c.Delayed < 0 || c.Delayed > 1_000_000 ||
+		c.Delayed > 0 && (c.URL != "" || c.IdleWatch == 0):
+		return errors.New("--delayed: up to 1000000, on a server bench " +
+			"starts (no --url), with an --idle-watch to measure over")
 	}
 	return nil
 }
@@ -236,9 +254,12 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		return nil
 	}
 	var result Result
-	if cfg.Idle > 0 {
+	switch {
+	case cfg.Idle > 0:
 		result, err = runIdle(ctx, cfg, server)
-	} else {
+	case cfg.Delayed > 0:
+		result, err = runDelayed(ctx, cfg, server)
+	default:
 		result, err = runLoad(ctx, cfg, server, stderr)
 	}
 	if err != nil {
@@ -488,6 +509,13 @@ func printBench(w io.Writer, asJSON bool, r Result) error {
 			"%.1f ms\n", r.IdleConnections, r.ServerKiBPerConn,
 			r.ServerKiBWatched, r.ServerFDs, r.ServerGoroutines,
 			r.FanOutMillis)
+		return nil
+	}
+	if r.DelayedWaiting > 0 {
+		fmt.Fprintf(w, "delayed messages waiting: %d, none due\nserver "+
+			"CPU while they wait: %.2f %% of a core, over %.0f s\nserver "+
+			"resident memory at most %.0f MiB\n", r.DelayedWaiting,
+			r.ServerIdleCorePct, r.Seconds, r.ServerPeakRSSMiB)
 		return nil
 	}
 	fmt.Fprintf(w, "publishers %d, subscribers %d, topics %d, payload %d B, "+

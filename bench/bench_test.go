@@ -105,14 +105,33 @@ func deliveredOnceEach(t *testing.T, r Result, subscribers int64) {
 // Idle holds its connections, and one publish reaches each of them; the
 // server's /metrics counts them: a descriptor each, and no goroutine,
 // since a connection quiet for a second waits in the poller.
+// With a topic each, as an outsider counts, each hears the publish to
+// its own.
 func TestBench_IdleConnectionsAllHearOnePublish(t *testing.T) {
+	for _, each := range []bool{false, true} {
+		r := run(t, config(t, func(c *Config) {
+			c.Idle, c.IdleWatch, c.IdleTopicEach = 50, 0, each
+		}))
+		if r.IdleConnections != 50 || r.FanOutMillis <= 0 ||
+			r.ServerFDs < 50 || r.ServerGoroutines >= 50 {
+			t.Fatalf("idle, a topic each %v: %+v; want 50 connections, a "+
+				"fan-out time, at least 50 descriptors, and under 50 "+
+				"goroutines", each, r)
+		}
+	}
+}
+
+// Delayed has its messages confirmed, past one token's bound of 10,000
+// (a second token and topic take the rest), and reports the server's CPU
+// while they wait.
+func TestBench_DelayedWaitsConfirmedAndMeasured(t *testing.T) {
 	r := run(t, config(t, func(c *Config) {
-		c.Idle, c.IdleWatch = 50, 0
+		c.Delayed, c.IdleWatch = 10_050, time.Second
 	}))
-	if r.IdleConnections != 50 || r.FanOutMillis <= 0 ||
-		r.ServerFDs < 50 || r.ServerGoroutines >= 50 {
-		t.Fatalf("idle: %+v; want 50 connections, a fan-out time, at "+
-			"least 50 descriptors, and under 50 goroutines", r)
+	if r.DelayedWaiting != 10_050 || r.Publishers != 2 || r.Seconds < 1 ||
+		r.ServerIdleCorePct < 0 || r.ServerPeakRSSMiB <= 0 {
+		t.Fatalf("delayed: %+v; want 10,050 waiting from two tokens, "+
+			"over a second, with the server's CPU and memory", r)
 	}
 }
 
@@ -179,6 +198,8 @@ func TestBench_RefusesOtherMachinesAndWhatItCannotRun(t *testing.T) {
 		func(c *Config) { c.Brokers = 2 },
 		func(c *Config) { c.Publishers = 0 },
 		func(c *Config) { c.Size = 8 },
+		// Delayed measures a server it started.
+		func(c *Config) { c.Delayed = 10 },
 	} {
 		cfg := Defaults
 		cfg.URL = "ws://127.0.0.1:1/ws"

@@ -443,10 +443,11 @@ func (l *load) showProgress(w io.Writer, start time.Time,
 	}
 }
 
-// runIdle opens idle connections, all subscribed to one topic, and
-// reports the server's file descriptors and goroutines, and its memory
-// per connection if the bench started it; then one publish to the
-// topic, and how long until every connection has it. Each connection
+// runIdle opens idle connections, all subscribed to one topic (or each
+// to one of its own, idle/<n>), and reports the server's file
+// descriptors and goroutines, and its memory per connection if the bench
+// started it; then one publish to the topic (or to each), and how long
+// until every connection has it. Each connection
 // reads from the start, as a real client does, so that it answers the
 // server's pings. Each 20,000 come from a source address of their own,
 // 127.0.0.1, then .2, …: ports run out near 28,000 a source.
@@ -463,7 +464,12 @@ func runIdle(ctx context.Context, cfg Config,
 			ws.CloseNow()
 		}
 	}()
-	subscribe := []byte(`{"type":"subscribe","topic":"idle"}`)
+	topic := func(i int) string {
+		if cfg.IdleTopicEach {
+			return "idle/" + strconv.Itoa(i)
+		}
+		return "idle"
+	}
 	var arrived sync.WaitGroup
 	for i := range cfg.Idle {
 		dialer := &net.Dialer{}
@@ -483,7 +489,8 @@ func runIdle(ctx context.Context, cfg Config,
 			return Result{}, fmt.Errorf("connection %d: %w", i+1, err)
 		}
 		open = append(open, ws)
-		ws.Write(ctx, websocket.MessageText, subscribe)
+		ws.Write(ctx, websocket.MessageText, fmt.Appendf(nil,
+			`{"type":"subscribe","topic":%q}`, topic(i)))
 		if _, _, err := ws.Read(ctx); err != nil {
 			return Result{}, err
 		}
@@ -516,8 +523,13 @@ func runIdle(ctx context.Context, cfg Config,
 	}
 	defer publisher.CloseNow()
 	start := time.Now()
-	publisher.Write(ctx, websocket.MessageText,
-		[]byte(`{"type":"publish","topic":"idle","payload":"all of you"}`))
+	for i := range cfg.Idle {
+		publisher.Write(ctx, websocket.MessageText, fmt.Appendf(nil,
+			`{"type":"publish","topic":%q,"payload":"all of you"}`, topic(i)))
+		if !cfg.IdleTopicEach {
+			break
+		}
+	}
 	arrived.Wait()
 	r.FanOutMillis = float64(time.Since(start).Microseconds()) / 1000
 	return r, ctx.Err()

@@ -67,6 +67,12 @@ func parseBench(args []string, stderr io.Writer) (bench.Config, error) {
 	fs.DurationVar(&c.IdleWatch, "idle-watch", c.IdleWatch, "with "+
 		"--idle, then watch the server's memory this long, through a "+
 		"round of its pings (every 20 s by default), and report its most")
+	fs.IntVar(&c.Delayed, "delayed", 0, "instead, publish N QoS 1 "+
+		"messages due in an hour (10,000 a token and a topic) and report "+
+		"the server's CPU over --idle-watch while none is due")
+	fs.BoolVar(&c.IdleTopicEach, "idle-topic-each", false, "with --idle, "+
+		"each connection subscribes to a topic of its own, and the "+
+		"publish is one to each")
 	fs.BoolVar(&c.Batch, "batch", c.Batch, "several messages a frame: "+
 		"publishers send up to 64, subscribers take runs and ack many at once")
 	fs.StringVar(&c.Flood, "flood", "", "instead, run one of the doors' "+
