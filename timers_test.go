@@ -4,9 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/popsub/popsub/playground"
+	"github.com/popsub/popsub/wire"
 )
 
 // A retry comes when it is due, within RetryWindow, however many
@@ -142,4 +146,48 @@ func TestDelay_SentWithinTenMillisecondsAtEveryScale(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A delivery nobody acks becomes a dead letter within the span the
+// playground's step 4 states (playground.Settings.DeadAfter) for the
+// defaults: six waits from 5 s, doubling up to a minute, each less up
+// to a fifth, and a RetryWindow late at most.
+func TestDeadLetters_ComeWhenThePlaygroundSays(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		dead := map[string]time.Time{}
+		b, worker, _ := fakeBroker(t, Options{OnEvent: func(e wire.Event) {
+			if e.Kind == "dead_lettered" {
+				mu.Lock()
+				dead[e.MessageID] = time.Now()
+				mu.Unlock()
+			}
+		}})
+		start := time.Now()
+		const n = 20 // seqs 1 to 20, each with its own jitter
+		for i := range n {
+			b.publish(&Message{Topic: "jobs", ID: fmt.Sprint("j", i),
+				QoS: 1, Payload: json.RawMessage(`1`)}, nil, nil)
+		}
+		for range 4 * time.Minute / time.Second {
+			time.Sleep(time.Second)
+			synctest.Wait()
+			worker.outbox.Take(nil) // read, never acked
+		}
+		least, most := playground.Settings{AckTimeout: DefaultAckTimeout,
+			MaxRetries: DefaultMaxRetries, RetryBackoff: DefaultRetryBackoff,
+			MaxRetryDelay: DefaultMaxRetryDelay}.DeadAfter()
+		most += time.Duration(DefaultMaxRetries+1) * RetryWindow
+		mu.Lock()
+		defer mu.Unlock()
+		if len(dead) != n {
+			t.Fatalf("%d dead letters, want %d", len(dead), n)
+		}
+		for id, at := range dead {
+			if took := at.Sub(start); took < least || took > most {
+				t.Errorf("%s dead after %v, want %v to %v", id, took,
+					least, most)
+			}
+		}
+	})
 }

@@ -56,6 +56,25 @@ type Settings struct {
 	Clients    []string      // the page's clients, a panel each
 	AckTimeout time.Duration // before a retry
 	MaxRetries int           // before a dead letter; negative: none
+	// RetryBackoff multiplies each wait for an ack, up to MaxRetryDelay.
+	RetryBackoff  float64
+	MaxRetryDelay time.Duration
+}
+
+// DeadAfter is how long a delivery nobody acks takes to become a dead
+// letter, at least and at most: MaxRetries+1 waits for its ack, the
+// first AckTimeout, each RetryBackoff times the last, up to
+// MaxRetryDelay; the broker takes up to a fifth off each, so that
+// neighbouring messages do not retry together. MaxRetries below zero
+// means none: one wait.
+func (s Settings) DeadAfter() (least, most time.Duration) {
+	wait := float64(s.AckTimeout)
+	for range max(s.MaxRetries, 0) + 1 {
+		most += time.Duration(min(wait,
+			float64(max(s.MaxRetryDelay, s.AckTimeout))))
+		wait *= max(s.RetryBackoff, 1)
+	}
+	return most * 4 / 5, most
 }
 
 // Handler serves the page at / and its assets under /static/. The

@@ -287,15 +287,19 @@ func openPlayground(t *testing.T, ctx context.Context, page string,
 	until(t, ctx, "carol connects", exists(`#carol-status[data-state="connected"]`))
 }
 
-// inView checks that at 1366×900 the clients, the diagram and the pending
-// acks are on screen together, without scrolling.
+// inView checks that at 1366×900 the clients, the diagram with its
+// newest line and the pending acks are on screen together, without
+// scrolling.
 func inView(t *testing.T, ctx context.Context) {
 	t.Helper()
 	ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => {
 		const box = id => document.getElementById(id).getBoundingClientRect();
 		const h = window.innerHeight;
+		const steps = document.querySelectorAll("#diagram g.step");
+		const newest = steps[steps.length - 1].getBoundingClientRect();
 		return box("carol").bottom <= h && box("diagram-box").top < h - 200 &&
-			box("xray-pending").top < h - 150 && window.scrollY === 0;
+			box("xray-pending").top < h - 150 && window.scrollY === 0 &&
+			newest.bottom <= h && newest.bottom <= box("diagram-box").bottom + 1;
 	})()`))
 	if err != nil || !ok {
 		t.Fatalf("at 1366×900 the clients, the diagram and the pending "+
@@ -560,6 +564,32 @@ func TestPlayground_PhoneShowsThePictureAfterAStep(t *testing.T) {
 	do(t, ctx, "tap a delivery", chromedp.Click(css(`#diagram g.deliver`)))
 	until(t, ctx, "its meaning is written out",
 		contains("#picture-detail", "attempt 1"))
+}
+
+// On a phone, a retry's label stays within the diagram while the
+// diagram has four lanes, before a dead letter adds the fifth.
+func TestPlayground_PhoneKeepsARetrysLabelInView(t *testing.T) {
+	chromium := browser(t)
+	page, _, _ := playgroundURL(t, strings.Repeat("playground-secret-", 2),
+		"--ack-timeout", "400ms", "--max-retries", "5")
+	ctx, _ := startBrowser(t, chromium)
+	openPlayground(t, ctx, page, 390, 844)
+	do(t, ctx, "step 2", chromedp.Click(css("#step-2-do")))
+	until(t, ctx, "attempt 2 for alice in the diagram",
+		exists(`#diagram g.retry[data-lane="alice"][data-attempt="2"]`))
+	labels, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`(() => {
+		const box = document.getElementById("diagram").getBoundingClientRect();
+		return [...document.querySelectorAll("#diagram text.label")].filter(
+			l => { const r = l.getBoundingClientRect(); return r.width > 0 &&
+				(r.left < box.left - 1 || r.right > box.right + 1); }).map(
+			l => l.textContent + " at " + Math.round(l.getBoundingClientRect().left));
+	})()`))
+	lanes, _ := chromedp.Run(ctx, chromedp.Evaluate[int](
+		`document.querySelectorAll("#lanes span").length`))
+	if err != nil || len(labels) > 0 || lanes != 4 {
+		t.Fatalf("with %d lanes, labels outside the diagram: %q (%v)",
+			lanes, labels, err)
+	}
 }
 
 // startBrowser starts a headless Chromium for the test, at 1440×1200,

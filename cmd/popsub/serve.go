@@ -122,7 +122,11 @@ func serve(ctx context.Context, args []string, stdout,
 	ops.watch(broker)
 	page := playground.Settings{Clients: []string{"alice", "bob", "carol"},
 		AckTimeout: cmp.Or(cfg.options.AckTimeout, popsub.DefaultAckTimeout),
-		MaxRetries: cfg.options.MaxRetries}
+		MaxRetries: cfg.options.MaxRetries,
+		RetryBackoff: cmp.Or(cfg.options.RetryBackoff,
+			popsub.DefaultRetryBackoff),
+		MaxRetryDelay: cmp.Or(cfg.options.MaxRetryDelay,
+			popsub.DefaultMaxRetryDelay)}
 	// A publish body may fill the frame but for the frame around it.
 	topics := gateway.New(broker, gateway.Options{Logger: logger,
 		MaxBody: cmp.Or(cfg.options.MaxFrameBytes,
