@@ -241,9 +241,12 @@ func TestLab_PlayPauseAndStepDriveTheClock(t *testing.T) {
 	if later := now(); later != paused {
 		t.Errorf("paused at %v ms, the clock moved to %v", paused, later)
 	}
+	// With nothing pending, the next timer is retention's, at most a
+	// minute away (the broker's retries are set only while something
+	// waits for an ack).
 	do(t, ctx, "step", chromedp.Click(css("#step")))
 	stepped := now()
-	if stepped <= paused || stepped > paused+10000 {
+	if stepped <= paused || stepped > paused+60000 {
 		t.Errorf("a step moved the clock from %v to %v ms", paused, stepped)
 	}
 	// The keyboard does the same: the right arrow steps.
