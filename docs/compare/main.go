@@ -14,6 +14,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -39,8 +41,13 @@ func main() {
 	var err error
 	switch os.Args[1] {
 	case "nats-server":
-		err = serveNATS(os.Args[2], os.Args[3],
-			len(os.Args) > 4 && os.Args[4] == "always")
+		// Then "always" to sync every write, "ws=ADDR" for WebSocket.
+		syncAlways, websocket := false, ""
+		for _, arg := range os.Args[4:] {
+			syncAlways = syncAlways || arg == "always"
+			websocket = cmp.Or(strings.TrimPrefix(arg, "ws="), websocket)
+		}
+		err = serveNATS(os.Args[2], os.Args[3], syncAlways, websocket)
 	case "centrifuge-server":
 		err = serveCentrifuge(os.Args[2])
 	case "run":
@@ -68,13 +75,21 @@ func main() {
 
 // serveNATS runs a NATS server with JetStream on file storage until
 // SIGINT; with syncAlways, it syncs every write before it acknowledges
-// (sync_interval: always), PopSub's promise.
-func serveNATS(addr, dir string, syncAlways bool) error {
+// (sync_interval: always), PopSub's promise; with a websocket address,
+// it takes WebSocket clients there too, without TLS.
+func serveNATS(addr, dir string, syncAlways bool, websocket string) error {
 	host, port, _ := net.SplitHostPort(addr)
 	p, _ := strconv.Atoi(port)
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: host, Port: p,
+	options := &natsserver.Options{Host: host, Port: p,
 		JetStream: true, StoreDir: dir, NoSigs: true,
-		SyncAlways: syncAlways})
+		SyncAlways: syncAlways}
+	if websocket != "" {
+		wsHost, wsPort, _ := net.SplitHostPort(websocket)
+		options.Websocket.Host = wsHost
+		options.Websocket.Port, _ = strconv.Atoi(wsPort)
+		options.Websocket.NoTLS = true
+	}
+	ns, err := natsserver.NewServer(options)
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -116,6 +118,15 @@ func allSetups(popsub, self string) []setup {
 					&natsTarget{url: "nats://" + addr, plain: true,
 						unacked: true}, nil
 			}},
+		{"NATS over WebSocket, JetStream file storage, plain subscribers, " +
+			"unacked publishes", func(addr, dir string) (*exec.Cmd, target,
+			error) {
+			websocket, err := freeAddress()
+			return exec.Command(self, "nats-server", addr, dir,
+					"ws="+websocket),
+				&natsTarget{url: "ws://" + websocket, plain: true,
+					unacked: true}, err
+		}},
 		{"centrifuge", func(addr, dir string) (*exec.Cmd, target, error) {
 			return exec.Command(self, "centrifuge-server", addr),
 				&centrifugeTarget{url: "ws://" + addr +
@@ -233,7 +244,26 @@ func startServer(start func(addr, dir string) (*exec.Cmd, error)) (int,
 		stop()
 		return 0, nil, err
 	}
+	awaitPages(addr)
 	return cmd.Process.Pid, stop, nil
+}
+
+// awaitPages waits, if the server at addr is popsub serve, until it has
+// built its pages' WebAssembly: serve from a checkout compiles it in the
+// background as it starts, a few seconds of both cores, and a measure
+// taken meanwhile had a p99 of 27-35 ms at 10,000 messages a second
+// against 0.7 ms after. Another server answers these paths with an
+// error at once.
+func awaitPages(addr string) {
+	client := &http.Client{Timeout: 5 * time.Minute}
+	for _, asset := range []string{"/static/popsub.wasm", "/lab/lab.wasm.gz"} {
+		response, err := client.Get("http://" + addr + asset)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, response.Body)
+		response.Body.Close()
+	}
 }
 
 // flags are the flags every measuring command takes.
