@@ -1,6 +1,7 @@
 // Package popsub is a small publish/subscribe broker that speaks JSON over
-// WebSocket: its behaviour reads in an afternoon, and it is careful enough
-// to run for demos and small deployments at the edge.
+// WebSocket: its first reading, the article's broker done right, takes an
+// afternoon, and it is careful enough to run for demos and small
+// deployments at the edge.
 //
 // It rebuilds the original PopSub (written in Rust) and goes further where
 // that one stopped: per-subscriber acks and retries, topics as logs with
@@ -452,7 +453,8 @@ func New(opts Options) (*Broker, error) {
 		xray: newEvents(opts), delays: newDelays(),
 		largeFrames: make(chan struct{},
 			max(1, largeFramesBytes/opts.MaxFrameBytes))}
-	// b.startLogins readies the password checks (Logins, a detail).
+	// b.startLogins readies the password checks (Logins and passwords, a
+	// detail).
 	b.shared, _ = opts.Store.(SharedLog)
 	b.startLogins()
 
@@ -2055,8 +2057,9 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 
 // deadLetter publishes an exhausted delivery to $dead/<topic>, with QoS 1
 // so that whoever watches gets it at least once; a dead letter's own is
-// logged, not nested. The reason is a nak's, or m.deadReason (Naks…).
-// Every topic has room for its dead letters' (wire.MaxTopicBytes).
+// logged, not nested. The reason is a nak's, or m.deadReason (Naks,
+// backoff and expiry). Every topic has room for its dead letters'
+// (wire.MaxTopicBytes).
 func (b *Broker) deadLetter(p pending, c *connection, reason string) {
 	m := p.message
 	b.logger.Warn("dead letter", "topic", m.Topic, "message_id", m.ID,
@@ -2143,7 +2146,7 @@ func (c *connection) keepPending(p pending) {
 // A QoS 1 message skipped this way is gone from the log, payload and
 // all, so it cannot be dead-lettered: the skipped frame counts it.
 
-// replay sends the log after seq start, then turns s live. It runs on its
+// replay sends the log after seq after, then turns s live. It runs on its
 // own goroutine and ends early if s or its connection ends. behind says
 // that s was live, and may not skip a message unannounced:
 // s.overtaken finds what the log dropped, moves past it, and has the
@@ -2440,9 +2443,10 @@ const (
 	DefaultGroupWindow = 32
 	// DefaultMaxDelayed and DefaultMaxDelayedBytes bound the delayed
 	// messages waiting for one topic or one token, as a topic's log is
-	// bounded: a token publishing delayed messages as fast as it could
-	// grew the disk by 4 GB a minute, and a broker restarted on that
-	// took 24 s to read it back. At the bounds a start reads 64 MiB more.
+	// bounded: without them, a token publishing delayed messages as fast
+	// as it can grows the disk by 4 GB a minute, and a broker restarted
+	// on that takes 24 s to read it back. At the bounds a start reads 64
+	// MiB more.
 	DefaultMaxDelayed      = 10000
 	DefaultMaxDelayedBytes = 64 << 20
 	// DefaultWriteTimeout is how long one write to a socket may wait for
@@ -3629,11 +3633,12 @@ func (m *Message) expired() bool {
 // A shared log must keep such a log's messages until they are due.
 const DelayedPrefix = "$delayed/"
 
-// times sets m.ExpiresAt from f's ttl_ms (Expiry) and, for a delayed
-// publish, m.DeliverAt, moving m to wait in $delayed/<topic>; or it
-// explains what is wrong with them. A ttl_ms of 0 or less has passed
-// already: refused, not published to be dropped; a delayed message's
-// counts from when it is due. A time already past is no delay.
+// times sets m.ExpiresAt from f's ttl_ms (Naks, backoff and expiry)
+// and, for a delayed publish, m.DeliverAt, moving m to wait in
+// $delayed/<topic>; or it explains what is wrong with them. A ttl_ms of
+// 0 or less has passed already: refused, not published to be dropped; a
+// delayed message's counts from when it is due. A time already past is
+// no delay.
 func (b *Broker) times(m *Message, f frame) reply {
 	if f.TTLMS == nil && f.DelayMS == nil && f.DeliverAt == nil {
 		return reply{} // most publishes: no clock read
@@ -4098,9 +4103,9 @@ func (t *topic) forget(n int) uint64 {
 		t.bytes -= e.size
 	}
 	// The index is a queue: dropping the front of a thousand entries on
-	// every publish copies nothing. Deleting them from a slice moved all
-	// the others each time: the first profile of this broker spent 69 %
-	// of its CPU doing that.
+	// every publish copies nothing. Deleting them from a slice would move
+	// all the others each time: with a slice, the broker spent 69 % of
+	// its CPU doing that.
 	last := gone[n-1].seq
 	t.index.Remove(0, n)
 	return last

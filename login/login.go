@@ -4,15 +4,15 @@
 //
 // # The contract
 //
-// popsub.go's section "Logins" says how guesses are rationed; this
-// package does it, and popsub.go relies on it for these: Gate.Login
-// checks a login and holds a wrong answer for its turn; Check says
-// whether a password matches its stored hash, in constant time; Dummy
-// makes a hash as costly as the costliest user's, for names that do not
-// exist; a Throttle says when the answer to a failure may leave, one at
-// a time per user and per address; Verify says whether a token is
-// genuine and current, Sign signs one and Decode reads its claims; and
-// a Deadline is an auth timeout that a hash pauses.
+// popsub.go's section "Logins and passwords" says how guesses are
+// rationed; this package does it, and popsub.go relies on it for these:
+// Gate.Login checks a login and holds a wrong answer for its turn; Check
+// says whether a password matches its stored hash, in constant time;
+// Dummy makes a hash as costly as the costliest user's, for names that do
+// not exist; a Throttle says when the answer to a failure may leave, one
+// at a time per user and per address; Verify says whether a token is
+// genuine and current, Sign signs one and Decode reads its claims; and a
+// Deadline is an auth timeout that a hash pauses.
 //
 // # Hashes
 //

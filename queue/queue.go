@@ -17,8 +17,8 @@
 // Measured with popsub bench and its profile (performance.md):
 //
 //	trick                               buys
-//	taking from the front moves head    the broker's first profile: 69 %
-//	                                    of its CPU went to copying
+//	taking from the front moves head    with a slice, 69 % of the
+//	                                    broker's CPU went to copying
 //	moving down only to free half       each item copied a bounded number
 //	                                    of times
 //	an empty queue holds no array       an idle connection costs nothing
