@@ -63,6 +63,13 @@ const (
 	reconnectDelay = time.Second
 )
 
+// beat is the period of the lab's own timer. The page's clock moves from
+// one timer to the next, and with nothing waiting for an ack the
+// broker's next may be a ping ten seconds on: a scenario's wait of 200
+// ms, or a step, would jump there. The beat keeps every move of the
+// clock under it, as a retry loop's tick once did.
+const beat = 400 * time.Millisecond
+
 // deadPrefix starts the topics dead letters go to.
 const deadPrefix = "$dead/"
 
@@ -91,6 +98,8 @@ type Lab struct {
 	clients map[string]*client
 	history *chaos.History
 	events  []Event
+	// stop ends the beat, at Close.
+	stop chan struct{}
 }
 
 // Event is one thing the page draws on its sequence diagram.
@@ -117,7 +126,7 @@ type Event struct {
 func New() (*Lab, error) {
 	l := &Lab{secret: []byte("the lab's secret, in the page"),
 		start: time.Now(), gate: &gate{}, clients: map[string]*client{},
-		history: &chaos.History{}}
+		history: &chaos.History{}, stop: make(chan struct{})}
 	l.disk = &Disk{gate: l.gate, written: l.written, synced: newContents()}
 	for _, name := range Names {
 		l.clients[name] = &client{lab: l, name: name,
@@ -129,7 +138,21 @@ func New() (*Lab, error) {
 	if err := l.startBroker(); err != nil {
 		return nil, err
 	}
+	go l.beat()
 	return l, nil
+}
+
+// beat wakes every beat until Close, and does nothing else.
+func (l *Lab) beat() {
+	ticker := time.NewTicker(beat)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ticker.C:
+		case <-l.stop:
+			return
+		}
+	}
 }
 
 // open returns a closed channel: a gate that is open.
@@ -269,6 +292,9 @@ func (l *Lab) kill(powerCut bool) {
 func (l *Lab) Close() {
 	l.mu.Lock()
 	b := l.broker
+	if l.state != "closed" {
+		close(l.stop)
+	}
 	l.state = "closed"
 	l.mu.Unlock()
 	l.gate.resume()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -289,4 +290,77 @@ func TestLab_AKillEndsAPause(t *testing.T) {
 				}
 			}
 		})
+}
+
+// Each scenario's words match what its run shows: what its question says
+// of the moment it asks, and what its explanation says happened after.
+func TestScenarios_ShowWhatTheyExplain(t *testing.T) {
+	play := func(t *testing.T, name string, check func(setup, all []Event)) {
+		s, _ := ScenarioNamed(name)
+		synctest.Test(t, func(t *testing.T) {
+			l, err := New()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			if err := l.Play(s.Setup); err != nil {
+				t.Fatal(err)
+			}
+			events := func() []Event {
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				return slices.Clone(l.events)
+			}
+			setup := events()
+			if err := l.Play(s.Fault); err != nil {
+				t.Fatal(err)
+			}
+			check(setup, events())
+			if t.Failed() {
+				t.Log(labels(l))
+			}
+		})
+	}
+	t.Run("power-durable", func(t *testing.T) {
+		play(t, "power-durable", func(setup, all []Event) {
+			// Asked: bob has alice's second message, written, not synced,
+			// and alice has no confirm for it.
+			last := setup[len(setup)-1]
+			second := slices.IndexFunc(setup, func(e Event) bool {
+				return e.Kind == "message" && e.To == "bob" && e.Seq == 2
+			})
+			if second < 0 || slices.ContainsFunc(setup, func(e Event) bool {
+				return e.Kind == "published" && e.Seq == 2
+			}) {
+				t.Errorf("when asked (last: %s %q), bob should have seq 2 "+
+					"and alice no confirm for it", last.Kind, last.Label)
+				return
+			}
+			id := setup[second].ID
+			// After: alice sent it again, it was stored under a new seq,
+			// and bob got it again.
+			power := slices.IndexFunc(all, func(e Event) bool {
+				return e.Kind == "power"
+			})
+			again := slices.ContainsFunc(all[power:], func(e Event) bool {
+				return e.Kind == "message" && e.To == "bob" && e.ID == id &&
+					e.Seq != 2
+			})
+			if power < 0 || !again {
+				t.Errorf("after the power cut bob did not get %s again "+
+					"under a new seq", id)
+			}
+		})
+	})
+	t.Run("slow-reader", func(t *testing.T) {
+		play(t, "slow-reader", func(_, all []Event) {
+			if !slices.ContainsFunc(all, func(e Event) bool {
+				return e.Kind == "disconnect" && e.To == "carol" &&
+					strings.Contains(e.Label, "a write waited")
+			}) {
+				t.Error("carol was not cut off for a write that waited, " +
+					"as the explanation says")
+			}
+		})
+	})
 }

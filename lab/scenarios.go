@@ -133,8 +133,9 @@ var Scenarios = []Scenario{{
 	Question: "Carol stops reading her connection. Alice publishes 40 " +
 		"messages. What happens to bob and to carol?",
 	Choices: []string{"bob slows down to carol's pace",
-		"bob gets every message; carol is cut off once her outbox is " +
-			"full, and catches up from the log when she reads again",
+		"bob gets every message; carol is cut off once a write to her " +
+			"has waited too long, and catches up from the log when she " +
+			"reads again",
 		"the broker drops some of carol's messages and carries on"},
 	Answer: 1,
 	Fault: []Step{
@@ -146,11 +147,14 @@ var Scenarios = []Scenario{{
 		wait(2500),
 	},
 	Explain: "Each connection has its own outbox with a bound, and its " +
-		"own writer: a reader that stops costs the others nothing. When " +
-		"carol's outbox passed its bound the broker cut her off rather " +
-		"than drop a message she could not know she missed. Reading " +
-		"again, her client subscribed after the newest seq it had seen, " +
-		"and the log replayed the rest: no silent gap.",
+		"own writer: a reader that stops costs the others nothing. " +
+		"Carol's writer waited for her to take a frame; when a write had " +
+		"waited the write timeout (3 s here), the broker cut her off with " +
+		"4008 rather than hold her messages without end. (Had her outbox " +
+		"filled first, her subscription would have gone back to reading " +
+		"the log, dropping nothing.) Reading again, her client subscribed " +
+		"after the newest seq it had seen, and the log replayed the rest: " +
+		"no silent gap.",
 	Links: []Link{{"The outbox and back-pressure",
 		"the-outbox-and-back-pressure"},
 		{"Replay: resuming after a seq", "replay"}},
@@ -206,19 +210,27 @@ func (e Event) Matches(until string) bool {
 }
 
 // Play runs steps in fake time, as the page does: for tests, inside a
-// testing/synctest bubble. An until step waits at most a minute.
+// testing/synctest bubble. An until step waits at most a minute, for an
+// event since the step before it: after an action, one the action caused
+// counts, though in the page the action ran Go until every goroutine
+// waited, and the event came before the until looked.
 func (l *Lab) Play(steps []Step) error {
+	since, acted := 0, false
 	for _, s := range steps {
+		if !acted {
+			since = l.count()
+		}
+		acted = s.Do != nil
 		switch {
 		case s.Do != nil:
+			since = l.count()
 			if err := l.Do(*s.Do); err != nil {
 				return err
 			}
 		case s.Wait > 0:
 			time.Sleep(time.Duration(s.Wait) * time.Millisecond)
 		case s.Until != "":
-			seen := l.count()
-			for end := time.Now().Add(time.Minute); !l.seenSince(seen,
+			for end := time.Now().Add(time.Minute); !l.seenSince(since,
 				s.Until) && time.Now().Before(end); {
 				time.Sleep(time.Millisecond)
 			}

@@ -154,7 +154,12 @@
 		state.textContent = "broker " + v.broker;
 		state.className = "state " + v.broker;
 		document.body.classList.toggle("broken", v.broken);
-		// The address is the run: copy it, and it replays.
+		share();
+	}
+
+	// share makes the address the run: copy it, and it replays, to the
+	// phase it had (a scenario's answer and verdict once it is done).
+	function share() {
 		const hash = "#" + shareHash();
 		$("share").href = hash;
 		history.replaceState(null, "", hash);
@@ -198,6 +203,10 @@
 			if (!fast && delay !== null) await sleep(delay);
 			return mine === scriptRun;
 		};
+		// An until waits for an event since the step before it: one the
+		// action just before caused within the action (Go ran until
+		// every goroutine waited) counts, as it does in Lab.Play.
+		let acted = false;
 		for (const step of steps) {
 			if (mine !== scriptRun) return false;
 			if (step.do) {
@@ -209,12 +218,15 @@
 				}
 			} else if (step.until) {
 				const [kind, lane] = step.until.split(" ");
+				const seen = () => run.view.fresh.some((e) =>
+					e.kind === kind && (!lane || e.to === lane));
 				const end = run.view.now + 60000;
-				for (;;) {
+				while (!(acted && seen())) {
+					acted = true;
 					if (!(await pace()) || !advance(!fast) || run.view.now > end) break;
-					if (run.view.fresh.some((e) => e.kind === kind && (!lane || e.to === lane))) break;
 				}
 			}
+			acted = !!step.do;
 		}
 		return mine === scriptRun;
 	}
@@ -228,6 +240,7 @@
 		choices.innerHTML = "";
 		explain.hidden = true;
 		document.body.dataset.phase = run.phase;
+		share();
 		if (!s) {
 			$("story-text").textContent = "Make alice, bob and carol subscribe and publish below, then break something: the checker judges every event.";
 			return;
