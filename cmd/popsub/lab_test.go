@@ -100,6 +100,9 @@ func TestLab_EveryScenarioHoldsInThePage(t *testing.T) {
 			if i == 0 && size[0] == 1366 {
 				shoot(t, ctx, "lab.png")
 			}
+			if size[0] == 390 {
+				phoneReadsTheDiagram(t, ctx, s.Name)
+			}
 			held := evaluate[int](t, ctx,
 				`document.querySelectorAll("#checker .promise.held").length`)
 			if held != 5 {
@@ -114,6 +117,37 @@ func TestLab_EveryScenarioHoldsInThePage(t *testing.T) {
 	}
 	if p := problems(); len(p) > 0 {
 		t.Errorf("console errors: %v", p)
+	}
+}
+
+// phoneReadsTheDiagram checks the diagram on a phone: every label at
+// least 11 px on screen, the diagram right below the question, and the
+// lanes' names in sight however far the diagram is scrolled.
+func phoneReadsTheDiagram(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	smallest := evaluate[float64](t, ctx, `Math.min(...[...document.
+		querySelectorAll("#diagram text")].map(e => e.getScreenCTM().a *
+		parseFloat(getComputedStyle(e).fontSize)))`)
+	if smallest < 11 {
+		t.Errorf("390px, %s: a diagram label is %.1f px on screen, want "+
+			"at least 11", name, smallest)
+	}
+	gap := evaluate[float64](t, ctx, `document.querySelector(".stage").
+		getBoundingClientRect().top - document.getElementById("story").
+		getBoundingClientRect().bottom`)
+	if gap > 20 {
+		t.Errorf("390px, %s: the diagram is %.0f px below the question",
+			name, gap)
+	}
+	pinned := evaluate[bool](t, ctx, `(() => {
+		const wrap = document.getElementById("diagram");
+		wrap.scrollTop = wrap.scrollHeight;
+		const head = wrap.querySelector(".diagram-head").getBoundingClientRect();
+		return Math.abs(head.top - wrap.getBoundingClientRect().top) < 2;
+	})()`)
+	if !pinned {
+		t.Errorf("390px, %s: the lanes' names scroll away with the diagram",
+			name)
 	}
 }
 
