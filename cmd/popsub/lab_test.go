@@ -287,6 +287,25 @@ func TestLab_PlayPauseAndStepDriveTheClock(t *testing.T) {
 	if start := now(); start != 0 {
 		t.Fatalf("the clock starts at %v ms", start)
 	}
+	// Free play says how to start the clock, every control says what it
+	// does, and the seq box shows only for "after seq".
+	if !evaluate[bool](t, ctx, `document.getElementById("story-text").`+
+		`textContent.includes("press play")`) {
+		t.Error("free play does not say how to start the clock")
+	}
+	if untitled := evaluate[int](t, ctx, `[...document.querySelectorAll(`+
+		`".controls button, .clock button")].filter(b => !b.title).length`); untitled > 0 {
+		t.Errorf("%d of the lab's buttons have no title", untitled)
+	}
+	if !evaluate[bool](t, ctx, `document.getElementById("after").hidden`) {
+		t.Error("the after-seq box shows with the plain mode")
+	}
+	evaluate[bool](t, ctx, `(() => { const mode = document.`+
+		`getElementById("mode"); mode.value = "after"; return mode.`+
+		`dispatchEvent(new Event("change")); })()`)
+	if evaluate[bool](t, ctx, `document.getElementById("after").hidden`) {
+		t.Error("the after-seq box is hidden with the after-seq mode")
+	}
 	do(t, ctx, "play at 16×", chromedp.SetValue(css("#speed"), "16"),
 		chromedp.Click(css("#play")))
 	until(t, ctx, "time passes", "lab.view().now > 2000")

@@ -66,7 +66,7 @@ func Page() templ.Component {
 				return templ_7745c5c3_Err
 			}
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 5, "</nav><main class=\"lab\"><section class=\"story\" id=\"story\" aria-live=\"polite\"><h2 id=\"story-title\">Free play</h2><p id=\"story-text\">Pick a guided scenario above, or make alice, bob and carol subscribe and publish below, then break something.</p><div id=\"choices\" class=\"choices\"></div><div id=\"explain\" class=\"explain\" hidden></div></section><section class=\"clock\" aria-label=\"Clock\"><button id=\"play\" title=\"Let time run (space)\">▶ play</button> <button id=\"pause\" title=\"Stop time (space)\">❚❚ pause</button> <button id=\"step\" title=\"Move time to the broker's next timer (→)\">step ›</button> <label>speed <select id=\"speed\"><option value=\"0.25\">¼×</option><option value=\"1\" selected>1×</option><option value=\"4\">4×</option><option value=\"16\">16×</option></select></label></section><section class=\"checker\" aria-label=\"Promises\"><h3>The checker <small>(<code>popsub chaos</code>'s, after every event)</small></h3><div id=\"checker\"></div></section><section class=\"stage\" aria-label=\"Sequence diagram\"><div id=\"diagram\" class=\"diagram-wrap\"></div></section><section class=\"tables\" id=\"tables\" aria-label=\"The broker's tables\"></section><section class=\"controls\" id=\"controls\" aria-label=\"Your turn\"><h3>Your turn</h3><div class=\"tabs\" role=\"tablist\">")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 5, "</nav><main class=\"lab\"><section class=\"story\" id=\"story\" aria-live=\"polite\"><h2 id=\"story-title\">Free play</h2><p id=\"story-text\">Pick a guided scenario above, or play freely: the clock waits for you (play, or space, lets time run; step, or →, goes to the next timer). Make alice, bob and carol subscribe and publish below, then break something.</p><div id=\"choices\" class=\"choices\"></div><div id=\"explain\" class=\"explain\" hidden></div></section><section class=\"clock\" aria-label=\"Clock\"><button id=\"play\" title=\"Let time run (space)\">▶ play</button> <button id=\"pause\" title=\"Stop time (space)\">❚❚ pause</button> <button id=\"step\" title=\"Move time to the broker's next timer (→)\">step ›</button> <label>speed <select id=\"speed\"><option value=\"0.25\">¼×</option><option value=\"1\" selected>1×</option><option value=\"4\">4×</option><option value=\"16\">16×</option></select></label></section><section class=\"checker\" aria-label=\"Promises\"><h3>The checker <small>(<code>popsub chaos</code>'s, after every event)</small></h3><div id=\"checker\"></div></section><section class=\"stage\" aria-label=\"Sequence diagram\"><div id=\"diagram\" class=\"diagram-wrap\"></div></section><section class=\"tables\" id=\"tables\" aria-label=\"The broker's tables\"></section><section class=\"controls\" id=\"controls\" aria-label=\"Your turn\"><h3>Your turn</h3><div class=\"tabs\" role=\"tablist\">")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -119,7 +119,20 @@ func Page() templ.Component {
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 9, "\"")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 9, "\" title=\"")
+				if templ_7745c5c3_Err != nil {
+					return templ_7745c5c3_Err
+				}
+				var templ_7745c5c3_Var8 string
+				templ_7745c5c3_Var8, templ_7745c5c3_Err = templruntime.NewAttributeExpression("The buttons below act as " + name).Resolve(ctx)
+				if templ_7745c5c3_Err != nil {
+					return templ.Error{Err: templ_7745c5c3_Err, FileName: `page/page.templ`, Line: 54, Col: 150}
+				}
+				_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var8)
+				if templ_7745c5c3_Err != nil {
+					return templ_7745c5c3_Err
+				}
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 10, "\"")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
@@ -133,25 +146,25 @@ func Page() templ.Component {
 				}
 				templ.ReleaseBuffer(templ_7745c5c3_Buffer)
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 10, ">")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 11, ">")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			var templ_7745c5c3_Var8 string
-			templ_7745c5c3_Var8, templ_7745c5c3_Err = templ.JoinStringErrs(name)
+			var templ_7745c5c3_Var9 string
+			templ_7745c5c3_Var9, templ_7745c5c3_Err = templ.JoinStringErrs(name)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `page/page.templ`, Line: 54, Col: 114}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `page/page.templ`, Line: 54, Col: 159}
 			}
-			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var8))
+			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var9))
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 11, "</button>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 12, "</button>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 12, "</div><div class=\"row\"><label>topic <input id=\"topic\" value=\"jobs\" size=\"8\" maxlength=\"40\"></label> <label>as <select id=\"mode\"><option value=\"plain\">plain</option><option value=\"durable\">durable</option><option value=\"group\">group</option><option value=\"after\">after seq</option></select></label> <input id=\"after\" type=\"number\" min=\"0\" value=\"0\" size=\"4\" aria-label=\"after seq\"> <button data-act=\"subscribe\">subscribe</button></div><div class=\"row\"><button data-act=\"publish\" data-qos=\"0\">publish QoS 0</button> <button data-act=\"publish\" data-qos=\"1\">publish QoS 1</button> <button data-act=\"publish\" data-qos=\"0\" data-count=\"10\">publish 10</button></div><div class=\"row\"><button data-act=\"hold\">hold acks</button> <button data-act=\"ack\">ack held</button> <button data-act=\"release\">ack again</button></div><div class=\"row faults\"><button data-act=\"stop\">stop reading</button> <button data-act=\"read\">read again</button> <button data-act=\"cut\">cut link</button></div><div class=\"row faults broker\"><b>broker</b> <button data-act=\"kill\" data-broker=\"1\">kill -9</button> <button data-act=\"power\" data-broker=\"1\">cut the power</button> <button data-act=\"pause\" data-broker=\"1\">pause</button> <button data-act=\"resume\" data-broker=\"1\">resume</button></div><p id=\"error\" class=\"error\" role=\"alert\"></p></section></main><footer><a href=\"source.html\">popsub.go</a>, the broker running here · with <code>popsub serve</code>: <a href=\"../\">the playground</a>, <a href=\"../docs/reliability\">what a crash costs</a></footer><script src=\"wasm_exec.js\"></script><script src=\"lab.js\"></script></body></html>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 13, "</div><div class=\"row\" role=\"group\" aria-label=\"the client's subscription\"><b>subscribe</b> <label>topic <input id=\"topic\" value=\"jobs\" size=\"8\" maxlength=\"40\"></label> <label>as <select id=\"mode\" title=\"plain: live only; durable: a cursor kept on disk across reconnects; group: a work queue, each job to one member; after seq: replay from a seq\"><option value=\"plain\">plain</option><option value=\"durable\">durable</option><option value=\"group\">group</option><option value=\"after\">after seq</option></select></label> <input id=\"after\" type=\"number\" min=\"0\" value=\"0\" size=\"4\" aria-label=\"after seq\" hidden> <button data-act=\"subscribe\" title=\"The chosen client subscribes to the topic\">subscribe</button></div><div class=\"row\" role=\"group\" aria-label=\"the client's publishes\"><b>publish</b> <button data-act=\"publish\" data-qos=\"0\" title=\"At most once: no confirm, no retry\">QoS 0</button> <button data-act=\"publish\" data-qos=\"1\" title=\"At least once: confirmed once on disk, retried until acked\">QoS 1</button> <button data-act=\"publish\" data-qos=\"0\" data-count=\"10\" title=\"Ten QoS 0 messages at once\">10 × QoS 0</button></div><div class=\"row\" role=\"group\" aria-label=\"the client's acks\"><b>acks</b> <button data-act=\"hold\" title=\"The client keeps its acks: the broker retries after its ack timeout\">hold</button> <button data-act=\"ack\" title=\"The client sends the acks it held\">send held</button> <button data-act=\"release\" title=\"The client acks as it gets each message again\">ack as they come</button></div><div class=\"row faults\" role=\"group\" aria-label=\"the client's connection\"><b>link</b> <button data-act=\"stop\" title=\"The client stops reading: its socket fills\">stop reading</button> <button data-act=\"read\" title=\"The client reads again\">read again</button> <button data-act=\"cut\" title=\"The network drops the client's connection; it reconnects\">cut</button></div><div class=\"row faults broker\" role=\"group\" aria-label=\"the broker\"><b>broker</b> <button data-act=\"kill\" data-broker=\"1\" title=\"The process dies: what the disk wrote survives, synced or not\">kill -9</button> <button data-act=\"power\" data-broker=\"1\" title=\"The machine loses power: only what was synced survives\">cut the power</button> <button data-act=\"pause\" data-broker=\"1\" title=\"SIGSTOP: the broker reads, writes and syncs nothing\">pause</button> <button data-act=\"resume\" data-broker=\"1\" title=\"SIGCONT: the broker goes on\">resume</button></div><p id=\"error\" class=\"error\" role=\"alert\"></p></section></main><footer><a href=\"source.html\">popsub.go</a>, the broker running here · with <code>popsub serve</code>: <a href=\"../\">the playground</a>, <a href=\"../docs/reliability\">what a crash costs</a></footer><script src=\"wasm_exec.js\"></script><script src=\"lab.js\"></script></body></html>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

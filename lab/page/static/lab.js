@@ -242,7 +242,7 @@
 		document.body.dataset.phase = run.phase;
 		share();
 		if (!s) {
-			$("story-text").textContent = "Make alice, bob and carol subscribe and publish below, then break something: the checker judges every event.";
+			$("story-text").textContent = "The clock waits for you: press play (or space) to let time run, or step (→) to the next timer. Make alice, bob and carol subscribe and publish below, then break something: the checker judges every event.";
 			return;
 		}
 		$("story-text").textContent = s.question;
@@ -368,6 +368,8 @@
 			act(action);
 		};
 	});
+	// The seq box is for "after seq" alone.
+	$("mode").onchange = () => { $("after").hidden = $("mode").value !== "after"; };
 	$("play").onclick = play;
 	$("pause").onclick = pause;
 	$("step").onclick = () => { pause(); advance(); };
