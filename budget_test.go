@@ -444,34 +444,41 @@ var (
 	overBudget = map[string]int{"jetstream": 770, "socket": 640}
 )
 
-func TestMachineRoom_EachPackageKeepsItsBudget(t *testing.T) {
-	for _, dir := range machineRoom {
-		paths, err := filepath.Glob(filepath.Join(dir, "*.go"))
+// measureDir adds up the code and comment lines of dir's Go files, tests
+// aside, and reports whether a package doc among them has heading.
+func measureDir(t *testing.T, dir, heading string) (code, comments int,
+	has bool) {
+	t.Helper()
+	paths, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range paths {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		code, comments, header := 0, 0, false
-		for _, path := range paths {
-			if strings.HasSuffix(path, "_test.go") {
-				continue
-			}
-			src, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, err := source.Measure(src)
-			if err != nil {
-				t.Fatal(err)
-			}
-			code, comments = code+b.Code, comments+b.Comments
-			file, err := parser.ParseFile(gotoken.NewFileSet(), path, src,
-				parser.ParseComments|parser.PackageClauseOnly)
-			if err != nil {
-				t.Fatal(err)
-			}
-			header = header ||
-				strings.Contains(file.Doc.Text(), "# The contract")
+		b, err := source.Measure(src)
+		if err != nil {
+			t.Fatal(err)
 		}
+		code, comments = code+b.Code, comments+b.Comments
+		file, err := parser.ParseFile(gotoken.NewFileSet(), path, src,
+			parser.ParseComments|parser.PackageClauseOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		has = has || strings.Contains(file.Doc.Text(), heading)
+	}
+	return code, comments, has
+}
+
+func TestMachineRoom_EachPackageKeepsItsBudget(t *testing.T) {
+	for _, dir := range machineRoom {
+		code, comments, header := measureDir(t, dir, "# The contract")
 		ratio := float64(comments) / float64(max(code, 1))
 		t.Logf("%-12s %4d code lines, %.2f comment lines per code line",
 			dir, code, ratio)
@@ -497,25 +504,7 @@ func TestMachineRoom_EachPackageKeepsItsBudget(t *testing.T) {
 const budgetCommand = 2000
 
 func TestCommand_IsItsSubcommandsWiring(t *testing.T) {
-	paths, err := filepath.Glob("cmd/popsub/*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	code := 0
-	for _, path := range paths {
-		if strings.HasSuffix(path, "_test.go") {
-			continue
-		}
-		src, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := source.Measure(src)
-		if err != nil {
-			t.Fatal(err)
-		}
-		code += b.Code
-	}
+	code, _, _ := measureDir(t, "cmd/popsub", "")
 	t.Logf("cmd/popsub: %d code lines", code)
 	if code > budgetCommand {
 		t.Errorf("cmd/popsub: %d code lines, budget %d", code, budgetCommand)

@@ -703,21 +703,21 @@ func (r *chaosRun) restart(ctx context.Context, b *process, kind,
 	healed := r.note(kind, b.name, how)
 	b.kill()
 	time.Sleep(time.Duration(r.rand.Int64N(int64(500 * time.Millisecond))))
-	if err := b.startRetrying(ctx); err != nil {
-		fmt.Fprintf(r.out, "%s  %s did not restart: %v\n", r.clock(),
-			b.name, err)
-		return
-	}
-	healed()
+	r.startAgain(ctx, b, healed)
 }
 
 // restartClean stops a broker gracefully (SIGINT, which it takes as
-// SIGTERM), as a deploy does, and
-// starts it again on the same files.
+// SIGTERM), as a deploy does, and starts it again on the same files.
 func (r *chaosRun) restartClean(ctx context.Context) {
 	_, b := r.anyBroker()
 	healed := r.note("restart", b.name, "SIGINT, then start")
 	b.stop()
+	r.startAgain(ctx, b, healed)
+}
+
+// startAgain starts b, stopped, and notes the fault healed once it is up.
+func (r *chaosRun) startAgain(ctx context.Context, b *process,
+	healed func()) {
 	if err := b.startRetrying(ctx); err != nil {
 		fmt.Fprintf(r.out, "%s  %s did not restart: %v\n", r.clock(),
 			b.name, err)
