@@ -107,6 +107,9 @@ func TestEvents_EachTransitionEmitsExactlyOneEvent(t *testing.T) {
 			t.Fatalf("alice got %+v, want seq %d or a skip from it", g, next)
 		}
 	}
+	// j3's dead letter is said once it is on disk, which may be after
+	// alice has her room and what came after: wait for it.
+	countEvents(t, watcher, counts, is("dead_lettered", "j3"))
 	alice.ws.Close(websocket.StatusNormalClosure, "")
 	countEvents(t, watcher, counts, func(e wire.Event) bool {
 		return e.Kind == "disconnected" && e.Client == "alice"
