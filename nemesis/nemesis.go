@@ -365,10 +365,21 @@ func (r *chaosRun) startNATS(ctx context.Context) error {
 			ports[nodes+i]))
 	}
 	for i := range nodes {
-		args := []string{r.cfg.NATSServer, "-a", "127.0.0.1", "-p",
-			fmt.Sprint(ports[i]), "-js", "-sd",
-			filepath.Join(r.dir, fmt.Sprint("nats-", i+1)),
-			"--server_name", fmt.Sprint("nats-", i+1)}
+		// JetStream's default syncs every two minutes and acknowledges
+		// before: a kill -9 of the NATS server then loses what it
+		// acknowledged and not yet wrote (a CI run lost one confirmed
+		// value so; nats-server issue 7564). A confirm's promise needs
+		// sync_interval: always, as tutorial 7 says.
+		config := filepath.Join(r.dir, fmt.Sprint("nats-", i+1, ".conf"))
+		err := os.WriteFile(config, fmt.Appendf(nil,
+			"jetstream { store_dir: %q, sync_interval: always }\n",
+			filepath.Join(r.dir, fmt.Sprint("nats-", i+1))), 0o644)
+		if err != nil {
+			return err
+		}
+		args := []string{r.cfg.NATSServer, "-c", config, "-a", "127.0.0.1",
+			"-p", fmt.Sprint(ports[i]), "--server_name",
+			fmt.Sprint("nats-", i+1)}
 		if nodes > 1 {
 			args = append(args, "--cluster_name", "popsub-chaos", "--cluster",
 				routes[i], "--routes", strings.Join(routes, ","))
