@@ -74,6 +74,14 @@ func until(t *testing.T, ctx context.Context, what, condition string) {
 	t.Helper()
 	_, err := chromedp.Run(ctx, chromedp.Poll[bool](condition,
 		chromedp.WithPollingInterval(50*time.Millisecond)))
+	// A page that replaces its document as the poll starts (a navigation
+	// still settling) takes the poll's context with it: poll again in
+	// the new one.
+	for retries := 0; err != nil && retries < 3 && strings.Contains(
+		err.Error(), "Cannot find context with specified id"); retries++ {
+		_, err = chromedp.Run(ctx, chromedp.Poll[bool](condition,
+			chromedp.WithPollingInterval(50*time.Millisecond)))
+	}
 	if err != nil {
 		// What the panels and the diagram's detail said is most often
 		// why.
