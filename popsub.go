@@ -317,7 +317,7 @@ func errorReply(code, text string) reply {
 //	Broker.wildcards   the + and # subscriptions, live only
 //	Broker.durables    durable key → the subscription that owns it
 //	connection.unacked topic → the QoS 1 deliveries it owes acks for,
-//	                   in seq order: the retry loop's table
+//	                   in seq order: the retry timer's table
 //	connection.outbox  the frames its writer has yet to send
 //
 // The broker's lock guards its maps, and only for look-ups, never across
@@ -3371,7 +3371,7 @@ func (s *subscription) offer(m *Message, delivery []byte, split int,
 	return false
 }
 
-// release takes p, a job the retry loop moves to another member, out of
+// release takes p, a job a retry moves to another member, out of
 // c's window. The caller holds c.mu.
 func (c *connection) release(p pending) {
 	n := c.unacked[p.message.Topic].Drop(func(e pending) bool {
@@ -3439,7 +3439,7 @@ func (g *group) keep(list []pending) []*subscription {
 // assign queues p's message to member s as attempt p.attempt, if it has
 // room or must take it anyway, and makes the delivery s's to ack. Forced
 // into a full outbox the frame is dropped, as a retry's is, and the
-// retry loop sends it again.
+// retry timer sends it again.
 func (c *connection) assign(s *subscription, p pending, must bool) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -3455,7 +3455,7 @@ func (c *connection) assign(s *subscription, p pending, must bool) bool {
 
 // # Naks, backoff and expiry (detail)
 //
-// The retry loop's timer knew one thing: a fixed ack timeout and a fixed
+// The retry timer knew one thing: a fixed ack timeout and a fixed
 // number of tries. Three lessons refine it, each a small change to the
 // table or the timer.
 //
@@ -3570,7 +3570,7 @@ func (p *pending) deadID() string {
 	return fmt.Sprintf("dead-%x", sum[:16])
 }
 
-// deadReason is the reason a delivery the retry loop dead-letters gives.
+// deadReason is the reason a delivery dead-lettered by overdue gives.
 func (m *Message) deadReason() string {
 	if m.expired() {
 		return "expired"
