@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -119,8 +118,7 @@ func (c *client) connectLocked() {
 		c.lab.record(Event{Kind: "disconnect", From: "broker", To: c.name,
 			Label: why})
 	})
-	request, _ := http.NewRequest(http.MethodGet, "http://lab/ws", nil)
-	go b.ServeHTTP(nobody{}, popsub.WithSocket(request, l.open))
+	go b.serve(l)
 	c.conn = &conn{link: l, wake: make(chan struct{}, 1)}
 	token, _ := popsub.NewToken(c.lab.secret, c.name, 24*time.Hour)
 	c.queue(wire.Frame{Type: "auth", Token: token, Client: c.name})
@@ -225,7 +223,9 @@ func (c *client) publish(topic string, qos int) {
 	frame, _ := json.Marshal(wire.Frame{Type: "publish", Topic: topic,
 		Payload: payload, MessageID: id, QoS: min(max(qos, 0), 1)})
 	c.start()
-	if qos == 1 {
+	// The article's broker confirms nothing: its client has nothing to
+	// wait for, and sends a publish once.
+	if qos == 1 && c.lab.kind == Popsub {
 		c.unconfirmed[id] = frame
 		c.order = append(c.order, id)
 	}
@@ -256,7 +256,7 @@ func (c *client) sendPublish(frame []byte, id string, qos int) {
 	}
 	c.lab.record(Event{Kind: "publish", From: c.name, To: "broker",
 		Label: fmt.Sprintf("publish %s QoS %d", id, qos), Topic: f.Topic,
-		ID: id})
+		ID: id, Value: id})
 }
 
 // readLoop reads the link until it ends, unless the client stopped
@@ -300,12 +300,17 @@ func (c *client) handle(f wire.Received) {
 		h.Delivered(s, chaos.Delivery{Seq: f.Seq, ID: f.MessageID,
 			Value: value(f.Payload), Attempt: f.Attempt, QoS: f.QoS})
 		c.newest[f.Topic] = max(c.newest[f.Topic], f.Seq)
-		label := fmt.Sprintf("seq %d: %s", f.Seq, value(f.Payload))
-		if f.Attempt > 1 {
+		v := value(f.Payload)
+		label := fmt.Sprintf("seq %d: %s", f.Seq, v)
+		switch {
+		case f.Attempt > 1:
 			label = fmt.Sprintf("retry %d of seq %d", f.Attempt-1, f.Seq)
+		case c.lab.kind == Article: // no seq, no attempt: its id says it
+			label = fmt.Sprintf("%s as %s", v, f.MessageID)
 		}
 		c.lab.record(Event{Kind: "message", From: "broker", To: c.name,
-			Label: label, Topic: f.Topic, Seq: f.Seq, ID: f.MessageID})
+			Label: label, Topic: f.Topic, Seq: f.Seq, ID: f.MessageID,
+			Value: v})
 		if f.QoS != 1 {
 			return
 		}
@@ -372,9 +377,12 @@ func (c *client) ack(topic string, seq uint64, id string) {
 	}
 	c.lab.history.Acked(c.name, topic, id)
 	c.queue(wire.Frame{Type: "ack", Topic: topic, MessageID: id})
+	label := fmt.Sprintf("ack seq %d", seq)
+	if c.lab.kind == Article {
+		label = "ack " + id
+	}
 	c.lab.record(Event{Kind: "ack", From: c.name, To: "broker",
-		Label: fmt.Sprintf("ack seq %d", seq), Topic: topic, Seq: seq,
-		ID: id})
+		Label: label, Topic: topic, Seq: seq, ID: id})
 }
 
 // ackHeld acks every delivery whose ack was held.
@@ -443,6 +451,17 @@ func (c *client) setReading(on bool) {
 		c.stopped = c.lab.history.Fault("stop", c.name)
 		c.lab.record(Event{Kind: "stop", From: c.name, To: c.name,
 			Label: "stops reading"})
+	}
+}
+
+// endStop lets a client that stopped reading read again, without a
+// word: the run is over.
+func (c *client) endStop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped != nil {
+		close(c.reading)
+		c.stopped = nil
 	}
 }
 

@@ -89,6 +89,9 @@ type Disk struct {
 	buffered []*popsub.Batch
 	// gone is set once the process using the disk died.
 	gone bool
+	// slow is how long each write takes while the disk is failing (the
+	// "slow" fault); zero while it is well.
+	slow time.Duration
 }
 
 // errGone is what a dead broker's commit gets.
@@ -97,6 +100,7 @@ var errGone = errors.New("the broker using this disk is gone")
 // Commit writes the batch, waits for the sync, and applies it.
 func (d *Disk) Commit(b *popsub.Batch) error {
 	d.gate.wait()
+	d.stall()
 	d.mu.Lock()
 	if d.gone {
 		d.mu.Unlock()
@@ -118,6 +122,70 @@ func (d *Disk) Commit(b *popsub.Batch) error {
 	d.mu.Unlock()
 	d.written("sync", b)
 	return nil
+}
+
+// stall waits as long as a write takes on a failing disk.
+func (d *Disk) stall() {
+	d.mu.Lock()
+	slow := d.slow
+	d.mu.Unlock()
+	time.Sleep(slow)
+}
+
+// setSlow makes each write take slow from now on; zero heals the disk.
+func (d *Disk) setSlow(slow time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.slow = slow
+}
+
+// write puts a batch in the page cache and returns, as sled's insert
+// does: flush syncs it. The article's broker stores with it.
+func (d *Disk) write(b *popsub.Batch) {
+	d.gate.wait()
+	d.stall()
+	d.mu.Lock()
+	if d.gone {
+		d.mu.Unlock()
+		return
+	}
+	d.buffered = append(d.buffered, b)
+	d.mu.Unlock()
+	d.written("write", b)
+}
+
+// flush syncs every write in the page cache.
+func (d *Disk) flush() {
+	d.gate.wait()
+	d.mu.Lock()
+	pending := slices.Clone(d.buffered)
+	d.mu.Unlock()
+	if len(pending) == 0 {
+		return
+	}
+	time.Sleep(syncTime)
+	d.mu.Lock()
+	if d.gone {
+		d.mu.Unlock()
+		return
+	}
+	for _, b := range pending {
+		d.synced.apply(b)
+	}
+	d.buffered = slices.DeleteFunc(d.buffered, func(b *popsub.Batch) bool {
+		return slices.Contains(pending, b)
+	})
+	d.mu.Unlock()
+	d.written("sync", joined(pending))
+}
+
+// joined is batches as one, for the page's line.
+func joined(batches []*popsub.Batch) *popsub.Batch {
+	all := &popsub.Batch{}
+	for _, b := range batches {
+		all.Messages = append(all.Messages, b.Messages...)
+	}
+	return all
 }
 
 // view is what reads see: the synced contents and the page cache's.
@@ -179,7 +247,8 @@ func (d *Disk) after(powerCut bool) *Disk {
 	if !powerCut {
 		kept = d.view().clone()
 	}
-	return &Disk{gate: d.gate, written: d.written, synced: kept}
+	return &Disk{gate: d.gate, written: d.written, synced: kept,
+		slow: d.slow}
 }
 
 // picture returns each topic's messages as the disk holds them, synced

@@ -89,15 +89,20 @@ type Lab struct {
 	start  time.Time
 	gate   *gate
 
+	// kind is the broker the run is on: Popsub or Article.
+	kind string
+
 	mu      sync.Mutex
 	disk    *Disk
-	broker  *popsub.Broker
+	broker  server
 	broken  func() // heals the fault that took the broker down
 	state   string // running, paused, down, or closed
 	run     int    // counts brokers started, for their events
 	clients map[string]*client
 	history *chaos.History
 	events  []Event
+	// held is the most bytes the broker has held for its clients.
+	held int
 	// stop ends the beat, at Close.
 	stop chan struct{}
 }
@@ -115,16 +120,51 @@ type Event struct {
 	To   string `json:"to"`
 	// Label says it in a few words.
 	Label string `json:"label"`
-	// Topic, Seq and ID name the message it is about, if any.
+	// Topic, Seq and ID name the message it is about, if any; Value is
+	// a publish's or a delivery's payload.
 	Topic string `json:"topic,omitempty"`
 	Seq   uint64 `json:"seq,omitempty"`
 	ID    string `json:"id,omitempty"`
+	Value string `json:"value,omitempty"`
 }
 
-// New starts a run: an empty disk, its broker, and the clients, not yet
-// connected.
-func New() (*Lab, error) {
-	l := &Lab{secret: []byte("the lab's secret, in the page"),
+// The brokers a run can be on: popsub.go's, or the article's model of
+// the original PopSub (article.go).
+const (
+	Popsub  = "popsub"
+	Article = "article"
+)
+
+// server is a broker as the lab runs it.
+type server interface {
+	// serve serves a client's link until it ends.
+	serve(l *link)
+	Shutdown(ctx context.Context) error
+	// held is how many bytes wait for clients in the broker's memory.
+	held() int
+}
+
+// real is popsub.go's broker, serving links as it serves WebSockets.
+type real struct{ *popsub.Broker }
+
+func (r real) serve(l *link) {
+	request, _ := http.NewRequest(http.MethodGet, "http://lab/ws", nil)
+	r.ServeHTTP(nobody{}, popsub.WithSocket(request, l.open))
+}
+
+func (r real) held() int { return r.OutboxBytes() }
+
+// New starts a run on popsub.go's broker: an empty disk, the broker,
+// and the clients, not yet connected.
+func New() (*Lab, error) { return NewOn(Popsub) }
+
+// NewOn starts a run on the broker kind names: Popsub or Article.
+func NewOn(kind string) (*Lab, error) {
+	if kind != Popsub && kind != Article {
+		return nil, fmt.Errorf("no broker %q: the lab's are %s and %s",
+			kind, Popsub, Article)
+	}
+	l := &Lab{kind: kind, secret: []byte("the lab's secret, in the page"),
 		start: time.Now(), gate: &gate{}, clients: map[string]*client{},
 		history: &chaos.History{}, stop: make(chan struct{})}
 	l.disk = &Disk{gate: l.gate, written: l.written, synced: newContents()}
@@ -142,6 +182,9 @@ func New() (*Lab, error) {
 	return l, nil
 }
 
+// Kind is the broker the run is on: Popsub or Article.
+func (l *Lab) Kind() string { return l.kind }
+
 // beat wakes every beat until Close, and does nothing else.
 func (l *Lab) beat() {
 	ticker := time.NewTicker(beat)
@@ -149,10 +192,26 @@ func (l *Lab) beat() {
 	for {
 		select {
 		case <-ticker.C:
+			l.measure()
 		case <-l.stop:
 			return
 		}
 	}
+}
+
+// measure notes what the broker holds for its clients now, if it is
+// the most yet.
+func (l *Lab) measure() {
+	l.mu.Lock()
+	b := l.broker
+	l.mu.Unlock()
+	if b == nil {
+		return
+	}
+	held := b.held()
+	l.mu.Lock()
+	l.held = max(l.held, held)
+	l.mu.Unlock()
 }
 
 // open returns a closed channel: a gate that is open.
@@ -173,11 +232,7 @@ func (l *Lab) startBroker() error {
 	l.run++
 	run, disk := l.run, l.disk
 	l.mu.Unlock()
-	opts := brokerOptions
-	opts.Secret, opts.Store = l.secret, disk
-	opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	opts.OnEvent = func(e wire.Event) { l.heard(run, e) }
-	b, err := popsub.New(opts)
+	b, err := l.newBroker(run, disk)
 	if err != nil {
 		return err
 	}
@@ -193,10 +248,27 @@ func (l *Lab) startBroker() error {
 	return nil
 }
 
+// newBroker starts the run's kind of broker on disk, as its run'th.
+func (l *Lab) newBroker(run int, disk *Disk) (server, error) {
+	if l.kind == Article {
+		return newArticle(disk)
+	}
+	opts := brokerOptions
+	opts.Secret, opts.Store = l.secret, disk
+	opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	opts.OnEvent = func(e wire.Event) { l.heard(run, e) }
+	b, err := popsub.New(opts)
+	if err != nil {
+		return nil, err
+	}
+	return real{b}, nil
+}
+
 // Action is one click of the learner's.
 type Action struct {
 	// Do is what: subscribe, publish, ack, hold, release; or a fault:
-	// kill, power, cut, stop, read, pause, resume.
+	// kill, power, cut, stop, read, pause, resume, slow (the disk's
+	// writes take slowWrite each), heal (they do not).
 	Do     string `json:"do"`
 	Client string `json:"client,omitempty"`
 	// Topic, QoS, After, Durable and Group are a subscribe's or a
@@ -222,6 +294,9 @@ func (l *Lab) Do(a Action) error {
 		return nil
 	case "resume":
 		l.resume()
+		return nil
+	case "slow", "heal":
+		l.slow(a.Do == "slow")
 		return nil
 	}
 	c := l.clients[a.Client]
@@ -288,6 +363,26 @@ func (l *Lab) kill(powerCut bool) {
 	time.AfterFunc(restartDelay, func() { l.startBroker() })
 }
 
+// slowWrite is how long a write takes on a failing disk.
+const slowWrite = time.Second
+
+// slow makes the disk fail, each write taking slowWrite, or heals it.
+// It is not a fault the checker excuses: a slow disk delays confirms,
+// and breaks no promise.
+func (l *Lab) slow(on bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if on {
+		l.disk.setSlow(slowWrite)
+		l.note(Event{Kind: "slow", From: "disk", To: "disk",
+			Label: "the disk fails: each write takes " + slowWrite.String()})
+		return
+	}
+	l.disk.setSlow(0)
+	l.note(Event{Kind: "heal", From: "disk", To: "disk",
+		Label: "the disk is well again"})
+}
+
 // Close ends the run: the broker stops, and nobody connects again.
 func (l *Lab) Close() {
 	l.mu.Lock()
@@ -300,6 +395,7 @@ func (l *Lab) Close() {
 	l.gate.resume()
 	for _, c := range l.clientList() {
 		c.drop()
+		c.endStop()
 	}
 	b.Shutdown(context.Background())
 }
@@ -366,6 +462,16 @@ func (l *Lab) written(what string, b *popsub.Batch) {
 	}
 	label := what
 	switch {
+	case l.kind == Article && len(seqs) > 0: // its keys are its own
+		var ids []string
+		for _, m := range b.Messages {
+			ids = append(ids, m.ID)
+		}
+		if len(ids) > 2 {
+			ids = []string{fmt.Sprintf("%s … %s (%d)", ids[0],
+				ids[len(ids)-1], len(ids))}
+		}
+		label += " " + strings.Join(ids, ",")
 	case len(seqs) > 0:
 		label += " seq " + ranges(seqs)
 	case len(b.Heads) > 0:
@@ -424,13 +530,32 @@ func (l *Lab) heard(run int, e wire.Event) {
 // dead letters are what the disk holds now. A dead letter counts once
 // it is on disk: one a power cut took was never given, and the broker
 // gives it again.
-func (l *Lab) Promises() []chaos.Promise {
+func (l *Lab) Promises() []Check {
 	logs, _, _ := l.currentDisk().picture()
 	return l.promises(logs)
 }
 
+// Check is one of PopSub's promises, and the checker's verdict on it so
+// far, or why the run's broker does not make it.
+type Check struct {
+	chaos.Promise
+	// Unmade says why the broker does not make the promise; the
+	// verdict is then nobody's.
+	Unmade string `json:"unmade,omitempty"`
+}
+
+// unmade are the promises the article's broker does not make, and why.
+// It makes the other two: it retries a QoS 1 message until an ack or
+// its last retry, and a client that asks for a group gets a plain
+// subscription, so its group's promise is judged as made.
+var unmade = map[string]string{
+	"no confirmed message is lost":                                    "it confirms nothing",
+	"no seq is given to two messages":                                 "it gives no seqs",
+	"each subscriber sees its topic in seq order, with no silent gap": "it gives no seqs",
+}
+
 // promises holds the run to the promises, with logs the disk's now.
-func (l *Lab) promises(logs map[string][]diskMessage) []chaos.Promise {
+func (l *Lab) promises(logs map[string][]diskMessage) []Check {
 	var dead []wire.DeadLetter
 	for topic, log := range logs {
 		if strings.HasPrefix(topic, deadPrefix) {
@@ -452,8 +577,27 @@ func (l *Lab) promises(logs map[string][]diskMessage) []chaos.Promise {
 		l.history.SetFinal(topic, final)
 	}
 	l.history.SetDeadLetters(dead)
-	return chaos.Promises(l.history, brokerOptions.AckTimeout,
-		popsub.RetryWindow+commitTime, time.Now())
+	late := popsub.RetryWindow + commitTime
+	if l.kind == Article {
+		late = articleTick + commitTime
+	}
+	var checks []Check
+	for _, p := range chaos.Promises(l.history, brokerOptions.AckTimeout,
+		late, time.Now()) {
+		if why := unmade[p.Name]; l.kind == Article && why != "" {
+			p = chaos.Promise{Name: p.Name}
+			checks = append(checks, Check{Promise: p, Unmade: why})
+			continue
+		}
+		if l.kind == Article { // its deliveries have no seq and no attempt
+			for i, e := range p.Examples {
+				p.Examples[i] = strings.Replace(e, "seq 0, attempt 0 at",
+					"delivered at", 1)
+			}
+		}
+		checks = append(checks, Check{Promise: p})
+	}
+	return checks
 }
 
 // currentDisk returns the disk the broker runs on now.

@@ -27,6 +27,13 @@ type Scenario struct {
 	Fault    []Step   `json:"fault"`
 	Explain  string   `json:"explain"`
 	Links    []Link   `json:"links"`
+	// Beside runs the scenario on popsub.go's broker and the article's
+	// side by side, the same clicks at the same moments. Breaks names
+	// the promise the article's broker breaks in it, if any; Figures
+	// are the costs it measures in both (Measure's specs).
+	Beside  bool     `json:"beside,omitempty"`
+	Breaks  string   `json:"breaks,omitempty"`
+	Figures []string `json:"figures,omitempty"`
 }
 
 // Step is one step of a scenario: an action, a wait, or a wait until an
@@ -190,6 +197,204 @@ var Scenarios = []Scenario{{
 		"timeout.",
 	Links: []Link{{"Work queues", "work-queues"},
 		{"group.leave: a leaving member's jobs move", "group.leave"}},
+}}
+
+// # Where the simple version runs out
+//
+// The article ends with five limits of its broker. Each scenario below
+// runs one of them on both brokers at once: the same clicks, the same
+// clock. Their steps are actions and waits alone, so that the two runs
+// stay in step; an until would wait for one broker's event.
+func init() { Scenarios = append(Scenarios, limits...) }
+
+// retried is the promise the article's broker breaks: keyed by
+// message_id alone, its pending table forgets a subscriber's delivery.
+const retried = "a QoS 1 delivery is retried until acked or " +
+	"dead-lettered, once"
+
+var limits = []Scenario{{
+	Name:   "one-ack",
+	Title:  "Limit 1: bob acks, carol does not",
+	Beside: true,
+	Breaks: retried,
+	Setup: []Step{
+		do(Action{Do: "hold", Client: "carol"}),
+		do(Action{Do: "subscribe", Client: "bob", Topic: "jobs"}),
+		do(Action{Do: "subscribe", Client: "carol", Topic: "jobs"}),
+		wait(300),
+	},
+	Question: "Bob and carol subscribe to jobs; carol holds her acks. " +
+		"Alice publishes a QoS 1 job, and bob acks it at once. What does " +
+		"each broker do about carol?",
+	Choices: []string{"both retry carol until she acks",
+		"popsub.go retries carol, then dead-letters the job; the " +
+			"article's broker never sends it to her again",
+		"neither: bob's ack settles the job"},
+	Answer: 1,
+	Fault: []Step{
+		do(Action{Do: "publish", Client: "alice", Topic: "jobs", QoS: 1}),
+		wait(7000),
+	},
+	Explain: "The article's pendingAcks is keyed by message_id alone: " +
+		"bob's ack removed the one entry, and with it every reason to " +
+		"retry carol. Its checker line breaks: carol's delivery was " +
+		"neither acked, retried nor dead-lettered. popsub.go keeps a " +
+		"pending entry per subscriber and connection, so bob's ack settles " +
+		"bob's, and carol's timer goes on: two retries, then a dead " +
+		"letter, which an operator can read and publish again.",
+	Links: []Link{{"Acknowledgements: a pending entry per subscriber",
+		"acknowledgements"},
+		{"Retries and dead letters", "retries-and-dead-letters"}},
+}, {
+	Name:   "retry-to-all",
+	Title:  "Limit 2: a retry goes to every subscriber",
+	Beside: true,
+	Breaks: retried,
+	Setup: []Step{
+		do(Action{Do: "hold", Client: "carol"}),
+		do(Action{Do: "subscribe", Client: "carol", Topic: "jobs"}),
+		wait(200),
+		do(Action{Do: "publish", Client: "alice", Topic: "jobs", QoS: 1}),
+		wait(300),
+	},
+	Question: "Carol holds her ack of alice's QoS 1 job. Now bob " +
+		"subscribes to jobs, asking for what is stored. How many copies " +
+		"of the job does bob get?",
+	Choices: []string{"one from each broker",
+		"one from popsub.go; two from the article's, one under an id it " +
+			"made up",
+		"none from either: the job was carol's"},
+	Answer: 1,
+	Fault: []Step{
+		do(Action{Do: "subscribe", Client: "bob", Topic: "jobs",
+			After: new(uint64)}),
+		wait(8000),
+	},
+	Explain: "The article's broker sent bob the stored job at once, under " +
+		"a fresh id, as history; then, carol's ack being late, its retry " +
+		"loop sent the job again to the whole topic, bob too, under its " +
+		"own id. Bob cannot tell the two apart from two jobs. His ack of " +
+		"the retry then removed the entry, and carol was never retried " +
+		"again: limit 1 as well. popsub.go gave bob the job once, from the " +
+		"log, under its seq and id, and retried carol alone.",
+	Links: []Link{{"Replay: resuming after a seq", "replay"},
+		{"Acknowledgements: a pending entry per subscriber",
+			"acknowledgements"}},
+	Figures: []string{"again bob", "fresh bob"},
+}, {
+	Name:   "replay-best-effort",
+	Title:  "Limit 3: replay is best effort",
+	Beside: true,
+	Setup: []Step{
+		do(Action{Do: "subscribe", Client: "bob", Topic: "jobs",
+			Durable: "bob-jobs"}),
+		do(Action{Do: "subscribe", Client: "carol", Topic: "jobs"}),
+		wait(200),
+		do(Action{Do: "publish", Client: "alice", Topic: "jobs", QoS: 1,
+			Count: 2}),
+		wait(600),
+	},
+	Question: "Bob, subscribed durably, has alice's two jobs. His link " +
+		"is cut; while he is away alice publishes two more, and carol " +
+		"acks them. Bob's client connects again a second later and " +
+		"subscribes with his durable name. What does he get?",
+	Choices: []string{"the two he missed, from both brokers",
+		"from popsub.go the two he missed, under their ids, retried until " +
+			"acked; from the article's all four, under ids it made up, as " +
+			"QoS 0",
+		"nothing from either: carol acked them"},
+	Answer: 1,
+	Fault: []Step{
+		do(Action{Do: "cut", Client: "bob"}),
+		wait(300),
+		do(Action{Do: "publish", Client: "alice", Topic: "jobs", QoS: 1,
+			Count: 2}),
+		wait(3000),
+	},
+	Explain: "The article's broker knows no durable name and no position: " +
+		"a subscribe gets what the store holds, all of it, each under a " +
+		"fresh id and QoS 0, so bob got two jobs he had already done as " +
+		"if they were new, and nothing he got is retried if he drops it. " +
+		"popsub.go kept bob's cursor on disk at his last ack, and resumed " +
+		"after it: the two jobs he missed, under the ids and seqs alice's " +
+		"confirms named, as QoS 1.",
+	Links: []Link{{"Durable subscriptions", "durable-subscriptions"},
+		{"Replay: resuming after a seq", "replay"}},
+	Figures: []string{"again bob", "fresh bob"},
+}, {
+	Name:   "one-lock",
+	Title:  "Limit 4: one lock, and a slow disk",
+	Beside: true,
+	Setup: []Step{
+		do(Action{Do: "subscribe", Client: "bob", Topic: "chat"}),
+		do(Action{Do: "subscribe", Client: "carol", Topic: "logs"}),
+		wait(200),
+		do(Action{Do: "publish", Client: "alice", Topic: "logs"}),
+		do(Action{Do: "publish", Client: "alice", Topic: "chat"}),
+		wait(600),
+	},
+	Question: "The disk starts failing: each write takes a second. Alice " +
+		"publishes three messages on logs, then one on chat, which bob " +
+		"reads. How long does bob wait for the chat message?",
+	Choices: []string{"seconds, on both: the disk is slow for everyone",
+		"no time from popsub.go; seconds from the article's, whose one " +
+			"lock is held while each write waits for the disk",
+		"no time from either: the messages are QoS 0"},
+	Answer: 1,
+	Fault: []Step{
+		do(Action{Do: "slow"}),
+		do(Action{Do: "publish", Client: "alice", Topic: "logs", Count: 3}),
+		do(Action{Do: "publish", Client: "alice", Topic: "chat"}),
+		wait(6000),
+		do(Action{Do: "heal"}),
+	},
+	Explain: "The article's broker does a publish's five steps under one " +
+		"mutex, the store's write among them: while a write waits for the " +
+		"disk, no client of any topic is served. popsub.go delivers a " +
+		"message when it gets its seq, and hands the write to the log's " +
+		"commit loop, which batches and syncs on its own: the slow disk " +
+		"delays only alice's confirms. Nothing broke a promise here; the " +
+		"cost is the wait, measured below.",
+	Links: []Link{{"The log: deliveries at the seq, confirms at the sync",
+		"the-log-seq-first-sync-second"}},
+	Figures: []string{"waited bob"},
+}, {
+	Name:   "no-back-pressure",
+	Title:  "Limit 5: no back-pressure",
+	Beside: true,
+	Setup: []Step{
+		do(Action{Do: "subscribe", Client: "bob", Topic: "feed"}),
+		do(Action{Do: "subscribe", Client: "carol", Topic: "feed"}),
+		wait(200),
+		do(Action{Do: "publish", Client: "alice", Topic: "feed"}),
+		wait(300),
+	},
+	Question: "Carol stops reading. Alice publishes 200 messages. What " +
+		"does each broker hold in memory for carol?",
+	Choices: []string{"every message, on both, until she reads",
+		"popsub.go at most her outbox, and it cuts her off once a write " +
+			"waited 3 s; the article's every message, for as long as she " +
+			"does not read",
+		"nothing: both drop what she cannot take"},
+	Answer: 1,
+	Fault: []Step{
+		do(Action{Do: "stop", Client: "carol"}),
+		do(Action{Do: "publish", Client: "alice", Topic: "feed",
+			Count: 100}),
+		do(Action{Do: "publish", Client: "alice", Topic: "feed",
+			Count: 100}),
+		wait(4000),
+	},
+	Explain: "The article's broker gives each client a channel with no " +
+		"bound: every message for carol waits in memory, and a thousand " +
+		"carols would take the machine down. popsub.go bounds each " +
+		"connection's outbox (4 KiB in the lab): when it is full, the " +
+		"subscription reads the log instead, and a write that waited the " +
+		"write timeout cuts the reader off, to catch up from the log when " +
+		"she comes back.",
+	Links: []Link{{"The outbox and back-pressure",
+		"the-outbox-and-back-pressure"}},
+	Figures: []string{"held"},
 }}
 
 // ScenarioNamed returns the scenario of that name.

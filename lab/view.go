@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-
-	"github.com/popsub/popsub/chaos"
 )
 
 // # What the page shows
@@ -20,12 +18,12 @@ type View struct {
 	// Now is the run's time, in milliseconds since it began.
 	Now int64 `json:"now"`
 	// Broker is running, paused, down or closed.
-	Broker  string          `json:"broker"`
-	Clients []ClientView    `json:"clients"`
-	Topics  []TopicView     `json:"topics"`
-	Cursors []CursorView    `json:"cursors"`
-	Events  []Event         `json:"events"`
-	Checks  []chaos.Promise `json:"promises"`
+	Broker  string       `json:"broker"`
+	Clients []ClientView `json:"clients"`
+	Topics  []TopicView  `json:"topics"`
+	Cursors []CursorView `json:"cursors"`
+	Events  []Event      `json:"events"`
+	Checks  []Check      `json:"promises"`
 }
 
 // ClientView is one client as it sees itself.
@@ -119,7 +117,7 @@ func (c *client) view() ClientView {
 
 // Broken reports whether a promise is broken.
 func (v View) Broken() bool {
-	return slices.ContainsFunc(v.Checks, func(p chaos.Promise) bool {
+	return slices.ContainsFunc(v.Checks, func(p Check) bool {
 		return p.Violations > 0
 	})
 }

@@ -96,12 +96,19 @@ func TestLab_EveryScenarioHoldsInThePage(t *testing.T) {
 					verdict, evaluate[string](t, ctx,
 						`document.getElementById("checker").innerText`))
 			}
-			// The README's picture: a kill, and the checker's verdict.
-			if i == 0 && size[0] == 1366 {
+			if s.Beside {
+				theArticlesBrokerBeside(t, ctx, s, int(size[0]))
+			}
+			// The README's picture: the article's broker beside
+			// popsub.go, and each checker's verdict.
+			if i == len(lab.Scenarios)-5 && size[0] == 1366 {
 				shoot(t, ctx, "lab.png")
 			}
 			if size[0] == 390 {
-				phoneReadsTheDiagram(t, ctx, s.Name)
+				phoneReadsTheDiagram(t, ctx, s.Name, "diagram")
+				if s.Beside {
+					phoneReadsTheDiagram(t, ctx, s.Name, "beside-diagram")
+				}
 			}
 			held := evaluate[int](t, ctx,
 				`document.querySelectorAll("#checker .promise.held").length`)
@@ -120,13 +127,59 @@ func TestLab_EveryScenarioHoldsInThePage(t *testing.T) {
 	}
 }
 
-// phoneReadsTheDiagram checks the diagram on a phone: every label at
-// least 11 px on screen, the diagram right below the question, and the
-// lanes' names in sight however far the diagram is scrolled.
-func phoneReadsTheDiagram(t *testing.T, ctx context.Context, name string) {
+// theArticlesBrokerBeside checks a scenario run on both brokers: the
+// article's column shows its own run, its checker breaks the promise
+// the scenario names and no other, and every cost measured is higher
+// on the article's broker than on popsub.go.
+func theArticlesBrokerBeside(t *testing.T, ctx context.Context,
+	s lab.Scenario, width int) {
+	t.Helper()
+	broken := evaluate[[]string](t, ctx, `[...document.querySelectorAll(
+		"#beside-checker .promise.broken .name")].map(e => e.textContent)`)
+	want := []string{}
+	if s.Breaks != "" {
+		want = append(want, s.Breaks)
+	}
+	if strings.Join(broken, "|") != strings.Join(want, "|") {
+		t.Errorf("%dpx, %s: the article's checker breaks %q, want %q", width,
+			s.Name, broken, want)
+	}
+	verdict := evaluate[string](t, ctx, `document.querySelector(
+		'#explain .verdict[data-kind="article"]')?.className ?? ""`)
+	if strings.Contains(verdict, "broken") != (s.Breaks != "") {
+		t.Errorf("%dpx, %s: the article's verdict is %q", width, s.Name,
+			verdict)
+	}
+	figures := evaluate[[][]float64](t, ctx, `[...document.querySelectorAll(
+		"#explain .figures tbody tr")].map(r => [...r.querySelectorAll(
+		"td[data-value]")].map(c => Number(c.dataset.value)))`)
+	if len(figures) != len(s.Figures) {
+		t.Errorf("%dpx, %s: %d figures shown, want %d:\n%s", width, s.Name,
+			len(figures), len(s.Figures), evaluate[string](t, ctx,
+				`document.getElementById("explain").innerHTML`))
+	}
+	for i, f := range figures {
+		if len(f) != 2 || f[1] <= f[0] {
+			t.Errorf("%dpx, %s: %s measured %v: popsub.go's, then the "+
+				"article's, which should cost more", width, s.Name,
+				s.Figures[i], f)
+		}
+	}
+	if n := evaluate[int](t, ctx, `document.querySelectorAll(
+		"#beside-diagram .ev").length`); n == 0 {
+		t.Errorf("%dpx, %s: the article's diagram is empty", width, s.Name)
+	}
+}
+
+// phoneReadsTheDiagram checks a diagram (its element's id) on a phone:
+// every label at least 11 px on screen, the diagram right below the
+// question, and the lanes' names in sight however far the diagram is
+// scrolled.
+func phoneReadsTheDiagram(t *testing.T, ctx context.Context, name,
+	id string) {
 	t.Helper()
 	smallest := evaluate[float64](t, ctx, `Math.min(...[...document.
-		querySelectorAll("#diagram text")].map(e => e.getScreenCTM().a *
+		querySelectorAll("#`+id+` text")].map(e => e.getScreenCTM().a *
 		parseFloat(getComputedStyle(e).fontSize)))`)
 	if smallest < 11 {
 		t.Errorf("390px, %s: a diagram label is %.1f px on screen, want "+
@@ -140,7 +193,7 @@ func phoneReadsTheDiagram(t *testing.T, ctx context.Context, name string) {
 			name, gap)
 	}
 	pinned := evaluate[bool](t, ctx, `(() => {
-		const wrap = document.getElementById("diagram");
+		const wrap = document.getElementById("`+id+`");
 		wrap.scrollTop = wrap.scrollHeight;
 		const head = wrap.querySelector(".diagram-head").getBoundingClientRect();
 		return Math.abs(head.top - wrap.getBoundingClientRect().top) < 2;
@@ -188,6 +241,41 @@ func TestLab_ASharedRunReplaysByteForByte(t *testing.T) {
 	if !strings.Contains(original, `"kind":"power"`) ||
 		!strings.Contains(original, `"kind":"kill"`) {
 		t.Errorf("the run lacks its faults: %s", original)
+	}
+	if p := problems(); len(p) > 0 {
+		t.Errorf("console errors: %v", p)
+	}
+}
+
+// A run of both brokers side by side replays too: the link opens to
+// the article's broken promise as the sender saw it, and both runs'
+// events come back byte for byte.
+func TestLab_ASideBySideRunReplaysByteForByte(t *testing.T) {
+	page, ctx, problems := startLab(t)
+	openLab(t, ctx, page, 1366, 900)
+	playScenario(t, ctx, lab.Scenarios[len(lab.Scenarios)-5])
+	original := evaluate[string](t, ctx, "lab.history()")
+	hash := evaluate[string](t, ctx, "lab.hash()")
+	if !strings.Contains(hash, "brokers=both") {
+		t.Fatalf("the link does not say both brokers: %s", hash)
+	}
+	for range 2 {
+		do(t, ctx, "leave", chromedp.Navigate("about:blank"))
+		openLab(t, ctx, page+"#"+hash, 1366, 900)
+		until(t, ctx, "the shared run shows both verdicts",
+			`document.querySelectorAll("#explain:not([hidden]) .verdict").length === 2`)
+		if got := evaluate[string](t, ctx, "lab.history()"); got != original {
+			t.Errorf("the replay differs from the run:\n%s\n%s", original, got)
+		}
+		broken := evaluate[int](t, ctx,
+			`document.querySelectorAll("#beside-checker .promise.broken").length`)
+		if broken != 1 {
+			t.Errorf("the replay's article's checker breaks %d promises, "+
+				"want 1", broken)
+		}
+	}
+	if strings.Count(original, "\n") != 1 {
+		t.Errorf("the history is not two runs': %.200s", original)
 	}
 	if p := problems(); len(p) > 0 {
 		t.Errorf("console errors: %v", p)

@@ -30,43 +30,83 @@ func Page() templ.Component {
 		}
 		ctx = templ.InitializeContext(ctx)
 		ctx = templ.ClearChildren(ctx)
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 1, "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>PopSub lab: crash the real broker</title><link rel=\"stylesheet\" href=\"lab.css\"><link rel=\"icon\" href=\"data:,\"></head><body data-wasm=\"lab.wasm.gz\"><header class=\"top\"><h1>PopSub <span>lab</span></h1><p class=\"tagline\">The real broker, <a href=\"source.html\">popsub.go</a>, compiled to WebAssembly and running in this tab, on a disk, a clock and a network the page controls. Break it, and a checker says which promise held.</p><p class=\"status\"><span id=\"broker-state\" class=\"state\">starting…</span> <span id=\"time\">0.000 s</span> <a id=\"share\" href=\"#\" title=\"This run, as a link: opening it replays it event for event.\">share this run</a></p></header><nav class=\"scenarios\" id=\"scenarios\" aria-label=\"Guided scenarios\"><button class=\"pick\" data-scenario=\"\">Free play</button> ")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 1, "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>PopSub lab: crash the real broker</title><link rel=\"stylesheet\" href=\"lab.css\"><link rel=\"icon\" href=\"data:,\"></head><body data-wasm=\"lab.wasm.gz\"><header class=\"top\"><h1>PopSub <span>lab</span></h1><p class=\"tagline\">The real broker, <a href=\"source.html\">popsub.go</a>, compiled to WebAssembly and running in this tab, on a disk, a clock and a network the page controls. Break it, and a checker says which promise held. Beside it, on the same clicks, the original PopSub as its article describes it shows where the simple version runs out.</p><p class=\"status\"><span id=\"broker-state\" class=\"state\">starting…</span> <span id=\"time\">0.000 s</span> <a id=\"share\" href=\"#\" title=\"This run, as a link: opening it replays it event for event.\">share this run</a></p></header><nav class=\"scenarios\" id=\"scenarios\" aria-label=\"Guided scenarios\"><button class=\"pick\" data-scenario=\"\">Free play</button> ")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
 		for _, s := range lab.Scenarios {
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 2, "<button class=\"pick\" data-scenario=\"")
-			if templ_7745c5c3_Err != nil {
-				return templ_7745c5c3_Err
-			}
-			var templ_7745c5c3_Var2 string
-			templ_7745c5c3_Var2, templ_7745c5c3_Err = templruntime.NewAttributeExpression(s.Name).Resolve(ctx)
-			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `lab/page/page.templ`, Line: 26, Col: 48}
-			}
-			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var2)
-			if templ_7745c5c3_Err != nil {
-				return templ_7745c5c3_Err
-			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 3, "\">")
-			if templ_7745c5c3_Err != nil {
-				return templ_7745c5c3_Err
-			}
-			var templ_7745c5c3_Var3 string
-			templ_7745c5c3_Var3, templ_7745c5c3_Err = templ.JoinStringErrs(s.Title)
-			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `lab/page/page.templ`, Line: 26, Col: 60}
-			}
-			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var3))
-			if templ_7745c5c3_Err != nil {
-				return templ_7745c5c3_Err
-			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 4, "</button>")
-			if templ_7745c5c3_Err != nil {
-				return templ_7745c5c3_Err
+			if !s.Beside {
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 2, "<button class=\"pick\" data-scenario=\"")
+				if templ_7745c5c3_Err != nil {
+					return templ_7745c5c3_Err
+				}
+				var templ_7745c5c3_Var2 string
+				templ_7745c5c3_Var2, templ_7745c5c3_Err = templruntime.NewAttributeExpression(s.Name).Resolve(ctx)
+				if templ_7745c5c3_Err != nil {
+					return templ.Error{Err: templ_7745c5c3_Err, FileName: `lab/page/page.templ`, Line: 27, Col: 49}
+				}
+				_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var2)
+				if templ_7745c5c3_Err != nil {
+					return templ_7745c5c3_Err
+				}
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 3, "\">")
+				if templ_7745c5c3_Err != nil {
+					return templ_7745c5c3_Err
+				}
+				var templ_7745c5c3_Var3 string
+				templ_7745c5c3_Var3, templ_7745c5c3_Err = templ.JoinStringErrs(s.Title)
+				if templ_7745c5c3_Err != nil {
+					return templ.Error{Err: templ_7745c5c3_Err, FileName: `lab/page/page.templ`, Line: 27, Col: 61}
+				}
+				_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var3))
+				if templ_7745c5c3_Err != nil {
+					return templ_7745c5c3_Err
+				}
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 4, "</button>")
+				if templ_7745c5c3_Err != nil {
+					return templ_7745c5c3_Err
+				}
 			}
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 5, "</nav><main class=\"lab\"><section class=\"story\" id=\"story\" aria-live=\"polite\"><h2 id=\"story-title\">Free play</h2><p id=\"story-text\">Pick a guided scenario above, or play freely: the clock waits for you (play, or space, lets time run; step, or →, goes to the next timer). Make alice, bob and carol subscribe and publish below, then break something.</p><div id=\"choices\" class=\"choices\"></div><div id=\"explain\" class=\"explain\" hidden></div></section><section class=\"clock\" aria-label=\"Clock\"><button id=\"play\" title=\"Let time run (space)\">▶ play</button> <button id=\"pause\" title=\"Stop time (space)\">❚❚ pause</button> <button id=\"step\" title=\"Move time to the broker's next timer (→)\">step ›</button> <label>speed <select id=\"speed\"><option value=\"0.25\">¼×</option><option value=\"1\" selected>1×</option><option value=\"4\">4×</option><option value=\"16\">16×</option></select></label></section><section class=\"checker\" aria-label=\"Promises\"><h3>The checker <small>(<code>popsub chaos</code>'s, after every event)</small></h3><div id=\"checker\"></div></section><section class=\"stage\" aria-label=\"Sequence diagram\"><div id=\"diagram\" class=\"diagram-wrap\"></div></section><section class=\"tables\" id=\"tables\" aria-label=\"The broker's tables\"></section><section class=\"controls\" id=\"controls\" aria-label=\"Your turn\"><h3>Your turn</h3><div class=\"tabs\" role=\"tablist\">")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 5, "</nav><nav class=\"scenarios limits\" aria-label=\"The article's broker beside popsub.go\"><span class=\"group\" title=\"The original PopSub, as its article describes it: three maps and a retry loop, behind one lock. Each scenario runs it beside popsub.go, under the same clicks and clock.\">Where the article's broker runs out:</span> ")
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		for _, s := range lab.Scenarios {
+			if s.Beside {
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 6, "<button class=\"pick\" data-scenario=\"")
+				if templ_7745c5c3_Err != nil {
+					return templ_7745c5c3_Err
+				}
+				var templ_7745c5c3_Var4 string
+				templ_7745c5c3_Var4, templ_7745c5c3_Err = templruntime.NewAttributeExpression(s.Name).Resolve(ctx)
+				if templ_7745c5c3_Err != nil {
+					return templ.Error{Err: templ_7745c5c3_Err, FileName: `lab/page/page.templ`, Line: 35, Col: 49}
+				}
+				_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var4)
+				if templ_7745c5c3_Err != nil {
+					return templ_7745c5c3_Err
+				}
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 7, "\">")
+				if templ_7745c5c3_Err != nil {
+					return templ_7745c5c3_Err
+				}
+				var templ_7745c5c3_Var5 string
+				templ_7745c5c3_Var5, templ_7745c5c3_Err = templ.JoinStringErrs(s.Title)
+				if templ_7745c5c3_Err != nil {
+					return templ.Error{Err: templ_7745c5c3_Err, FileName: `lab/page/page.templ`, Line: 35, Col: 61}
+				}
+				_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var5))
+				if templ_7745c5c3_Err != nil {
+					return templ_7745c5c3_Err
+				}
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 8, "</button>")
+				if templ_7745c5c3_Err != nil {
+					return templ_7745c5c3_Err
+				}
+			}
+		}
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 9, "</nav><main class=\"lab\"><section class=\"story\" id=\"story\" aria-live=\"polite\"><h2 id=\"story-title\">Free play</h2><p id=\"story-text\">Pick a guided scenario above, or play freely: the clock waits for you (play, or space, lets time run; step, or →, goes to the next timer). Make alice, bob and carol subscribe and publish below, then break something.</p><div id=\"choices\" class=\"choices\"></div><div id=\"explain\" class=\"explain\" hidden></div></section><section class=\"clock\" aria-label=\"Clock\"><button id=\"play\" title=\"Let time run (space)\">▶ play</button> <button id=\"pause\" title=\"Stop time (space)\">❚❚ pause</button> <button id=\"step\" title=\"Move time to the broker's next timer (→)\">step ›</button> <label title=\"The broker free play runs on: popsub.go, the original PopSub as its article describes it, or both side by side under the same clicks\">broker <select id=\"brokers\"><option value=\"popsub\">popsub.go</option><option value=\"article\">the article's</option><option value=\"both\">both, side by side</option></select></label> <label>speed <select id=\"speed\"><option value=\"0.25\">¼×</option><option value=\"1\" selected>1×</option><option value=\"4\">4×</option><option value=\"16\">16×</option></select></label></section><section class=\"checker\" aria-label=\"Promises\"><h3>The checker <small>(<code>popsub chaos</code>'s, after every event)</small></h3><div id=\"checker\"></div></section><section class=\"stage\" aria-label=\"Sequence diagram\"><h3 class=\"side-only\"><span class=\"ours-name\">popsub.go</span> <small>(its checker, then its run)</small></h3><div id=\"stage-checker\" class=\"side-only\"></div><div id=\"diagram\" class=\"diagram-wrap\"></div></section><section class=\"beside\" id=\"beside\" aria-label=\"The article's broker\" hidden><h3>The article's broker <small>(a model of the original PopSub: three maps and a retry loop, behind one lock)</small></h3><div id=\"beside-checker\"></div><div id=\"beside-diagram\" class=\"diagram-wrap\"></div></section><section class=\"tables\" id=\"tables\" aria-label=\"The broker's tables\"></section><section class=\"controls\" id=\"controls\" aria-label=\"Your turn\"><h3>Your turn</h3><div class=\"tabs\" role=\"tablist\">")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -75,64 +115,64 @@ func Page() templ.Component {
 				templ_7745c5c3_ElementWriter := templ_7745c5c3_Buffer
 				templ_7745c5c3_Buffer := templ.GetBuffer()
 				var templ_7745c5c3_ElementScripts []templ.ComponentScript
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 6, "<button role=\"tab\" class=\"")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 10, "<button role=\"tab\" class=\"")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
-				var templ_7745c5c3_Var4 = []any{"tab " + name}
-				templ_7745c5c3_Err = templ.RenderCSSItems(ctx, templ_7745c5c3_ElementWriter, templ_7745c5c3_Var4...)
-				if templ_7745c5c3_Err != nil {
-					return templ_7745c5c3_Err
-				}
-				var templ_7745c5c3_Var5 string
-				templ_7745c5c3_Var5, templ_7745c5c3_Err = templruntime.NewAttributeExpression(templ.CSSClasses(templ_7745c5c3_Var4).String()).Resolve(ctx)
-				if templ_7745c5c3_Err != nil {
-					return templ.Error{Err: templ_7745c5c3_Err, FileName: `lab/page/page.templ`, Line: 1, Col: 0}
-				}
-				_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var5)
-				if templ_7745c5c3_Err != nil {
-					return templ_7745c5c3_Err
-				}
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 7, "\" data-client=\"")
-				if templ_7745c5c3_Err != nil {
-					return templ_7745c5c3_Err
-				}
-				var templ_7745c5c3_Var6 string
-				templ_7745c5c3_Var6, templ_7745c5c3_Err = templruntime.NewAttributeExpression(name).Resolve(ctx)
-				if templ_7745c5c3_Err != nil {
-					return templ.Error{Err: templ_7745c5c3_Err, FileName: `lab/page/page.templ`, Line: 54, Col: 68}
-				}
-				_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var6)
-				if templ_7745c5c3_Err != nil {
-					return templ_7745c5c3_Err
-				}
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 8, "\" aria-selected=\"")
+				var templ_7745c5c3_Var6 = []any{"tab " + name}
+				templ_7745c5c3_Err = templ.RenderCSSItems(ctx, templ_7745c5c3_ElementWriter, templ_7745c5c3_Var6...)
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
 				var templ_7745c5c3_Var7 string
-				templ_7745c5c3_Var7, templ_7745c5c3_Err = templruntime.NewAttributeExpression(boolString(i == 0)).Resolve(ctx)
+				templ_7745c5c3_Var7, templ_7745c5c3_Err = templruntime.NewAttributeExpression(templ.CSSClasses(templ_7745c5c3_Var6).String()).Resolve(ctx)
 				if templ_7745c5c3_Err != nil {
-					return templ.Error{Err: templ_7745c5c3_Err, FileName: `lab/page/page.templ`, Line: 54, Col: 105}
+					return templ.Error{Err: templ_7745c5c3_Err, FileName: `lab/page/page.templ`, Line: 1, Col: 0}
 				}
 				_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var7)
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 9, "\" title=\"")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 11, "\" data-client=\"")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
 				var templ_7745c5c3_Var8 string
-				templ_7745c5c3_Var8, templ_7745c5c3_Err = templruntime.NewAttributeExpression("The buttons below act as " + name).Resolve(ctx)
+				templ_7745c5c3_Var8, templ_7745c5c3_Err = templruntime.NewAttributeExpression(name).Resolve(ctx)
 				if templ_7745c5c3_Err != nil {
-					return templ.Error{Err: templ_7745c5c3_Err, FileName: `lab/page/page.templ`, Line: 54, Col: 150}
+					return templ.Error{Err: templ_7745c5c3_Err, FileName: `lab/page/page.templ`, Line: 72, Col: 68}
 				}
 				_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var8)
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 10, "\"")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 12, "\" aria-selected=\"")
+				if templ_7745c5c3_Err != nil {
+					return templ_7745c5c3_Err
+				}
+				var templ_7745c5c3_Var9 string
+				templ_7745c5c3_Var9, templ_7745c5c3_Err = templruntime.NewAttributeExpression(boolString(i == 0)).Resolve(ctx)
+				if templ_7745c5c3_Err != nil {
+					return templ.Error{Err: templ_7745c5c3_Err, FileName: `lab/page/page.templ`, Line: 72, Col: 105}
+				}
+				_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var9)
+				if templ_7745c5c3_Err != nil {
+					return templ_7745c5c3_Err
+				}
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 13, "\" title=\"")
+				if templ_7745c5c3_Err != nil {
+					return templ_7745c5c3_Err
+				}
+				var templ_7745c5c3_Var10 string
+				templ_7745c5c3_Var10, templ_7745c5c3_Err = templruntime.NewAttributeExpression("The buttons below act as " + name).Resolve(ctx)
+				if templ_7745c5c3_Err != nil {
+					return templ.Error{Err: templ_7745c5c3_Err, FileName: `lab/page/page.templ`, Line: 72, Col: 150}
+				}
+				_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var10)
+				if templ_7745c5c3_Err != nil {
+					return templ_7745c5c3_Err
+				}
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 14, "\"")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
@@ -146,25 +186,25 @@ func Page() templ.Component {
 				}
 				templ.ReleaseBuffer(templ_7745c5c3_Buffer)
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 11, ">")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 15, ">")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			var templ_7745c5c3_Var9 string
-			templ_7745c5c3_Var9, templ_7745c5c3_Err = templ.JoinStringErrs(name)
+			var templ_7745c5c3_Var11 string
+			templ_7745c5c3_Var11, templ_7745c5c3_Err = templ.JoinStringErrs(name)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `lab/page/page.templ`, Line: 54, Col: 159}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `lab/page/page.templ`, Line: 72, Col: 159}
 			}
-			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var9))
+			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var11))
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 12, "</button>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 16, "</button>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 13, "</div><div class=\"row\" role=\"group\" aria-label=\"the client's subscription\"><b>subscribe</b> <label>topic <input id=\"topic\" value=\"jobs\" size=\"8\" maxlength=\"40\"></label> <label>as <select id=\"mode\" title=\"plain: live only; durable: a cursor kept on disk across reconnects; group: a work queue, each job to one member; after seq: replay from a seq\"><option value=\"plain\">plain</option><option value=\"durable\">durable</option><option value=\"group\">group</option><option value=\"after\">after seq</option></select></label> <input id=\"after\" type=\"number\" min=\"0\" value=\"0\" size=\"4\" aria-label=\"after seq\" hidden> <button data-act=\"subscribe\" title=\"The chosen client subscribes to the topic\">subscribe</button></div><div class=\"row\" role=\"group\" aria-label=\"the client's publishes\"><b>publish</b> <button data-act=\"publish\" data-qos=\"0\" title=\"At most once: no confirm, no retry\">QoS 0</button> <button data-act=\"publish\" data-qos=\"1\" title=\"At least once: confirmed once on disk, retried until acked\">QoS 1</button> <button data-act=\"publish\" data-qos=\"0\" data-count=\"10\" title=\"Ten QoS 0 messages at once\">10 × QoS 0</button></div><div class=\"row\" role=\"group\" aria-label=\"the client's acks\"><b>acks</b> <button data-act=\"hold\" title=\"The client keeps its acks: the broker retries after its ack timeout\">hold</button> <button data-act=\"ack\" title=\"The client sends the acks it held\">send held</button> <button data-act=\"release\" title=\"The client acks as it gets each message again\">ack as they come</button></div><div class=\"row faults\" role=\"group\" aria-label=\"the client's connection\"><b>link</b> <button data-act=\"stop\" title=\"The client stops reading: its socket fills\">stop reading</button> <button data-act=\"read\" title=\"The client reads again\">read again</button> <button data-act=\"cut\" title=\"The network drops the client's connection; it reconnects\">cut</button></div><div class=\"row faults broker\" role=\"group\" aria-label=\"the broker\"><b>broker</b> <button data-act=\"kill\" data-broker=\"1\" title=\"The process dies: what the disk wrote survives, synced or not\">kill -9</button> <button data-act=\"power\" data-broker=\"1\" title=\"The machine loses power: only what was synced survives\">cut the power</button> <button data-act=\"pause\" data-broker=\"1\" title=\"SIGSTOP: the broker reads, writes and syncs nothing\">pause</button> <button data-act=\"resume\" data-broker=\"1\" title=\"SIGCONT: the broker goes on\">resume</button></div><p id=\"error\" class=\"error\" role=\"alert\"></p></section></main><footer><a href=\"source.html\">popsub.go</a>, the broker running here · with <code>popsub serve</code>: <a href=\"../\">the playground</a>, <a href=\"../docs/reliability\">what a crash costs</a></footer><script src=\"wasm_exec.js\"></script><script src=\"lab.js\"></script></body></html>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 17, "</div><div class=\"row\" role=\"group\" aria-label=\"the client's subscription\"><b>subscribe</b> <label>topic <input id=\"topic\" value=\"jobs\" size=\"8\" maxlength=\"40\"></label> <label>as <select id=\"mode\" title=\"plain: live only; durable: a cursor kept on disk across reconnects; group: a work queue, each job to one member; after seq: replay from a seq\"><option value=\"plain\">plain</option><option value=\"durable\">durable</option><option value=\"group\">group</option><option value=\"after\">after seq</option></select></label> <input id=\"after\" type=\"number\" min=\"0\" value=\"0\" size=\"4\" aria-label=\"after seq\" hidden> <button data-act=\"subscribe\" title=\"The chosen client subscribes to the topic\">subscribe</button></div><div class=\"row\" role=\"group\" aria-label=\"the client's publishes\"><b>publish</b> <button data-act=\"publish\" data-qos=\"0\" title=\"At most once: no confirm, no retry\">QoS 0</button> <button data-act=\"publish\" data-qos=\"1\" title=\"At least once: confirmed once on disk, retried until acked\">QoS 1</button> <button data-act=\"publish\" data-qos=\"0\" data-count=\"10\" title=\"Ten QoS 0 messages at once\">10 × QoS 0</button></div><div class=\"row\" role=\"group\" aria-label=\"the client's acks\"><b>acks</b> <button data-act=\"hold\" title=\"The client keeps its acks: the broker retries after its ack timeout\">hold</button> <button data-act=\"ack\" title=\"The client sends the acks it held\">send held</button> <button data-act=\"release\" title=\"The client acks as it gets each message again\">ack as they come</button></div><div class=\"row faults\" role=\"group\" aria-label=\"the client's connection\"><b>link</b> <button data-act=\"stop\" title=\"The client stops reading: its socket fills\">stop reading</button> <button data-act=\"read\" title=\"The client reads again\">read again</button> <button data-act=\"cut\" title=\"The network drops the client's connection; it reconnects\">cut</button></div><div class=\"row faults broker\" role=\"group\" aria-label=\"the broker\"><b>broker</b> <button data-act=\"kill\" data-broker=\"1\" title=\"The process dies: what the disk wrote survives, synced or not\">kill -9</button> <button data-act=\"power\" data-broker=\"1\" title=\"The machine loses power: only what was synced survives\">cut the power</button> <button data-act=\"pause\" data-broker=\"1\" title=\"SIGSTOP: the broker reads, writes and syncs nothing\">pause</button> <button data-act=\"resume\" data-broker=\"1\" title=\"SIGCONT: the broker goes on\">resume</button></div><div class=\"row faults broker\" role=\"group\" aria-label=\"the disk\"><b>disk</b> <button data-act=\"slow\" data-broker=\"1\" title=\"The disk fails: each write takes a second\">slow writes</button> <button data-act=\"heal\" data-broker=\"1\" title=\"The disk is well again\">heal</button></div><p id=\"error\" class=\"error\" role=\"alert\"></p></section></main><footer><a href=\"source.html\">popsub.go</a>, the broker running here · with <code>popsub serve</code>: <a href=\"../\">the playground</a>, <a href=\"../docs/reliability\">what a crash costs</a></footer><script src=\"wasm_exec.js\"></script><script src=\"lab.js\"></script></body></html>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

@@ -92,16 +92,21 @@
 	// taken, each after the step it came after.
 	let run = null;
 
-	// start starts a fresh run of seed, its Go instance's main waiting.
-	async function start(seed) {
+	// start starts a fresh run of seed, its Go instance's main waiting,
+	// on brokers: "popsub", "article" (the article's model of the
+	// original), or "both", side by side.
+	async function start(seed, brokers = "popsub") {
 		const go = new Go();
 		const clock = host(go, seed);
 		const ready = new Promise((resolve) => { globalThis.popsubLabReady = resolve; });
 		const instance = await WebAssembly.instantiate(module, go.importObject);
 		go.run(instance);
 		await ready;
-		run = { go, clock, seed, steps: 0, actions: [], view: null, scenario: null,
+		const problem = popsubLab.start(brokers);
+		if (problem) throw new Error(problem);
+		run = { go, clock, seed, brokers, steps: 0, actions: [], view: null, scenario: null,
 			choice: null, phase: "free" };
+		$("brokers").value = brokers;
 		if (scenarios.length === 0) scenarios.push(...JSON.parse(popsubLab.scenarios()));
 		look();
 		return run;
@@ -138,16 +143,33 @@
 	// paint draws a view.
 	// The diagram follows the newest event, unless the learner has
 	// scrolled up to look at an older one.
-	let follow = true;
-	$("diagram").addEventListener("scroll", () => {
-		const wrap = $("diagram");
-		follow = wrap.scrollTop + wrap.clientHeight >= wrap.scrollHeight - 30;
-	});
+	const follow = { diagram: true, "beside-diagram": true };
+	for (const id in follow) {
+		$(id).addEventListener("scroll", () => {
+			const wrap = $(id);
+			follow[id] = wrap.scrollTop + wrap.clientHeight >= wrap.scrollHeight - 30;
+		});
+	}
+	function draw(id, html) {
+		const wrap = $(id);
+		wrap.innerHTML = html;
+		if (follow[id]) wrap.scrollTop = wrap.scrollHeight;
+	}
+	const brokerName = (kind) => kind === "article" ? "the article's broker" : "popsub.go";
 	function paint(v) {
-		const wrap = $("diagram");
-		wrap.innerHTML = v.diagram;
-		if (follow) wrap.scrollTop = wrap.scrollHeight;
+		draw("diagram", v.diagram);
 		$("checker").innerHTML = v.checker;
+		$("stage-checker").innerHTML = v.checker;
+		// The article's broker beside popsub.go: its own checker and
+		// diagram, in a column of its own.
+		const beside = v.beside || null;
+		document.body.classList.toggle("side-by-side", beside !== null);
+		$("beside").hidden = beside === null;
+		if (beside) {
+			draw("beside-diagram", beside.diagram);
+			$("beside-checker").innerHTML = beside.checker;
+		}
+		document.querySelectorAll(".ours-name").forEach((e) => { e.textContent = brokerName(v.kind); });
 		$("tables").innerHTML = v.tables;
 		$("time").textContent = (v.now / 1000).toFixed(3) + " s";
 		const state = $("broker-state");
@@ -242,7 +264,7 @@
 		document.body.dataset.phase = run.phase;
 		share();
 		if (!s) {
-			$("story-text").textContent = "The clock waits for you: press play (or space) to let time run, or step (→) to the next timer. Make alice, bob and carol subscribe and publish below, then break something: the checker judges every event.";
+			$("story-text").textContent = "The clock waits for you: press play (or space) to let time run, or step (→) to the next timer. Make alice, bob and carol subscribe and publish below, then break something: the checker judges every event. The broker menu beside the clock runs the article's broker instead, or both side by side.";
 			return;
 		}
 		$("story-text").textContent = s.question;
@@ -258,15 +280,20 @@
 			choices.append(b);
 		});
 		if (run.phase === "done") {
-			const verdict = run.view.broken ?
-				"The checker found a broken promise: the highlighted events break it." :
-				"Every promise held.";
 			explain.innerHTML = "";
 			const p = document.createElement("p");
 			p.textContent = (run.choice === s.answer ? "Right. " : "Not quite. ") + s.explain;
-			const v = document.createElement("p");
-			v.className = "verdict " + (run.view.broken ? "broken" : "held");
-			v.textContent = verdict;
+			explain.append(p);
+			for (const v of [run.view, run.view.beside].filter(Boolean)) {
+				const line = document.createElement("p");
+				line.className = "verdict " + (v.broken ? "broken" : "held");
+				line.dataset.kind = v.kind;
+				line.textContent = (run.view.beside ? brokerName(v.kind) + ": " : "") + (v.broken ?
+					"the checker found a broken promise: the highlighted events break it." :
+					"every promise it makes held.");
+				explain.append(line);
+			}
+			if (s.figures && s.figures.length) explain.append(figureTable(s));
 			const links = document.createElement("p");
 			links.className = "links";
 			links.append("Where popsub.go decides it: ");
@@ -277,17 +304,44 @@
 				if (i > 0) links.append(" · ");
 				links.append(a);
 			});
-			explain.append(p, v, links);
+			explain.append(links);
 			explain.hidden = false;
 		}
 	}
 
-	// begin starts a scenario: the scene, then the question.
+	// figureTable sets the costs a scenario measures side by side, as
+	// each broker's run measured them.
+	function figureTable(s) {
+		const table = document.createElement("table");
+		table.className = "figures";
+		const head = table.createTHead().insertRow();
+		for (const text of ["what it cost", "popsub.go", "the article's"]) {
+			const th = document.createElement("th");
+			th.textContent = text;
+			head.append(th);
+		}
+		const measured = JSON.parse(popsubLab.figures(JSON.stringify(s.figures)));
+		const body = table.createTBody();
+		for (const each of measured) {
+			const row = body.insertRow();
+			row.dataset.spec = each[0].spec;
+			row.insertCell().textContent = each[0].name;
+			for (const f of each) {
+				const cell = row.insertCell();
+				cell.textContent = f.value.toLocaleString("en") + (f.unit ? " " + f.unit : "");
+				cell.dataset.value = f.value;
+			}
+		}
+		return table;
+	}
+
+	// begin starts a scenario: the scene, then the question. Free play
+	// runs on the brokers the learner picked.
 	async function begin(name, seed) {
 		pause();
 		scriptRun++;
 		const s = scenarioNamed(name) || null;
-		await start(seed);
+		await start(seed, s ? (s.beside ? "both" : "popsub") : $("brokers").value);
 		run.scenario = s ? s.name : null;
 		run.phase = s ? "setting" : "free";
 		tell(s);
@@ -315,6 +369,7 @@
 	function shareHash() {
 		const p = new URLSearchParams();
 		p.set("seed", run.seed);
+		if (run.brokers !== "popsub") p.set("brokers", run.brokers);
 		if (run.scenario) p.set("scenario", run.scenario);
 		if (run.choice !== null) p.set("choice", run.choice);
 		p.set("phase", run.phase);
@@ -327,7 +382,7 @@
 	// step, and every step up to the end, without drawing until the end.
 	async function replay(p) {
 		scriptRun++;
-		await start(Number(p.get("seed")) || 1);
+		await start(Number(p.get("seed")) || 1, p.get("brokers") || "popsub");
 		const actions = JSON.parse(atob(p.get("run") || "W10="));
 		const end = Number(p.get("end")) || 0;
 		for (const [at, action] of actions) {
@@ -370,6 +425,10 @@
 	});
 	// The seq box is for "after seq" alone.
 	$("mode").onchange = () => { $("after").hidden = $("mode").value !== "after"; };
+	$("brokers").onchange = () => {
+		document.querySelectorAll(".pick").forEach((o) => o.classList.toggle("current", o.dataset.scenario === ""));
+		begin("", 1);
+	};
 	$("play").onclick = play;
 	$("pause").onclick = pause;
 	$("step").onclick = () => { pause(); advance(); };
@@ -392,7 +451,7 @@
 	const params = new URLSearchParams(location.hash.slice(1));
 	if (params.has("run")) await replay(params);
 	else {
-		await start(Number(params.get("seed")) || 1);
+		await start(Number(params.get("seed")) || 1, params.get("brokers") || "popsub");
 		tell(null);
 	}
 	document.body.dataset.ready = String(Math.round(performance.now() - startedAt));
