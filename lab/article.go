@@ -309,6 +309,9 @@ func (c *articleClient) writeLoop() {
 			return
 		}
 		for frame, ok := c.next(); ok; frame, ok = c.next() {
+			if c.end.dropping(frame) {
+				continue
+			}
 			if c.end.put(item{frame: frame}) != nil {
 				return
 			}

@@ -118,6 +118,14 @@ func (c *client) connectLocked() {
 		c.lab.record(Event{Kind: "disconnect", From: "broker", To: c.name,
 			Label: why})
 	})
+	l.lost = func(delivery []byte) {
+		var f wire.Received
+		json.Unmarshal(delivery, &f)
+		c.lab.record(Event{Kind: "lost", From: "broker", To: c.name,
+			Label: fmt.Sprintf("seq %d lost on the way", f.Seq),
+			Topic: f.Topic, Seq: f.Seq, ID: f.MessageID,
+			Value: value(f.Payload)})
+	}
 	go b.serve(l)
 	c.conn = &conn{link: l, wake: make(chan struct{}, 1)}
 	token, _ := popsub.NewToken(c.lab.secret, c.name, 24*time.Hour)
@@ -422,6 +430,21 @@ func (c *client) cut() {
 	c.lab.record(Event{Kind: "cut", From: c.name, To: c.name,
 		Label: "link cut"})
 	c.conn.link.close(-1, "the link was cut")
+}
+
+// loseNext makes the client's link lose the next delivery it carries,
+// as a faulty proxy would.
+func (c *client) loseNext() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn == nil {
+		return
+	}
+	c.conn.link.mu.Lock()
+	c.conn.link.dropNext = true
+	c.conn.link.mu.Unlock()
+	c.lab.record(Event{Kind: "drop", From: c.name, To: c.name,
+		Label: "a proxy will lose the next delivery"})
 }
 
 // drop ends the client's link, as its broker dying does.

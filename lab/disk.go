@@ -92,6 +92,9 @@ type Disk struct {
 	// slow is how long each write takes while the disk is failing (the
 	// "slow" fault); zero while it is well.
 	slow time.Duration
+	// lies is set while the disk says it synced what it only wrote (the
+	// "lie" fault): a drive whose write cache acknowledges a flush.
+	lies bool
 }
 
 // errGone is what a dead broker's commit gets.
@@ -116,6 +119,11 @@ func (d *Disk) Commit(b *popsub.Batch) error {
 		d.mu.Unlock()
 		return errGone
 	}
+	if d.lies { // the write stays in the page cache
+		d.mu.Unlock()
+		d.written("lie", b)
+		return nil
+	}
 	d.synced.apply(b)
 	d.buffered = slices.DeleteFunc(d.buffered,
 		func(o *popsub.Batch) bool { return o == b })
@@ -132,11 +140,12 @@ func (d *Disk) stall() {
 	time.Sleep(slow)
 }
 
-// setSlow makes each write take slow from now on; zero heals the disk.
-func (d *Disk) setSlow(slow time.Duration) {
+// fail makes each write take slow from now on, and each sync a lie if
+// lies; zero and false heal the disk.
+func (d *Disk) fail(slow time.Duration, lies bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.slow = slow
+	d.slow, d.lies = slow, lies
 }
 
 // write puts a batch in the page cache and returns, as sled's insert
@@ -167,6 +176,11 @@ func (d *Disk) flush() {
 	d.mu.Lock()
 	if d.gone {
 		d.mu.Unlock()
+		return
+	}
+	if d.lies {
+		d.mu.Unlock()
+		d.written("lie", joined(pending))
 		return
 	}
 	for _, b := range pending {
@@ -248,7 +262,7 @@ func (d *Disk) after(powerCut bool) *Disk {
 		kept = d.view().clone()
 	}
 	return &Disk{gate: d.gate, written: d.written, synced: kept,
-		slow: d.slow}
+		slow: d.slow, lies: d.lies}
 }
 
 // picture returns each topic's messages as the disk holds them, synced

@@ -267,8 +267,10 @@ func (l *Lab) newBroker(run int, disk *Disk) (server, error) {
 // Action is one click of the learner's.
 type Action struct {
 	// Do is what: subscribe, publish, ack, hold, release; or a fault:
-	// kill, power, cut, stop, read, pause, resume, slow (the disk's
-	// writes take slowWrite each), heal (they do not).
+	// kill, power, cut, stop, read, drop (the client's link loses its
+	// next delivery), pause, resume; slow (the disk's
+	// writes take slowWrite each), lie (its syncs return without
+	// syncing), heal (it is well again).
 	Do     string `json:"do"`
 	Client string `json:"client,omitempty"`
 	// Topic, QoS, After, Durable and Group are a subscribe's or a
@@ -295,8 +297,8 @@ func (l *Lab) Do(a Action) error {
 	case "resume":
 		l.resume()
 		return nil
-	case "slow", "heal":
-		l.slow(a.Do == "slow")
+	case "slow", "lie", "heal":
+		l.failDisk(a.Do)
 		return nil
 	}
 	c := l.clients[a.Client]
@@ -305,7 +307,7 @@ func (l *Lab) Do(a Action) error {
 			strings.Join(Names, ", "))
 	}
 	topicless := a.Do == "ack" || a.Do == "hold" || a.Do == "release" ||
-		a.Do == "cut" || a.Do == "stop" || a.Do == "read"
+		a.Do == "cut" || a.Do == "stop" || a.Do == "read" || a.Do == "drop"
 	if problem := wire.ValidTopic(a.Topic); problem != "" && !topicless {
 		return fmt.Errorf("topic: %s", problem)
 	}
@@ -325,6 +327,8 @@ func (l *Lab) Do(a Action) error {
 		c.cut()
 	case "stop", "read":
 		c.setReading(a.Do == "read")
+	case "drop":
+		c.loseNext()
 	default:
 		return fmt.Errorf("unknown action %q", a.Do)
 	}
@@ -366,21 +370,28 @@ func (l *Lab) kill(powerCut bool) {
 // slowWrite is how long a write takes on a failing disk.
 const slowWrite = time.Second
 
-// slow makes the disk fail, each write taking slowWrite, or heals it.
-// It is not a fault the checker excuses: a slow disk delays confirms,
-// and breaks no promise.
-func (l *Lab) slow(on bool) {
+// failDisk makes the disk slow or a liar, or heals it. These are not
+// faults the checker excuses: a slow disk delays confirms and breaks no
+// promise; a disk that lies about a sync breaks the contract the
+// broker's promises stand on, and the checker shows what that costs.
+func (l *Lab) failDisk(how string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if on {
-		l.disk.setSlow(slowWrite)
-		l.note(Event{Kind: "slow", From: "disk", To: "disk",
-			Label: "the disk fails: each write takes " + slowWrite.String()})
-		return
+	l.disk.mu.Lock()
+	slow, lies := l.disk.slow, l.disk.lies
+	l.disk.mu.Unlock()
+	label := ""
+	switch how {
+	case "slow":
+		slow, label = slowWrite, "the disk fails: each write takes "+
+			slowWrite.String()
+	case "lie":
+		lies, label = true, "the disk lies: a sync returns, nothing is synced"
+	default:
+		slow, lies, label = 0, false, "the disk is well again"
 	}
-	l.disk.setSlow(0)
-	l.note(Event{Kind: "heal", From: "disk", To: "disk",
-		Label: "the disk is well again"})
+	l.disk.fail(slow, lies)
+	l.note(Event{Kind: how, From: "disk", To: "disk", Label: label})
 }
 
 // Close ends the run: the broker stops, and nobody connects again.
@@ -481,11 +492,15 @@ func (l *Lab) written(what string, b *popsub.Batch) {
 	default:
 		return
 	}
-	from, to := "broker", "disk"
-	if what == "sync" {
+	from, to, kind := "broker", "disk", what
+	switch what {
+	case "sync":
 		from, to = "disk", "disk"
+	case "lie": // drawn as the sync it claims to be
+		from, to, kind = "disk", "disk", "sync"
+		label = "“synced”, not synced:" + strings.TrimPrefix(label, "lie")
 	}
-	l.record(Event{Kind: what, From: from, To: to, Label: label,
+	l.record(Event{Kind: kind, From: from, To: to, Label: label,
 		Topic: topic})
 }
 

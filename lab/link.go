@@ -47,13 +47,18 @@ type link struct {
 
 	// opts are the broker's socket options, from Accept.
 	opts socket.Options
-	// ended hears how the link ended, once.
+	// ended hears how the link ended, once; lost hears of each delivery
+	// the link lost.
 	ended func(why string)
+	lost  func(delivery []byte)
 
 	mu sync.Mutex
 	// reason says how the link ended, for the client's last read.
 	reason string
 	limit  int64
+	// dropNext is set while the link is to lose the next delivery it
+	// carries toward the client (the "drop" fault): a faulty proxy.
+	dropNext bool
 }
 
 func newLink(g *gate, ended func(why string)) *link {
@@ -128,11 +133,29 @@ func (e brokerEnd) Send(frames [][]byte, joined bool) error {
 		if wire.Expired(f) { // it waited for room meanwhile
 			continue
 		}
+		if e.dropping(f) {
+			continue
+		}
 		if err := e.put(item{frame: bytes.Clone(f)}); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// dropping reports whether the link loses frame f: the first delivery
+// after the drop fault.
+func (e brokerEnd) dropping(f []byte) bool {
+	e.mu.Lock()
+	drop := e.dropNext && bytes.HasPrefix(f, []byte(`{"type":"message"`))
+	if drop {
+		e.dropNext = false
+	}
+	e.mu.Unlock()
+	if drop {
+		e.lost(f)
+	}
+	return drop
 }
 
 // put queues one item for the client, waiting at most WriteTimeout.

@@ -28,12 +28,14 @@ type Scenario struct {
 	Explain  string   `json:"explain"`
 	Links    []Link   `json:"links"`
 	// Beside runs the scenario on popsub.go's broker and the article's
-	// side by side, the same clicks at the same moments. Breaks names
-	// the promise the article's broker breaks in it, if any; Figures
-	// are the costs it measures in both (Measure's specs).
+	// side by side, the same clicks at the same moments; Figures are
+	// the costs it measures in both (Measure's specs). Breaks names the
+	// promises its run breaks: the article's broker's when Beside (and
+	// popsub.go keeps every one), else popsub.go's, under a fault no
+	// broker can mend.
 	Beside  bool     `json:"beside,omitempty"`
-	Breaks  string   `json:"breaks,omitempty"`
 	Figures []string `json:"figures,omitempty"`
+	Breaks  []string `json:"breaks,omitempty"`
 }
 
 // Step is one step of a scenario: an action, a wait, or a wait until an
@@ -197,6 +199,82 @@ var Scenarios = []Scenario{{
 		"timeout.",
 	Links: []Link{{"Work queues", "work-queues"},
 		{"group.leave: a leaving member's jobs move", "group.leave"}},
+}, {
+	Name:  "lying-disk",
+	Title: "A disk that lies about its syncs, then a power cut",
+	Setup: []Step{
+		do(Action{Do: "lie"}),
+		do(Action{Do: "subscribe", Client: "bob", Topic: "jobs"}),
+		wait(200),
+		do(Action{Do: "publish", Client: "alice", Topic: "jobs", QoS: 1}),
+		until("published alice"),
+		wait(200),
+	},
+	Question: "This disk answers a sync at once and keeps the data in its " +
+		"cache, as a drive whose write cache acknowledges a flush does. " +
+		"Alice has a confirm for seq 1. The power goes now, and after the " +
+		"restart alice publishes again. What does the checker say?",
+	Choices: []string{"every promise held: the message was confirmed",
+		"a confirmed message is lost, and seq 1 names two messages",
+		"only that bob missed a message"},
+	Answer: 1,
+	Fault: []Step{
+		do(Action{Do: "power"}),
+		wait(2000),
+		do(Action{Do: "publish", Client: "alice", Topic: "jobs", QoS: 1}),
+		until("published alice"),
+		wait(500),
+	},
+	Explain: "Every promise popsub.go makes stands on one contract: a " +
+		"Store's commit returns once its batch is synced. This disk broke " +
+		"it: the confirm and the seq reservation it said were synced were " +
+		"in its cache, and the power cut took them. The restarted broker " +
+		"found no topic jobs, reserved seqs from 1 again, and gave seq 1 " +
+		"to alice's next message. No broker can keep a promise its disk " +
+		"does not keep: this is why a production disk needs power-loss " +
+		"protection or its write cache off, and why popsub chaos kills " +
+		"its peers with their sync on.",
+	Links: []Link{{"The log: deliveries at the seq, confirms at the sync",
+		"the-log-seq-first-sync-second"},
+		{"Seqs reserved on disk", "seqs-reserved-on-disk"}},
+	Breaks: []string{"no confirmed message is lost",
+		"no seq is given to two messages"},
+}, {
+	Name:  "lost-frame",
+	Title: "A proxy that loses a frame",
+	Setup: []Step{
+		do(Action{Do: "subscribe", Client: "bob", Topic: "feed"}),
+		do(Action{Do: "subscribe", Client: "carol", Topic: "feed"}),
+		wait(200),
+		do(Action{Do: "publish", Client: "alice", Topic: "feed"}),
+		wait(300),
+	},
+	Question: "A faulty proxy between bob and the broker will lose the " +
+		"next message it carries, without a word. Alice publishes three " +
+		"more QoS 0 messages, then one QoS 1. What does the checker say?",
+	Choices: []string{"every promise held: the broker sent everything",
+		"bob has a silent gap: the lost QoS 0 message is gone for him, " +
+			"while carol has all",
+		"the broker retries the lost message"},
+	Answer: 1,
+	Fault: []Step{
+		do(Action{Do: "drop", Client: "bob"}),
+		do(Action{Do: "publish", Client: "alice", Topic: "feed", Count: 3}),
+		do(Action{Do: "publish", Client: "alice", Topic: "feed", QoS: 1}),
+		wait(1000),
+	},
+	Explain: "The broker sent bob seq 2, and the proxy lost it: bob saw seq " +
+		"1, then 3, and nothing said 2 was gone. At QoS 0 nobody keeps a " +
+		"delivery after it leaves, so nobody sends it again; at QoS 1 the " +
+		"broker would have, after bob's ack timeout. WebSocket over TCP " +
+		"never loses a frame this way; a broken proxy, or a client that " +
+		"throws a message away, can. A subscriber that must not miss one " +
+		"uses QoS 1, or resumes after the newest seq it has and asks for " +
+		"the rest.",
+	Links: []Link{{"Replay: resuming after a seq", "replay"},
+		{"Acknowledgements", "acknowledgements"}},
+	Breaks: []string{"each subscriber sees its topic in seq order, " +
+		"with no silent gap"},
 }}
 
 // # Where the simple version runs out
@@ -216,7 +294,7 @@ var limits = []Scenario{{
 	Name:   "one-ack",
 	Title:  "Limit 1: bob acks, carol does not",
 	Beside: true,
-	Breaks: retried,
+	Breaks: []string{retried},
 	Setup: []Step{
 		do(Action{Do: "hold", Client: "carol"}),
 		do(Action{Do: "subscribe", Client: "bob", Topic: "jobs"}),
@@ -249,7 +327,7 @@ var limits = []Scenario{{
 	Name:   "retry-to-all",
 	Title:  "Limit 2: a retry goes to every subscriber",
 	Beside: true,
-	Breaks: retried,
+	Breaks: []string{retried},
 	Setup: []Step{
 		do(Action{Do: "hold", Client: "carol"}),
 		do(Action{Do: "subscribe", Client: "carol", Topic: "jobs"}),
@@ -395,6 +473,40 @@ var limits = []Scenario{{
 	Links: []Link{{"The outbox and back-pressure",
 		"the-outbox-and-back-pressure"}},
 	Figures: []string{"held"},
+}, {
+	Name:   "no-groups",
+	Title:  "Beyond the article: one job, two workers",
+	Beside: true,
+	Setup: []Step{
+		do(Action{Do: "hold", Client: "bob"}),
+		do(Action{Do: "hold", Client: "carol"}),
+		do(Action{Do: "subscribe", Client: "bob", Topic: "work",
+			Group: "workers"}),
+		do(Action{Do: "subscribe", Client: "carol", Topic: "work",
+			Group: "workers"}),
+		wait(300),
+	},
+	Question: "Bob and carol subscribe to work as members of the group " +
+		"workers, a work queue: each job to one of them, held until it is " +
+		"done (acked). Alice publishes three QoS 1 jobs. Who holds each " +
+		"job?",
+	Choices: []string{"one worker each, from both brokers",
+		"one worker each from popsub.go; both workers every job from " +
+			"the article's",
+		"both workers every job, from both brokers"},
+	Answer: 1,
+	Fault: []Step{
+		do(Action{Do: "publish", Client: "alice", Topic: "work", QoS: 1,
+			Count: 3}),
+		wait(1500),
+	},
+	Explain: "The article's protocol has no groups: its broker reads the " +
+		"subscribe, ignores the field it does not know, and adds both " +
+		"workers to the topic's set, so every job went to both, and two " +
+		"workers hold each one. popsub.go gives a group one feed, and each " +
+		"job to one member at a time, until its ack or its ack timeout.",
+	Links:  []Link{{"Work queues", "work-queues"}},
+	Breaks: []string{"a group's job is with one member at a time"},
 }}
 
 // ScenarioNamed returns the scenario of that name.
