@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -12,27 +13,69 @@ import (
 func beside(t *testing.T, s Scenario, check func(ours, theirs *Lab)) {
 	t.Helper()
 	synctest.Test(t, func(t *testing.T) {
-		ours, err := NewOn(Popsub)
+		runs, _ := play(t, s, Popsub, Article)
+		check(runs[0], runs[1])
+	})
+}
+
+// play plays a scenario on each kind of broker at once, in the fake
+// clock of the bubble it is called in, and returns the runs and how many
+// events each had when its fault began. The runs close with the test.
+func play(t *testing.T, s Scenario, kinds ...string) ([]*Lab, []int) {
+	t.Helper()
+	var runs []*Lab
+	for _, kind := range kinds {
+		l, err := NewOn(kind)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer ours.Close()
-		theirs, err := NewOn(Article)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer theirs.Close()
-		var wg sync.WaitGroup
-		for _, l := range []*Lab{ours, theirs} {
-			wg.Go(func() {
-				if err := l.Play(append(s.Setup, s.Fault...)); err != nil {
-					t.Error(err)
+		t.Cleanup(l.Close)
+		runs = append(runs, l)
+	}
+	faulted := make([]int, len(runs))
+	var wg sync.WaitGroup
+	for i, l := range runs {
+		wg.Go(func() {
+			if err := l.Play(s.Setup); err != nil {
+				t.Error(err)
+			}
+			faulted[i] = l.count()
+			if err := l.Play(s.Fault); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	return runs, faulted
+}
+
+// Each scenario's explanation is what its diagram shows: the events it
+// names happened, in its order, and those it says did not, did not, in
+// popsub.go's run and in the article's beside it.
+func TestScenarios_ShowWhatTheySay(t *testing.T) {
+	for _, s := range Scenarios {
+		t.Run(s.Name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				kinds := []string{Popsub}
+				if s.Beside {
+					kinds = append(kinds, Article)
+				}
+				runs, faulted := play(t, s, kinds...)
+				for i, patterns := range [][]string{s.Shows, s.TheirsShow} {
+					if i >= len(runs) {
+						break
+					}
+					runs[i].mu.Lock()
+					events := slices.Clone(runs[i].events[faulted[i]:])
+					runs[i].mu.Unlock()
+					if missing := Shown(patterns, events); missing != "" {
+						t.Errorf("%s's run does not show %q:\n%s", kinds[i],
+							missing, labels(runs[i]))
+					}
 				}
 			})
-		}
-		wg.Wait()
-		check(ours, theirs)
-	})
+		})
+	}
 }
 
 // broken lists the promises a run broke, by name.

@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"slices"
 	"strings"
 	"time"
 )
@@ -36,6 +37,39 @@ type Scenario struct {
 	Beside  bool     `json:"beside,omitempty"`
 	Figures []string `json:"figures,omitempty"`
 	Breaks  []string `json:"breaks,omitempty"`
+	// Shows is what the explanation says happened, as the diagram draws
+	// it: events of popsub.go's run from the fault on, in order, and
+	// those it says did not happen; TheirsShow the same of the article's
+	// run. Tests hold both runs, in Go and in the page, to them (Shown).
+	Shows      []string `json:"shows,omitempty"`
+	TheirsShow []string `json:"theirsShow,omitempty"`
+}
+
+// Shown returns the first of patterns that events, a run's from its
+// fault on, do not bear out, or "" if they bear out all. A pattern is
+// an event's kind, a lane it leaves or reaches, and words of its label:
+// "message carol: retry 1", "ack bob". Each must match an event after the one the pattern
+// before it matched; one that starts with "!" must match none there.
+func Shown(patterns []string, events []Event) string {
+	from := 0
+	for _, pattern := range patterns {
+		never := strings.HasPrefix(pattern, "!")
+		what, words, _ := strings.Cut(strings.TrimPrefix(pattern, "!"), ": ")
+		kind, lane, _ := strings.Cut(what, " ")
+		at := slices.IndexFunc(events[from:], func(e Event) bool {
+			return e.Kind == kind && (lane == "" || e.From == lane ||
+				e.To == lane) && strings.Contains(e.Label, words)
+		})
+		switch {
+		case never && at >= 0:
+			return pattern + " (" + events[from+at].Label + ")"
+		case !never && at < 0:
+			return pattern
+		case !never:
+			from += at + 1
+		}
+	}
+	return ""
 }
 
 // Step is one step of a scenario: an action, a wait, or a wait until an
@@ -94,6 +128,9 @@ var Scenarios = []Scenario{{
 		{"waitForSeq: a publish waits for its block", "Broker.waitForSeq"},
 		{"loadTopics: a restart starts at the stored head",
 			"Broker.loadTopics"}},
+	Shows: []string{"kill broker", "restart broker",
+		"subscribed bob: some messages are gone", "message bob: seq 32769",
+		"!message bob: seq 1: "},
 }, {
 	Name:  "power-durable",
 	Title: "Power loss between a delivery and its commit",
@@ -129,6 +166,9 @@ var Scenarios = []Scenario{{
 	Links: []Link{{"The log: deliveries at the seq, confirms at the sync",
 		"the-log-seq-first-sync-second"},
 		{"Durable subscriptions", "durable-subscriptions"}},
+	Shows: []string{"power broker", "restart broker",
+		"publish alice: alice-2", "message bob: alice-2",
+		"!message bob: seq 2: "},
 }, {
 	Name:  "slow-reader",
 	Title: "One subscriber stops reading while another keeps up",
@@ -167,6 +207,9 @@ var Scenarios = []Scenario{{
 	Links: []Link{{"The outbox and back-pressure",
 		"the-outbox-and-back-pressure"},
 		{"Replay: resuming after a seq", "replay"}},
+	Shows: []string{"stop carol", "message bob: seq 41",
+		"disconnect carol: cut off", "read carol", "subscribed carol",
+		"message carol: seq 41"},
 }, {
 	Name:  "group-member-dies",
 	Title: "A group member dies holding a job",
@@ -199,6 +242,8 @@ var Scenarios = []Scenario{{
 		"timeout.",
 	Links: []Link{{"Work queues", "work-queues"},
 		{"group.leave: a leaving member's jobs move", "group.leave"}},
+	Shows: []string{"cut bob", "message carol: retry 1 of seq 1",
+		"!message bob"},
 }, {
 	Name:  "lying-disk",
 	Title: "A disk that lies about its syncs, then a power cut",
@@ -239,6 +284,9 @@ var Scenarios = []Scenario{{
 		{"Seqs reserved on disk", "seqs-reserved-on-disk"}},
 	Breaks: []string{"no confirmed message is lost",
 		"no seq is given to two messages"},
+	Shows: []string{"power broker", "restart broker",
+		"message bob: seq 1: alice-2",
+		"published alice: confirmed alice-2: seq 1"},
 }, {
 	Name:  "lost-frame",
 	Title: "A proxy that loses a frame",
@@ -275,6 +323,8 @@ var Scenarios = []Scenario{{
 		{"Acknowledgements", "acknowledgements"}},
 	Breaks: []string{"each subscriber sees its topic in seq order, " +
 		"with no silent gap"},
+	Shows: []string{"!message bob: seq 2: ", "drop bob",
+		"lost bob: seq 2", "message bob: seq 3"},
 }}
 
 // # Where the simple version runs out
@@ -311,7 +361,7 @@ var limits = []Scenario{{
 	Answer: 1,
 	Fault: []Step{
 		do(Action{Do: "publish", Client: "alice", Topic: "jobs", QoS: 1}),
-		wait(7000),
+		wait(16000),
 	},
 	Explain: "The article's pendingAcks is keyed by message_id alone: " +
 		"bob's ack removed the one entry, and with it every reason to " +
@@ -323,6 +373,10 @@ var limits = []Scenario{{
 	Links: []Link{{"Acknowledgements: a pending entry per subscriber",
 		"acknowledgements"},
 		{"Retries and dead letters", "retries-and-dead-letters"}},
+	Shows: []string{"ack bob", "message carol: retry 1",
+		"message carol: retry 2", "dead carol"},
+	TheirsShow: []string{"message carol: alice-1 as alice-1",
+		"!message carol"},
 }, {
 	Name:   "retry-to-all",
 	Title:  "Limit 2: a retry goes to every subscriber",
@@ -359,6 +413,10 @@ var limits = []Scenario{{
 		{"Acknowledgements: a pending entry per subscriber",
 			"acknowledgements"}},
 	Figures: []string{"again bob", "fresh bob"},
+	Shows: []string{"subscribed bob", "message bob: seq 1",
+		"message carol: retry 1", "!message bob"},
+	TheirsShow: []string{"message bob: alice-1 as id-",
+		"message carol: alice-1 as alice-1", "!message carol"},
 }, {
 	Name:   "replay-best-effort",
 	Title:  "Limit 3: replay is best effort",
@@ -399,6 +457,11 @@ var limits = []Scenario{{
 	Links: []Link{{"Durable subscriptions", "durable-subscriptions"},
 		{"Replay: resuming after a seq", "replay"}},
 	Figures: []string{"again bob", "fresh bob"},
+	Shows: []string{"!message bob: seq 1: ", "!message bob: seq 2: ",
+		"cut bob", "subscribed bob", "message bob: seq 3",
+		"message bob: seq 4"},
+	TheirsShow: []string{"cut bob", "subscribe bob",
+		"message bob: alice-1 as id-", "message bob: alice-4 as id-"},
 }, {
 	Name:   "one-lock",
 	Title:  "Limit 4: one lock, and a slow disk",
@@ -431,11 +494,15 @@ var limits = []Scenario{{
 		"disk, no client of any topic is served. popsub.go delivers a " +
 		"message when it gets its seq, and hands the write to the log's " +
 		"commit loop, which batches and syncs on its own: the slow disk " +
-		"delays only alice's confirms. Nothing broke a promise here; the " +
-		"cost is the wait, measured below.",
+		"delays only the log's writes, and a QoS 1 publisher's confirms. " +
+		"Nothing broke a promise here; the cost is the wait, measured " +
+		"below.",
 	Links: []Link{{"The log: deliveries at the seq, confirms at the sync",
 		"the-log-seq-first-sync-second"}},
 	Figures: []string{"waited bob"},
+	Shows:   []string{"slow disk", "message bob: alice-6"},
+	TheirsShow: []string{"slow disk", "message carol: alice-3",
+		"message bob: alice-6"},
 }, {
 	Name:   "no-back-pressure",
 	Title:  "Limit 5: no back-pressure",
@@ -472,7 +539,9 @@ var limits = []Scenario{{
 		"she comes back.",
 	Links: []Link{{"The outbox and back-pressure",
 		"the-outbox-and-back-pressure"}},
-	Figures: []string{"held"},
+	Figures:    []string{"held"},
+	Shows:      []string{"stop carol", "disconnect carol: cut off"},
+	TheirsShow: []string{"stop carol", "!disconnect carol"},
 }, {
 	Name:   "no-groups",
 	Title:  "Beyond the article: one job, two workers",
@@ -505,8 +574,9 @@ var limits = []Scenario{{
 		"workers to the topic's set, so every job went to both, and two " +
 		"workers hold each one. popsub.go gives a group one feed, and each " +
 		"job to one member at a time, until its ack or its ack timeout.",
-	Links:  []Link{{"Work queues", "work-queues"}},
-	Breaks: []string{"a group's job is with one member at a time"},
+	Links:      []Link{{"Work queues", "work-queues"}},
+	Breaks:     []string{"a group's job is with one member at a time"},
+	TheirsShow: []string{"message bob: alice-1 as alice-1"},
 }}
 
 // ScenarioNamed returns the scenario of that name.

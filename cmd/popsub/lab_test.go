@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -57,9 +58,19 @@ func evaluate[T any](t *testing.T, ctx context.Context, expression string) T {
 }
 
 // playScenario plays a guided scenario in the page at 16× speed,
-// answers its question, and returns the verdict the page shows once
-// the fault has run: held or broken.
+// answers its question, holds the page's diagrams to the explanation's
+// words, and returns the verdict the page shows once the fault has run:
+// held or broken.
 func playScenario(t *testing.T, ctx context.Context, s lab.Scenario) string {
+	t.Helper()
+	return playInPage(t, ctx, s, true)
+}
+
+// playInPage plays a scenario as playScenario does; a broker built
+// broken on purpose is played with words false, as its run cannot show
+// what the explanation of the real one says.
+func playInPage(t *testing.T, ctx context.Context, s lab.Scenario,
+	words bool) string {
 	t.Helper()
 	do(t, ctx, "pick "+s.Name,
 		chromedp.SetValue(css("#speed"), "16"),
@@ -78,9 +89,26 @@ func playScenario(t *testing.T, ctx context.Context, s lab.Scenario) string {
 		t.Errorf("%s asks its question at %.0f ms; its setup waits %d ms",
 			s.Name, now, waits)
 	}
+	faulted := evaluate[[]int](t, ctx,
+		"[lab.view().events, lab.view().beside?.events ?? 0]")
 	do(t, ctx, "answer "+s.Name, chromedp.Click(css(`.choice[data-choice="0"]`)))
 	until(t, ctx, s.Name+" runs its fault", `document.body.dataset.phase === "done"`)
 	until(t, ctx, s.Name+" explains", exists(`#explain:not([hidden]) .links a`))
+	// The explanation's words are what the page's diagrams show.
+	runs := strings.Split(evaluate[string](t, ctx, "lab.history()"), "\n")
+	for i, patterns := range [][]string{s.Shows, s.TheirsShow} {
+		if !words || i >= len(runs) {
+			break
+		}
+		var events []lab.Event
+		if err := json.Unmarshal([]byte(runs[i]), &events); err != nil {
+			t.Fatalf("%s: the history: %v", s.Name, err)
+		}
+		if missing := lab.Shown(patterns, events[faulted[i]:]); missing != "" {
+			t.Errorf("%s: run %d in the page does not show %q", s.Name, i,
+				missing)
+		}
+	}
 	return evaluate[string](t, ctx, "document.body.dataset.verdict")
 }
 
@@ -344,7 +372,7 @@ func TestLab_ExportedFolderWorksAndItsCheckerBites(t *testing.T) {
 		t.Fatal(err)
 	}
 	openLab(t, ctx, files.URL+"/index.html", 1366, 900)
-	if verdict := playScenario(t, ctx, lab.Scenarios[0]); verdict != "broken" {
+	if verdict := playInPage(t, ctx, lab.Scenarios[0], false); verdict != "broken" {
 		t.Errorf("without reservations the page says %s", verdict)
 	}
 	broken := evaluate[string](t, ctx,
