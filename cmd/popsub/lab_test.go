@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
 
@@ -244,6 +246,45 @@ func phoneReadsTheDiagram(t *testing.T, ctx context.Context, name,
 	if !pinned {
 		t.Errorf("390px, %s: the lanes' names scroll away with the diagram",
 			name)
+	}
+}
+
+// The diagram moves: a new frame's packet travels its arrow and the
+// arrow draws itself; asked for less motion (prefers-reduced-motion),
+// nothing moves and no packet shows.
+func TestLab_MovesUnlessAskedNotTo(t *testing.T) {
+	page, ctx, problems := startLab(t)
+	openLab(t, ctx, page, 1366, 900)
+	do(t, ctx, "bob subscribes, alice publishes",
+		chromedp.Click(css(`.tab[data-client="bob"]`)),
+		chromedp.Click(css(`[data-act="subscribe"]`)),
+		chromedp.Click(css(`.tab[data-client="alice"]`)),
+		chromedp.Click(css(`[data-act="publish"][data-qos="0"]`)))
+	moving := evaluate[bool](t, ctx, `document.getAnimations().length > 0 &&
+		[...document.querySelectorAll("#diagram .packet")].some(p =>
+			getComputedStyle(p).display !== "none")`)
+	if !moving {
+		t.Errorf("a new frame does not move on the diagram")
+	}
+	lessMotion := func(ctx context.Context, t *chromedp.Target) (chromedp.Void, error) {
+		_, err := cdp.Call(ctx, t, emulation.SetEmulatedMedia,
+			emulation.SetEmulatedMediaParams{Features: []*emulation.MediaFeature{
+				{Name: "prefers-reduced-motion", Value: "reduce"}}})
+		return chromedp.Void{}, err
+	}
+	do(t, ctx, "ask for less motion", lessMotion,
+		chromedp.Click(css(`[data-act="publish"][data-qos="0"]`)),
+		chromedp.Click(css("#step")))
+	still := evaluate[bool](t, ctx, `document.getAnimations().length === 0 &&
+		document.querySelectorAll("#diagram .ev.new").length > 0 &&
+		[...document.querySelectorAll("#diagram .packet")].every(p =>
+			getComputedStyle(p).display === "none")`)
+	if !still {
+		t.Errorf("with prefers-reduced-motion the diagram still moves: %d "+
+			"animations", evaluate[int](t, ctx, "document.getAnimations().length"))
+	}
+	if p := problems(); len(p) > 0 {
+		t.Errorf("console errors: %v", p)
 	}
 }
 
