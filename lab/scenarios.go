@@ -86,6 +86,18 @@ type Link struct {
 	Anchor string `json:"anchor"`
 }
 
+// bothReadFeed is a scene: bob and carol subscribe to feed, alice
+// publishes once, and settle ms pass.
+func bothReadFeed(settle int64) []Step {
+	return []Step{
+		do(Action{Do: "subscribe", Client: "bob", Topic: "feed"}),
+		do(Action{Do: "subscribe", Client: "carol", Topic: "feed"}),
+		wait(200),
+		do(Action{Do: "publish", Client: "alice", Topic: "feed"}),
+		wait(settle),
+	}
+}
+
 // do and wait make steps.
 func do(a Action) Step    { return Step{Do: &a} }
 func wait(ms int64) Step  { return Step{Wait: ms} }
@@ -172,13 +184,7 @@ var Scenarios = []Scenario{{
 }, {
 	Name:  "slow-reader",
 	Title: "One subscriber stops reading while another keeps up",
-	Setup: []Step{
-		do(Action{Do: "subscribe", Client: "bob", Topic: "feed"}),
-		do(Action{Do: "subscribe", Client: "carol", Topic: "feed"}),
-		wait(200),
-		do(Action{Do: "publish", Client: "alice", Topic: "feed"}),
-		wait(200),
-	},
+	Setup: bothReadFeed(200),
 	Question: "Carol stops reading her connection. Alice publishes 40 " +
 		"messages. What happens to bob and to carol?",
 	Choices: []string{"bob slows down to carol's pace",
@@ -290,13 +296,7 @@ var Scenarios = []Scenario{{
 }, {
 	Name:  "lost-frame",
 	Title: "A proxy that loses a frame",
-	Setup: []Step{
-		do(Action{Do: "subscribe", Client: "bob", Topic: "feed"}),
-		do(Action{Do: "subscribe", Client: "carol", Topic: "feed"}),
-		wait(200),
-		do(Action{Do: "publish", Client: "alice", Topic: "feed"}),
-		wait(300),
-	},
+	Setup: bothReadFeed(300),
 	Question: "A faulty proxy between bob and the broker will lose the " +
 		"next message it carries, without a word. Alice publishes three " +
 		"more QoS 0 messages, then one QoS 1. What does the checker say?",
@@ -507,13 +507,7 @@ var limits = []Scenario{{
 	Name:   "no-back-pressure",
 	Title:  "Limit 5: no back-pressure",
 	Beside: true,
-	Setup: []Step{
-		do(Action{Do: "subscribe", Client: "bob", Topic: "feed"}),
-		do(Action{Do: "subscribe", Client: "carol", Topic: "feed"}),
-		wait(200),
-		do(Action{Do: "publish", Client: "alice", Topic: "feed"}),
-		wait(300),
-	},
+	Setup: bothReadFeed(300),
 	Question: "Carol stops reading. Alice publishes 200 messages. What " +
 		"does each broker hold in memory for carol?",
 	Choices: []string{"every message, on both, until she reads",
