@@ -21,7 +21,13 @@ import (
 // beside popsub.go so that a learner sees where "the simple version
 // runs out". It is a model, not a port: three maps and a retry loop,
 // behind one lock, doing what the article says in the order it says
-// it, and nothing more.
+// it, and nothing more. A port of the Rust code would bring its
+// runtime and its transport into the page and hide the five mechanisms
+// the article names among everything else; the model is those five. It
+// takes the lab's ack timeout and retries (brokerOptions), not the
+// article's five seconds and five, so that both brokers keep the same
+// time; and its store keeps a cap but no time-to-live, which no lab run
+// lasts long enough to reach.
 //
 //   - topics maps a topic to the ids of its subscribers; clients maps an
 //     id to a channel that writes to that client's socket. A send to an

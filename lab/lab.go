@@ -7,7 +7,9 @@
 // # The world around the broker
 //
 // Nothing of the broker is modelled: it is popsub.go, built for the
-// browser, behind the contracts popsub.go declares. The disk is a Store
+// browser, behind the contracts popsub.go declares. (Beside it a run may
+// have the one thing the lab does model: the article's original broker,
+// article.go, to show where the simple version runs out.) The disk is a Store
 // whose commits are written, then synced (Disk); the network is links
 // in memory that the broker serves as it serves WebSockets (link); the
 // clients, alice, bob and carol, speak the protocol's frames as any
