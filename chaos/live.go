@@ -75,7 +75,8 @@ func storedIDs(h *History) map[key][]uint64 {
 }
 
 // checkRetried: a QoS 1 delivery is followed, within its ack timeout and
-// a retry's lateness (within), by its ack, a retry, its move to
+// a retry's lateness (within), by its ack (or, for a retry, an ack of the
+// attempt before it, which the retry crossed on the wire), a retry, its move to
 // another member of its group, a dead letter, or the end of its
 // connection (its subscription's is another promise); and no delivery
 // is dead-lettered twice on one durable cursor or group. A fault under
@@ -101,7 +102,13 @@ func checkRetried(h *History, within time.Duration, now time.Time) Line {
 	acks, jobs := ackTimes(h), groupJobs(h)
 	for si, s := range h.Subscriptions {
 		last := map[string]int{} // each message's last delivery here
+		// Each delivery's attempt before it here: a retry that crossed
+		// the ack of that attempt on the wire is answered by it.
+		before := make([]time.Time, len(s.Deliveries))
 		for i, d := range s.Deliveries {
+			if j, ok := last[d.ID]; ok {
+				before[i] = s.Deliveries[j].At
+			}
 			last[d.ID] = i
 		}
 		for i, d := range s.Deliveries {
@@ -110,9 +117,13 @@ func checkRetried(h *History, within time.Duration, now time.Time) Line {
 				continue
 			}
 			acked := acks[ackKey{s.Subscriber, s.Topic, d.ID}]
+			since := d.At
+			if !before[i].IsZero() {
+				since = before[i]
+			}
 			answered := s.Ended && !s.End.After(d.At.Add(within)) ||
 				last[d.ID] > i ||
-				len(acked) > 0 && !acked[len(acked)-1].Before(d.At) ||
+				len(acked) > 0 && !acked[len(acked)-1].Before(since) ||
 				slices.ContainsFunc(jobs[jobKey{s.Group, s.Topic, d.ID}],
 					func(o job) bool { return o.sub != si && !o.at.Before(d.At) })
 			if !answered {

@@ -62,8 +62,11 @@ const (
 // article is the article's broker: its one struct.
 type article struct {
 	disk *Disk
-	// stop ends the retry loop and the flusher, at Shutdown.
-	stop chan struct{}
+	// stop ends the retry loop and the flusher, at Shutdown, which waits
+	// for every goroutine running to end.
+	stop     chan struct{}
+	stopping sync.Once
+	running  sync.WaitGroup
 
 	// mu is the one lock, a channel of one: a client waiting for it
 	// waits as a goroutine waits on a channel, which the lab's fake
@@ -126,13 +129,15 @@ func newArticle(disk *Disk) (*article, error) {
 	a := &article{disk: disk, stop: make(chan struct{}), mu: make(lock, 1),
 		topics: map[string]map[int]bool{}, clients: map[int]*articleClient{},
 		pendingAcks: map[string]*pendingMessage{}, keys: heads}
-	go a.retryLoop()
-	go a.flusher()
+	a.running.Go(a.retryLoop)
+	a.running.Go(a.flusher)
 	return a, nil
 }
 
 // serve serves one client's link until it ends.
 func (a *article) serve(l *link) {
+	a.running.Add(1)
+	defer a.running.Done()
 	// No write timeout: the article's broker does not cut a client off.
 	end := l.open(socket.Options{WriteTimeout: 24 * time.Hour}).(brokerEnd)
 	c := &articleClient{end: end, wake: make(chan struct{}, 1),
@@ -142,7 +147,7 @@ func (a *article) serve(l *link) {
 	id := a.next
 	a.clients[id] = c
 	a.mu.Unlock()
-	go c.writeLoop()
+	a.running.Go(c.writeLoop)
 	for {
 		frame, err := end.Read()
 		if err != nil {
@@ -261,6 +266,7 @@ func (a *article) retryLoop() {
 		case <-a.stop:
 			return
 		}
+		a.disk.gate.wait() // a paused broker retries nothing
 		a.mu.Lock()
 		for _, id := range slices.Sorted(maps.Keys(a.pendingAcks)) {
 			p := a.pendingAcks[id]
@@ -315,6 +321,7 @@ func (c *articleClient) writeLoop() {
 			return
 		}
 		for frame, ok := c.next(); ok; frame, ok = c.next() {
+			c.end.gate.wait() // a paused broker writes nothing
 			if c.end.dropping(frame) {
 				continue
 			}
@@ -338,14 +345,16 @@ func (c *articleClient) next() ([]byte, bool) {
 	return frame, true
 }
 
-// Shutdown stops the broker's loops and drops its clients.
+// Shutdown stops the broker's loops, drops its clients, and waits for
+// what was under way to end.
 func (a *article) Shutdown(context.Context) error {
-	close(a.stop)
+	a.stopping.Do(func() { close(a.stop) })
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	for _, c := range a.clients {
 		c.end.CloseNow()
 	}
+	a.mu.Unlock()
+	a.running.Wait()
 	return nil
 }
 

@@ -105,8 +105,10 @@ type Lab struct {
 	events  []Event
 	// held is the most bytes the broker has held for its clients.
 	held int
-	// stop ends the beat, at Close.
-	stop chan struct{}
+	// stop ends the beat, at Close; stopping counts the brokers killed
+	// and still shutting down, for Close to wait for.
+	stop     chan struct{}
+	stopping sync.WaitGroup
 }
 
 // Event is one thing the page draws on its sequence diagram.
@@ -365,7 +367,7 @@ func (l *Lab) kill(powerCut bool) {
 		c.drop()
 	}
 	l.gate.resume()
-	go old.Shutdown(context.Background())
+	l.stopping.Go(func() { old.Shutdown(context.Background()) })
 	time.AfterFunc(restartDelay, func() { l.startBroker() })
 }
 
@@ -411,6 +413,7 @@ func (l *Lab) Close() {
 		c.endStop()
 	}
 	b.Shutdown(context.Background())
+	l.stopping.Wait()
 }
 
 // pause stops the broker as SIGSTOP would; resume goes on.

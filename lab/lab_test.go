@@ -229,7 +229,7 @@ func TestLab_RandomClicksKeepEveryPromise(t *testing.T) {
 	kinds := []string{"subscribe", "subscribe", "subscribe", "publish",
 		"publish", "publish", "publish", "publish", "ack", "hold",
 		"release", "cut", "stop", "read", "read", "kill", "power", "pause",
-		"resume", "resume"}
+		"resume", "resume", "slow", "heal"}
 	topics := []string{"jobs", "news"}
 	for seed := range uint64(200) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
@@ -261,12 +261,56 @@ func TestLab_RandomClicksKeepEveryPromise(t *testing.T) {
 				}
 				// The faults heal, and the run settles.
 				l.Do(Action{Do: "resume"})
+				l.Do(Action{Do: "heal"})
 				for _, name := range Names {
 					l.Do(Action{Do: "read", Client: name})
 					l.Do(Action{Do: "ack", Client: name})
 				}
 				time.Sleep(30 * time.Second)
 				held(t, l)
+			})
+		})
+	}
+}
+
+// The article's broker takes the same clicks in every order, every
+// fault among them, without a panic or a stuck goroutine, and its page
+// draws: its promises are its own to break.
+func TestArticle_TakesRandomClicks(t *testing.T) {
+	kinds := []string{"subscribe", "subscribe", "publish", "publish",
+		"publish", "ack", "hold", "release", "cut", "stop", "read", "drop",
+		"kill", "power", "pause", "resume", "slow", "lie", "heal"}
+	for seed := range uint64(50) {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := rand.New(rand.NewPCG(seed, 2))
+				l, err := NewOn(Article)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer l.Close()
+				for range 40 {
+					a := Action{Do: kinds[r.IntN(len(kinds))],
+						Client: Names[r.IntN(len(Names))], Topic: "jobs",
+						QoS: r.IntN(2), Count: r.IntN(20)}
+					if a.Do == "subscribe" && r.IntN(2) == 0 {
+						a.Group = "workers"
+					}
+					if err := l.Do(a); err != nil {
+						t.Fatalf("%+v: %v", a, err)
+					}
+					time.Sleep(time.Duration(r.IntN(1500)) * time.Millisecond)
+				}
+				l.Do(Action{Do: "resume"})
+				l.Do(Action{Do: "heal"})
+				for _, name := range Names {
+					l.Do(Action{Do: "read", Client: name})
+				}
+				time.Sleep(5 * time.Second)
+				if v := l.View(); len(v.Events) == 0 || len(v.Checks) != 5 {
+					t.Errorf("the view: %d events, %d promises", len(v.Events),
+						len(v.Checks))
+				}
 			})
 		})
 	}

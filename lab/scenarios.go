@@ -507,7 +507,7 @@ var limits = []Scenario{{
 	Name:   "no-back-pressure",
 	Title:  "Limit 5: no back-pressure",
 	Beside: true,
-	Setup: bothReadFeed(300),
+	Setup:  bothReadFeed(300),
 	Question: "Carol stops reading. Alice publishes 200 messages. What " +
 		"does each broker hold in memory for carol?",
 	Choices: []string{"every message, on both, until she reads",
