@@ -42,6 +42,9 @@ type Line struct {
 type Mark struct {
 	Topic, ID string
 	Seq       uint64
+	// Lane, if set, is the client whose delivery of it breaks the
+	// promise: its other deliveries, and others', are not marked.
+	Lane string
 }
 
 // maxExamples is how many examples a line keeps.
@@ -83,7 +86,13 @@ func (r Report) String() string {
 
 // mark notes a message the next violation is about.
 func (l *Line) mark(topic, id string, seq uint64) {
-	l.Marks = append(l.Marks, Mark{topic, id, seq})
+	l.Marks = append(l.Marks, Mark{Topic: topic, ID: id, Seq: seq})
+}
+
+// markFor marks a message as mark does, for one client's deliveries.
+func (l *Line) markFor(lane, topic, id string, seq uint64) {
+	l.Marks = append(l.Marks, Mark{Topic: topic, ID: id, Seq: seq,
+		Lane: lane})
 }
 
 // violation adds a broken invariant to the line.

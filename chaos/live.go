@@ -127,7 +127,7 @@ func checkRetried(h *History, within time.Duration, now time.Time) Line {
 				slices.ContainsFunc(jobs[jobKey{s.Group, s.Topic, d.ID}],
 					func(o job) bool { return o.sub != si && !o.at.Before(d.At) })
 			if !answered {
-				l.mark(s.Topic, d.ID, d.Seq)
+				l.markFor(s.Subscriber, s.Topic, d.ID, d.Seq)
 				l.violation("%s on %s: seq %d, attempt %d at %s, neither "+
 					"acked, retried nor dead-lettered since", s.Subscriber,
 					s.Topic, d.Seq, d.Attempt, d.At.Format("15:04:05.000"))

@@ -105,6 +105,24 @@ func TestLimits_TheArticlesBrokerBreaksWhatPopsubKeeps(t *testing.T) {
 					t.Errorf("the article's broker broke %q, want %q\n%s",
 						got, want, labels(theirs))
 				}
+				// Red is the deliveries that break it, to carol, and
+				// nothing else.
+				if s.Name == "one-ack" {
+					v, marked := theirs.View(), 0
+					for _, e := range v.Events {
+						if !v.marked(e) {
+							continue
+						}
+						marked++
+						if e.Kind != "message" || e.To != "carol" {
+							t.Errorf("marked: %s %s→%s %s", e.Kind, e.From,
+								e.To, e.Label)
+						}
+					}
+					if marked == 0 {
+						t.Errorf("no event marked")
+					}
+				}
 				for _, spec := range s.Figures {
 					a, b := ours.Measure(spec), theirs.Measure(spec)
 					t.Logf("%s: popsub.go %d, the article's %d %s", a.Name,

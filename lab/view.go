@@ -126,7 +126,8 @@ func (v View) Broken() bool {
 func (v View) marked(e Event) bool {
 	for _, p := range v.Checks {
 		for _, m := range p.Marks {
-			if m.Topic == e.Topic && (m.ID != "" && m.ID == e.ID ||
+			theirs := m.Lane == "" || e.Kind == "message" && e.To == m.Lane
+			if theirs && m.Topic == e.Topic && (m.ID != "" && m.ID == e.ID ||
 				m.Seq != 0 && m.Seq == e.Seq) {
 				return true
 			}
