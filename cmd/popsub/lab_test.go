@@ -288,6 +288,51 @@ func TestLab_MovesUnlessAskedNotTo(t *testing.T) {
 	}
 }
 
+// Free play runs on the broker the learner picks: the article's alone
+// says so and speaks the original's frames; both puts its column beside
+// popsub.go's, with the same clicks in each.
+func TestLab_FreePlayRunsEitherBrokerOrBoth(t *testing.T) {
+	page, ctx, problems := startLab(t)
+	openLab(t, ctx, page, 1366, 900)
+	click := []chromedp.Action[chromedp.Void]{
+		chromedp.Click(css(`.tab[data-client="bob"]`)),
+		chromedp.Click(css(`[data-act="subscribe"]`)),
+		chromedp.Click(css(`.tab[data-client="alice"]`)),
+		chromedp.Click(css(`[data-act="publish"][data-qos="1"]`)),
+		chromedp.Click(css("#step")),
+	}
+	do(t, ctx, "pick the article's broker",
+		chromedp.SetValue(css("#brokers"), "article"),
+		chromedp.Evaluate[chromedp.Void](`document.getElementById("brokers").
+			dispatchEvent(new Event("change"))`))
+	until(t, ctx, "the article's broker runs", `document.getElementById(
+		"broker-state").textContent.startsWith("the article's broker")`)
+	do(t, ctx, "bob subscribes, alice publishes", click...)
+	until(t, ctx, "bob gets alice-1 the original's way", `[...document.
+		querySelectorAll("#diagram .label")].some(e =>
+		e.textContent === "alice-1 as alice-1")`)
+	if evaluate[bool](t, ctx, `document.getElementById("beside").hidden`) !=
+		true {
+		t.Errorf("the article's broker alone shows a second column")
+	}
+	do(t, ctx, "pick both",
+		chromedp.SetValue(css("#brokers"), "both"),
+		chromedp.Evaluate[chromedp.Void](`document.getElementById("brokers").
+			dispatchEvent(new Event("change"))`))
+	until(t, ctx, "two columns", `!document.getElementById("beside").hidden`)
+	do(t, ctx, "bob subscribes, alice publishes", click...)
+	until(t, ctx, "each column has its run", `[...document.querySelectorAll(
+		"#diagram .label")].some(e => e.textContent === "seq 1: alice-1") &&
+		[...document.querySelectorAll("#beside-diagram .label")].some(e =>
+		e.textContent === "alice-1 as alice-1")`)
+	if !strings.Contains(evaluate[string](t, ctx, "lab.hash()"), "brokers=both") {
+		t.Errorf("the link does not carry the brokers")
+	}
+	if p := problems(); len(p) > 0 {
+		t.Errorf("console errors: %v", p)
+	}
+}
+
 // A shared run replays event for event: the link a scenario's run gives
 // opens, twice, to histories byte for byte the same as the run's own.
 func TestLab_ASharedRunReplaysByteForByte(t *testing.T) {

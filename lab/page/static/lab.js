@@ -173,7 +173,7 @@
 		$("tables").innerHTML = v.tables;
 		$("time").textContent = (v.now / 1000).toFixed(3) + " s";
 		const state = $("broker-state");
-		state.textContent = "broker " + v.broker;
+		state.textContent = (v.kind === "article" ? "the article's broker " : "broker ") + v.broker;
 		state.className = "state " + v.broker;
 		document.body.classList.toggle("broken", v.broken);
 		share();
