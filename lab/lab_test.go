@@ -254,22 +254,33 @@ func TestLab_RandomClicksKeepEveryPromise(t *testing.T) {
 							a.After = new(uint64)
 						}
 					}
-					if err := l.Do(a); err != nil {
-						t.Fatalf("%+v: %v", a, err)
-					}
-					time.Sleep(time.Duration(r.IntN(1500)) * time.Millisecond)
+					click(t, l, r, a)
 				}
-				// The faults heal, and the run settles.
-				l.Do(Action{Do: "resume"})
-				l.Do(Action{Do: "heal"})
-				for _, name := range Names {
-					l.Do(Action{Do: "read", Client: name})
-					l.Do(Action{Do: "ack", Client: name})
-				}
+				heal(l)
 				time.Sleep(30 * time.Second)
 				held(t, l)
 			})
 		})
+	}
+}
+
+// click does a random run's action, then lets up to 1.5 s pass.
+func click(t *testing.T, l *Lab, r *rand.Rand, a Action) {
+	t.Helper()
+	if err := l.Do(a); err != nil {
+		t.Fatalf("%+v: %v", a, err)
+	}
+	time.Sleep(time.Duration(r.IntN(1500)) * time.Millisecond)
+}
+
+// heal ends a random run's faults: the broker resumes, the disk is
+// well, and every client reads and sends the acks it held.
+func heal(l *Lab) {
+	l.Do(Action{Do: "resume"})
+	l.Do(Action{Do: "heal"})
+	for _, name := range Names {
+		l.Do(Action{Do: "read", Client: name})
+		l.Do(Action{Do: "ack", Client: name})
 	}
 }
 
@@ -296,16 +307,9 @@ func TestArticle_TakesRandomClicks(t *testing.T) {
 					if a.Do == "subscribe" && r.IntN(2) == 0 {
 						a.Group = "workers"
 					}
-					if err := l.Do(a); err != nil {
-						t.Fatalf("%+v: %v", a, err)
-					}
-					time.Sleep(time.Duration(r.IntN(1500)) * time.Millisecond)
+					click(t, l, r, a)
 				}
-				l.Do(Action{Do: "resume"})
-				l.Do(Action{Do: "heal"})
-				for _, name := range Names {
-					l.Do(Action{Do: "read", Client: name})
-				}
+				heal(l)
 				time.Sleep(5 * time.Second)
 				if v := l.View(); len(v.Events) == 0 || len(v.Checks) != 5 {
 					t.Errorf("the view: %d events, %d promises", len(v.Events),
