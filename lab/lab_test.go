@@ -338,6 +338,32 @@ func TestDiagram_FoldsARunOfLikeFrames(t *testing.T) {
 	}
 }
 
+// A burst at one instant folds though its writes and its deliveries
+// alternate, as the article's broker makes them; a fault at that instant
+// keeps its place, and nothing folds across it.
+func TestDiagram_FoldsABurstAtOneInstant(t *testing.T) {
+	var v View
+	for i := range 3 {
+		v.Events = append(v.Events,
+			Event{At: 800, Kind: "write", From: "broker", To: "disk",
+				Label: fmt.Sprint("write alice-", i+1)},
+			Event{At: 800, Kind: "message", From: "broker", To: "bob",
+				Label: fmt.Sprint("alice-", i+1)})
+	}
+	v.Events = append(v.Events,
+		Event{At: 800, Kind: "cut", From: "bob", To: "bob"},
+		Event{At: 800, Kind: "write", From: "broker", To: "disk"})
+	var got []string
+	for _, r := range v.shown() {
+		got = append(got, r.Kind+": "+r.Label)
+	}
+	want := []string{"write: write alice-1 … write alice-3 (3)",
+		"message: alice-1 … alice-3 (3)", "cut: ", "write: "}
+	if !slices.Equal(got, want) {
+		t.Errorf("rows:\n%q\nwant\n%q", got, want)
+	}
+}
+
 func TestRanges_WritesRunsOfSeqs(t *testing.T) {
 	if got := ranges([]uint64{2, 3, 4, 5, 9, 11, 12}); got != "2-5,9,11-12" {
 		t.Errorf("ranges: %q", got)
