@@ -1623,7 +1623,7 @@ func (c *connection) writeLoop() {
 		if len(batch) == 0 {
 			return
 		}
-		notify(c.room)
+		queue.Notify(c.room)
 		ok = c.writeBatch(batch)
 	}
 }
@@ -1872,7 +1872,7 @@ func (c *connection) ack(f frame) {
 		return
 	}
 	c.mu.Lock()
-	defer notify(c.room)
+	defer queue.Notify(c.room)
 	defer c.mu.Unlock()
 
 	// Up to seq: everything before the first entry past it.
@@ -2378,15 +2378,6 @@ func (b *Broker) shutdownOnce(ctx context.Context) error {
 // topicError is an error frame about one topic.
 func topicError(code, text, topic string) reply {
 	return reply{Type: "error", Code: code, Message: text, Topic: topic}
-}
-
-// notify signals ch, a channel of capacity one, without waiting: a signal
-// already pending says the same.
-func notify(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
 }
 
 // # Defaults (detail)
@@ -3534,7 +3525,7 @@ func (c *connection) nak(f frame) {
 			c.settleOne(p, "dead_lettered")
 		}
 		c.mu.Unlock()
-		notify(c.room)
+		queue.Notify(c.room)
 		for i := range naked {
 			c.broker.deadLetter(naked[i], c, cmp.Or(f.Reason, "rejected"))
 		}
@@ -3749,7 +3740,7 @@ func (b *Broker) schedule(t *topic, m *Message) {
 	d.mu.Unlock()
 	d.count(m.publisher, 1, m.size())
 	if first {
-		notify(d.sooner)
+		queue.Notify(d.sooner)
 	}
 }
 

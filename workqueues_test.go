@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/popsub/popsub/queue"
 	"github.com/popsub/popsub/wire"
 )
 
@@ -68,7 +69,7 @@ func (m *member) read() {
 		m.mu.Lock()
 		m.got = append(m.got, g)
 		m.mu.Unlock()
-		notify(m.more)
+		queue.Notify(m.more)
 	}
 }
 
@@ -105,9 +106,9 @@ func anyOf(cases []<-chan struct{}) <-chan struct{} {
 		go func() {
 			select {
 			case <-c:
-				notify(out)
+				queue.Notify(out)
 			case <-time.After(50 * time.Millisecond):
-				notify(out)
+				queue.Notify(out)
 			}
 		}()
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/popsub/popsub/queue"
 )
 
 // drainTimeout bounds the wait for the last deliveries after publishing.
@@ -274,9 +275,9 @@ func (l *load) read(s *benchSubscriber) {
 				s.toAck[topic] = max(s.toAck[topic], seq)
 			}
 			s.mu.Unlock()
-			notify(s.acking)
+			queue.Notify(s.acking)
 		}
-		notify(l.progress)
+		queue.Notify(l.progress)
 	}
 }
 
@@ -297,14 +298,6 @@ func (s *benchSubscriber) ackLoop() {
 				return
 			}
 		}
-	}
-}
-
-// notify signals ch, a channel of capacity one, without waiting.
-func notify(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
 	}
 }
 

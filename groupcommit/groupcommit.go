@@ -79,6 +79,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/popsub/popsub/queue"
 )
 
 // Batch is one atomic step of the log: appends first, then trims and
@@ -335,12 +337,12 @@ func (l *Log[M]) Append(m M) *Outcome {
 	defer l.mu.Unlock()
 	l.queued.Messages = append(l.queued.Messages, m)
 	l.queuedBytes += l.config.Size(m)
-	notify(l.wake)
+	queue.Notify(l.wake)
 	// Most appends find heads empty, and skip asking for the topic.
 	if len(l.heads) > 0 {
 		if topic := l.config.Topic(m); l.heads[topic] {
 			delete(l.heads, topic)
-			notify(l.followed)
+			queue.Notify(l.followed)
 		}
 	}
 	if !l.config.Urgent(m) {
@@ -359,7 +361,7 @@ func (l *Log[M]) Append(m M) *Outcome {
 func (l *Log[M]) Await(topic string) *Outcome {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	notify(l.wake)
+	queue.Notify(l.wake)
 	l.heads[topic] = true
 	return l.await(topic, false)
 }
@@ -402,7 +404,7 @@ func (l *Log[M]) queue(work func(queued *Batch[M])) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	work(l.queued)
-	notify(l.wake)
+	queue.Notify(l.wake)
 }
 
 // Barrier returns an outcome that completes once everything queued so far
@@ -674,7 +676,7 @@ func (l *Log[M]) retryCursors(cursors map[string]uint64) {
 		}
 	}
 	l.mu.Unlock()
-	time.AfterFunc(time.Second, func() { notify(l.wake) })
+	time.AfterFunc(time.Second, func() { queue.Notify(l.wake) })
 }
 
 // linger waits, at most Linger, until the queued batch is worth a sync
@@ -706,16 +708,8 @@ func (l *Log[M]) Stop() {
 	// is queued and return.
 	l.mu.Lock()
 	l.stopped = true
-	notify(l.wake)
+	queue.Notify(l.wake)
 	l.wakeWaiters()
 	l.mu.Unlock()
 	<-l.ended
-}
-
-// notify signals ch without blocking: a signal already pending is enough.
-func notify(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
 }

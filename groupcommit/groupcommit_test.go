@@ -219,8 +219,8 @@ func startHeld(messages, bytes int) (*memory, *Log[int]) {
 	return store, l
 }
 
-// queue admits m, urgent if odd, and appends it, as the broker does.
-func queue(t *testing.T, l *Log[int], m int) *Outcome {
+// enqueue admits m, urgent if odd, and appends it, as the broker does.
+func enqueue(t *testing.T, l *Log[int], m int) *Outcome {
 	if !l.Admit(m, m%2 == 1, nil, func() {}) {
 		t.Errorf("no room for %d", m)
 	}
@@ -249,10 +249,10 @@ func TestLog_AWaitedTopicCommitsBeforeAFloodOnAnother(t *testing.T) {
 		// While the commit in flight holds the loop, the next batch
 		// fills: a flood of 42 bytes on "large", and on "small" a
 		// message nobody waits for, then one somebody does.
-		flood := queue(t, l, 20)
-		queue(t, l, 22)
-		queue(t, l, 2)
-		confirm := queue(t, l, 3)
+		flood := enqueue(t, l, 20)
+		enqueue(t, l, 22)
+		enqueue(t, l, 2)
+		confirm := enqueue(t, l, 3)
 		close(store.hold)
 		<-confirm.Done()
 		<-flood.Done()
@@ -352,7 +352,7 @@ func TestLog_AFloodBesideAWaiterGetsHalfTheQueue(t *testing.T) {
 			return n
 		}
 		calm := admitted()
-		<-queue(t, l, 3).Done()
+		<-enqueue(t, l, 3).Done()
 		if hurried := admitted(); calm != 16 || hurried != 8 {
 			t.Fatalf("%d admitted while calm, %d beside a waiter; want "+
 				"16 and 8", calm, hurried)
@@ -372,7 +372,7 @@ func TestLog_AnAwaitedHeadGoesBeforeAFloodAndHurriesItBriefly(t *testing.T) {
 		defer l.Stop()
 		flood := func() {
 			for _, m := range []int{20, 22, 24, 26} {
-				queue(t, l, m)
+				enqueue(t, l, m)
 			}
 		}
 		flood()
@@ -425,7 +425,7 @@ func TestLog_TheMessageBehindAnAwaitedHeadGoesBeforeTheFlood(t *testing.T) {
 				defer l.Stop()
 				var flood *Outcome
 				for _, m := range []int{20, 22, 24, 26} {
-					flood = queue(t, l, m)
+					flood = enqueue(t, l, m)
 				}
 				l.SetHead("small", 100)
 				head := l.Await("small")
@@ -438,7 +438,7 @@ func TestLog_TheMessageBehindAnAwaitedHeadGoesBeforeTheFlood(t *testing.T) {
 				}
 				close(store.hold)
 				<-head.Done()
-				message := queue(t, l, c.message)
+				message := enqueue(t, l, c.message)
 				<-message.Done()
 				<-flood.Done()
 				store.committed(t, c.want)
@@ -476,13 +476,13 @@ func TestLog_AConfirmWaitsForAChunkOfAFloodNotAllOfIt(t *testing.T) {
 				store, l := startHeld(16, 320)
 				defer l.Stop()
 				for _, m := range []int{20, 22, 24, 26, c.first} {
-					queue(t, l, m)
+					enqueue(t, l, m)
 				}
 				var late *Outcome
 				store.during = func(b *Batch[int]) {
 					if c.late != 0 && late == nil &&
 						slices.Equal(b.Messages, []int{20, 22}) {
-						late = queue(t, l, c.late)
+						late = enqueue(t, l, c.late)
 					}
 				}
 				close(store.hold)

@@ -114,6 +114,17 @@ func Recycle(batch [][]byte) {
 	}
 }
 
+// Notify signals ch, a channel of capacity one, without waiting: a
+// signal already pending says the same. It is how one goroutine wakes
+// another that waits for work (a writer for room, a committer for a
+// batch), in popsub.go and the packages under it alike.
+func Notify(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
 // Wakeups are the writers a reader's work owes a start: the idle
 // outboxes its publishes filled since it last read its socket. A writer
 // started at once, for each frame a publish queues, wrote each delivery
