@@ -307,10 +307,13 @@ func TestLab_FreePlayRunsEitherBrokerOrBoth(t *testing.T) {
 		chromedp.Click(css(`[data-act="publish"][data-qos="1"]`)),
 		chromedp.Click(css("#step")),
 	}
-	do(t, ctx, "pick the article's broker",
-		chromedp.SetValue(css("#brokers"), "article"),
-		chromedp.Evaluate[chromedp.Void](`document.getElementById("brokers").
-			dispatchEvent(new Event("change"))`))
+	pick := func(brokers string) {
+		t.Helper()
+		do(t, ctx, "pick "+brokers, chromedp.SetValue(css("#brokers"), brokers),
+			chromedp.Evaluate[chromedp.Void](`document.getElementById(
+				"brokers").dispatchEvent(new Event("change"))`))
+	}
+	pick("article")
 	until(t, ctx, "the article's broker runs", `document.getElementById(
 		"broker-state").textContent.startsWith("the article's broker")`)
 	do(t, ctx, "bob subscribes, alice publishes", click...)
@@ -321,10 +324,7 @@ func TestLab_FreePlayRunsEitherBrokerOrBoth(t *testing.T) {
 		true {
 		t.Errorf("the article's broker alone shows a second column")
 	}
-	do(t, ctx, "pick both",
-		chromedp.SetValue(css("#brokers"), "both"),
-		chromedp.Evaluate[chromedp.Void](`document.getElementById("brokers").
-			dispatchEvent(new Event("change"))`))
+	pick("both")
 	until(t, ctx, "two columns", `!document.getElementById("beside").hidden`)
 	do(t, ctx, "bob subscribes, alice publishes", click...)
 	until(t, ctx, "each column has its run", `[...document.querySelectorAll(
