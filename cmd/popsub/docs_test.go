@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/popsub/popsub/transcript"
 	"io"
 	"net"
 	"net/http"
@@ -16,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +24,7 @@ import (
 	"github.com/popsub/popsub"
 	"github.com/popsub/popsub/docs/asyncapi"
 	"github.com/popsub/popsub/jetstream/natstest"
+	"github.com/popsub/popsub/transcript"
 )
 
 // This file runs the docs. Every fenced block in docs/*.md that shows a
@@ -136,12 +137,15 @@ func (s *docServer) addresses() map[string]string {
 	return real
 }
 
-// localize replaces the addresses a doc names with the real ones.
+// localize replaces the addresses a doc names with the real ones, in one
+// pass: one at a time, a real port holding a named one (42221 holds 4222)
+// would be replaced again.
 func (s *docServer) localize(text string) string {
+	var pairs []string
 	for named, real := range s.addresses() {
-		text = strings.ReplaceAll(text, named, real)
+		pairs = append(pairs, named, real)
 	}
-	return text
+	return strings.NewReplacer(pairs...).Replace(text)
 }
 
 func TestDocs_EveryCommandAndFrameRuns(t *testing.T) {
@@ -643,8 +647,9 @@ func startServeLines(t *testing.T, args []string) ([]string, func() error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	out, in := io.Pipe()
 	result := make(chan error, 1)
+	var logs lockedBuffer // --log-level error: what went wrong, and stacks
 	go func() {
-		result <- run(ctx, args, in, io.Discard)
+		result <- run(ctx, args, in, &logs)
 		in.Close()
 	}()
 
@@ -667,10 +672,32 @@ func startServeLines(t *testing.T, args []string) ([]string, func() error) {
 	}
 	stop := func() error {
 		cancel()
-		return <-result
+		if err := <-result; err != nil {
+			return fmt.Errorf("%w; serve logged:\n%s", err, logs.String())
+		}
+		return nil
 	}
 	t.Cleanup(func() { cancel() })
 	return banner, stop
+}
+
+// lockedBuffer is a bytes.Buffer that a server's goroutines may write to
+// while a test reads it.
+type lockedBuffer struct {
+	mu     sync.Mutex
+	buffer bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buffer.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buffer.String()
 }
 
 // export sets NAME=value for the commands that follow. A value with "…"

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -377,12 +378,31 @@ func serveUntilDone(ctx context.Context, listener net.Listener,
 		10*time.Second)
 	defer cancel()
 	server.Shutdown(stop)
-	if err := broker.Shutdown(stop); err != nil {
-		return err
+	finished := make(chan error, 1)
+	go func() { finished <- broker.Shutdown(stop) }()
+	select {
+	case err := <-finished:
+		if err != nil {
+			return err
+		}
+	case <-time.After(shutdownStuck):
+		// A stop that hangs is worse than one that skips the flush: the
+		// log loses nothing confirmed either way, as after kill -9. The
+		// stacks say where it hung.
+		stacks := make([]byte, 1<<20)
+		stacks = stacks[:runtime.Stack(stacks, true)]
+		logger.Error("shutdown stuck: stopping without it", "after",
+			shutdownStuck, "goroutines", string(stacks))
+		return fmt.Errorf("shutdown did not finish in %v", shutdownStuck)
 	}
 	logger.Info("stopped cleanly")
 	return nil
 }
+
+// shutdownStuck is how long serve waits for the broker's shutdown before
+// it gives up on it: the 10 s given to the clients, and as long again for
+// the loops, the log's last commit and the store's close.
+const shutdownStuck = 20 * time.Second
 
 // routes serves the WebSocket at /ws, and at / for upgrade requests as
 // the original's clients expect; HTTP publish and Server-Sent Events at
