@@ -46,7 +46,7 @@ func (d *disk) crash() *disk {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.lost = true
-	return &disk{memoryStore: d.memoryStore.copy(), delay: d.delay}
+	return &disk{memoryStore: d.memoryStore.Copy(), delay: d.delay}
 }
 
 // crash kills ps's broker, which runs on d, as kill -9 would: its

@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -22,6 +20,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/popsub/popsub/memlog"
 	"github.com/popsub/popsub/wire"
 )
 
@@ -575,89 +574,19 @@ func pendingCount(b *Broker) int {
 	return n
 }
 
-// memoryStore is a Store kept in memory: it proves the broker needs no
-// more of a store than the interface says.
-type memoryStore struct {
-	mu      sync.Mutex
-	logs    map[string][]*Message
-	heads   map[string]uint64
-	cursors map[string]uint64
-	closed  bool
-}
+// memoryStore is a Store kept in memory (package memlog, which the lab's
+// disk keeps its contents in too): it proves the broker needs no more of
+// a store than the interface says.
+type memoryStore = memlog.Store[*Message]
 
 // newMemoryStore returns an empty memoryStore.
-func newMemoryStore() *memoryStore {
-	return &memoryStore{logs: map[string][]*Message{},
-		heads: map[string]uint64{}, cursors: map[string]uint64{}}
-}
+func newMemoryStore() *memoryStore { return memlog.New(placeOf) }
 
-// Commit applies a batch: appends, trims, cursors.
-func (s *memoryStore) Commit(batch *Batch) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return errors.New("memory store closed")
-	}
-	for _, m := range batch.Messages {
-		s.logs[m.Topic] = append(s.logs[m.Topic], m)
-		s.heads[m.Topic] = max(s.heads[m.Topic], m.Seq)
-		if log, seq := m.Releases(); seq != 0 {
-			s.logs[log] = slices.DeleteFunc(s.logs[log],
-				func(m *Message) bool { return m.Seq == seq })
-		}
-	}
-	for topic, upTo := range batch.Trims {
-		s.logs[topic] = slices.DeleteFunc(s.logs[topic],
-			func(m *Message) bool { return m.Seq <= upTo })
-	}
-	for topic, seqs := range batch.Deletes {
-		s.logs[topic] = slices.DeleteFunc(s.logs[topic],
-			func(m *Message) bool { return slices.Contains(seqs, m.Seq) })
-	}
-	maps.Copy(s.heads, batch.Heads)
-	for key, position := range batch.Cursors {
-		s.cursors[key] = position
-	}
-	return nil
-}
-
-// Read returns up to limit messages after seq.
-func (s *memoryStore) Read(topic string, after uint64,
-	limit, maxBytes int) ([]*Message, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []*Message
-	size := 0
-	for _, m := range s.logs[topic] {
-		if m.Seq > after && len(out) < limit && size < maxBytes {
-			out = append(out, m)
-			size += len(m.Payload)
-		}
-	}
-	return out, nil
-}
-
-// Topics returns every topic's head.
-func (s *memoryStore) Topics() (map[string]uint64, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return maps.Clone(s.heads), nil
-}
-
-// Cursor returns a stored cursor.
-func (s *memoryStore) Cursor(key string) (uint64, bool, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	position, ok := s.cursors[key]
-	return position, ok, nil
-}
-
-// Close marks the store closed.
-func (s *memoryStore) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	return nil
+// placeOf tells memlog where m goes.
+func placeOf(m *Message) memlog.Record {
+	log, seq := m.Releases()
+	return memlog.Record{Topic: m.Topic, Seq: m.Seq, Size: len(m.Payload),
+		Releases: log, Released: seq}
 }
 
 // jwtTime converts a time for a token's claims.

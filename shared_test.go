@@ -1,6 +1,7 @@
 package popsub
 
 import (
+	"sync"
 	"testing"
 )
 
@@ -8,6 +9,7 @@ import (
 // gives out seqs like a shared log, and the test decides what it feeds.
 type sharedMemory struct {
 	*memoryStore
+	mu   sync.Mutex // one Append gives out a seq at a time
 	feed func(*Message)
 }
 
@@ -16,8 +18,9 @@ type sharedMemory struct {
 func (s *sharedMemory) Append(m *Message,
 	done func(seq uint64, duplicate bool, err error)) {
 	s.mu.Lock()
-	s.heads[m.Topic]++
-	seq := s.heads[m.Topic]
+	heads, _ := s.Topics()
+	seq := heads[m.Topic] + 1
+	s.Commit(&Batch{Heads: map[string]uint64{m.Topic: seq}})
 	s.mu.Unlock()
 	done(seq, false, nil)
 }
@@ -35,10 +38,7 @@ var _ SharedLog = (*sharedMemory)(nil)
 func (s *sharedMemory) put(topic string, seq uint64, id string) {
 	m := &Message{Topic: topic, ID: id, Seq: seq, QoS: 0,
 		Payload: []byte(`"` + id + `"`)}
-	s.mu.Lock()
-	s.logs[topic] = append(s.logs[topic], m)
-	s.heads[topic] = max(s.heads[topic], seq)
-	s.mu.Unlock()
+	s.Commit(&Batch{Messages: []*Message{m}})
 	s.feed(m)
 }
 

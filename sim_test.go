@@ -283,7 +283,7 @@ func (w *world) restart() {
 	old, d := w.server, w.disk
 	w.mu.Unlock()
 	old.stop()
-	kept := &disk{memoryStore: d.memoryStore.copy(), delay: d.delay}
+	kept := &disk{memoryStore: d.memoryStore.Copy(), delay: d.delay}
 	next := w.startBroker(kept)
 	w.mu.Lock()
 	w.server, w.disk = next, kept

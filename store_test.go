@@ -554,7 +554,7 @@ func (s *powerStore) hold() {
 func (s *powerStore) powerLoss() *memoryStore {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	kept := s.memoryStore.copy()
+	kept := s.memoryStore.Copy()
 	s.lost = true
 	if s.held != nil {
 		close(s.held)
@@ -562,18 +562,6 @@ func (s *powerStore) powerLoss() *memoryStore {
 	return kept
 }
 
-// copy returns a store with what s holds.
-func (s *memoryStore) copy() *memoryStore {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	kept := newMemoryStore()
-	for topic, log := range s.logs {
-		kept.logs[topic] = slices.Clone(log)
-	}
-	maps.Copy(kept.heads, s.heads)
-	maps.Copy(kept.cursors, s.cursors)
-	return kept
-}
 
 // Deliveries leave before the disk syncs; the power then goes. A
 // subscriber resuming with "after" misses nothing and never sees a seq it

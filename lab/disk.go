@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/memlog"
 )
 
 // # The disk
@@ -25,54 +26,18 @@ import (
 // batch wait for it.
 const syncTime = 40 * time.Millisecond
 
-// contents are a disk's topic logs, heads and durable cursors.
-type contents struct {
-	logs    map[string][]*popsub.Message
-	heads   map[string]uint64
-	cursors map[string]uint64
-}
+// contents are a disk's topic logs, heads and durable cursors, kept by
+// package memlog, the engine under the broker's tests too.
+type contents = memlog.Contents[*popsub.Message]
 
-func newContents() contents {
-	return contents{logs: map[string][]*popsub.Message{},
-		heads: map[string]uint64{}, cursors: map[string]uint64{}}
-}
+// newContents returns an empty disk's contents.
+func newContents() contents { return memlog.NewContents(placeOf) }
 
-// clone copies c; the messages are shared, as they never change.
-func (c contents) clone() contents {
-	d := newContents()
-	for topic, log := range c.logs {
-		d.logs[topic] = slices.Clone(log)
-	}
-	maps.Copy(d.heads, c.heads)
-	maps.Copy(d.cursors, c.cursors)
-	return d
-}
-
-// apply applies a batch as the Batch type says: appends (each deleting
-// the $delayed record it was sent from, if any), trims and deletes,
-// heads, cursors. keepHeads false drops the heads the broker reserved, as the
-// lab's broker without reservations does (noreserve.go).
-func (c contents) apply(b *popsub.Batch) {
-	for _, m := range b.Messages {
-		c.logs[m.Topic] = append(c.logs[m.Topic], m)
-		c.heads[m.Topic] = max(c.heads[m.Topic], m.Seq)
-		if log, seq := m.Releases(); seq != 0 {
-			c.logs[log] = slices.DeleteFunc(c.logs[log],
-				func(m *popsub.Message) bool { return m.Seq == seq })
-		}
-	}
-	for topic, upTo := range b.Trims {
-		c.logs[topic] = slices.DeleteFunc(c.logs[topic],
-			func(m *popsub.Message) bool { return m.Seq <= upTo })
-	}
-	for topic, seqs := range b.Deletes {
-		c.logs[topic] = slices.DeleteFunc(c.logs[topic],
-			func(m *popsub.Message) bool { return slices.Contains(seqs, m.Seq) })
-	}
-	if keepHeads {
-		maps.Copy(c.heads, b.Heads)
-	}
-	maps.Copy(c.cursors, b.Cursors)
+// placeOf tells memlog where m goes.
+func placeOf(m *popsub.Message) memlog.Record {
+	log, seq := m.Releases()
+	return memlog.Record{Topic: m.Topic, Seq: m.Seq, Size: len(m.Payload),
+		Releases: log, Released: seq}
 }
 
 // Disk is the lab's Store.
@@ -124,7 +89,7 @@ func (d *Disk) Commit(b *popsub.Batch) error {
 		d.written("lie", b)
 		return nil
 	}
-	d.synced.apply(b)
+	d.synced.Apply(b, keepHeads)
 	d.buffered = slices.DeleteFunc(d.buffered,
 		func(o *popsub.Batch) bool { return o == b })
 	d.mu.Unlock()
@@ -184,7 +149,7 @@ func (d *Disk) flush() {
 		return
 	}
 	for _, b := range pending {
-		d.synced.apply(b)
+		d.synced.Apply(b, keepHeads)
 	}
 	d.buffered = slices.DeleteFunc(d.buffered, func(b *popsub.Batch) bool {
 		return slices.Contains(pending, b)
@@ -209,9 +174,9 @@ func (d *Disk) view() contents {
 	if len(d.buffered) == 0 {
 		return d.synced
 	}
-	v := d.synced.clone()
+	v := d.synced.Clone()
 	for _, b := range d.buffered {
-		v.apply(b)
+		v.Apply(b, keepHeads)
 	}
 	return v
 }
@@ -221,29 +186,21 @@ func (d *Disk) Read(topic string, after uint64, limit,
 	maxBytes int) ([]*popsub.Message, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var out []*popsub.Message
-	size := 0
-	for _, m := range d.view().logs[topic] {
-		if m.Seq > after && len(out) < limit && size < maxBytes {
-			out = append(out, m)
-			size += len(m.Payload)
-		}
-	}
-	return out, nil
+	return d.view().Read(topic, after, limit, maxBytes), nil
 }
 
 // Topics returns each topic's head.
 func (d *Disk) Topics() (map[string]uint64, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return maps.Clone(d.view().heads), nil
+	return maps.Clone(d.view().Heads), nil
 }
 
 // Cursor returns a durable cursor.
 func (d *Disk) Cursor(key string) (uint64, bool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	position, ok := d.view().cursors[key]
+	position, ok := d.view().Cursors[key]
 	return position, ok, nil
 }
 
@@ -257,9 +214,9 @@ func (d *Disk) after(powerCut bool) *Disk {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.gone = true
-	kept := d.synced.clone()
+	kept := d.synced.Clone()
 	if !powerCut {
-		kept = d.view().clone()
+		kept = d.view().Clone()
 	}
 	return &Disk{gate: d.gate, written: d.written, synced: kept,
 		slow: d.slow, lies: d.lies}
@@ -274,17 +231,17 @@ func (d *Disk) picture() (logs map[string][]diskMessage,
 	v := d.view()
 	logs = map[string][]diskMessage{}
 	synced := map[*popsub.Message]bool{}
-	for _, log := range d.synced.logs {
+	for _, log := range d.synced.Logs {
 		for _, m := range log {
 			synced[m] = true
 		}
 	}
-	for topic, log := range v.logs {
+	for topic, log := range v.Logs {
 		for _, m := range log {
 			logs[topic] = append(logs[topic], diskMessage{m, synced[m]})
 		}
 	}
-	return logs, maps.Clone(v.heads), maps.Clone(v.cursors)
+	return logs, maps.Clone(v.Heads), maps.Clone(v.Cursors)
 }
 
 // diskMessage is a message on the disk, and whether it is synced.

@@ -1,0 +1,171 @@
+// Package memlog keeps a log in memory: the one in-memory engine of
+// PopSub, under the broker's tests (as a Store) and under the lab's disk
+// (as the contents a sync leaves, and a power cut keeps).
+//
+// A batch applies as popsub.Batch says: its messages are appended, each
+// deleting the record of another log it names (a delayed message's, sent
+// when due), then the trims and single deletes, then the heads and the
+// cursors. Reads return what the log holds after a seq, within a count
+// and a number of payload bytes, as a disk's would.
+//
+// It is generic over the message, as package groupcommit is, so that
+// package popsub's own tests can use it: a package that imported popsub
+// could not be imported by them.
+package memlog
+
+import (
+	"errors"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/popsub/popsub/groupcommit"
+)
+
+// Record is what the log needs to know of a message: where it goes, the
+// bytes of its payload, and the record it deletes as it is stored
+// (Releases, at Released), if any.
+type Record struct {
+	Topic    string
+	Seq      uint64
+	Size     int
+	Releases string
+	Released uint64
+}
+
+// Contents are a log's topics, each topic's head, and the durable
+// cursors: what a batch leaves. The zero value is not usable: make one
+// with NewContents.
+type Contents[M any] struct {
+	Logs    map[string][]M
+	Heads   map[string]uint64
+	Cursors map[string]uint64
+	record  func(M) Record
+}
+
+// NewContents returns empty contents of messages that record describes.
+func NewContents[M any](record func(M) Record) Contents[M] {
+	return Contents[M]{Logs: map[string][]M{}, Heads: map[string]uint64{},
+		Cursors: map[string]uint64{}, record: record}
+}
+
+// Clone copies c; the messages are shared, as they never change.
+func (c Contents[M]) Clone() Contents[M] {
+	d := NewContents(c.record)
+	for topic, log := range c.Logs {
+		d.Logs[topic] = slices.Clone(log)
+	}
+	maps.Copy(d.Heads, c.Heads)
+	maps.Copy(d.Cursors, c.Cursors)
+	return d
+}
+
+// Apply applies b. keepHeads false drops the heads b reserves, as the
+// lab's broker without reservations does.
+func (c Contents[M]) Apply(b *groupcommit.Batch[M], keepHeads bool) {
+	for _, m := range b.Messages {
+		r := c.record(m)
+		c.Logs[r.Topic] = append(c.Logs[r.Topic], m)
+		c.Heads[r.Topic] = max(c.Heads[r.Topic], r.Seq)
+		if r.Released != 0 {
+			c.Logs[r.Releases] = slices.DeleteFunc(c.Logs[r.Releases],
+				func(m M) bool { return c.record(m).Seq == r.Released })
+		}
+	}
+	for topic, upTo := range b.Trims {
+		c.Logs[topic] = slices.DeleteFunc(c.Logs[topic],
+			func(m M) bool { return c.record(m).Seq <= upTo })
+	}
+	for topic, seqs := range b.Deletes {
+		c.Logs[topic] = slices.DeleteFunc(c.Logs[topic],
+			func(m M) bool { return slices.Contains(seqs, c.record(m).Seq) })
+	}
+	if keepHeads {
+		maps.Copy(c.Heads, b.Heads)
+	}
+	maps.Copy(c.Cursors, b.Cursors)
+}
+
+// Read returns up to limit messages of topic after seq after, and no
+// more once their payloads pass maxBytes.
+func (c Contents[M]) Read(topic string, after uint64, limit,
+	maxBytes int) []M {
+	var out []M
+	size := 0
+	for _, m := range c.Logs[topic] {
+		if len(out) == limit || size >= maxBytes {
+			break
+		}
+		if r := c.record(m); r.Seq > after {
+			out = append(out, m)
+			size += r.Size
+		}
+	}
+	return out
+}
+
+// Store is Contents behind a lock, as a Store: every commit is on its
+// "disk" at once, and the store lives as long as the process.
+type Store[M any] struct {
+	mu       sync.Mutex
+	contents Contents[M]
+	closed   bool
+}
+
+// New returns an empty store of messages that record describes.
+func New[M any](record func(M) Record) *Store[M] {
+	return &Store[M]{contents: NewContents(record)}
+}
+
+// ErrClosed is what a commit to a closed store gets.
+var ErrClosed = errors.New("memlog: store closed")
+
+// Commit applies batch.
+func (s *Store[M]) Commit(batch *groupcommit.Batch[M]) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	s.contents.Apply(batch, true)
+	return nil
+}
+
+// Read returns up to limit messages of topic after seq after.
+func (s *Store[M]) Read(topic string, after uint64, limit,
+	maxBytes int) ([]M, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.contents.Read(topic, after, limit, maxBytes), nil
+}
+
+// Topics returns each topic's head.
+func (s *Store[M]) Topics() (map[string]uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.contents.Heads), nil
+}
+
+// Cursor returns a durable cursor's position, if one is stored.
+func (s *Store[M]) Cursor(key string) (uint64, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	position, ok := s.contents.Cursors[key]
+	return position, ok, nil
+}
+
+// Close refuses every commit from now on; reads go on.
+func (s *Store[M]) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	return nil
+}
+
+// Copy returns an open store holding what s holds: the disk a restarted
+// broker finds.
+func (s *Store[M]) Copy() *Store[M] {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return &Store[M]{contents: s.contents.Clone()}
+}
