@@ -229,7 +229,10 @@ func (p *publisher) publish(ctx context.Context, ws *websocket.Conn,
 	if expires {
 		frame["ttl_ms"] = ttl
 	}
-	if delays || p.marker {
+	switch {
+	case p.marker:
+		frame["delay_ms"] = markerDelay
+	case delays:
 		frame["delay_ms"] = delay
 	}
 	return send(ctx, ws, frame)
@@ -248,8 +251,8 @@ func (p *publisher) confirmed(f frame) {
 
 // Mark publishes one value with id at QoS 1, through drops, and returns
 // once it is confirmed: a marker behind everything published before. It
-// waits the delay, as a delayed value does, so that it is due after
-// every one published before it and is sent after them.
+// waits markerDelay, so that it is sent after every delayed value
+// published before it, even one whose send failed and is tried again.
 func (c *Client) Mark(ctx context.Context, topic, id string) error {
 	p := &publisher{Client: c, topic: topic, window: 1,
 		stop: closed, unconfirmed: []string{id}, marker: true}
@@ -418,6 +421,14 @@ func expiring(id string) bool { return eighth(id) == 1 }
 // delay is how long, in milliseconds, the values that wait are delayed:
 // a few ack timeouts, so that some fall due while their broker is down.
 const delay = 1500
+
+// markerDelay is how long, in milliseconds, a marker waits: the delay,
+// and time for a value that fell due during a fault to be sent after
+// the heal. A broker tries a failed send again a second later, and a
+// read of its record that NATS never answered gives up after five
+// seconds; a marker due before such a value was sent would end the
+// readers' logs ahead of it, and the value would look lost.
+const markerDelay = delay + 10_000
 
 // delayedPrefix names the log a delayed message waits in until it is
 // due: its confirm names it.
