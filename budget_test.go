@@ -22,18 +22,19 @@ import (
 	"github.com/popsub/popsub/docs/source"
 )
 
-// The budget of popsub.go, from STYLE.md: what keeps "an afternoon" true.
-// Two of them are over STYLE.md's, and say by how much: the fixes for
-// restarts, overlapping subscriptions and floods (delayed messages sent
-// once and bounded, a pending entry for each subscription, dead letters
-// settled once stored, a wildcard's reply queued before its first
-// message) put the file 205 code lines and 8 minutes over, and no
-// honest cut of that size was found beside them. Making room is
-// the restructure that makes every feature a leaf (STYLE.md, "The first
-// reading stands alone"); until it lands, these caps hold the line.
+// The budget of popsub.go, from STYLE.md. Two of them are over STYLE.md's,
+// and say by how much: the fixes for restarts, overlapping subscriptions
+// and floods (delayed messages sent once and bounded, a pending entry for
+// each subscription, dead letters settled once stored, a wildcard's reply
+// queued before its first message) put the file 205 code lines over, and
+// the first reading, priced as a reader pays it (5 lines a minute where
+// code locks, starts a goroutine or selects), takes 255 minutes against
+// a goal of 180. Making room is the restructure that makes every feature
+// a leaf (STYLE.md, "The first reading stands alone"); until it lands,
+// these caps hold the line, and the test's log prints each one's slack.
 const (
 	budgetFirstReading  = 1300 // code lines in first-reading sections
-	budgetMinutes       = 220  // the first reading; STYLE.md's is 210
+	budgetMinutes       = 255  // the first reading, priced; the goal is 180
 	budgetCode          = 2405 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
@@ -97,7 +98,10 @@ func TestPopsubGo_KeepsItsBudget(t *testing.T) {
 		{"lines over 80 columns", len(b.LongLines), 0,
 			len(b.LongLines) == 0},
 	}
+	t.Logf("first reading: %d dense code lines (locks, goroutines, "+
+		"selects) of %d", b.FirstReadingDense(), b.FirstReading)
 	for _, c := range checks {
+		t.Logf("%-46s %5d, budget %5d", c.what, c.got, c.want)
 		if !c.ok {
 			t.Errorf("popsub.go: %s: %d, budget %d", c.what, c.got, c.want)
 		}

@@ -1,7 +1,6 @@
 // Package popsub is a small publish/subscribe broker that speaks JSON over
-// WebSocket: its first reading, the article's broker done right, takes an
-// afternoon, and it is careful enough to run for demos and small
-// deployments at the edge.
+// WebSocket: its first reading is the article's broker done right, and it
+// is careful enough to run for demos and small deployments at the edge.
 //
 // It rebuilds the original PopSub (written in Rust) and goes further where
 // that one stopped: per-subscriber acks and retries, topics as logs with
@@ -32,8 +31,9 @@
 // # Reading path
 //
 // The broker's behaviour is this file, about 2,400 lines of code, 1,200
-// of them on the first reading, which takes about 3.5 hours at 150 words
-// of prose and 8 lines of code a minute. You follow a message: options
+// of them on the first reading, which takes about 4.5 hours at 150 words
+// of prose and 8 lines of code a minute, 5 where the code locks, starts
+// a goroutine or selects. You follow a message: options
 // and frames; the broker's tables; the log, and the contracts of the
 // machine room under it (the store, group commit, the socket: packages
 // of their own); connecting; subscribing; publishing and fan-out; the

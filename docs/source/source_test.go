@@ -101,3 +101,51 @@ func TestQuote_FindsDeclarationsByName(t *testing.T) {
 		t.Error("Quote found a declaration that does not exist")
 	}
 }
+
+// A function that locks, starts a goroutine or selects is priced at the
+// dense pace, every line of it; one that does none of these is not.
+func TestMeasure_PricesConcurrentCodeDense(t *testing.T) {
+	src := []byte(`package p
+
+// # Plain
+
+// plain adds.
+func plain(a, b int) int {
+	return a + b
+}
+
+// # Busy
+
+// locked locks.
+func locked(mu interface{ Lock(); Unlock() }) {
+	mu.Lock()
+	defer mu.Unlock()
+}
+
+// started starts a goroutine.
+func started() {
+	go func() {}()
+}
+
+// waits selects.
+func waits(c chan int) {
+	select {
+	case <-c:
+	}
+}
+`)
+	b, err := Measure(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dense := map[string]int{}
+	for _, s := range b.Sections {
+		dense[s.Title] = s.Dense
+	}
+	if dense["Plain"] != 0 {
+		t.Errorf("Plain has %d dense lines, want 0", dense["Plain"])
+	}
+	if want := 4 + 3 + 5; dense["Busy"] != want {
+		t.Errorf("Busy has %d dense lines, want %d", dense["Busy"], want)
+	}
+}
