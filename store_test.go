@@ -562,7 +562,6 @@ func (s *powerStore) powerLoss() *memoryStore {
 	return kept
 }
 
-
 // Deliveries leave before the disk syncs; the power then goes. A
 // subscriber resuming with "after" misses nothing and never sees a seq it
 // saw given to another message, and every confirmed message survives.
