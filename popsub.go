@@ -1443,8 +1443,8 @@ func (b *Broker) newMessage(f frame) (*Message, reply) {
 		payload = compact.Bytes()
 	}
 	m := &Message{Topic: f.Topic, ID: f.MessageID, QoS: f.QoS, Payload: payload}
-	// A ttl_ms sets when it stops being delivered, a delay when it is
-	// due (b.times, in Delayed delivery).
+	// A ttl_ms sets when it stops being delivered; a delay moves it to
+	// wait in $delayed/<topic> until due (b.times, in Delayed delivery).
 	return m, b.times(m, f)
 }
 
