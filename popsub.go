@@ -350,8 +350,8 @@ type Broker struct {
 	topics map[string]*topic
 	// wildcards holds the live-only subscriptions with + or #.
 	wildcards map[*subscription]struct{}
-	// connections holds every registered connection, for the retry and
-	// keepalive loops and for Shutdown.
+	// connections holds every registered connection, for Shutdown, the
+	// x-ray's snapshot and the outbox total /metrics reports.
 	connections map[*connection]struct{}
 	// durables maps a durable key to the one subscription that owns it.
 	durables map[string]*subscription
