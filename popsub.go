@@ -861,7 +861,8 @@ func (b *Broker) newConnection(ws Socket, remote string) *connection {
 	return c
 }
 
-// register adds c to the broker's table unless the broker is closing.
+// register adds c to the broker's table, and reports whether it did: not
+// once the broker is closing.
 func (b *Broker) register(c *connection) bool {
 	// Checking closing and adding to closed under one lock means Shutdown
 	// either sees the connection or the connection sees Shutdown.
@@ -963,9 +964,10 @@ func (c *connection) serve() {
 	}
 }
 
-// authenticate reads frames until a valid auth frame. Login frames may
-// come first, to trade a password for a token; anything else is refused.
-// Replies here are written directly: the writer has not started yet.
+// authenticate reads frames until a valid auth frame, and reports whether
+// the session started. Login frames may come first, to trade a password
+// for a token; anything else is refused. Replies here are written
+// directly: the writer has not started yet.
 func (c *connection) authenticate() bool {
 	// A timer, not a context: a cancelled Read drops the socket without
 	// a close frame, and the client deserves to hear 4001. c.authTimer
@@ -1015,7 +1017,8 @@ type Claims struct {
 }
 
 // accept checks the auth frame's token and, if it is good, starts the
-// session: the subject, the grants, and its timers.
+// session: the subject, the grants, and its timers. It reports whether
+// it did.
 func (c *connection) accept(f frame) bool {
 	// c.broker.Verify checks the token; c.startTimers ends the session
 	// when the token runs out, and pings the peer every interval
@@ -1044,7 +1047,8 @@ func (c *connection) accept(f frame) bool {
 }
 
 // read returns the next text frame, valid until the next read, or nil
-// when the client has been quiet a while (Socket.Idle). The socket
+// when the client has been quiet a while (Socket.Idle), and false once
+// the connection has ended. The socket
 // closes the connection for binary frames and invalid UTF-8 (encoding/
 // json would silently replace bad bytes, and then a payload would not be
 // what its publisher sent), and for a frame over the read limit, before
@@ -1668,7 +1672,8 @@ func (c *connection) reply(r reply) {
 	c.enqueue(data)
 }
 
-// enqueue queues frames, waiting for room or for the connection to end.
+// enqueue queues frames, waiting for room or for the connection to end,
+// and reports whether it queued them (false: the connection ended).
 // The poll covers a wake-up taken by another waiter on this connection.
 // Before it waits, c.wake.Start() starts the writers this connection's
 // reader owes, its own among them perhaps: nothing waits for a writer
@@ -1785,8 +1790,8 @@ func (c *connection) deliver(s *subscription, m *Message, delivery []byte,
 // push queues delivery to s's connection within 1/split of the outbox, with
 // the skipped frame s.notice before it, if the log overtook s (Replay):
 // both or neither, so that the subscriber hears of a gap as the next
-// message comes, never while it has no room for it. The caller holds
-// c.mu.
+// message comes, never while it has no room for it. It reports whether
+// it queued them. The caller holds c.mu.
 func (c *connection) push(s *subscription, delivery []byte, split int,
 	wake *wakeups) bool {
 	limit := c.broker.opts.OutboxBytes / split
@@ -2621,8 +2626,8 @@ func NewToken(secret []byte, sub string, ttl time.Duration) (string, error) {
 // number, 0 or more", not Go's (wire.Explain).
 
 // overCapacity counts a new connection, and refuses it with HTTP 503 if
-// it is one past MaxConnections: refusing before the upgrade costs one
-// HTTP response, not a socket and two goroutines.
+// it is one past MaxConnections, reporting true: refusing before the
+// upgrade costs one HTTP response, not a socket and two goroutines.
 func (b *Broker) overCapacity(w http.ResponseWriter) bool {
 	if n := b.open.Add(1); b.opts.MaxConnections > 0 &&
 		n > int64(b.opts.MaxConnections) {
@@ -3343,9 +3348,9 @@ func (g *group) leave(s *subscription) {
 	}
 }
 
-// offer queues m to s if there is room: to its connection, or, for a
-// group's feed, to the first member with room, starting at g.turn. wake
-// is as for deliver.
+// offer queues m to s if there is room, and reports whether it did: to
+// its connection, or, for a group's feed, to the first member with room,
+// starting at g.turn. wake is as for deliver.
 func (s *subscription) offer(m *Message, delivery []byte, split int,
 	deadline time.Time, wake *wakeups) bool {
 	if s.conn != nil {
@@ -3428,7 +3433,8 @@ func (g *group) keep(list []pending) []*subscription {
 }
 
 // assign queues p's message to member s as attempt p.attempt, if it has
-// room or must take it anyway, and makes the delivery s's to ack. Forced
+// room or must take it anyway, makes the delivery s's to ack, and reports
+// whether it did. Forced
 // into a full outbox the frame is dropped, as a retry's is, and the
 // retry timer sends it again.
 func (c *connection) assign(s *subscription, p pending, must bool) bool {
@@ -3974,8 +3980,8 @@ func (b *Broker) snapshot() *wire.State {
 	return state
 }
 
-// state describes c, if it has authenticated, and adds its pending
-// entries to state.
+// state describes c and adds its pending entries to state, reporting
+// false, with nothing added, if c has not authenticated.
 func (c *connection) state(state *wire.State) (wire.ConnectionState, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
