@@ -186,7 +186,8 @@ func TestPopsubGo_FirstReadingNamesTheDetailsItUses(t *testing.T) {
 			unnamed = append(unnamed, name)
 		}
 	}
-	t.Logf("the first reading uses %d declarations of details", len(used))
+	t.Logf("the first reading uses %d declarations of details: %s",
+		len(used), strings.Join(slices.Sorted(maps.Keys(used)), ", "))
 	if len(unnamed) > 0 {
 		t.Errorf("the first reading uses these details without naming "+
 			"them in its prose: %s", strings.Join(unnamed, ", "))
