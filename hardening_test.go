@@ -1,7 +1,6 @@
 package popsub
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/popsub/popsub/internal/logbuf"
 	"github.com/popsub/popsub/login"
 	"github.com/popsub/popsub/socket"
 	"github.com/popsub/popsub/wire"
@@ -527,7 +527,7 @@ func TestBroker_Limits(t *testing.T) {
 }
 
 func TestBroker_LogsHoldNoSecrets(t *testing.T) {
-	var logs lockedBuffer
+	var logs logbuf.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs,
 		&slog.HandlerOptions{Level: slog.LevelDebug}))
 	ts := startBroker(t, Options{Users: loginUsers(t), Logger: logger})
@@ -577,26 +577,6 @@ func TestBroker_NoLeaksAfterManyConnections(t *testing.T) {
 		countGoroutines())
 	waitFor(t, func() bool { return countOpenFiles(t) <= before+2 },
 		"open files to return to %d, have %d", before, countOpenFiles(t))
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a test at once.
-type lockedBuffer struct {
-	mu     sync.Mutex
-	buffer bytes.Buffer
-}
-
-// Write appends p.
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buffer.Write(p)
-}
-
-// String returns everything written so far.
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buffer.String()
 }
 
 // countOpenFiles counts this process's open file descriptors.
@@ -652,7 +632,7 @@ func (panickyStore) Cursor(key string) (uint64, bool, error) {
 }
 
 func TestBroker_PanicCostsOnlyThatConnection(t *testing.T) {
-	var logs lockedBuffer
+	var logs logbuf.Buffer
 	ts := startBroker(t, Options{Store: panickyStore{newMemoryStore()},
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	bystander := ts.dial("bystander")
@@ -736,7 +716,7 @@ func TestBroker_RefusedPublishNamesItsMessageID(t *testing.T) {
 // would hide the bug), must still serve a new client, and the witness
 // must read every confirmed message once, in seq order, with no gap.
 func TestBroker_StrangersInEveryOrder(t *testing.T) {
-	var logs lockedBuffer
+	var logs logbuf.Buffer
 	ts := startBroker(t, Options{AckTimeout: time.Minute,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	witness := ts.dial("witness")

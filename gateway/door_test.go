@@ -20,6 +20,7 @@ import (
 
 	"github.com/popsub/popsub"
 	"github.com/popsub/popsub/boltstore"
+	"github.com/popsub/popsub/internal/logbuf"
 )
 
 // These tests are the HTTP door as a stranger meets it: raw sockets on
@@ -188,7 +189,7 @@ func TestDoor_CapsSocketsOfEveryKind(t *testing.T) {
 
 func TestDoor_HandshakeErrorsAreCountedAndLoggedOnceASecond(t *testing.T) {
 	var counted atomic.Int64
-	var log lockedLog
+	var log logbuf.Buffer
 	server := NewServer(http.NotFoundHandler(), DoorOptions{
 		Logger:           slog.New(slog.NewTextHandler(&log, nil)),
 		OnHandshakeError: func() { counted.Add(1) }})
@@ -225,26 +226,6 @@ func TestDoor_HandshakeErrorsAreCountedAndLoggedOnceASecond(t *testing.T) {
 		t.Errorf("%d log lines for 50 errors in a moment, want one a "+
 			"second:\n%s", lines, log.String())
 	}
-}
-
-// lockedLog is a log a test reads while the server writes it.
-type lockedLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-// Write appends p.
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-// String returns what was written.
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }
 
 func TestDoor_LargeBodiesInFlightShareOneBudget(t *testing.T) {

@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/popsub/popsub"
 	"github.com/popsub/popsub/docs/asyncapi"
+	"github.com/popsub/popsub/internal/logbuf"
 	"github.com/popsub/popsub/jetstream/natstest"
 	"github.com/popsub/popsub/transcript"
 )
@@ -647,7 +647,7 @@ func startServeLines(t *testing.T, args []string) ([]string, func() error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	out, in := io.Pipe()
 	result := make(chan error, 1)
-	var logs lockedBuffer // --log-level error: what went wrong, and stacks
+	var logs logbuf.Buffer // --log-level error: what went wrong, and stacks
 	go func() {
 		result <- run(ctx, args, in, &logs)
 		in.Close()
@@ -679,25 +679,6 @@ func startServeLines(t *testing.T, args []string) ([]string, func() error) {
 	}
 	t.Cleanup(func() { cancel() })
 	return banner, stop
-}
-
-// lockedBuffer is a bytes.Buffer that a server's goroutines may write to
-// while a test reads it.
-type lockedBuffer struct {
-	mu     sync.Mutex
-	buffer bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buffer.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buffer.String()
 }
 
 // export sets NAME=value for the commands that follow. A value with "…"

@@ -10,6 +10,7 @@ import (
 	"testing/synctest"
 
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/internal/logbuf"
 	"github.com/popsub/popsub/memlog"
 )
 
@@ -43,7 +44,7 @@ func TestServe_AStuckShutdownEndsWithItsStacks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var logs lockedBuffer
+		var logs logbuf.Buffer
 		logger := slog.New(slog.NewTextHandler(&logs, nil))
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel() // Ctrl-C at once
