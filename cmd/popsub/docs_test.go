@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -598,7 +599,9 @@ func (s *docServer) runNATS(args []string, where string) {
 // start runs serve with args on a free port, in the file's folder.
 func (s *docServer) start(args, expected []string, where string) {
 	if s.stop != nil {
-		if err := s.stop(); err != nil {
+		err := s.stop()
+		s.stop = nil
+		if err != nil {
 			s.t.Fatalf("%s: stopping the last server: %v", where, err)
 		}
 	}
@@ -670,13 +673,16 @@ func startServeLines(t *testing.T, args []string) ([]string, func() error) {
 		cancel()
 		t.Fatalf("serve %v printed nothing: %v", args, <-result)
 	}
-	stop := func() error {
+	// stop may be called again (a test that failed between a stop and
+	// the next start): it returns what the first call did, rather than
+	// wait for ever for a result already taken.
+	stop := sync.OnceValue(func() error {
 		cancel()
 		if err := <-result; err != nil {
 			return fmt.Errorf("%w; serve logged:\n%s", err, logs.String())
 		}
 		return nil
-	}
+	})
 	t.Cleanup(func() { cancel() })
 	return banner, stop
 }
