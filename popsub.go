@@ -1130,8 +1130,11 @@ func decodeFrame(data []byte) (frame, reply) {
 
 // subscription is one client's interest in one topic or filter.
 type subscription struct {
-	// conn is the subscriber.
+	// conn is the subscriber, which owes the acks.
 	conn *connection
+	// to is where fan-out and replay hand its messages: conn, or, for
+	// the subscription a work queue reads its topic with, the group.
+	to receiver
 	// filter is the topic, or a filter with + or #.
 	filter string
 	// topic is the exact topic, or nil for a wildcard filter.
@@ -1145,16 +1148,44 @@ type subscription struct {
 	// durable is the cursor of a durable subscription, or nil: a
 	// durableCursor (a detail) knows the seqs sent and still unacked.
 	durable *durableCursor
-	// group is the work queue a member subscription belongs to, or nil.
-	// A group's own feed, which reads the topic for all its members, is
-	// a subscription too, with a group and no conn (Work queues).
-	group *group
-	// jobs counts a member's QoS 1 deliveries not yet acked, against
-	// GroupWindow. Guarded by conn.mu.
-	jobs int
+	// shares is set when s shares its messages with other subscriptions,
+	// each message to one of them: a work queue's member. nil: s keeps
+	// every message it is sent.
+	shares sharing
+	// owed counts s's QoS 1 deliveries not yet acked. Guarded by conn.mu.
+	owed int
 	// notice is a skipped frame that goes out with the next delivery,
 	// or nil (Replay). Guarded by conn.mu.
 	notice []byte
+}
+
+// A receiver takes a subscription's messages. There are two: the
+// subscriber's connection (connection.deliver below), and a work
+// queue's group, which hands each message to one member with room
+// (Work queues, a detail). Fan-out and replay know only this.
+type receiver interface {
+	// deliver queues m to s if there is room, and reports whether s is
+	// done with m; connection.deliver says how.
+	deliver(s *subscription, m *Message, delivery []byte, split int,
+		deadline time.Time, wake *wakeups) bool
+	// roomMade is signalled when deliver may find room it did not find;
+	// a nil channel: the caller polls.
+	roomMade() <-chan struct{}
+	// cutOff disconnects whoever receives, with 4008 and why.
+	cutOff(why string)
+}
+
+// sharing is what a subscription that shares its messages does beyond
+// one that keeps them: a work queue's member (Work queues). The calls
+// marked c.mu are made with the member's connection locked.
+type sharing interface {
+	// full reports whether s owes as many acks as it may (c.mu).
+	full(s *subscription) bool
+	// leave takes s out: no new messages go to it.
+	leave(s *subscription)
+	// handOn gives list, deliveries a member will not finish, to the
+	// others as their next attempts: to any but avoid, if it is set.
+	handOn(list []pending, avoid *connection)
 }
 
 // subscribe answers a subscribe frame.
@@ -1184,7 +1215,7 @@ func (c *connection) subscribe(f frame) {
 // durable name gives it a cursor, set here before anyone else can see s.
 func (c *connection) newSubscription(filter string, t *topic,
 	durable string) *subscription {
-	s := &subscription{conn: c, filter: filter, topic: t,
+	s := &subscription{conn: c, to: c, filter: filter, topic: t,
 		cancel: make(chan struct{})}
 	if durable != "" {
 		// newDurableCursor keys it (Durable subscriptions).
@@ -1318,10 +1349,9 @@ func (b *Broker) unsubscribe(s *subscription) {
 	// step below is idempotent.
 	//
 	// First no new deliveries: out of the topic, the wildcard table and,
-	// for a work queue's member, its group (s.group.leave, in Work
-	// queues).
-	if s.group != nil {
-		s.group.leave(s)
+	// for one that shares its messages, its sharing (Work queues).
+	if s.shares != nil {
+		s.shares.leave(s)
 	}
 	if s.topic != nil {
 		s.topic.mu.Lock()
@@ -1356,9 +1386,9 @@ func (b *Broker) unsubscribe(s *subscription) {
 	}
 	c.mu.Unlock()
 	// A departed member's deliveries go to the others at once, as their
-	// next attempts (g.place, in Work queues).
-	if s.group != nil {
-		s.group.place(left, nil)
+	// next attempts.
+	if s.shares != nil {
+		s.shares.handOn(left, nil)
 	}
 }
 
@@ -1528,10 +1558,9 @@ func (b *Broker) sequenced(t *topic, m *Message, last uint64, wake *wakeups) {
 // holds t.mu, which keeps seq order.
 func (b *Broker) fanOut(t *topic, m *Message, last uint64, wake *wakeups) {
 	// Replaying subscriptions are skipped: their replayer will read the
-	// message from the store, or from the topic's unsynced list. s.offer
-	// queues the message to the subscriber's connection if it has room
-	// (or, for a work queue's feed, to one member with room, in Work
-	// queues), and reports whether it did.
+	// message from the store, or from the topic's unsynced list.
+	// s.to.deliver queues the message to s's receiver if it has room, and
+	// reports whether it did (or s no longer wants it).
 	//
 	// One encoding serves every subscriber: the bytes are never mutated,
 	// so a hundred outboxes can hold the same slice. One clock read
@@ -1545,7 +1574,8 @@ func (b *Broker) fanOut(t *topic, m *Message, last uint64, wake *wakeups) {
 	// here was sent: each subscriber goes back to the log, to hear it.
 	gap := m.Seq > last+1
 	for s := range t.subscribers {
-		if s.live && (gap || !s.offer(m, m.delivery, 1, deadline, wake)) {
+		if s.live && (gap || !s.to.deliver(s, m, m.delivery, 1, deadline,
+			wake)) {
 			s.fallBehind(b, last)
 		}
 	}
@@ -1772,10 +1802,10 @@ func (c *connection) deliver(s *subscription, m *Message, delivery []byte,
 	defer c.mu.Unlock()
 
 	// A subscription ended a moment ago gets nothing more: nobody would
-	// ever clear its pending entries. A group's member that left has no
-	// room, so the group hands the message to another.
+	// ever clear its pending entries. One that shared its messages has
+	// no room, so that they go to another that shares them.
 	if s.ended() {
-		return s.group == nil
+		return s.shares == nil
 	}
 	if m.expired() { // Naks, backoff and expiry
 		return true
@@ -1786,6 +1816,10 @@ func (c *connection) deliver(s *subscription, m *Message, delivery []byte,
 	c.record(s, m, deadline)
 	return true
 }
+
+// roomMade is signalled when the writer takes c's frames, or an ack
+// frees part of its window.
+func (c *connection) roomMade() <-chan struct{} { return c.room }
 
 // push queues delivery to s's connection within 1/split of the outbox, with
 // the skipped frame s.notice before it, if the log overtook s (Replay):
@@ -1806,12 +1840,12 @@ func (c *connection) push(s *subscription, delivery []byte, split int,
 }
 
 // windowHas reports whether 1/split of the in-flight window has room for
-// m, by count and by bytes, if it is QoS 1, and, for a group's member s,
-// whether s holds fewer than GroupWindow jobs. An empty window takes one
-// message, however large. The caller holds c.mu.
+// m, by count and by bytes, if it is QoS 1, and s may owe one more ack
+// (its sharing may say not). An empty window takes one message, however
+// large. The caller holds c.mu.
 func (c *connection) windowHas(s *subscription, m *Message, split int) bool {
 	o := c.broker.opts
-	if m.QoS == 0 || s.group != nil && s.jobs >= o.GroupWindow {
+	if m.QoS == 0 || s.shares != nil && s.shares.full(s) {
 		return m.QoS == 0
 	}
 	return c.inflight == 0 || c.inflight < max(o.MaxInflight/split, 1) &&
@@ -1857,7 +1891,7 @@ func (c *connection) addPending(p pending) *pending {
 	q.Insert(i, p)
 	c.inflight++
 	c.inflightBytes += p.message.size()
-	p.subscription.jobs++
+	p.subscription.owed++
 	return &q.Live()[i]
 }
 
@@ -1927,19 +1961,19 @@ func (c *connection) settleOne(p pending, kind string) {
 	}
 }
 
-// settle removes the live entries i to j of q, acked or dead_lettered
-// (the kind). An ack moves durable cursors past them, and the x-ray
-// hears of it; a dead letter does both once it is on disk
-// (b.deadLetter). Acks for what this connection does not owe find
-// nothing and change nothing. An emptied table stays, for overdue to
-// drop: a busy topic's table empties and refills many times a
-// second. The caller holds c.mu.
+// settle removes the live entries i to j of q, acked, dead_lettered or
+// moved (the kind). An ack moves durable cursors past them, and the x-ray
+// hears of it; a dead letter does both once it is on disk (b.deadLetter);
+// a move, to another that shares them, does neither. Acks for what this
+// connection does not owe find nothing and change nothing. An emptied
+// table stays, for overdue to drop: a busy topic's table empties and
+// refills many times a second. The caller holds c.mu.
 func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 	live := q.Live()
 	for k := i; k < j; k++ {
 		p := &live[k]
 		c.inflightBytes -= p.message.size()
-		p.subscription.jobs--
+		p.subscription.owed--
 		if kind != "acked" {
 			continue
 		}
@@ -2001,13 +2035,13 @@ func (c *connection) redeliver(now time.Time) {
 
 	// A retry never waits. One that finds the outbox full is not sent,
 	// and counts as an attempt all the same: a subscriber that has not
-	// drained its outbox for an ack timeout is not reading it. A group
-	// member's retry goes to another member (g.place, in Work queues).
+	// drained its outbox for an ack timeout is not reading it. A retry
+	// of a delivery s shares goes to another that shares it.
 	for _, data := range retries {
 		c.outbox.Push(data)
 	}
 	for _, p := range moves {
-		p.subscription.group.place([]pending{p}, c)
+		p.subscription.shares.handOn([]pending{p}, c)
 	}
 	for i := range dead {
 		c.broker.deadLetter(dead[i], c, dead[i].message.deadReason())
@@ -2015,10 +2049,11 @@ func (c *connection) redeliver(now time.Time) {
 }
 
 // overdue walks c's pending deliveries once. Each overdue one gets its
-// next attempt and a retry frame (or, in a group, goes among moves),
-// or, past its last retry or expiry, is settled as dead_lettered and
-// goes among dead. It drops emptied tables, and sets c's timer for the
-// earliest deadline left. The caller holds c.mu.
+// next attempt and a retry frame, or, if its subscription shares its
+// messages, is settled as moved and goes among moves, or, past its last
+// retry or expiry, is settled as dead_lettered and goes among dead. It
+// drops emptied tables, and sets c's timer for the earliest deadline
+// left. The caller holds c.mu.
 func (c *connection) overdue(now time.Time) (retries [][]byte,
 	dead, moves []pending) {
 	next := int64(math.MaxInt64) // the earliest deadline left, Unix ns
@@ -2033,7 +2068,7 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 				next = min(next, p.deadline.UnixNano())
 			case p.attempt > c.broker.opts.MaxRetries || p.message.expired():
 				dead = append(dead, *p)
-			case p.subscription.group != nil:
+			case p.subscription.shares != nil:
 				moves = append(moves, *p)
 			default:
 				p.attempt++
@@ -2052,10 +2087,8 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 	for _, p := range dead {
 		c.settleOne(p, "dead_lettered")
 	}
-	// c.release takes a move out of this member's window; the group
-	// places it after c.mu (Work queues).
 	for _, p := range moves {
-		c.release(p)
+		c.settleOne(p, "moved")
 	}
 	return retries, dead, moves
 }
@@ -2155,9 +2188,8 @@ func (c *connection) keepPending(p pending) {
 // own goroutine and ends early if s or its connection ends. behind says
 // that s was live, and may not skip a message unannounced:
 // s.overtaken finds what the log dropped, moves past it, and has the
-// subscriber told (Retention, a detail). s.cutOff cuts the subscriber
-// off with 4008, if the log cannot be read: its connection, or a work
-// queue's members.
+// subscriber told (Retention, a detail). s.to.cutOff cuts the
+// subscriber off with 4008, if the log cannot be read.
 func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 	// stuck remembers the synced seq seen after the last empty read;
 	// from is where the next read starts: after, the last seq sent, or,
@@ -2176,7 +2208,7 @@ func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 			b.opts.OutboxBytes/2)
 		if err != nil {
 			b.logger.Error("replay read", "topic", s.filter, "err", err)
-			s.cutOff("log unreadable")
+			s.to.cutOff("log unreadable")
 			return
 		}
 		if len(msgs) == 0 {
@@ -2269,7 +2301,8 @@ func (s *subscription) finishReplay(after uint64, m *Message, delivery []byte,
 	// A subscription ended during replay is no longer in the topic, and
 	// must not come back to life.
 	_, subscribed := t.subscribers[s]
-	s.live = subscribed && (m == nil || s.offer(m, delivery, 1, deadline, nil))
+	s.live = subscribed &&
+		(m == nil || s.to.deliver(s, m, delivery, 1, deadline, nil))
 	return s.live || !subscribed, after
 }
 
@@ -2297,20 +2330,16 @@ func (s *subscription) deliverReplay(b *Broker, m *Message,
 				return false, true
 			}
 		}
-		if s.offer(m, delivery, 2, deadline, nil) {
+		if s.to.deliver(s, m, delivery, 2, deadline, nil) {
 			return true, false
 		}
 
 		// No room: wait for the writer or an ack to make some. The poll
 		// covers a wake-up taken by another replayer on this connection,
-		// and a group's feed, which has no connection (nil channels
-		// never fire) and polls its members.
-		var room chan struct{}
-		if s.conn != nil {
-			room = s.conn.room
-		}
+		// and a receiver with no channel to wait on (a nil one never
+		// fires).
 		select {
-		case <-room:
+		case <-s.to.roomMade():
 		case <-time.After(10 * time.Millisecond):
 		case <-s.cancel:
 			return false, true
@@ -3189,28 +3218,33 @@ func (q *pendingQueue) find(p pending) int {
 // as NATS queue groups and MQTT's shared subscriptions do. The group is
 // one reader of the topic, a feed that replays and turns live as any
 // subscription does, so everything above holds for it: the hand-over,
-// falling back to the log, retention. Where a plain subscription queues
-// a message to its connection, the feed offers it to the members in
-// turn, starting after the one that took the last message, and the
-// first with room takes it. Round-robin among members with room, rather
-// than least-loaded: it needs no count kept per member, and a member
-// without room (its in-flight window is full because it does not ack)
-// is skipped anyway, so the slow get less without anyone measuring
-// them.
+// falling back to the log, retention. Where a plain subscription's
+// receiver is its connection, the feed's is the group, which offers each
+// message to the members in turn, starting after the one that took the
+// last message, and the first with room takes it. Round-robin among
+// members with room, rather than least-loaded: it needs no count kept per
+// member, and a member without room (its in-flight window is full because
+// it does not ack) is skipped anyway, so the slow get less without anyone
+// measuring them.
 //
-// The member that took a QoS 1 message owes its ack. A retry goes to
-// another member with room, as the next attempt; a member that leaves,
-// or is cut off, hands its unacked deliveries to the others at once.
-// The group keeps one cursor on disk, not one per member: the highest
-// seq with everything up to it acked, by whichever member, as a durable
-// subscription's. A cursor per member would have a restarted member
-// redo what another acked. Groups need the broker's own log: on a shared
-// log each broker would hand the same message to a member of its own.
+// The member that took a QoS 1 message owes its ack. Each member's
+// subscription has the group as its sharing, which the first reading asks
+// whether the member is full, and hands what the member will not finish:
+// a retry goes to another member with room, as the next attempt; a member
+// that leaves, or is cut off, hands its unacked deliveries to the others
+// at once. The group keeps one cursor on disk, not one per member: the
+// highest seq with everything up to it acked, by whichever member, as a
+// durable subscription's. A cursor per member would have a restarted
+// member redo what another acked. Groups need the broker's own log: on a
+// shared log each broker would hand the same message to a member of its
+// own.
 
-// group is a work queue: one topic's messages shared by its members.
+// group is a work queue: one topic's messages shared by its members. It
+// is its feed's receiver, and each member's sharing.
 type group struct {
 	broker *Broker
-	// feed reads the topic for the group; its conn is nil.
+	// feed reads the topic for the group: its receiver is the group, and
+	// it has no conn.
 	feed *subscription
 	// members are the member subscriptions, replaced whole under
 	// broker.mu and read without a lock; turn is where the next offer
@@ -3243,9 +3277,9 @@ func (c *connection) subscribeGroup(f frame) {
 	// A failed join joins too, and leaves at once, so that the group
 	// counts nobody as joining it any more.
 	s := c.newSubscription(f.Topic, c.broker.topic(f.Topic), "")
-	r, start, ok := c.broker.prepareJoin(s, f)
+	g, r, start, ok := c.broker.prepareJoin(s, f)
 	c.reply(r)
-	s.group.join(s, start)
+	g.join(s, start)
 	if !ok {
 		c.dropSubscription(s)
 		return
@@ -3253,25 +3287,27 @@ func (c *connection) subscribeGroup(f frame) {
 	c.broker.noteSubscription("subscribed", s)
 }
 
-// prepareJoin finds or starts s's group and returns the subscribed reply.
+// prepareJoin finds or starts s's group and returns it and the
+// subscribed reply.
 // A new group's feed is registered, not live: it will start after the
 // stored cursor, or where f asks (new messages only, by default), and
 // start is where, or nil for a group already under way. A cursor that
 // cannot be read makes the reply an error, and the last result false.
-func (b *Broker) prepareJoin(s *subscription, f frame) (reply, *uint64, bool) {
+func (b *Broker) prepareJoin(s *subscription,
+	f frame) (*group, reply, *uint64, bool) {
 	t := s.topic
 	key := strings.Join([]string{"", f.Group, t.name}, "\x00")
 	b.mu.Lock()
 	g, known := b.groups[key]
 	if !known {
 		g = &group{broker: b, cursor: durableCursor{key: key}}
-		g.feed = &subscription{filter: t.name, topic: t, group: g,
+		g.feed = &subscription{filter: t.name, topic: t, to: g,
 			cancel: make(chan struct{})}
 		g.members.Store(&[]*subscription{})
 		b.groups[key] = g
 	}
 	g.joining++
-	s.group, s.durable = g, &g.cursor
+	s.shares, s.durable = g, &g.cursor
 	b.mu.Unlock()
 
 	// The cursor, read through the committer, wins over after and last.
@@ -3289,10 +3325,10 @@ func (b *Broker) prepareJoin(s *subscription, f frame) (reply, *uint64, bool) {
 	head := t.head
 	r := reply{Type: "subscribed", Topic: t.name, Seq: &head}
 	if err != nil {
-		return topicError("store_failed", err.Error(), t.name), nil, false
+		return g, topicError("store_failed", err.Error(), t.name), nil, false
 	}
 	if known {
-		return r, nil, true
+		return g, r, nil, true
 	}
 	start, recovered := t.startAfter(after, last)
 	if !recovered {
@@ -3303,7 +3339,7 @@ func (b *Broker) prepareJoin(s *subscription, f frame) (reply, *uint64, bool) {
 	g.cursor.sent, g.cursor.saved = start, start
 	b.log.SaveCursor(key, start)
 	t.subscribers[g.feed] = struct{}{}
-	return r, &start, true
+	return g, r, &start, true
 }
 
 // join makes s a member, and the first member starts the feed at start.
@@ -3314,7 +3350,7 @@ func (g *group) join(s *subscription, start *uint64) {
 	g.members.Store(&members)
 	g.joining, g.kept = g.joining-1, nil
 	g.broker.mu.Unlock()
-	g.place(kept, nil)
+	g.handOn(kept, nil)
 	if start != nil {
 		go g.feed.replay(g.broker, *start, false)
 	}
@@ -3348,48 +3384,39 @@ func (g *group) leave(s *subscription) {
 	}
 }
 
-// offer queues m to s if there is room, and reports whether it did: to
-// its connection, or, for a group's feed, to the first member with room,
-// starting at g.turn. wake is as for deliver.
-func (s *subscription) offer(m *Message, delivery []byte, split int,
-	deadline time.Time, wake *wakeups) bool {
-	if s.conn != nil {
-		return s.conn.deliver(s, m, delivery, split, deadline, wake)
-	}
-	members, start := s.group.list(), s.group.turn.Load()
+// deliver queues m, for the group's feed s, to the first member with
+// room, starting at g.turn, and reports whether one took it. wake is as
+// for connection.deliver.
+func (g *group) deliver(s *subscription, m *Message, delivery []byte,
+	split int, deadline time.Time, wake *wakeups) bool {
+	members, start := g.list(), g.turn.Load()
 	for i := range uint64(len(members)) {
 		member := members[(start+i)%uint64(len(members))]
 		if member.conn.deliver(member, m, delivery, split, deadline, wake) {
-			s.group.turn.Store(start + i + 1)
+			g.turn.Store(start + i + 1)
 			return true
 		}
 	}
 	return false
 }
 
-// release takes p, a job a retry moves to another member, out of
-// c's window. The caller holds c.mu.
-func (c *connection) release(p pending) {
-	n := c.unacked[p.message.Topic].Drop(func(e pending) bool {
-		return e.message == p.message && e.subscription == p.subscription
-	})
-	c.inflight -= n
-	c.inflightBytes -= n * p.message.size()
-	p.subscription.jobs -= n
-}
+// roomMade is nil: the feed's replayer polls the members for room.
+func (g *group) roomMade() <-chan struct{} { return nil }
 
-// cutOff cuts off the subscriber: its connection, or a group's members.
-func (s *subscription) cutOff(why string) {
-	subscribers := []*subscription{s}
-	if s.conn == nil {
-		subscribers = s.group.list()
-	}
-	for _, subscriber := range subscribers {
-		subscriber.conn.cutOff(why)
+// cutOff cuts off the group's members.
+func (g *group) cutOff(why string) {
+	for _, member := range g.list() {
+		member.conn.cutOff(why)
 	}
 }
 
-// place gives each of list, as its next attempt, to another member than
+// full reports whether member s holds GroupWindow jobs, or more: then
+// the feed offers the next to another. The caller holds s.conn.mu.
+func (g *group) full(s *subscription) bool {
+	return s.owed >= g.broker.opts.GroupWindow
+}
+
+// handOn gives each of list, as its next attempt, to another member than
 // avoid with room, in turn, due for its retry after the backoff;
 // the x-ray hears that it moved from the member that owed it. When none
 // has room, the member whose turn it is takes it over its bounds: the
@@ -3398,7 +3425,7 @@ func (s *subscription) cutOff(why string) {
 // together. With no member, the group keeps them for the next to join
 // (g.keep): a group may live on with nobody in it while one is joining,
 // and nothing else would send them.
-func (g *group) place(list []pending, avoid *connection) {
+func (g *group) handOn(list []pending, avoid *connection) {
 	for i := 0; i < len(list); {
 		p, members := list[i], g.list()
 		if len(members) == 0 {
@@ -4197,7 +4224,7 @@ func (s *subscription) skipped(b *Broker, after, last uint64) {
 		s.conn.mu.Unlock()
 		return
 	}
-	for _, member := range s.group.list() {
+	for _, member := range s.to.(*group).list() {
 		member.conn.reply(r)
 	}
 }

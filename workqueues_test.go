@@ -379,17 +379,17 @@ func TestGroups_AJobLeftWhileAMemberJoinsReachesIt(t *testing.T) {
 		}
 	}
 	s := c.newSubscription("jobs", ts.broker.topic("jobs"), "")
-	r, start, ok := ts.broker.prepareJoin(s,
+	g, r, start, ok := ts.broker.prepareJoin(s,
 		frame{Type: "subscribe", Topic: "jobs", Group: "workers"})
 	if !ok {
 		t.Fatalf("prepareJoin: %+v", r)
 	}
 	first.c.ws.CloseNow()
 	waitFor(t, func() bool {
-		return len(s.group.list()) == 0 &&
+		return len(g.list()) == 0 &&
 			ts.broker.open.Load() == 2
 	}, "the first member to leave")
-	s.group.join(s, start)
+	g.join(s, start)
 	if g := second.expect("message"); g.MessageID != "j-1" || g.Attempt != 2 {
 		t.Fatalf("the second member got %+v, want j-1 as attempt 2", g)
 	}
