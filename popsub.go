@@ -3215,17 +3215,17 @@ func (q *pendingQueue) find(p pending) int {
 //
 // A subscribe frame with a group name makes the connection a member of
 // that group on the topic: each message goes to one member, not to all,
-// as NATS queue groups and MQTT's shared subscriptions do. The group is
-// one reader of the topic, a feed that replays and turns live as any
-// subscription does, so everything above holds for it: the hand-over,
-// falling back to the log, retention. Where a plain subscription's
-// receiver is its connection, the feed's is the group, which offers each
-// message to the members in turn, starting after the one that took the
-// last message, and the first with room takes it. Round-robin among
-// members with room, rather than least-loaded: it needs no count kept per
-// member, and a member without room (its in-flight window is full because
-// it does not ack) is skipped anyway, so the slow get less without anyone
-// measuring them.
+// as NATS queue groups and MQTT's shared subscriptions do. The group
+// reads the topic through a subscription of its own, g.sub, which replays
+// and turns live as any does, so everything above holds for it: the
+// hand-over, falling back to the log, retention. Where a plain
+// subscription's receiver is its connection, g.sub's is the group, which
+// offers each message to the members in turn, starting after the one that
+// took the last message, and the first with room takes it. Round-robin
+// among members with room, rather than least-loaded: it needs no count
+// kept per member, and a member without room (its in-flight window is
+// full because it does not ack) is skipped anyway, so the slow get less
+// without anyone measuring them.
 //
 // The member that took a QoS 1 message owes its ack. Each member's
 // subscription has the group as its sharing, which the first reading asks
@@ -3240,12 +3240,12 @@ func (q *pendingQueue) find(p pending) int {
 // own.
 
 // group is a work queue: one topic's messages shared by its members. It
-// is its feed's receiver, and each member's sharing.
+// is its own subscription's receiver, and each member's sharing.
 type group struct {
 	broker *Broker
-	// feed reads the topic for the group: its receiver is the group, and
-	// it has no conn.
-	feed *subscription
+	// sub is the group's own subscription to the topic: its receiver is
+	// the group, and it has no conn.
+	sub *subscription
 	// members are the member subscriptions, replaced whole under
 	// broker.mu and read without a lock; turn is where the next offer
 	// starts, after the member that took the last message.
@@ -3287,12 +3287,12 @@ func (c *connection) subscribeGroup(f frame) {
 	c.broker.noteSubscription("subscribed", s)
 }
 
-// prepareJoin finds or starts s's group and returns it and the
-// subscribed reply.
-// A new group's feed is registered, not live: it will start after the
-// stored cursor, or where f asks (new messages only, by default), and
-// start is where, or nil for a group already under way. A cursor that
-// cannot be read makes the reply an error, and the last result false.
+// prepareJoin finds or starts s's group and returns it and the subscribed
+// reply. A new group's subscription is registered, not live: it will
+// start after the stored cursor, or where f asks (new messages only, by
+// default), and start is where, or nil for a group already under way. A
+// cursor that cannot be read makes the reply an error, and the last
+// result false.
 func (b *Broker) prepareJoin(s *subscription,
 	f frame) (*group, reply, *uint64, bool) {
 	t := s.topic
@@ -3301,7 +3301,7 @@ func (b *Broker) prepareJoin(s *subscription,
 	g, known := b.groups[key]
 	if !known {
 		g = &group{broker: b, cursor: durableCursor{key: key}}
-		g.feed = &subscription{filter: t.name, topic: t, to: g,
+		g.sub = &subscription{filter: t.name, topic: t, to: g,
 			cancel: make(chan struct{})}
 		g.members.Store(&[]*subscription{})
 		b.groups[key] = g
@@ -3338,11 +3338,11 @@ func (b *Broker) prepareJoin(s *subscription,
 	// must resume here, not at a newer head.
 	g.cursor.sent, g.cursor.saved = start, start
 	b.log.SaveCursor(key, start)
-	t.subscribers[g.feed] = struct{}{}
+	t.subscribers[g.sub] = struct{}{}
 	return g, r, &start, true
 }
 
-// join makes s a member, and the first member starts the feed at start.
+// join makes s a member, and the first member starts g.sub at start.
 // A subscription ended meanwhile leaves at once.
 func (g *group) join(s *subscription, start *uint64) {
 	g.broker.mu.Lock()
@@ -3352,7 +3352,7 @@ func (g *group) join(s *subscription, start *uint64) {
 	g.broker.mu.Unlock()
 	g.handOn(kept, nil)
 	if start != nil {
-		go g.feed.replay(g.broker, *start, false)
+		go g.sub.replay(g.broker, *start, false)
 	}
 	if s.ended() {
 		g.leave(s)
@@ -3363,7 +3363,7 @@ func (g *group) join(s *subscription, start *uint64) {
 func (g *group) list() []*subscription { return *g.members.Load() }
 
 // leave takes s out of its group. The last member's leaving, with nobody
-// joining, ends the group's feed; its cursor stays on disk for the next
+// joining, ends g.sub; its cursor stays on disk for the next
 // member.
 func (g *group) leave(s *subscription) {
 	b := g.broker
@@ -3377,16 +3377,16 @@ func (g *group) leave(s *subscription) {
 	}
 	b.mu.Unlock()
 	if last {
-		g.feed.topic.mu.Lock()
-		delete(g.feed.topic.subscribers, g.feed)
-		g.feed.topic.mu.Unlock()
-		close(g.feed.cancel)
+		g.sub.topic.mu.Lock()
+		delete(g.sub.topic.subscribers, g.sub)
+		g.sub.topic.mu.Unlock()
+		close(g.sub.cancel)
 	}
 }
 
-// deliver queues m, for the group's feed s, to the first member with
-// room, starting at g.turn, and reports whether one took it. wake is as
-// for connection.deliver.
+// deliver queues m, for the group's own subscription s, to the first
+// member with room, starting at g.turn, and reports whether one took it.
+// wake is as for connection.deliver.
 func (g *group) deliver(s *subscription, m *Message, delivery []byte,
 	split int, deadline time.Time, wake *wakeups) bool {
 	members, start := g.list(), g.turn.Load()
@@ -3400,7 +3400,7 @@ func (g *group) deliver(s *subscription, m *Message, delivery []byte,
 	return false
 }
 
-// roomMade is nil: the feed's replayer polls the members for room.
+// roomMade is nil: g.sub's replayer polls the members for room.
 func (g *group) roomMade() <-chan struct{} { return nil }
 
 // cutOff cuts off the group's members.
@@ -3411,7 +3411,7 @@ func (g *group) cutOff(why string) {
 }
 
 // full reports whether member s holds GroupWindow jobs, or more: then
-// the feed offers the next to another. The caller holds s.conn.mu.
+// the group offers the next to another. The caller holds s.conn.mu.
 func (g *group) full(s *subscription) bool {
 	return s.owed >= g.broker.opts.GroupWindow
 }
