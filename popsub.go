@@ -705,8 +705,8 @@ type wakeups = queue.Wakeups
 type commitLog = groupcommit.Log[*Message]
 
 // startLog starts b's committer over its store. After each commit, and
-// before its confirms go out, it calls b.committed, which settles the
-// broker's tables (After a commit, a detail).
+// before its confirms go out, it calls b.committed, which brings the
+// broker's tables up to date (After a commit, a detail).
 func (b *Broker) startLog() *commitLog {
 	return groupcommit.Start(groupcommit.Config[*Message]{Store: b.store,
 		Size:        (*Message).size,
@@ -2406,7 +2406,7 @@ func (b *Broker) shutdownOnce(ctx context.Context) error {
 // Small functions you have met above. The first reading ends here. After
 // it come the details it only named, in the order it reached them: from
 // tokens and logins to retention, the seqs reserved on disk, what a
-// commit settles and the shared log. The machinery under the broker is
+// commit changes and the shared log. The machinery under the broker is
 // in its packages, which /source shows after this file.
 
 // topicError is an error frame about one topic.
@@ -4313,10 +4313,10 @@ func (b *Broker) askAhead(t *topic) {
 	}
 }
 
-// settleHeads tells the topics whose heads a batch carried how it went:
+// storedHeads tells the topics whose heads a batch carried how it went:
 // a block on disk may be given out; one the store refused is asked for
 // again by the next publish.
-func (b *Broker) settleHeads(heads map[string]uint64, stored bool) {
+func (b *Broker) storedHeads(heads map[string]uint64, stored bool) {
 	for name, head := range heads {
 		t := b.topic(name)
 		t.mu.Lock()
@@ -4347,13 +4347,13 @@ func (b *Broker) seal() {
 //
 // The committer (package groupcommit) gathers what is queued into one
 // transaction and one sync, and calls b.committed after each, before the
-// batch's confirms go out. Here the broker settles its tables: a synced
+// batch's confirms go out. Here the broker updates its tables: a synced
 // batch's messages leave the topics' unsynced lists, a refused batch's
 // leave the index too, and each topic hears whether its reserved head is
 // on disk. Committing each message on its own cost a quiet broker two
 // syncs a message, a third of its CPU at 1,000 messages a second.
 
-// committed settles the broker's tables after the committer wrote batch,
+// committed updates the broker's tables after the committer wrote batch,
 // or failed to (err), in took.
 func (b *Broker) committed(batch *Batch, took time.Duration, err error) {
 	if err != nil {
@@ -4363,7 +4363,7 @@ func (b *Broker) committed(batch *Batch, took time.Duration, err error) {
 	} else {
 		b.markCommitted(batch.Messages)
 	}
-	b.settleHeads(batch.Heads, err == nil)
+	b.storedHeads(batch.Heads, err == nil)
 	b.xray.Tell(wire.Event{Kind: "commit", Messages: len(batch.Messages),
 		Micros: took.Microseconds()})
 }
@@ -4491,7 +4491,7 @@ func (b *Broker) want(filter string) {
 func (b *Broker) append(m *Message) *outcome {
 	f := groupcommit.NewOutcome()
 	m.Timestamp = time.Now().UnixMilli()
-	b.shared.Append(m, f.Settle)
+	b.shared.Append(m, f.Resolve)
 	return f
 }
 

@@ -11,7 +11,7 @@
 // Barrier returns the outcome of everything queued so far; Cursor reads
 // a durable cursor, newest first; Stop commits what is queued and ends.
 // After each commit, and before its outcome is done, Config.Committed
-// hears how it went, so that the broker settles its own tables first.
+// hears how it went, so that the broker updates its own tables first.
 //
 // # The mechanism
 //
@@ -129,34 +129,34 @@ type Config[M any] struct {
 }
 
 // Outcome is what became of one batch (or, on a shared log, of one
-// message): Done is closed once it is settled.
+// message): Done is closed once it is resolved.
 type Outcome struct {
-	done chan struct{} // closed by Settle
+	done chan struct{} // closed by Resolve
 	err  error         // nil when the batch is on disk
 	// seq and duplicate are a shared log's answer for its one message.
 	seq       uint64
 	duplicate bool
 }
 
-// NewOutcome returns an outcome not yet settled.
+// NewOutcome returns an outcome not yet resolved.
 func NewOutcome() *Outcome { return &Outcome{done: make(chan struct{})} }
 
 // Failed returns an outcome that has already failed with err.
 func Failed(err error) *Outcome {
 	o := NewOutcome()
-	o.Settle(0, false, err)
+	o.Resolve(0, false, err)
 	return o
 }
 
-// Settle records what became of the batch, and closes Done. seq and
+// Resolve records what became of the batch, and closes Done. seq and
 // duplicate are a shared log's answer for its one message, 0 and false
-// from a batch. Settle is called once.
-func (o *Outcome) Settle(seq uint64, duplicate bool, err error) {
+// from a batch. Resolve is called once.
+func (o *Outcome) Resolve(seq uint64, duplicate bool, err error) {
 	o.seq, o.duplicate, o.err = seq, duplicate, err
 	close(o.done)
 }
 
-// Done is closed once the outcome is settled.
+// Done is closed once the outcome is resolved.
 func (o *Outcome) Done() <-chan struct{} { return o.done }
 
 // Err is nil once the batch is on disk, or why it is not; it is valid
@@ -190,7 +190,7 @@ type Log[M any] struct {
 	committing *Batch[M]
 	// next is the fate of queued: every caller that queued into it waits
 	// on the same outcome, but for urgent messages, which wait on
-	// nextUrgent: it is settled first when their topics commit first.
+	// nextUrgent: it is resolved first when their topics commit first.
 	next, nextUrgent *Outcome
 	// waited holds the topics someone waits for: true for those with
 	// urgent messages queued, false for those awaiting only a head.
@@ -468,8 +468,8 @@ func (l *Log[M]) loop() {
 			len(batch.Heads)+len(batch.Cursors) == 0 {
 			// Nothing to write, and what was queued before is written:
 			// a sync would add nothing (a steal can leave a wake-up).
-			fate.Settle(0, false, nil)
-			urgentFate.Settle(0, false, nil)
+			fate.Resolve(0, false, nil)
+			urgentFate.Resolve(0, false, nil)
 		} else if first, rest := l.split(batch, waited, size); first != nil {
 			l.commit(first, urgentFate)
 			if l.follow(waited) {
@@ -489,7 +489,7 @@ func (l *Log[M]) loop() {
 	}
 }
 
-// commit writes batch, and settles the outcomes that wait for it.
+// commit writes batch, and resolves the outcomes that wait for it.
 // Committed hears the batch before they are done: a replay that starts
 // after a confirm reads the message from the store.
 func (l *Log[M]) commit(batch *Batch[M], fates ...*Outcome) error {
@@ -500,7 +500,7 @@ func (l *Log[M]) commit(batch *Batch[M], fates ...*Outcome) error {
 	}
 	l.config.Committed(batch, time.Since(start), err)
 	for _, fate := range fates {
-		fate.Settle(0, false, err)
+		fate.Resolve(0, false, err)
 	}
 	return err
 }
@@ -513,7 +513,7 @@ const hurryTakes = 64
 // awaited (Await).
 const headTakes = 4
 
-// commitInChunks commits batch and settles fates, in one transaction,
+// commitInChunks commits batch and resolves fates, in one transaction,
 // or, when hurry (someone waited for a batch lately), in chunks of an
 // eighth of the queue's bytes: between two chunks, the queued topics
 // someone has since come to wait for commit first (l.steal). A confirm
@@ -538,12 +538,12 @@ func (l *Log[M]) commitInChunks(batch *Batch[M], hurry bool,
 	last.Messages = messages
 	failed = cmp.Or(failed, l.commit(&last))
 	for _, fate := range fates {
-		fate.Settle(0, false, failed)
+		fate.Resolve(0, false, failed)
 	}
 }
 
 // steal commits now the queued messages of the topics someone waits for,
-// and the queued heads, and settles their outcome, unless one of those
+// and the queued heads, and resolves their outcome, unless one of those
 // topics still has messages in remaining, which must commit before them.
 func (l *Log[M]) steal(remaining []M) {
 	l.mu.Lock()

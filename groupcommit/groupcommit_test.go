@@ -72,7 +72,7 @@ func startSized(store *memory, messages, bytes int,
 		}}, errors.New("stopped"))
 }
 
-func TestLog_BatchesWhatIsQueuedAndSettlesItsOutcome(t *testing.T) {
+func TestLog_BatchesWhatIsQueuedAndResolvesItsOutcome(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := &memory{cursors: map[string]uint64{}}
 		var heard []int
