@@ -1130,11 +1130,11 @@ func decodeFrame(data []byte) (frame, reply) {
 
 // subscription is one client's interest in one topic or filter.
 type subscription struct {
-	// conn is the subscriber, which owes the acks.
+	// conn is the subscriber, which owes the acks; to is where fan-out
+	// and replay hand its messages: conn, or, for the subscription a
+	// work queue reads its topic with, which has no conn, the group.
 	conn *connection
-	// to is where fan-out and replay hand its messages: conn, or, for
-	// the subscription a work queue reads its topic with, the group.
-	to receiver
+	to   receiver
 	// filter is the topic, or a filter with + or #.
 	filter string
 	// topic is the exact topic, or nil for a wildcard filter.
@@ -1160,8 +1160,8 @@ type subscription struct {
 }
 
 // A receiver takes a subscription's messages. There are two: the
-// subscriber's connection (connection.deliver below), and a work
-// queue's group, which hands each message to one member with room
+// subscriber's connection (connection.deliver, in Acknowledgements), and
+// a work queue's group, which hands each message to one member with room
 // (Work queues, a detail). Fan-out and replay know only this.
 type receiver interface {
 	// deliver queues m to s if there is room, and reports whether s is
