@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -363,7 +364,8 @@ func writeFrame(b *testing.B, ws *websocket.Conn, frame string) {
 // $delayed log holds as much as the default bounds let one topic (and
 // one token) keep waiting: 10,000 small messages, or 64 MiB of large
 // ones. Each op is one start, loading the log and scheduling every
-// message, and the Shutdown after it.
+// message, and the Shutdown after it; heap-B/message is what a waiting
+// message keeps of the broker's heap once started (never its payload).
 func BenchmarkStart_WithAFullDelayedLog(b *testing.B) {
 	for _, payload := range []int{64, 256 << 10} {
 		b.Run(fmt.Sprintf("payload=%d", payload), func(b *testing.B) {
@@ -386,6 +388,11 @@ func BenchmarkStart_WithAFullDelayedLog(b *testing.B) {
 				}
 			}
 			store.Close()
+			// What the waiting messages keep in memory once loaded: the
+			// live heap of a broker started on this file, less that of
+			// one started on an empty file.
+			held := liveHeap(b, path) -
+				liveHeap(b, filepath.Join(b.TempDir(), "empty.db"))
 			for b.Loop() {
 				broker, err := New(Options{Secret: testSecret,
 					Store: openBolt(b, path), Logger: quietLogger})
@@ -395,6 +402,24 @@ func BenchmarkStart_WithAFullDelayedLog(b *testing.B) {
 				broker.Shutdown(context.Background())
 			}
 			b.ReportMetric(float64(n), "messages")
+			b.ReportMetric(held/float64(n), "heap-B/message")
 		})
 	}
+}
+
+// liveHeap is the live heap, in bytes, while a broker started on the
+// bbolt file at path runs, less the heap before it started.
+func liveHeap(b *testing.B, path string) float64 {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	broker, err := New(Options{Secret: testSecret, Store: openBolt(b, path),
+		Logger: quietLogger})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer broker.Shutdown(context.Background())
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	return float64(after.HeapAlloc) - float64(before.HeapAlloc)
 }
