@@ -3602,11 +3602,9 @@ func (m *Message) deadReason() string {
 	return "not acknowledged"
 }
 
-// expired reports whether m had a ttl_ms and it has run out. The clock
-// is read only for such a message.
-func (m *Message) expired() bool {
-	return m.ExpiresAt != 0 && time.Now().UnixMilli() >= m.ExpiresAt
-}
+// expired reports whether m had a ttl_ms and it has run out, by the rule
+// the socket drops an expired delivery by (wire.Past).
+func (m *Message) expired() bool { return wire.Past(m.ExpiresAt) }
 
 // # Delayed delivery (detail)
 //

@@ -189,9 +189,13 @@ func ExpiresAt(frame []byte) int64 {
 // Expired reports whether frame is a message whose expires_at has passed:
 // a socket drops it as its turn to be written comes, however long it
 // waited (in an outbox, a replay, a retry).
-func Expired(frame []byte) bool {
-	at := ExpiresAt(frame)
-	return at != 0 && time.Now().UnixMilli() >= at
+func Expired(frame []byte) bool { return Past(ExpiresAt(frame)) }
+
+// Past is the one rule of expiry: an expires_at, in Unix milliseconds,
+// has passed once the clock reaches it; 0, no expires_at, never does.
+// The clock is read only for a message that has one.
+func Past(expiresAt int64) bool {
+	return expiresAt != 0 && time.Now().UnixMilli() >= expiresAt
 }
 
 // AppendString appends s as a JSON string. s is valid UTF-8 (the broker
