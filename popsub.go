@@ -3479,19 +3479,18 @@ func (c *connection) assign(s *subscription, p pending, must bool) bool {
 
 // # Naks, backoff and expiry (detail)
 //
-// The retry timer knew one thing: a fixed ack timeout and a fixed
-// number of tries. Three lessons refine it, each a small change to the
-// table or the timer.
+// The first reading's retry is an ack timeout and a number of tries.
+// Three refinements change the table or the timer a little each.
 //
-// Backoff. A subscriber that is down was asked again at the same pace,
-// and when it came back every retry due arrived at once: a retry storm.
+// Backoff. A subscriber that is down, asked again at the same pace,
+// would get every retry due at once when it came back: a retry storm.
 // So each retry waits RetryBackoff times longer than the one before,
 // AckTimeout × RetryBackoff^(attempt−1), up to MaxRetryDelay, less up to
 // a fifth. That jitter spreads out retries that fell due together; it
 // comes from the message's seq and attempt, not from a random source, so
 // a run (and a test) repeats exactly.
 //
-// A negative ack. A subscriber that cannot handle a message now says so
+// A negative ack. A subscriber that cannot handle a message yet says so
 // with a nak, rather than wait out the ack timeout: the delivery is
 // retried after delay_ms (in a group, to another member), and the retry
 // counts as an attempt. A nak without delay_ms waits the backoff, never
