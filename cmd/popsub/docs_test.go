@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"context"
 	"encoding/json"
@@ -488,7 +489,7 @@ func (s *docServer) startOther(named string, args, expected []string,
 	if s.others == nil {
 		s.others = map[string]*otherServer{}
 	}
-	real := "127.0.0.1:0"
+	real := keptAddress(s.t)
 	if old := s.others[named]; old != nil {
 		real = old.address
 		s.stopOther(named, where)
@@ -607,11 +608,7 @@ func (s *docServer) start(args, expected []string, where string) {
 	}
 	s.endSession()
 	all := append(docServeArgs(), args...)
-	if s.address != "" {
-		all = append(all, "--addr", s.address)
-	} else {
-		all = append(all, "--addr", "127.0.0.1:0")
-	}
+	all = append(all, "--addr", cmp.Or(s.address, keptAddress(s.t)))
 	banner, stop := startServeLines(s.t, all)
 	s.stop = stop
 	s.address, s.token = "", ""

@@ -9,7 +9,6 @@ import (
 	"io"
 	"log"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -115,17 +114,6 @@ func (p *serveProcess) halt() error {
 	return err
 }
 
-// freeAddr returns a 127.0.0.1 address with a port nothing listens on
-// now.
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // jsSecret signs the suite's tokens.
 var jsSecret = []byte("javascript-client-test-secret-32-bytes")
 
@@ -134,8 +122,8 @@ func startJSServer(t *testing.T) *jsServer {
 	t.Helper()
 	s := &jsServer{t: t, path: filepath.Join(t.TempDir(), "js.db"),
 		mute: make(chan struct{})}
-	s.serve = &serveProcess{t: t, addr: freeAddr(t),
-		db: filepath.Join(t.TempDir(), "serve.db"), closedAddr: freeAddr(t)}
+	s.serve = &serveProcess{t: t, addr: keptAddress(t),
+		db: filepath.Join(t.TempDir(), "serve.db"), closedAddr: keptAddress(t)}
 	t.Cleanup(func() { s.serve.halt() })
 	s.broker = s.newBroker()
 	mux := http.NewServeMux()

@@ -5,8 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"github.com/popsub/popsub/internal/built"
-	"github.com/popsub/popsub/wire"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -16,7 +15,24 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/popsub/popsub/internal/built"
+	"github.com/popsub/popsub/jetstream/natstest"
+	"github.com/popsub/popsub/wire"
 )
+
+// keptAddress is an address on 127.0.0.1 that nothing listens on now,
+// for a broker that a test starts again where it was (files a doc wrote,
+// pages and clients name that address), or for a client to find closed.
+// Its port is picked below the kernel's ephemeral ports
+// (natstest.FreePort), which every outgoing connection and every
+// listener on port 0 takes from: a port the kernel had picked, freed by
+// a stopped broker, went to another package's test connection before
+// the restart could bind it again ("address in use", tutorial 8 with
+// the other packages' tests beside it on a loaded machine).
+func keptAddress(t *testing.T) string {
+	return fmt.Sprint("127.0.0.1:", natstest.FreePort(t))
+}
 
 // startServe runs "popsub serve" in-process on a free 127.0.0.1 port and
 // returns its WebSocket URL, the token it printed, and a stop function

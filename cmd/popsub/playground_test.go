@@ -337,7 +337,9 @@ func shoot(t *testing.T, ctx context.Context, name string) {
 func TestPlayground_SaysWhyItIsNotConnected(t *testing.T) {
 	chromium := browser(t)
 	secret := strings.Repeat("playground-secret-", 2)
-	page, address, stop := playgroundURL(t, secret, "--max-inflight", "1")
+	// The server starts again where it was (keptAddress says why there).
+	page, address, stop := playgroundURL(t, secret, "--max-inflight", "1",
+		"--addr", keptAddress(t))
 	bare, _, _ := strings.Cut(page, "#")
 	ctx, _ := startBrowser(t, chromium)
 
