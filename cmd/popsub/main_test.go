@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,10 +30,20 @@ import (
 // listener on port 0 takes from: a port the kernel had picked, freed by
 // a stopped broker, went to another package's test connection before
 // the restart could bind it again ("address in use", tutorial 8 with
-// the other packages' tests beside it on a loaded machine).
+// the other packages' tests beside it on a loaded machine). No port is
+// handed out twice, so that no test here takes another's while it
+// restarts.
 func keptAddress(t *testing.T) string {
-	return fmt.Sprint("127.0.0.1:", natstest.FreePort(t))
+	for {
+		port := natstest.FreePort(t)
+		if _, taken := keptPorts.LoadOrStore(port, true); !taken {
+			return fmt.Sprint("127.0.0.1:", port)
+		}
+	}
 }
+
+// keptPorts are the ports keptAddress handed out.
+var keptPorts sync.Map
 
 // startServe runs "popsub serve" in-process on a free 127.0.0.1 port and
 // returns its WebSocket URL, the token it printed, and a stop function
