@@ -31,7 +31,7 @@
 // # Reading path
 //
 // The broker's behaviour is this file, about 2,400 lines of code, 1,200
-// of them on the first reading, which takes about 4.5 hours at 150 words
+// of them on the first reading, which takes about 4 hours at 150 words
 // of prose and 8 lines of code a minute, 5 where the code locks, starts
 // a goroutine or selects. You follow a message: options
 // and frames; the broker's tables; the log, and the contracts of the
@@ -453,39 +453,21 @@ func New(opts Options) (*Broker, error) {
 		xray: newEvents(opts), delays: newDelays(),
 		largeFrames: make(chan struct{},
 			max(1, largeFramesBytes/opts.MaxFrameBytes))}
-	// b.startLogins readies the password checks (Logins and passwords, a
-	// detail).
 	b.shared, _ = opts.Store.(SharedLog)
-	b.startLogins()
 
 	// The index of every stored topic is rebuilt before the first client
 	// arrives (b.loadTopics, in Seqs reserved on disk): seqs continue
 	// where they stopped, and a publisher's retry of a message stored
 	// before a crash is still recognised. Then b.startLog starts the
-	// committer's goroutine. A shared log's shared.Follow starts feeding
-	// b.feed whatever any broker committed, to fan out here (the shared
-	// log's detail).
+	// committer's goroutine, and b.startFeatures what the features beyond
+	// the article's broker run on their own, each until Shutdown (Defaults
+	// and start-up, a detail). Retries are each connection's own timer
+	// (Retries and dead letters).
 	if err := b.loadTopics(); err != nil {
 		return nil, err
 	}
 	b.log = b.startLog()
-	if b.shared != nil {
-		b.shared.Follow(b.feed)
-	}
-
-	// Three loops of the broker's own: b.every calls b.trimExpired,
-	// which drops what outlived the TTL (Retention); b.releaseLoop sends
-	// each delayed message when it falls due (Delayed delivery); the
-	// x-ray publishes its events. Retries are each connection's own
-	// timer (Retries and dead letters).
-	b.loops.Add(3)
-	go b.every(min(max(opts.TTL/10, time.Millisecond), time.Minute),
-		b.trimExpired)
-	go b.releaseLoop()
-	go func() {
-		defer b.loops.Done()
-		b.xray.Run(b.stop, b.publishEvent)
-	}()
+	b.startFeatures()
 	return b, nil
 }
 
@@ -599,8 +581,10 @@ func (b *Broker) topicList() []*topic {
 // group commit (groupcommit), the WebSocket (socket, and poller for a
 // quiet one), passwords and tokens (login), the x-ray's queue (xray) and
 // our tables' queues (queue). The first reading reaches them only
-// through the declarations below, each with its contract in a line: this
-// file imports no storage engine, and builds for a browser (GOOS=js).
+// through the declarations below, each with its contract in a line; a
+// package that only a detail uses (the x-ray's queue, the logins' gate)
+// is declared there. This file imports no storage engine, and builds
+// for a browser (GOOS=js).
 
 // Store keeps topic logs and durable cursors, safe for concurrent use;
 // a Commit is durable when it returns.
@@ -714,18 +698,6 @@ func (b *Broker) startLog() *commitLog {
 		Topic:       func(m *Message) string { return m.Topic },
 		MaxMessages: maxQueueMessages, MaxBytes: maxQueueBytes,
 		Linger: commitLinger, Committed: b.committed}, ErrClosed)
-}
-
-// events is the x-ray's queue, b.xray (package xray): events.Emit queues
-// an event without blocking, dropping it if the queue is full;
-// events.Heard and events.Watched say whether anyone listens; events.Run
-// hands each event to b.publishEvent (The x-ray, a detail).
-type events = xray.Feed
-
-// newEvents returns the x-ray's empty queue; opts.OnEvent hears every
-// event, watched or not.
-func newEvents(opts Options) *events {
-	return xray.NewFeed(opts.OnEvent, opts.Logger)
 }
 
 // # Connecting and authenticating
@@ -2414,13 +2386,15 @@ func topicError(code, text, topic string) reply {
 	return reply{Type: "error", Code: code, Message: text, Topic: topic}
 }
 
-// # Defaults (detail)
+// # Defaults and start-up (detail)
 //
 // Every limit is a named default with its unit and its reason, so that a
 // zero Options works and the command's flags change each one. The timing
 // defaults are the original PopSub's, so its users see the same
 // behaviour; the size limits are ours, so that one misbehaving client
-// costs a bounded amount of memory.
+// costs a bounded amount of memory. Then what New starts for the
+// features, each of which the first reading skips: a feature's loop is
+// started here and explained in its own section.
 
 // Defaults for Options. A zero field in Options takes these values.
 const (
@@ -2511,6 +2485,30 @@ func (o Options) withDefaults() Options {
 	o.LoginTokenTTL = cmp.Or(o.LoginTokenTTL, DefaultLoginTokenTTL)
 	o.Logger = cmp.Or(o.Logger, slog.Default())
 	return o
+}
+
+// startFeatures starts the goroutines and tables the features beyond the
+// article's broker need, once the log is loaded: the password checks
+// (b.startLogins, Logins and passwords); a shared log's feed of what any
+// broker committed, to fan out here (b.feed, A log shared by several
+// brokers); and three loops of the broker's own, which end at Shutdown:
+// the trim of what outlived the TTL (b.trimExpired, each tick of
+// b.every, Retention), the release of each delayed message when it falls
+// due (b.releaseLoop, Delayed delivery) and the x-ray's publisher
+// (b.publishEvent).
+func (b *Broker) startFeatures() {
+	b.startLogins()
+	if b.shared != nil {
+		b.shared.Follow(b.feed)
+	}
+	b.loops.Add(3)
+	go b.every(min(max(b.opts.TTL/10, time.Millisecond), time.Minute),
+		b.trimExpired)
+	go b.releaseLoop()
+	go func() {
+		defer b.loops.Done()
+		b.xray.Run(b.stop, b.publishEvent)
+	}()
 }
 
 // # Tokens (detail)
@@ -3915,6 +3913,18 @@ func (b *Broker) forgetDelayed(list []waiting) {
 
 // EventsTopic is the topic the broker publishes its transitions on.
 const EventsTopic = "$sys/events"
+
+// events is the x-ray's queue, b.xray (package xray): events.Emit queues
+// an event without blocking, dropping it if the queue is full;
+// events.Heard and events.Watched say whether anyone listens; events.Run
+// hands each event to b.publishEvent.
+type events = xray.Feed
+
+// newEvents returns the x-ray's empty queue; opts.OnEvent hears every
+// event, watched or not.
+func newEvents(opts Options) *events {
+	return xray.NewFeed(opts.OnEvent, opts.Logger)
+}
 
 // publishEvent publishes one x-ray event, for the feed's goroutine
 // (b.xray, package xray). An event is an ordinary QoS 0 message: it is

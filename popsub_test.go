@@ -43,6 +43,7 @@ import (
 //	Retries and dead letters             deadletters_test.go timers_test.go
 //	Replay                               popsub_test.go store_test.go
 //	Shutdown                             popsub_test.go hardening_test.go
+//	Defaults and start-up                store_test.go delays_test.go
 //	Tokens                               popsub_test.go hardening_test.go
 //	Keepalives, limits and batches       hardening_test.go popsub_test.go
 //	Logins and passwords                 hardening_test.go
@@ -60,7 +61,7 @@ import (
 //	A log shared by several brokers      shared_test.go engine_test.go
 //
 // The package doc's own sections (Reading path, Goroutines, A session),
-// Helpers, Defaults, The queues and Messages at rest have no behaviour
+// Helpers, The queues and Messages at rest have no behaviour
 // of their own: their code is tested through the sections that use it,
 // and prose_test.go holds the numbers the prose quotes to the code.
 
