@@ -907,7 +907,11 @@ func (c *connection) closeSocket(code websocket.StatusCode, why string) {
 // returns, and the socket starts serve again when the client speaks.
 func (c *connection) serve() {
 	// c.recoverPanic logs a panic here, and takes the connection apart
-	// (Keepalives, limits and batches, a detail).
+	// (Keepalives, limits and batches, a detail). c.authenticate waits
+	// for the auth frame, whose token c.accept takes, and reports whether
+	// it came: a login frame may come first, to trade a password for a
+	// token; anything else, or nothing within AuthTimeout, closes the
+	// connection with 4001 (Tokens, a detail).
 	defer c.recoverPanic()
 	if c.claims == nil && !c.authenticate() {
 		c.broker.unregister(c)
@@ -936,46 +940,6 @@ func (c *connection) serve() {
 	}
 }
 
-// authenticate reads frames until a valid auth frame, and reports whether
-// the session started. Login frames may come first, to trade a password
-// for a token; anything else is refused. Replies here are written
-// directly: the writer has not started yet.
-func (c *connection) authenticate() bool {
-	// A timer, not a context: a cancelled Read drops the socket without
-	// a close frame, and the client deserves to hear 4001. c.authTimer
-	// starts it; c.login answers a login frame, pausing the timer while
-	// the broker hashes the password (both in Logins, a detail).
-	// A client that can set headers may send its token with the upgrade
-	// (Authorization: Bearer), as on every HTTP path; it is then
-	// answered as if its first frame had been auth.
-	if c.bearer != "" {
-		return c.accept(frame{Token: c.bearer})
-	}
-	deadline, stop := c.authTimer()
-	defer stop()
-	// Only two frames are understood before auth. Anything else, even a
-	// malformed frame, ends the connection: a stranger gets no second
-	// chance to probe the protocol. c.refuse sends the error frame, then
-	// closes with 4001; c.writeNow writes a reply straight to the socket
-	// (both in Tokens).
-	for {
-		data, ok := c.read()
-		if !ok {
-			return false
-		}
-		f, problem := decodeFrame(data)
-		switch {
-		case problem.Type == "" && f.Type == "login":
-			c.writeNow(c.login(f, deadline))
-		case problem.Type == "" && f.Type == "auth":
-			return c.accept(f)
-		default:
-			c.refuse("unauthenticated", "must authenticate first")
-			return false
-		}
-	}
-}
-
 // Claims are what a token says about its holder: who (sub), until when
 // (exp), and optionally which topics it may publish and subscribe to.
 type Claims struct {
@@ -998,6 +962,9 @@ func (c *connection) accept(f frame) bool {
 	claims, err := c.broker.Verify(f.Token)
 	if err != nil {
 		// The parser's error says what was wrong, never the token.
+		// c.refuse sends the error frame, then closes with 4001; below,
+		// c.writeNow writes a reply straight to the socket: the writer
+		// has not started yet (both in Tokens).
 		c.broker.logger.Info("auth failed", "remote", c.remote, "err", err)
 		c.refuse("auth_failed", "authentication failed")
 		return false
@@ -2530,6 +2497,46 @@ func (b *Broker) startFeatures() {
 func (c *connection) tokenExpired() {
 	c.closeWith(errorReply("token_expired", "token expired"),
 		CloseTokenExpired, "token expired")
+}
+
+// authenticate reads frames until a valid auth frame, and reports whether
+// the session started. Login frames may come first, to trade a password
+// for a token; anything else is refused. Replies here are written
+// directly: the writer has not started yet.
+func (c *connection) authenticate() bool {
+	// A timer, not a context: a cancelled Read drops the socket without
+	// a close frame, and the client deserves to hear 4001. c.authTimer
+	// starts it; c.login answers a login frame, pausing the timer while
+	// the broker hashes the password (both in Logins, a detail).
+	// A client that can set headers may send its token with the upgrade
+	// (Authorization: Bearer), as on every HTTP path; it is then
+	// answered as if its first frame had been auth.
+	if c.bearer != "" {
+		return c.accept(frame{Token: c.bearer})
+	}
+	deadline, stop := c.authTimer()
+	defer stop()
+	// Only two frames are understood before auth. Anything else, even a
+	// malformed frame, ends the connection: a stranger gets no second
+	// chance to probe the protocol. c.refuse sends the error frame, then
+	// closes with 4001; c.writeNow writes a reply straight to the socket
+	// (both below).
+	for {
+		data, ok := c.read()
+		if !ok {
+			return false
+		}
+		f, problem := decodeFrame(data)
+		switch {
+		case problem.Type == "" && f.Type == "login":
+			c.writeNow(c.login(f, deadline))
+		case problem.Type == "" && f.Type == "auth":
+			return c.accept(f)
+		default:
+			c.refuse("unauthenticated", "must authenticate first")
+			return false
+		}
+	}
 }
 
 // refuse writes an error frame and closes with 4001.
