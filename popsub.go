@@ -49,7 +49,8 @@
 // while it catches up; and, for a moment when one of its timers fires
 // (its retries, its pings, its token's expiry), that timer's work. Per
 // broker: the delayed-delivery and retention loops, the x-ray's events
-// loop and the log's committer.
+// loop and the log's committer, and up to 64 writers' goroutines kept a
+// second after their writer finished, for the next (queue.Workers).
 //
 // # A session
 //
@@ -366,6 +367,10 @@ type Broker struct {
 	loops sync.WaitGroup
 	// registered counts connections still registered.
 	registered sync.WaitGroup
+	// writers runs each connection's writer while its outbox holds
+	// frames, on goroutines it keeps a moment for the next writer, whose
+	// stacks have grown already (queue.Workers); Shutdown ends them.
+	writers *queue.Workers
 	// shutdown makes Shutdown idempotent; shutdownErr is what the first
 	// call returned.
 	shutdown    sync.Once
@@ -450,7 +455,7 @@ func New(opts Options) (*Broker, error) {
 		topics: map[string]*topic{}, wildcards: map[*subscription]struct{}{},
 		connections: map[*connection]struct{}{}, groups: map[string]*group{},
 		durables: map[string]*subscription{}, stop: make(chan struct{}),
-		xray: newEvents(opts), delays: newDelays(),
+		writers: &queue.Workers{}, xray: newEvents(opts), delays: newDelays(),
 		largeFrames: make(chan struct{},
 			max(1, largeFramesBytes/opts.MaxFrameBytes))}
 	b.shared, _ = opts.Store.(SharedLog)
@@ -826,7 +831,7 @@ func (b *Broker) newConnection(ws Socket, remote string) *connection {
 		room: make(chan struct{}, 1), done: make(chan struct{}),
 		subscriptions: map[string]*subscription{},
 		unacked:       map[string]*pendingQueue{}}
-	c.outbox = queue.NewOutbox(b.opts.OutboxBytes, c.writeLoop)
+	c.outbox = queue.NewOutbox(b.opts.OutboxBytes, c.writeLoop, b.writers)
 	if r := b.opts.PublishRate; r > 0 {
 		c.limiter = rate.NewLimiter(rate.Limit(r), int(max(r, 1)))
 	}
@@ -1581,7 +1586,9 @@ func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 // writes until the outbox is empty, then exits. A writer that waited for
 // the next frame instead would be simpler, and would cost every idle
 // connection a parked goroutine, whose stack (8 KiB once it has written)
-// was the biggest single item in an idle connection's memory. Each batch
+// was the biggest single item in an idle connection's memory. The
+// broker's b.writers runs it on a goroutine that ran an earlier writer,
+// if one waits, and whose stack has grown already. Each batch
 // goes out in as few system calls as the socket can (c.ws.Send). After a
 // failed write the outbox stays marked as written, so no writer starts
 // again: the reader is about to see the socket closed. The outbox and
@@ -2328,6 +2335,7 @@ func (b *Broker) shutdownOnce(ctx context.Context) error {
 	case <-left:
 	case <-ctx.Done():
 	}
+	b.writers.Stop()
 
 	// The committer goes last: connections still leaving may queue acks.
 	// Its last batch gives back the seqs reserved and never given out.

@@ -221,7 +221,7 @@ func fakeConnection(b *Broker, sub string) (c *connection,
 		subscriptions: map[string]*subscription{},
 		unacked:       map[string]*pendingQueue{}}
 	wake = make(chan struct{}, 1)
-	c.outbox = queue.NewOutbox(1<<20, func() { queue.Notify(wake) })
+	c.outbox = queue.NewOutbox(1<<20, func() { queue.Notify(wake) }, nil)
 	b.register(c)
 	return c, wake
 }

@@ -14,7 +14,8 @@ import (
 //
 // popsub.go relies on it for this: Push queues frames, all or none,
 // within the outbox's bytes (PushWithin within fewer); the first frames
-// into an idle outbox start its writer, or owe Wakeups the start; Take
+// into an idle outbox start its writer (on one of the broker's Workers),
+// or owe Wakeups the start; Take
 // hands the writer everything queued, and an empty batch tells it to
 // exit.
 type Outbox struct {
@@ -23,19 +24,20 @@ type Outbox struct {
 	bytes   int        // the frames' lengths, added up
 	limit   int        // the bound, in bytes
 	writing bool       // a writer goroutine owns the socket's write side
-	write   func()     // the writer, started on a goroutine of its own
+	write   func()     // the writer, started by workers
+	workers *Workers   // where the writer runs
 }
 
 // NewOutbox returns an empty outbox of limit bytes, whose writer is
-// write.
-func NewOutbox(limit int, write func()) *Outbox {
-	return &Outbox{limit: limit, write: write}
+// write, run by workers (nil: a goroutine of its own each time).
+func NewOutbox(limit int, write func(), workers *Workers) *Outbox {
+	return &Outbox{limit: limit, write: write, workers: workers}
 }
 
 // Push queues frames, all or none: none if they would take the outbox
 // past its limit, unless it is empty and they are one frame, which may
 // then be as large as a frame can be. The first frames into an idle
-// outbox start a writer goroutine.
+// outbox start its writer.
 func (o *Outbox) Push(frames ...[]byte) bool {
 	return o.PushWithin(o.limit, nil, frames...)
 }
@@ -65,9 +67,9 @@ func (o *Outbox) PushWithin(limit int, wake *Wakeups, frames ...[]byte) bool {
 	switch {
 	case !idle:
 	case wake == nil:
-		go o.write()
+		o.start()
 	default:
-		wake.Owe(o.write)
+		wake.Owe(o)
 	}
 	return true
 }
@@ -90,6 +92,9 @@ func (o *Outbox) Take(written [][]byte) [][]byte {
 	}
 	return batch
 }
+
+// start runs the writer.
+func (o *Outbox) start() { o.workers.Go(o.write) }
 
 // Bytes is how many bytes are queued now.
 func (o *Outbox) Bytes() int {
@@ -135,30 +140,29 @@ func Notify(ch chan struct{}) {
 // is a leaf: a close's handshake reads the socket from another goroutine.
 type Wakeups struct {
 	mu      sync.Mutex
-	writers []func() // owed a start, in the order they were filled
+	writers []*Outbox // owed their writer's start, in the order filled
 }
 
-// Owe owes write a start, or, on a nil w, starts it at once.
-func (w *Wakeups) Owe(write func()) {
+// Owe owes o's writer a start, or, on a nil w, starts it at once.
+func (w *Wakeups) Owe(o *Outbox) {
 	if w == nil {
-		go write()
+		o.start()
 		return
 	}
 	w.mu.Lock()
-	w.writers = append(w.writers, write)
+	w.writers = append(w.writers, o)
 	w.mu.Unlock()
 }
 
-// Start starts every writer owed, each on a goroutine of its own. A nil
-// w owes none.
+// Start starts every writer owed. A nil w owes none.
 func (w *Wakeups) Start() {
 	if w == nil {
 		return
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, write := range w.writers {
-		go write()
+	for _, o := range w.writers {
+		o.start()
 	}
 	w.writers = slices.Delete(w.writers, 0, len(w.writers)) // cleared
 }

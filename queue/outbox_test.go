@@ -10,7 +10,7 @@ import (
 // starts empty, with nothing of the frames it held before.
 func TestOutbox_AnIdleOutboxKeepsNoArrayAndReusesOneEmpty(t *testing.T) {
 	writes := make(chan struct{}, 10)
-	o := NewOutbox(1<<20, func() { writes <- struct{}{} })
+	o := NewOutbox(1<<20, func() { writes <- struct{}{} }, nil)
 	for i := range 100 {
 		o.Push([]byte(fmt.Sprint("a", i)))
 	}
@@ -25,7 +25,7 @@ func TestOutbox_AnIdleOutboxKeepsNoArrayAndReusesOneEmpty(t *testing.T) {
 			len(rest), o.writing, cap(o.frames))
 	}
 	for _, next := range []*Outbox{o, NewOutbox(1<<20,
-		func() { writes <- struct{}{} })} {
+		func() { writes <- struct{}{} }, nil)} {
 		next.Push([]byte("b"))
 		<-writes
 		if got := next.Take(nil); len(got) != 1 || string(got[0]) != "b" {
