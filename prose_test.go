@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/popsub/popsub/queue"
 )
 
 // These tests hold the numbers the docs and popsub.go's comments say of
@@ -67,6 +69,29 @@ func TestProse_TheReservationBlockIsTheCodes(t *testing.T) {
 	if found < 6 {
 		t.Fatalf("found %d mentions of the reservation: the search is "+
 			"broken", found)
+	}
+}
+
+// The package doc's list of goroutines, and performance.md, give the
+// writers' goroutines the broker keeps as queue.Workers keeps them.
+func TestProse_TheKeptWritersAreTheCodes(t *testing.T) {
+	if queue.WorkerIdle != time.Second {
+		t.Fatalf("queue.WorkerIdle is %v: say it in the prose below",
+			queue.WorkerIdle)
+	}
+	for path, want := range map[string]string{
+		"popsub.go": fmt.Sprintf("up to %d writers' goroutines kept a "+
+			"second", queue.MaxIdleWorkers),
+		"queue/workers.go": fmt.Sprintf("keeps %d stacks",
+			queue.MaxIdleWorkers),
+	} {
+		text, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(prose(string(text)), want) {
+			t.Errorf("%s does not say %q", path, want)
+		}
 	}
 }
 
