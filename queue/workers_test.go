@@ -158,8 +158,9 @@ func BenchmarkWorkers_DeepWriter(b *testing.B) {
 	}
 }
 
-// deep recurses n calls down with a frame of some 250 bytes each, as a
-// write's thirty calls from the writer to the system call do.
+// deep recurses n calls down with a frame of some 256 bytes each: at 30,
+// 8 KiB of stack, more than a new goroutine starts with, as the writer's
+// calls down to a socket write need more.
 //
 //go:noinline
 func deep(n int) byte {
