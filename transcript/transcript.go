@@ -192,22 +192,31 @@ func (s *Session) write(ctx context.Context, c *connection,
 	body string) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if s.Observe != nil {
-		s.Observe(c.name, true, []byte(body))
-	}
-	if err := c.ws.Write(ctx, websocket.MessageText, []byte(body)); err != nil {
-		return fmt.Errorf("%s → %s: %w", c.name, body, err)
-	}
+	// The answer is owed before the frame leaves (and before Observe
+	// hears of it): counted after, an answer that came first (a fast
+	// broker's) found nothing owed, and the count stayed one too high,
+	// so every barrier after it waited its full five seconds.
 	var sent struct {
 		Type string
 		QoS  int
 	}
 	json.Unmarshal([]byte(body), &sent)
+	owed := 0
 	if sent.Type != "publish" && sent.Type != "ack" && sent.Type != "nak" ||
 		sent.Type == "publish" && sent.QoS == 1 {
+		owed = 1
+	}
+	s.mu.Lock()
+	c.owed += owed
+	s.mu.Unlock()
+	if s.Observe != nil {
+		s.Observe(c.name, true, []byte(body))
+	}
+	if err := c.ws.Write(ctx, websocket.MessageText, []byte(body)); err != nil {
 		s.mu.Lock()
-		c.owed++
+		c.owed = max(c.owed-owed, 0)
 		s.mu.Unlock()
+		return fmt.Errorf("%s → %s: %w", c.name, body, err)
 	}
 	return nil
 }

@@ -137,3 +137,38 @@ func TestMatch_LetsWhatDiffersDiffer(t *testing.T) {
 		}
 	}
 }
+
+// A frame's answer is owed before the frame leaves: a broker that
+// answers before the write returns must not leave the count one too
+// high, or every barrier after it waits its five seconds for nothing.
+func TestSession_OwesTheAnswerBeforeTheFrameLeaves(t *testing.T) {
+	s, out := start(t)
+	owedAsItLeft := -1
+	s.Observe = func(client string, fromClient bool, frame []byte) {
+		if fromClient && frameType(frame) == "ping" {
+			s.mu.Lock()
+			owedAsItLeft = s.clients[client].owed
+			s.mu.Unlock()
+		}
+	}
+	for round := range 50 {
+		if err := s.Run(t.Context(), `alice → {"type":"ping"}`); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		if owedAsItLeft < 1 {
+			t.Fatalf("round %d: the ping left owing %d answers, want at "+
+				"least its pong", round, owedAsItLeft)
+		}
+		if unclaimed := s.Barrier(t.Context()); len(unclaimed) != 1 {
+			t.Fatalf("round %d: unclaimed %v, want the pong", round,
+				unclaimed)
+		}
+		s.mu.Lock()
+		owed := s.clients["alice"].owed
+		s.mu.Unlock()
+		if owed != 0 {
+			t.Fatalf("round %d: %d answers still owed after the barrier",
+				round, owed)
+		}
+	}
+}
