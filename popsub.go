@@ -669,10 +669,10 @@ func (b *Broker) acceptSocket(w http.ResponseWriter, r *http.Request,
 }
 
 // wakeups are the writers a connection's reader owes a start
-// (queue.Wakeups): wake.Owe(write) owes one (a nil wakeups starts it at
-// once), and wake.Start starts them all, as the reader does before it
-// reads its socket: a burst of publishes reaches each subscriber
-// in one write.
+// (queue.Wakeups): wake.Owe(outbox) owes its writer one (a nil wakeups
+// starts it at once), and wake.Start starts them all, as the reader does
+// before it reads its socket: a burst of publishes reaches each
+// subscriber in one write.
 type wakeups = queue.Wakeups
 
 // commitLog is the committer, b.log (package groupcommit): one goroutine

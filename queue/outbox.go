@@ -15,9 +15,8 @@ import (
 // popsub.go relies on it for this: Push queues frames, all or none,
 // within the outbox's bytes (PushWithin within fewer); the first frames
 // into an idle outbox start its writer (on one of the broker's Workers),
-// or owe Wakeups the start; Take
-// hands the writer everything queued, and an empty batch tells it to
-// exit.
+// or owe Wakeups the start; Take hands the writer everything queued, and
+// an empty batch tells it to exit.
 type Outbox struct {
 	mu      sync.Mutex // guards the fields below
 	frames  [][]byte   // queued, oldest first

@@ -8,12 +8,12 @@ import (
 // Workers runs a broker's writers on goroutines it keeps for a while,
 // rather than on a new goroutine each. A connection's writer runs only
 // while its outbox has frames, so at 1,000 messages a second to ten
-// subscribers, each delivery started one: a new goroutine, whose stack
-// grew on its first socket write (the calls down to the system call
-// need more than a new goroutine's stack) and was copied, and then
-// freed. In the CPU profile of that run, stack growth alone took 9 % of
-// the broker's CPU. A worker that has finished parks with the stack it
-// grew, and the next writer to start runs on it.
+// subscribers each delivery starts one. On a new goroutine its stack
+// grows at the first socket write (the calls down to the system call
+// need more than a new goroutine's stack), is copied, and is freed: at
+// that rate, 9 % of the broker's CPU in a profile. A worker that has
+// finished parks with the stack it grew, and the next writer to start
+// runs on it.
 //
 // A parked worker waits at most WorkerIdle, and at most MaxIdleWorkers
 // wait at once, so a broker that goes quiet keeps none, and one a burst

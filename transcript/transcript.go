@@ -193,9 +193,10 @@ func (s *Session) write(ctx context.Context, c *connection,
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	// The answer is owed before the frame leaves (and before Observe
-	// hears of it): counted after, an answer that came first (a fast
-	// broker's) found nothing owed, and the count stayed one too high,
-	// so every barrier after it waited its full five seconds.
+	// hears of it): a fast broker's answer may arrive before the write
+	// returns, and one counted after would find nothing owed, leave the
+	// count one too high, and make every later barrier wait five
+	// seconds.
 	var sent struct {
 		Type string
 		QoS  int
