@@ -882,6 +882,9 @@ func (b *Broker) unregister(c *connection) {
 	b.mu.Lock()
 	delete(b.connections, c)
 	b.mu.Unlock()
+	// b.noteConnection, like b.noteMessage and b.noteSubscription, tells
+	// the x-ray (a detail) of a transition; it costs nothing while nobody
+	// watches.
 	b.logger.Info("disconnected", "sub", c.subject, "remote", c.remote)
 	b.noteConnection("disconnected", c, "")
 	b.open.Add(-1)
@@ -913,10 +916,13 @@ func (c *connection) closeSocket(code websocket.StatusCode, why string) {
 func (c *connection) serve() {
 	// c.recoverPanic logs a panic here, and takes the connection apart
 	// (Keepalives, limits and batches, a detail). c.authenticate waits
-	// for the auth frame, whose token c.accept takes, and reports whether
-	// it came: a login frame may come first, to trade a password for a
-	// token; anything else, or nothing within AuthTimeout, closes the
-	// connection with 4001 (Tokens, a detail).
+	// for the auth frame and checks its token, and reports whether the
+	// session started: the subject and the grants (c.claims) set, the
+	// timer that ends the session with the token running, and the
+	// client told "authenticated". A login frame may come first, to
+	// trade a password for a token; anything else, a bad token, or
+	// nothing within AuthTimeout, closes the connection with 4001
+	// (Tokens, a detail).
 	defer c.recoverPanic()
 	if c.claims == nil && !c.authenticate() {
 		c.broker.unregister(c)
@@ -955,39 +961,6 @@ type Claims struct {
 	// Subscribe lists the filters the holder may subscribe to; nil means
 	// every ordinary topic. $sys/… and $dead/… need an explicit grant.
 	Subscribe []string `json:"subscribe,omitempty"`
-}
-
-// accept checks the auth frame's token and, if it is good, starts the
-// session: the subject, the grants, and its timers. It reports whether
-// it did.
-func (c *connection) accept(f frame) bool {
-	// c.broker.Verify checks the token; c.startTimers ends the session
-	// when the token runs out, and pings the peer every interval
-	// (Keepalives, limits and batches, a detail).
-	claims, err := c.broker.Verify(f.Token)
-	if err != nil {
-		// The parser's error says what was wrong, never the token.
-		// c.refuse sends the error frame, then closes with 4001; below,
-		// c.writeNow writes a reply straight to the socket: the writer
-		// has not started yet (both in Tokens).
-		c.broker.logger.Info("auth failed", "remote", c.remote, "err", err)
-		c.refuse("auth_failed", "authentication failed")
-		return false
-	}
-	// The session lasts as long as the token, plus the same leeway that
-	// Verify allowed, so a token accepted is never closed at once.
-	c.mu.Lock()
-	c.subject, c.client = claims.Subject, f.Client
-	c.mu.Unlock()
-	c.claims, c.batch = claims, f.Batch
-	c.startTimers(claims)
-	c.broker.logger.Info("connected", "sub", c.subject, "remote", c.remote)
-	// b.noteConnection, like b.noteMessage and b.noteSubscription, tells
-	// the x-ray (a detail) of a transition; it costs nothing while nobody
-	// watches.
-	c.broker.noteConnection("connected", c, "")
-	c.writeNow(reply{Type: "authenticated", Sub: c.subject, Conn: c.id})
-	return true
 }
 
 // read returns the next text frame, valid until the next read, or nil
@@ -2545,6 +2518,33 @@ func (c *connection) authenticate() bool {
 			return false
 		}
 	}
+}
+
+// accept checks the auth frame's token and, if it is good, starts the
+// session: the subject, the grants, and its timers. It reports whether
+// it did.
+func (c *connection) accept(f frame) bool {
+	// c.broker.Verify checks the token (below); c.startTimers ends the
+	// session when the token runs out, and pings the peer every interval
+	// (Keepalives, limits and batches).
+	claims, err := c.broker.Verify(f.Token)
+	if err != nil {
+		// The parser's error says what was wrong, never the token.
+		c.broker.logger.Info("auth failed", "remote", c.remote, "err", err)
+		c.refuse("auth_failed", "authentication failed")
+		return false
+	}
+	// The session lasts as long as the token, plus the same leeway that
+	// Verify allowed, so a token accepted is never closed at once.
+	c.mu.Lock()
+	c.subject, c.client = claims.Subject, f.Client
+	c.mu.Unlock()
+	c.claims, c.batch = claims, f.Batch
+	c.startTimers(claims)
+	c.broker.logger.Info("connected", "sub", c.subject, "remote", c.remote)
+	c.broker.noteConnection("connected", c, "")
+	c.writeNow(reply{Type: "authenticated", Sub: c.subject, Conn: c.id})
+	return true
 }
 
 // refuse writes an error frame and closes with 4001.
