@@ -385,13 +385,24 @@ type Broker struct {
 	// handled, as many as largeFramesBytes holds frames of the full
 	// limit: 64 with the defaults (see c.read).
 	largeFrames chan struct{}
-	// xray queues x-ray events and publishes them on its own goroutine
-	// (package xray), and counts the messages published, committed and
-	// delivered (Counted). See the x-ray, a detail.
-	xray *events
+	// xray is told of every transition (an observer, below).
+	xray observer
 	// delays are the delayed messages waiting for their time (Delayed
 	// delivery, a detail).
 	delays *delays
+}
+
+// observer is told of each transition, named in the protocol's words
+// ("delivered", "acked", "connected", …): the x-ray (a detail) is the
+// one, and publishes them on $sys/events. No call blocks.
+type observer interface {
+	// message: m published (c nil), or delivered, acked, retried and so
+	// on, to c with its pending entry p (nil for QoS 0).
+	message(kind string, c *connection, m *Message, p *pending)
+	// connection: c connected, disconnected or was cut off, and why.
+	connection(kind string, c *connection, why string)
+	// subscription: s subscribed or unsubscribed.
+	subscription(kind string, s *subscription)
 }
 
 // topic is one exact topic: its log's in-memory index and its subscribers.
@@ -452,10 +463,10 @@ func New(opts Options) (*Broker, error) {
 	// newEvents readies the x-ray's queue, newDelays the schedule of
 	// delayed messages (both details).
 	b := &Broker{opts: opts, logger: opts.Logger, store: opts.Store,
-		topics: map[string]*topic{}, wildcards: map[*subscription]struct{}{},
-		connections: map[*connection]struct{}{}, groups: map[string]*group{},
-		durables: map[string]*subscription{}, stop: make(chan struct{}),
-		writers: &queue.Workers{}, xray: newEvents(opts), delays: newDelays(),
+		topics: map[string]*topic{}, durables: map[string]*subscription{},
+		wildcards: map[*subscription]struct{}{}, stop: make(chan struct{}),
+		connections: map[*connection]struct{}{}, writers: &queue.Workers{},
+		xray: newEvents(opts), delays: newDelays(),
 		largeFrames: make(chan struct{},
 			max(1, largeFramesBytes/opts.MaxFrameBytes))}
 	b.shared, _ = opts.Store.(SharedLog)
@@ -573,9 +584,9 @@ func (b *Broker) topicList() []*topic {
 // The committer (b.log) and the store are machinery, in packages of
 // their own; the first reading needs only their contracts, in the next
 // section. Of the reservations ("Seqs reserved on disk", a detail) it
-// needs three calls: b.waitForSeq(t, done) returns once t's next seq is
-// covered, b.askAhead(t) asks for the next block when the end of this
-// one is near, and b.seal(), at Shutdown, gives the unused seqs back.
+// needs two calls: b.waitForSeq(t, done) returns once t's next seq is
+// covered, having asked for the next block if the end of this one is
+// near, and b.seal(), at Shutdown, gives the unused seqs back.
 
 // # The machine room
 //
@@ -882,11 +893,8 @@ func (b *Broker) unregister(c *connection) {
 	b.mu.Lock()
 	delete(b.connections, c)
 	b.mu.Unlock()
-	// b.noteConnection, like b.noteMessage and b.noteSubscription, tells
-	// the x-ray (a detail) of a transition; it costs nothing while nobody
-	// watches.
 	b.logger.Info("disconnected", "sub", c.subject, "remote", c.remote)
-	b.noteConnection("disconnected", c, "")
+	b.xray.connection("disconnected", c, "")
 	b.open.Add(-1)
 	b.registered.Done()
 	// However the client left, its socket is closed here: a peer that
@@ -916,11 +924,10 @@ func (c *connection) closeSocket(code websocket.StatusCode, why string) {
 func (c *connection) serve() {
 	// c.recoverPanic logs a panic here, and takes the connection apart
 	// (Keepalives, limits and batches, a detail). c.authenticate waits
-	// for the auth frame and checks its token, and reports whether the
-	// session started: the subject and the grants (c.claims) set, the
-	// timer that ends the session with the token running, and the
-	// client told "authenticated". A login frame may come first, to
-	// trade a password for a token; anything else, a bad token, or
+	// for the auth frame, checks its token and starts the session
+	// (c.claims set, a timer to end it with the token, "authenticated"
+	// sent), and reports whether it did. A login frame may come first,
+	// to trade a password for a token; anything else, a bad token, or
 	// nothing within AuthTimeout, closes the connection with 4001
 	// (Tokens, a detail).
 	defer c.recoverPanic()
@@ -1195,7 +1202,7 @@ func (c *connection) subscribeTopic(f frame) {
 		r.Recovered = &recovered
 	}
 	c.reply(r)
-	b.noteSubscription("subscribed", s)
+	b.xray.subscription("subscribed", s)
 	if finished, _ := s.finishReplay(start, nil, nil, time.Time{}); !finished {
 		go s.replay(b, start, false)
 	}
@@ -1288,7 +1295,7 @@ func (b *Broker) unsubscribe(s *subscription) {
 	c.mu.Lock()
 	if !s.ended() {
 		close(s.cancel)
-		b.noteSubscription("unsubscribed", s)
+		b.xray.subscription("unsubscribed", s)
 	}
 	// An emptied table stays, for overdue to drop, as settle's.
 	for _, q := range c.unacked {
@@ -1450,7 +1457,6 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 	stored := b.log.Append(m)
 	t.unsynced = append(t.unsynced, m)
 	b.sequenced(t, m, m.Seq-1, wake)
-	b.askAhead(t)
 	return m.Seq, false, stored
 }
 
@@ -1460,7 +1466,7 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 // schedules a delayed one (Delayed delivery). The caller holds t.mu.
 func (b *Broker) sequenced(t *topic, m *Message, last uint64, wake *wakeups) {
 	b.remember(t, m)
-	b.noteCounted("published", nil, m, nil)
+	b.xray.message("published", nil, m, nil)
 	b.fanOut(t, m, last, wake)
 
 	// The caps are applied here, as messages arrive: b.applyCaps drops
@@ -1652,7 +1658,7 @@ func (c *connection) cutOff(why string) {
 	}
 	c.broker.logger.Warn("slow consumer cut off", "sub", c.subject,
 		"remote", c.remote, "reason", why)
-	c.broker.noteConnection("disconnected_slow", c, why)
+	c.broker.xray.connection("disconnected_slow", c, why)
 	go c.closeSocket(CloseSlowConsumer, "slow consumer")
 }
 
@@ -1780,9 +1786,7 @@ func (c *connection) record(s *subscription, m *Message, deadline time.Time) {
 		p = c.addPending(pending{subscription: s, message: m, attempt: 1,
 			deadline: deadline})
 	}
-	// c.broker.noteCounted counts a delivery, and reports it to the x-ray
-	// only while someone watches.
-	c.broker.noteCounted("delivered", c, m, p)
+	c.broker.xray.message("delivered", c, m, p)
 	// d.delivered moves a durable cursor past m, or up to it until it is
 	// acked (Durable subscriptions).
 	if d := s.durable; d != nil {
@@ -1896,7 +1900,7 @@ func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 		if kind != "acked" {
 			continue
 		}
-		c.broker.noteMessage(kind, c, p.message, p)
+		c.broker.xray.message(kind, c, p.message, p)
 		// d.settled moves a durable cursor past what no longer holds it
 		// back (Durable subscriptions).
 		if d := p.subscription.durable; d != nil {
@@ -1993,7 +1997,7 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 				p.attempt++
 				p.deadline = now.Add(c.broker.retryDelay(p))
 				next = min(next, p.deadline.UnixNano())
-				c.broker.noteMessage("redelivered", c, p.message, p)
+				c.broker.xray.message("redelivered", c, p.message, p)
 				retries = append(retries,
 					appendDelivery(nil, p.message, p.attempt))
 			}
@@ -2062,7 +2066,7 @@ func (b *Broker) deadLettered(p pending, c *connection, said bool) {
 		d.settled(b, p.message.Seq)
 	}
 	if said {
-		b.noteMessage("dead_lettered", c, p.message, &p)
+		b.xray.message("dead_lettered", c, p.message, &p)
 	}
 }
 
@@ -2436,8 +2440,9 @@ func (o Options) withDefaults() Options {
 }
 
 // startFeatures starts the goroutines and tables the features beyond the
-// article's broker need, once the log is loaded: the password checks
-// (b.startLogins, Logins and passwords); a shared log's feed of what any
+// article's broker need, once the log is loaded: the table of work
+// queues (Work queues); the password checks (b.startLogins, Logins and
+// passwords); a shared log's feed of what any
 // broker committed, to fan out here (b.feed, A log shared by several
 // brokers); and three loops of the broker's own, which end at Shutdown:
 // the trim of what outlived the TTL (b.trimExpired, each tick of
@@ -2445,6 +2450,7 @@ func (o Options) withDefaults() Options {
 // due (b.releaseLoop, Delayed delivery) and the x-ray's publisher
 // (b.publishEvent).
 func (b *Broker) startFeatures() {
+	b.groups = map[string]*group{}
 	b.startLogins()
 	if b.shared != nil {
 		b.shared.Follow(b.feed)
@@ -2455,7 +2461,7 @@ func (b *Broker) startFeatures() {
 	go b.releaseLoop()
 	go func() {
 		defer b.loops.Done()
-		b.xray.Run(b.stop, b.publishEvent)
+		b.xray.(*events).Run(b.stop, b.publishEvent)
 	}()
 }
 
@@ -2542,7 +2548,7 @@ func (c *connection) accept(f frame) bool {
 	c.claims, c.batch = claims, f.Batch
 	c.startTimers(claims)
 	c.broker.logger.Info("connected", "sub", c.subject, "remote", c.remote)
-	c.broker.noteConnection("connected", c, "")
+	c.broker.xray.connection("connected", c, "")
 	c.writeNow(reply{Type: "authenticated", Sub: c.subject, Conn: c.id})
 	return true
 }
@@ -2894,7 +2900,7 @@ func (c *connection) subscribeWildcard(f frame) {
 	if !queued {
 		c.enqueue(data)
 	}
-	c.broker.noteSubscription("subscribed", s)
+	c.broker.xray.subscription("subscribed", s)
 }
 
 // Allowed reports whether grants permit filter. No grants at all (nil)
@@ -3297,7 +3303,7 @@ func (c *connection) subscribeGroup(f frame) {
 		c.dropSubscription(s)
 		return
 	}
-	c.broker.noteSubscription("subscribed", s)
+	c.broker.xray.subscription("subscribed", s)
 }
 
 // prepareJoin finds or starts s's group and returns it and the subscribed
@@ -3446,7 +3452,7 @@ func (g *group) handOn(list []pending, avoid *connection) {
 				return
 			}
 		}
-		g.broker.noteMessage("moved", p.subscription.conn, p.message, &p)
+		g.broker.xray.message("moved", p.subscription.conn, p.message, &p)
 		p.attempt++
 		p.deadline = time.Now().Add(g.broker.retryDelay(&p))
 		at := int(g.turn.Add(1)) % len(members)
@@ -3486,7 +3492,7 @@ func (c *connection) assign(s *subscription, p pending, must bool) bool {
 		return false
 	}
 	p.subscription = s
-	c.broker.noteMessage("redelivered", c, p.message, c.addPending(p))
+	c.broker.xray.message("redelivered", c, p.message, c.addPending(p))
 	return true
 }
 
@@ -3585,7 +3591,7 @@ func (c *connection) nak(f frame) {
 				time.Duration(*f.DelayMS) * time.Millisecond)
 		}
 		c.retryBy(at.deadline)
-		c.broker.noteMessage("nakked", c, at.message, at)
+		c.broker.xray.message("nakked", c, at.message, at)
 	}
 	c.mu.Unlock()
 }
@@ -3912,33 +3918,34 @@ func (b *Broker) forgetDelayed(list []waiting) {
 // The broker publishes its own transitions as events on $sys/events, so
 // that the playground (or any client with a $sys grant) can watch
 // messages being published, delivered, acked, retried and dead-lettered
-// as they happen. Events are queued and published by one goroutine,
-// never by the code that noticed them, which often holds a lock; a full
-// queue drops events: the x-ray must never slow the broker it watches
-// (b.xray, a Feed from package xray). Nothing is queued while nobody
-// subscribes to a $sys topic, and no event is made about a $sys topic,
-// so the feed cannot feed on itself. The event types live in package
-// wire, which clients decode without the broker. Every transition the
-// x-ray reports also goes to Options.OnEvent, watched or not, but the
-// ones that come once a message or more, which the broker counts itself
-// (Counted, through b.xray.Count): the command counts them for /metrics,
-// and so each note function costs a branch when nobody listens, and a
-// little more than an event's fields when someone does. A commit's size
-// and time go to Options.OnEvent alone (b.xray.Tell, in After a commit).
+// as they happen. The x-ray is the broker's observer (b.xray): it queues
+// each event, and one goroutine publishes them, never the code that
+// noticed them, which often holds a lock; a full queue drops events: the
+// x-ray must never slow the broker it watches. Nothing is queued while
+// nobody subscribes to a $sys topic, and no event is made about a $sys
+// topic, so the feed cannot feed on itself. The event types live in
+// package wire, which clients decode without the broker. Every
+// transition the x-ray reports also goes to Options.OnEvent, watched or
+// not, but the ones that come once a message or more, which the broker
+// counts itself (Counted, through events.Count): the command counts them
+// for /metrics, and so each observer call costs a branch when nobody
+// listens, and a little more than an event's fields when someone does. A
+// commit's size and time go to Options.OnEvent alone (events.Tell, in
+// After a commit).
 
 // EventsTopic is the topic the broker publishes its transitions on.
 const EventsTopic = "$sys/events"
 
-// events is the x-ray's queue, b.xray (package xray): events.Emit queues
-// an event without blocking, dropping it if the queue is full;
-// events.Heard and events.Watched say whether anyone listens; events.Run
-// hands each event to b.publishEvent.
-type events = xray.Feed
+// events is the x-ray, the broker's observer (b.xray): a queue of events
+// (package xray's Feed) that Emit adds to without blocking, dropping an
+// event if it is full; Heard and Watched say whether anyone listens, and
+// Run hands each event to b.publishEvent.
+type events struct{ *xray.Feed }
 
 // newEvents returns the x-ray's empty queue; opts.OnEvent hears every
 // event, watched or not.
 func newEvents(opts Options) *events {
-	return xray.NewFeed(opts.OnEvent, opts.Logger)
+	return &events{xray.NewFeed(opts.OnEvent, opts.Logger)}
 }
 
 // publishEvent publishes one x-ray event, for the feed's goroutine
@@ -3950,11 +3957,16 @@ func (b *Broker) publishEvent(e wire.Event) {
 	b.publish(&Message{Topic: EventsTopic, Payload: payload}, b.stop, nil)
 }
 
-// noteMessage emits a message's transition, seen from connection c (nil
-// for published) and its pending entry p (nil for QoS 0).
-func (b *Broker) noteMessage(kind string, c *connection, m *Message,
+// message emits a message's transition, seen from connection c (nil for
+// published) and its pending entry p (nil for QoS 0). One that comes
+// once a message or more (published, committed, delivered) is counted
+// (x.Count reports which), and emitted only while someone watches the
+// x-ray: an event per delivery, for /metrics to count, cost a busy
+// broker 6 % of its CPU with ten subscribers; one per publish and per
+// commit, 3 % with one.
+func (x *events) message(kind string, c *connection, m *Message,
 	p *pending) {
-	if !b.xray.Heard() {
+	if x.Count(kind) && !x.Watched() || !x.Heard() {
 		return
 	}
 	e := wire.Event{Kind: kind, Topic: m.Topic, Seq: m.Seq, MessageID: m.ID,
@@ -3965,45 +3977,33 @@ func (b *Broker) noteMessage(kind string, c *connection, m *Message,
 	if p != nil {
 		e.Attempt, e.Deadline = p.attempt, p.deadline.UnixMilli()
 	}
-	b.xray.Emit(e)
+	x.Emit(e)
 }
 
-// noteCounted counts a transition that comes once a message or more
-// (b.xray.Count) and emits it only while someone watches the x-ray: an
-// event per delivery, for /metrics to count, cost a busy broker 6 % of
-// its CPU with ten subscribers; one per publish and per commit, 3 % with
-// one.
-func (b *Broker) noteCounted(kind string, c *connection, m *Message,
-	p *pending) {
-	if b.xray.Count(kind); b.xray.Watched() {
-		b.noteMessage(kind, c, m, p)
-	}
-}
-
-// noteConnection emits a connection's transition. A connection that
-// never authenticated was never announced, and leaves no event either.
-func (b *Broker) noteConnection(kind string, c *connection, reason string) {
+// connection emits a connection's transition. A connection that never
+// authenticated was never announced, and leaves no event either.
+func (x *events) connection(kind string, c *connection, reason string) {
 	if c.subject == "" {
 		return
 	}
-	b.xray.Emit(wire.Event{Kind: kind, Conn: c.id, Client: c.client,
+	x.Emit(wire.Event{Kind: kind, Conn: c.id, Client: c.client,
 		Sub: c.subject, Reason: reason})
 }
 
-// noteSubscription emits a subscription's transition, and keeps count of
-// who watches $sys topics. A new watcher of EventsTopic gets a snapshot.
-func (b *Broker) noteSubscription(kind string, s *subscription) {
+// subscription emits a subscription's transition, and keeps count of who
+// watches $sys topics. A new watcher of EventsTopic gets a snapshot.
+func (x *events) subscription(kind string, s *subscription) {
 	c, system := s.conn, strings.HasPrefix(s.filter, "$sys/")
 	switch {
 	case system && kind == "unsubscribed":
-		b.xray.Watch(-1)
+		x.Watch(-1)
 	case system:
-		b.xray.Watch(1)
+		x.Watch(1)
 		if s.filter == EventsTopic {
-			b.xray.Emit(wire.Event{Kind: "snapshot", State: b.snapshot()})
+			x.Emit(wire.Event{Kind: "snapshot", State: c.broker.snapshot()})
 		}
 	default:
-		b.xray.Emit(wire.Event{Kind: kind, Conn: c.id, Client: c.client,
+		x.Emit(wire.Event{Kind: kind, Conn: c.id, Client: c.client,
 			Sub: c.subject, Topic: s.filter})
 	}
 }
@@ -4055,7 +4055,7 @@ func (c *connection) state(state *wire.State) (wire.ConnectionState, bool) {
 // Counted is how many messages the broker has given a seq, committed to
 // its log, and queued to subscribers (first attempts), for monitoring.
 func (b *Broker) Counted() (published, committed, delivered uint64) {
-	return b.xray.Counted()
+	return b.xray.(*events).Counted()
 }
 
 // OutboxBytes is how many bytes wait in every connection's outbox now,
@@ -4300,16 +4300,20 @@ func (b *Broker) loadTopics() error {
 }
 
 // waitForSeq returns once t's next seq is covered by its stored head,
-// asking the log for a new block if none is on its way. It releases t.mu
-// while it waits for the sync. If done is closed first it reports false
-// and a nil outcome: nothing happened; if the store refused the block, or
-// Shutdown sealed t, false and a failed outcome. The caller holds t.mu.
+// having asked the log for the next block if fewer than reserveAhead
+// seqs are left. It releases t.mu while it waits for the sync. If done
+// is closed first it reports false and a nil outcome: nothing happened;
+// if the store refused the block, or Shutdown sealed t, false and a
+// failed outcome. The caller holds t.mu.
 func (b *Broker) waitForSeq(t *topic, done <-chan struct{}) (*outcome, bool) {
-	for t.head >= t.reserved {
-		if t.sealed {
+	for {
+		b.askAhead(t)
+		switch {
+		case t.head < t.reserved:
+			return nil, true
+		case t.sealed:
 			return groupcommit.Failed(ErrClosed), false
 		}
-		b.askAhead(t)
 		stored := b.log.Await(t.name)
 		t.mu.Unlock()
 		select {
@@ -4323,11 +4327,11 @@ func (b *Broker) waitForSeq(t *topic, done <-chan struct{}) (*outcome, bool) {
 			return stored, false
 		}
 	}
-	return nil, true
 }
 
 // askAhead hands the log t's next block of seqs once fewer than
-// reserveAhead are left of the last one asked for. The caller holds t.mu.
+// reserveAhead are left of the last one asked for, unless Shutdown
+// sealed t. The caller holds t.mu.
 func (b *Broker) askAhead(t *topic) {
 	if t.asked < t.head+reserveAhead && !t.sealed {
 		t.asked = t.head + reserveBlock
@@ -4386,8 +4390,8 @@ func (b *Broker) committed(batch *Batch, took time.Duration, err error) {
 		b.markCommitted(batch.Messages)
 	}
 	b.storedHeads(batch.Heads, err == nil)
-	b.xray.Tell(wire.Event{Kind: "commit", Messages: len(batch.Messages),
-		Micros: took.Microseconds()})
+	b.xray.(*events).Tell(wire.Event{Kind: "commit",
+		Messages: len(batch.Messages), Micros: took.Microseconds()})
 }
 
 // markCommitted drops a synced batch's messages from their topics'
@@ -4406,7 +4410,7 @@ func (b *Broker) markCommitted(msgs []*Message) {
 		t.unsynced = t.unsynced[run:]
 		t.mu.Unlock()
 		for _, m := range msgs[:run] {
-			b.noteCounted("committed", nil, m, nil)
+			b.xray.message("committed", nil, m, nil)
 		}
 	}
 }
@@ -4530,7 +4534,7 @@ func (b *Broker) feed(m *Message) {
 	if m.Seq > t.head {
 		m.delivery = appendDelivery(nil, m, 1)
 		b.sequenced(t, m, t.head, nil)
-		b.noteCounted("committed", nil, m, nil)
+		b.xray.message("committed", nil, m, nil)
 		t.head = m.Seq
 	}
 }

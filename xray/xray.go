@@ -104,11 +104,11 @@ func (f *Feed) Tell(e wire.Event) {
 	}
 }
 
-// Count counts one of the transitions that come once a message or more:
-// "published", "committed" or "delivered". The broker emits those as
-// events only while someone watches, and reads their counts (Counted)
-// for monitoring.
-func (f *Feed) Count(kind string) {
+// Count counts kind if it is one of the transitions that come once a
+// message or more, "published", "committed" or "delivered", and reports
+// whether it was. The broker emits those as events only while someone
+// watches, and reads their counts (Counted) for monitoring.
+func (f *Feed) Count(kind string) bool {
 	switch kind {
 	case "published":
 		f.published.Add(1)
@@ -116,7 +116,10 @@ func (f *Feed) Count(kind string) {
 		f.committed.Add(1)
 	case "delivered":
 		f.delivered.Add(1)
+	default:
+		return false
 	}
+	return true
 }
 
 // Counted reads the counts, for monitoring.
