@@ -28,21 +28,21 @@ import (
 // each subscription, dead letters settled once stored, a wildcard's reply
 // queued before its first message) put the file 200 code lines over, and
 // the first reading, priced as a reader pays it (5 lines a minute where
-// code locks, starts a goroutine or selects), takes about 250 minutes
+// code locks, starts a goroutine or selects), takes about 245 minutes
 // against a goal of 180. Making room is the restructure that makes every
 // feature a leaf (STYLE.md, "The first reading stands alone"); until it
 // lands, these caps hold the line, and the test's log prints each one's
 // slack.
 const (
 	budgetFirstReading  = 1210 // code lines in first-reading sections
-	budgetMinutes       = 247  // the first reading, priced; the goal is 180
+	budgetMinutes       = 244  // the first reading, priced; the goal is 180
 	budgetCode          = 2405 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function
 	budgetMedian        = 15   // lines in the median function
 	budgetDocumentedPct = 95   // declarations with a doc comment
-	budgetDetailNames   = 38   // detail declarations the first reading uses; the goal is 25
+	budgetDetailNames   = 37   // detail declarations the first reading uses; the goal is 25
 )
 
 // measure measures popsub.go as STYLE.md counts it.

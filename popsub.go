@@ -108,23 +108,16 @@ import (
 
 // Limits that are not options: they protect the broker, not a policy.
 const (
-	authReadLimit     = 8 << 10         // bytes a frame may have before auth
-	tokenLeeway       = 5 * time.Second // clock skew allowed on exp
-	maxMessageIDBytes = 256             // the longest message_id, in bytes
-	replayChunk       = 256             // messages read from the log at a time
-	maxQueueMessages  = 8192            // messages waiting for the log
-	maxQueueBytes     = 2 << 20         // their bytes; see b.log.Admit
-	largeFramesBytes  = 64 << 20        // frames over 64 KiB, together
-	deadPrefix        = "$dead/"        // dead letters of T go to $dead/T
+	authReadLimit     = 8 << 10  // bytes a frame may have before auth
+	maxMessageIDBytes = 256      // the longest message_id, in bytes
+	replayChunk       = 256      // messages read from the log at a time
+	maxQueueMessages  = 8192     // messages waiting for the log
+	maxQueueBytes     = 2 << 20  // their bytes; see b.log.Admit
+	largeFramesBytes  = 64 << 20 // frames over 64 KiB, together
+	deadPrefix        = "$dead/" // dead letters of T go to $dead/T
 	// commitLinger is the longest a batch nobody waits for waits for
 	// company (groupcommit).
 	commitLinger = 5 * time.Millisecond
-	// reserveAhead and reserveBlock size a topic's reservation of seqs
-	// (the log's section): a topic asks for its next block once fewer
-	// than reserveAhead seqs are left, more than can be given out (the
-	// queue, twice) before the ask is on disk.
-	reserveAhead = 2 * maxQueueMessages
-	reserveBlock = 2 * reserveAhead
 )
 
 // Close codes the broker uses, beside the WebSocket standard ones (1001
@@ -460,14 +453,12 @@ func New(opts Options) (*Broker, error) {
 	}
 	// opts.withDefaults gives every zero field its default (Defaults).
 	opts = opts.withDefaults()
-	// newEvents readies the x-ray's queue, newDelays the schedule of
-	// delayed messages (both details).
+	// newDelays readies the schedule of delayed messages (a detail).
 	b := &Broker{opts: opts, logger: opts.Logger, store: opts.Store,
 		topics: map[string]*topic{}, durables: map[string]*subscription{},
 		wildcards: map[*subscription]struct{}{}, stop: make(chan struct{}),
 		connections: map[*connection]struct{}{}, writers: &queue.Workers{},
-		xray: newEvents(opts), delays: newDelays(),
-		largeFrames: make(chan struct{},
+		delays: newDelays(), largeFrames: make(chan struct{},
 			max(1, largeFramesBytes/opts.MaxFrameBytes))}
 	b.shared, _ = opts.Store.(SharedLog)
 
@@ -532,14 +523,6 @@ func (b *Broker) connectionList() []*connection {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	return slices.Collect(maps.Keys(b.connections))
-}
-
-// topicList snapshots the topics, so that each topic's lock can be taken
-// in turn without holding the broker's across them.
-func (b *Broker) topicList() []*topic {
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	return slices.Collect(maps.Values(b.topics))
 }
 
 // # The log: seq first, sync second
@@ -765,7 +748,8 @@ type connection struct {
 	// second's burst (golang.org/x/time/rate); nil: no cap.
 	limiter *rate.Limiter
 	// outbox queues frames for the writer, at most OutboxBytes. A nil
-	// frame tells the writer to close with closeCode and closeWhy.
+	// frame, which c.closeWith queues (Tokens), tells the writer to close
+	// with closeCode and closeWhy.
 	outbox    *outbox
 	closeCode websocket.StatusCode
 	closeWhy  string
@@ -1662,20 +1646,6 @@ func (c *connection) cutOff(why string) {
 	go c.closeSocket(CloseSlowConsumer, "slow consumer")
 }
 
-// closeWith queues a last frame, then a close with code. The writer sends
-// them in that order, so the client reads why before the socket closes.
-func (c *connection) closeWith(last reply, code websocket.StatusCode,
-	why string) {
-	if c.closing.Swap(true) {
-		return
-	}
-	// Written before the marker is queued, and read by the writer after
-	// it takes the marker: the outbox's lock orders the two.
-	c.closeCode, c.closeWhy = code, why
-	c.reply(last)
-	c.enqueue(nil)
-}
-
 // # Acknowledgements
 //
 // The original kept one pending entry per message, so the first ack from
@@ -2439,30 +2409,31 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// startFeatures starts the goroutines and tables the features beyond the
-// article's broker need, once the log is loaded: the table of work
+// startFeatures readies the tables and starts the goroutines the
+// features beyond the article's broker need, once the log is loaded: the
+// x-ray, the broker's observer (events, The x-ray); the table of work
 // queues (Work queues); the password checks (b.startLogins, Logins and
-// passwords); a shared log's feed of what any
-// broker committed, to fan out here (b.feed, A log shared by several
-// brokers); and three loops of the broker's own, which end at Shutdown:
-// the trim of what outlived the TTL (b.trimExpired, each tick of
-// b.every, Retention), the release of each delayed message when it falls
-// due (b.releaseLoop, Delayed delivery) and the x-ray's publisher
-// (b.publishEvent).
+// passwords); a shared log's feed of what any broker committed, to fan
+// out here (b.feed, A log shared by several brokers); and three loops of
+// the broker's own, which end at Shutdown: the x-ray's publisher
+// (b.publishEvent), the trim of what outlived the TTL (b.trimExpired,
+// each tick of b.every, Retention) and the release of each delayed
+// message when it falls due (b.releaseLoop, Delayed delivery).
 func (b *Broker) startFeatures() {
-	b.groups = map[string]*group{}
+	x := newEvents(b.opts)
+	b.xray, b.groups = x, map[string]*group{}
 	b.startLogins()
 	if b.shared != nil {
 		b.shared.Follow(b.feed)
 	}
 	b.loops.Add(3)
+	go func() {
+		defer b.loops.Done()
+		x.Run(b.stop, b.publishEvent)
+	}()
 	go b.every(min(max(b.opts.TTL/10, time.Millisecond), time.Minute),
 		b.trimExpired)
 	go b.releaseLoop()
-	go func() {
-		defer b.loops.Done()
-		b.xray.(*events).Run(b.stop, b.publishEvent)
-	}()
 }
 
 // # Tokens (detail)
@@ -2479,11 +2450,28 @@ func (b *Broker) startFeatures() {
 // verify tokens without being able to sign them, for a key distribution
 // a small broker does not need.
 
+// tokenLeeway is the clock skew allowed on a token's exp.
+const tokenLeeway = 5 * time.Second
+
 // tokenExpired closes a connection whose token ran out without a fresh auth.
 // It runs on the timer's goroutine.
 func (c *connection) tokenExpired() {
 	c.closeWith(errorReply("token_expired", "token expired"),
 		CloseTokenExpired, "token expired")
+}
+
+// closeWith queues a last frame, then a close with code. The writer sends
+// them in that order, so the client reads why before the socket closes.
+func (c *connection) closeWith(last reply, code websocket.StatusCode,
+	why string) {
+	if c.closing.Swap(true) {
+		return
+	}
+	// Written before the marker is queued, and read by the writer after
+	// it takes the marker: the outbox's lock orders the two.
+	c.closeCode, c.closeWhy = code, why
+	c.reply(last)
+	c.enqueue(nil)
 }
 
 // authenticate reads frames until a valid auth frame, and reports whether
@@ -4029,6 +4017,14 @@ func (b *Broker) snapshot() *wire.State {
 	return state
 }
 
+// topicList snapshots the topics, so that each topic's lock can be taken
+// in turn without holding the broker's across them.
+func (b *Broker) topicList() []*topic {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	return slices.Collect(maps.Values(b.topics))
+}
+
 // state describes c and adds its pending entries to state, reporting
 // false, with nothing added, if c has not authenticated.
 func (c *connection) state(state *wire.State) (wire.ConnectionState, bool) {
@@ -4264,6 +4260,15 @@ func (s *subscription) skipped(b *Broker, after, last uint64) {
 // refuses is asked for again by the next publish, whose confirm (or
 // Publish's error) says store_failed meanwhile. Shutdown seals every
 // topic, writing its newest seq as its head, and gives out no more.
+
+// reserveAhead and reserveBlock size a topic's reservation of seqs: a
+// topic asks for its next block once fewer than reserveAhead seqs are
+// left, more than can be given out (the queue, twice) before the ask is
+// on disk.
+const (
+	reserveAhead = 2 * maxQueueMessages
+	reserveBlock = 2 * reserveAhead
+)
 
 // loadTopics rebuilds each stored topic's head and index at start. The
 // stored head is where seqs go on: after a clean stop the newest seq,
