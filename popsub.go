@@ -956,14 +956,13 @@ type Claims struct {
 
 // read returns the next text frame, valid until the next read, or nil
 // when the client has been quiet a while (Socket.Idle), and false once
-// the connection has ended. The socket
-// closes the connection for binary frames and invalid UTF-8 (encoding/
-// json would silently replace bad bytes, and then a payload would not be
-// what its publisher sent), and for a frame over the read limit, before
-// it is buffered; one over 64 KiB first waits for one of the broker's
-// places for large frames (b.largeFrames), which it holds until it has
-// been handled: a thousand publishers of 1 MiB frames, each held while
-// its publish waits for room in the log's queue, held gigabytes.
+// the connection has ended. The socket refuses binary frames and invalid
+// UTF-8 (encoding/json would silently replace bad bytes, and a payload
+// would not be what its publisher sent), and a frame over the read limit
+// before it is buffered; one over 64 KiB first waits for one of the
+// broker's places for large frames (b.largeFrames), and holds it until
+// it has been handled: a thousand publishers of 1 MiB frames held
+// gigabytes.
 func (c *connection) read() ([]byte, bool) {
 	// The limit follows the session: 8 KiB until the client has
 	// authenticated (c.claims is set), MaxFrameBytes after. Setting it
@@ -974,9 +973,8 @@ func (c *connection) read() ([]byte, bool) {
 	}
 	c.ws.SetReadLimit(limit)
 
-	// Any read error (a close, a reset, a frame over the limit, a binary
-	// frame, invalid UTF-8) ends the connection; the socket has sent
-	// whatever close applies.
+	// Any read error ends the connection; the socket has sent whatever
+	// close applies.
 	data, err := c.ws.Read()
 	return data, err == nil
 }
@@ -1549,15 +1547,13 @@ func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 // writes until the outbox is empty, then exits. A writer that waited for
 // the next frame instead would be simpler, and would cost every idle
 // connection a parked goroutine, whose stack (8 KiB once it has written)
-// was the biggest single item in an idle connection's memory. The
-// broker's b.writers runs it on a goroutine that ran an earlier writer,
-// if one waits, and whose stack has grown already. Each batch
-// goes out in as few system calls as the socket can (c.ws.Send). After a
-// failed write the outbox stays marked as written, so no writer starts
-// again: the reader is about to see the socket closed. The outbox and
-// its writer trade arrays at each Take, and the writer's goes back to a
-// pool when it exits (queue.Recycle), so that a new writer need not grow
-// one.
+// was the biggest single item in an idle connection's memory. It runs on
+// one of b.writers' kept goroutines, if one waits. Each batch goes out
+// in as few system calls as the socket can (c.ws.Send). After a failed
+// write the outbox stays marked as written, so no writer starts again:
+// the reader is about to see the socket closed. The outbox and its
+// writer trade arrays at each Take, and the writer's goes back to a pool
+// when it exits (queue.Recycle).
 func (c *connection) writeLoop() {
 	var batch [][]byte
 	defer func() { queue.Recycle(batch) }()
