@@ -2416,7 +2416,7 @@ func (o Options) withDefaults() Options {
 // each tick of b.every, Retention) and the release of each delayed
 // message when it falls due (b.releaseLoop, Delayed delivery).
 func (b *Broker) startFeatures() {
-	x := newEvents(b.opts)
+	x := &events{xray.NewFeed(b.opts.OnEvent, b.logger)}
 	b.xray, b.groups = x, map[string]*group{}
 	b.startLogins()
 	if b.shared != nil {
@@ -3623,15 +3623,16 @@ func (m *Message) expired() bool { return wire.Past(m.ExpiresAt) }
 // the rest of the log (loadTopics), due time and all.
 //
 // The broker keeps the waiting messages in a heap by due time, without
-// their payloads, and one goroutine sleeps until the earliest is due
-// (b.releaseLoop): a message is sent within a millisecond or two of its
-// time, and messages not due cost nothing until they are. A loop that
-// looked every retry tick sent them up to a second late, and walked
-// every waiting message each time. When one falls due, it is published
-// to its topic, under its own message_id and publisher, with its
-// deliver_at, which its deliveries carry. That message names its record
-// in the $delayed log (Message.Releases), and the store deletes the
-// record as it stores the message: in the same transaction, on the
+// their payloads, from when each record is on disk, and one goroutine
+// sleeps until the earliest is due (b.releaseLoop): a message is sent
+// within a millisecond or two of its time, or of its record's sync if
+// that comes later, and messages not due cost nothing until they are. A
+// loop that looked every retry tick sent them up to a second late, and
+// walked every waiting message each time. When one falls due, it is
+// published to its topic, under its own message_id and publisher, with
+// its deliver_at, which its deliveries carry. That message names its
+// record in the $delayed log (Message.Releases), and the store deletes
+// the record as it stores the message: in the same transaction, on the
 // broker's own log, so that a crash or a restart can never send it
 // twice; on a shared log right after, where the log's dedup of its
 // message_id covers a crash between the two. Trimming the $delayed log
@@ -3763,15 +3764,15 @@ func (b *Broker) delayed(m *Message) reply {
 	return reply{}
 }
 
-// schedule has m, just indexed in its $delayed log t, wait for its
-// time, counts it against its token (b.drop takes it off), and wakes
-// the release loop if it is due before any other.
+// schedule has m, on disk in its $delayed log t, wait for its time,
+// and wakes the release loop if it is due before any other. Its token
+// counts it from when it is indexed (b.remember) until b.drop takes it
+// off.
 func (b *Broker) schedule(t *topic, m *Message) {
 	d := b.delays
 	d.mu.Lock()
 	first := d.due.Add(m.DeliverAt, waiting{t, m.Seq})
 	d.mu.Unlock()
-	d.count(m.publisher, 1, m.size())
 	if first {
 		queue.Notify(d.sooner)
 	}
@@ -3818,13 +3819,13 @@ func (b *Broker) releaseLoop() {
 }
 
 // release publishes each of due to its topic, where it gets its seq
-// now, and forgets those on disk there. One whose record is not on disk
-// yet, or whose publish the log refused, is tried again a second later;
-// one whose record is gone (sent by another broker on a shared log, or
-// refused when it was published) is forgotten.
+// now, and forgets those on disk there. One whose record the store
+// failed to read, or whose publish the log refused, is tried again a
+// second later; one whose record is gone (sent by another broker on a
+// shared log) is forgotten.
 func (b *Broker) release(due []waiting) {
 	var sent []*outcome
-	var done, later []waiting
+	var done, sending, later []waiting
 	for _, w := range due {
 		m, gone := b.readDelayed(w)
 		switch {
@@ -3842,12 +3843,14 @@ func (b *Broker) release(due []waiting) {
 			if duplicate {
 				b.log.Delete(w.log.name, w.seq)
 			}
-			sent, done = append(sent, stored), append(done, w)
+			sent, sending = append(sent, stored), append(sending, w)
 		}
 	}
-	for i := len(sent) - 1; i >= 0; i-- {
-		if <-sent[i].Done(); sent[i].Err() != nil {
-			later, done = append(later, done[i]), slices.Delete(done, i, i+1)
+	for i, stored := range sent {
+		if <-stored.Done(); stored.Err() != nil {
+			later = append(later, sending[i])
+		} else {
+			done = append(done, sending[i])
 		}
 	}
 	b.forgetDelayed(done)
@@ -3859,15 +3862,12 @@ func (b *Broker) release(due []waiting) {
 }
 
 // readDelayed reads w's message from its $delayed log and returns the
-// copy to publish to its topic; nil if its record is not on disk yet, or
+// copy to publish to its topic; nil if the store failed to read it, or
 // nil and true if the log no longer has it.
 func (b *Broker) readDelayed(w waiting) (*Message, bool) {
-	w.log.mu.Lock()
-	onDisk := w.log.synced() >= w.seq || b.shared != nil
-	w.log.mu.Unlock()
 	msgs, err := b.store.Read(w.log.name, w.seq-1, 1, maxQueueBytes)
 	switch {
-	case err != nil || !onDisk:
+	case err != nil:
 		return nil, false
 	case len(msgs) == 0 || msgs[0].Seq != w.seq:
 		return nil, true
@@ -3883,16 +3883,14 @@ func (b *Broker) readDelayed(w waiting) (*Message, bool) {
 // forgetDelayed drops list, sent or gone, from their $delayed logs'
 // indexes, one pass over each, and from what their tokens have waiting.
 func (b *Broker) forgetDelayed(list []waiting) {
-	gone := map[*topic]map[uint64]bool{}
+	gone, logs := map[waiting]bool{}, map[*topic]bool{}
 	for _, w := range list {
-		if gone[w.log] == nil {
-			gone[w.log] = map[uint64]bool{}
-		}
-		gone[w.log][w.seq] = true
+		gone[w] = true
+		logs[w.log] = true
 	}
-	for t, seqs := range gone {
+	for t := range logs {
 		t.mu.Lock()
-		b.drop(t, func(e entry) bool { return seqs[e.seq] })
+		b.drop(t, func(e entry) bool { return gone[waiting{t, e.seq}] })
 		t.mu.Unlock()
 	}
 }
@@ -3923,14 +3921,9 @@ const EventsTopic = "$sys/events"
 // events is the x-ray, the broker's observer (b.xray): a queue of events
 // (package xray's Feed) that Emit adds to without blocking, dropping an
 // event if it is full; Heard and Watched say whether anyone listens, and
-// Run hands each event to b.publishEvent.
-type events struct{ *xray.Feed }
-
-// newEvents returns the x-ray's empty queue; opts.OnEvent hears every
+// Run hands each event to b.publishEvent. Options.OnEvent hears every
 // event, watched or not.
-func newEvents(opts Options) *events {
-	return &events{xray.NewFeed(opts.OnEvent, opts.Logger)}
-}
+type events struct{ *xray.Feed }
 
 // publishEvent publishes one x-ray event, for the feed's goroutine
 // (b.xray, package xray). An event is an ordinary QoS 0 message: it is
@@ -4090,9 +4083,9 @@ func (b *Broker) every(interval time.Duration, work func(now time.Time)) {
 	}
 }
 
-// remember adds m to t's index, and has a $delayed log's message wait
-// for its time (b.schedule, in Delayed delivery). The caller holds t.mu
-// (or owns t).
+// remember adds m to t's index, and counts a $delayed log's message
+// against its token and has it wait for its time once it is on disk
+// (b.schedule, in Delayed delivery). The caller holds t.mu (or owns t).
 func (b *Broker) remember(t *topic, m *Message) {
 	// Only QoS 1 ids are remembered for dedup: a QoS 0 publisher asked
 	// for at most once and gets no confirm to retry after.
@@ -4105,7 +4098,13 @@ func (b *Broker) remember(t *topic, m *Message) {
 	t.bytes += e.size
 	t.lastTime = max(t.lastTime, m.Timestamp)
 	if strings.HasPrefix(t.name, DelayedPrefix) {
-		b.schedule(t, m)
+		// One just published waits for its batch's sync (markCommitted):
+		// a message sent on before its record is stored could be sent
+		// again after a crash.
+		b.delays.count(m.publisher, 1, m.size())
+		if t.synced() >= m.Seq {
+			b.schedule(t, m)
+		}
 	}
 }
 
@@ -4412,6 +4411,9 @@ func (b *Broker) markCommitted(msgs []*Message) {
 		t.mu.Unlock()
 		for _, m := range msgs[:run] {
 			b.xray.message("committed", nil, m, nil)
+			if strings.HasPrefix(t.name, DelayedPrefix) {
+				b.schedule(t, m) // on disk now: it may fall due
+			}
 		}
 	}
 }
@@ -4532,10 +4534,10 @@ func (b *Broker) feed(m *Message) {
 	t := b.topic(m.Topic)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if m.Seq > t.head {
-		m.delivery = appendDelivery(nil, m, 1)
-		b.sequenced(t, m, t.head, nil)
+	if last := t.head; m.Seq > last {
+		// The head first, as a publish here gives it: m is on the log.
+		m.delivery, t.head = appendDelivery(nil, m, 1), m.Seq
+		b.sequenced(t, m, last, nil)
 		b.xray.message("committed", nil, m, nil)
-		t.head = m.Seq
 	}
 }

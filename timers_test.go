@@ -191,3 +191,44 @@ func TestDeadLetters_ComeWhenThePlaygroundSays(t *testing.T) {
 		}
 	})
 }
+
+// A delayed message due before its record is on disk is sent as soon as
+// the record is, not a second later: a delay of a millisecond, on a
+// store whose commits take three.
+func TestDelay_DueBeforeItsRecordIsOnDiskIsSentOnceItIs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := slowCommits{newMemoryStore(), 3 * time.Millisecond}
+		b, worker, _ := fakeBroker(t, Options{Store: store})
+		publisher, _ := fakeConnection(b, "publisher")
+		t.Cleanup(func() { b.unregister(publisher) })
+		publisher.handle([]byte(`{"type":"publish","topic":"jobs",` +
+			`"qos":1,"payload":1,"delay_ms":1}`))
+		for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
+			time.Sleep(time.Millisecond)
+			synctest.Wait()
+			for _, f := range worker.outbox.Take(nil) {
+				var g got
+				json.Unmarshal(f, &g)
+				late := time.Since(time.UnixMilli(g.DeliverAt))
+				if late < 0 || late > 10*time.Millisecond {
+					t.Fatalf("%s %v after it was due, want within 10 ms",
+						f, late)
+				}
+				return
+			}
+		}
+		t.Fatal("the delayed message was not sent within 2 s")
+	})
+}
+
+// slowCommits is a store in memory whose every commit takes a while.
+type slowCommits struct {
+	*memoryStore
+	took time.Duration
+}
+
+// Commit waits, then commits batch.
+func (s slowCommits) Commit(batch *Batch) error {
+	time.Sleep(s.took)
+	return s.memoryStore.Commit(batch)
+}
