@@ -2416,8 +2416,8 @@ func (o Options) withDefaults() Options {
 // each tick of b.every, Retention) and the release of each delayed
 // message when it falls due (b.releaseLoop, Delayed delivery).
 func (b *Broker) startFeatures() {
-	x := &events{xray.NewFeed(b.opts.OnEvent, b.logger)}
-	b.xray, b.groups = x, map[string]*group{}
+	b.xray = &events{xray.NewFeed(b.opts.OnEvent, b.logger)}
+	b.groups = map[string]*group{}
 	b.startLogins()
 	if b.shared != nil {
 		b.shared.Follow(b.feed)
@@ -2425,7 +2425,7 @@ func (b *Broker) startFeatures() {
 	b.loops.Add(3)
 	go func() {
 		defer b.loops.Done()
-		x.Run(b.stop, b.publishEvent)
+		b.xray.(*events).Run(b.stop, b.publishEvent)
 	}()
 	go b.every(min(max(b.opts.TTL/10, time.Millisecond), time.Minute),
 		b.trimExpired)
@@ -4098,9 +4098,10 @@ func (b *Broker) remember(t *topic, m *Message) {
 	t.bytes += e.size
 	t.lastTime = max(t.lastTime, m.Timestamp)
 	if strings.HasPrefix(t.name, DelayedPrefix) {
-		// One just published waits for its batch's sync (markCommitted):
-		// a message sent on before its record is stored could be sent
-		// again after a crash.
+		// One just published waits for its batch's sync (markCommitted),
+		// as its confirm does: sent on before its record was stored, it
+		// could reach subscribers and then be lost in a crash, confirmed
+		// to nobody.
 		b.delays.count(m.publisher, 1, m.size())
 		if t.synced() >= m.Seq {
 			b.schedule(t, m)
@@ -4536,7 +4537,8 @@ func (b *Broker) feed(m *Message) {
 	defer t.mu.Unlock()
 	if last := t.head; m.Seq > last {
 		// The head first, as a publish here gives it: m is on the log.
-		m.delivery, t.head = appendDelivery(nil, m, 1), m.Seq
+		t.head = m.Seq
+		m.delivery = appendDelivery(nil, m, 1)
 		b.sequenced(t, m, last, nil)
 		b.xray.message("committed", nil, m, nil)
 	}
