@@ -3807,7 +3807,9 @@ func (b *Broker) releaseLoop() {
 		d.mu.Lock()
 		due := d.due.Due(time.Now().UnixMilli())
 		d.mu.Unlock()
-		if len(due) > 0 { // with nothing due, nothing is made or walked
+		// With nothing due, nothing is made: each map made draws a
+		// random number, and a lab run replays only if it draws the same.
+		if len(due) > 0 {
 			b.release(due)
 		}
 		wait := 24 * time.Hour
@@ -3944,6 +3946,7 @@ func (b *Broker) publishEvent(e wire.Event) {
 // broker 6 % of its CPU with ten subscribers; one per publish and per
 // commit, 3 % with one.
 func (x *events) message(kind string, c *connection, m *Message, p *pending) {
+	// x.Count counts a counted kind first, watched or not.
 	if x.Count(kind) && !x.Watched() || !x.Heard() {
 		return
 	}
