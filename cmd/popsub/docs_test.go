@@ -25,7 +25,6 @@ import (
 	"github.com/popsub/popsub"
 	"github.com/popsub/popsub/docs/asyncapi"
 	"github.com/popsub/popsub/internal/logbuf"
-	"github.com/popsub/popsub/jetstream/natstest"
 	"github.com/popsub/popsub/transcript"
 )
 
@@ -567,10 +566,12 @@ func (s *docServer) runNATS(args []string, where string) {
 	if s.natsBin == "" {
 		s.t.Fatalf("%s: nats-server runs after go install", where)
 	}
-	port := natstest.FreePort(s.t)
+	// A kept address: no other test here, restarting, takes its port.
+	s.nats = keptAddress(s.t)
+	_, port, _ := strings.Cut(s.nats, ":")
 	for i, arg := range args {
 		if arg == "4222" {
-			args[i] = fmt.Sprint(port)
+			args[i] = port
 		}
 	}
 	server := exec.Command(filepath.Join(s.natsBin, "nats-server"), args...)
@@ -582,7 +583,6 @@ func (s *docServer) runNATS(args []string, where string) {
 		server.Process.Kill()
 		server.Wait()
 	})
-	s.nats = fmt.Sprint("127.0.0.1:", port)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		conn, err := net.Dial("tcp", s.nats)

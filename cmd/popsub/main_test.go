@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,28 +20,38 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/popsub/popsub/internal/built"
-	"github.com/popsub/popsub/jetstream/natstest"
 	"github.com/popsub/popsub/wire"
 )
 
 // keptAddress is an address on 127.0.0.1 that nothing listens on now,
 // for a broker that a test starts again where it was (files a doc wrote,
 // pages and clients name that address), or for a client to find closed.
-// Its port is picked below the kernel's ephemeral ports
-// (natstest.FreePort), which every outgoing connection and every
-// listener on port 0 takes from: a port the kernel had picked, freed by
-// a stopped broker, went to another package's test connection before
-// the restart could bind it again ("address in use", tutorial 8 with
-// the other packages' tests beside it on a loaded machine). No port is
+// Its port is picked below the kernel's ephemeral ports, which every
+// outgoing connection and every listener on port 0 takes from: a port
+// the kernel had picked, freed by a stopped broker, went to another
+// package's test connection before the restart could bind it again
+// ("address in use", tutorial 8 with the other packages' tests beside it
+// on a loaded machine). It is picked from 10000 to 19999, where no other
+// package's tests look (natstest.FreePort and the nemesis pick from
+// 20000 up), for the same reason: a nats-server another package started
+// took a kept port while tutorial 8's broker restarted. No port is
 // handed out twice, so that no test here takes another's while it
 // restarts.
 func keptAddress(t *testing.T) string {
-	for {
-		port := natstest.FreePort(t)
-		if _, taken := keptPorts.LoadOrStore(port, true); !taken {
+	t.Helper()
+	for range 1000 {
+		port := 10000 + rand.IntN(10000)
+		if _, taken := keptPorts.LoadOrStore(port, true); taken {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprint("127.0.0.1:", port))
+		if err == nil {
+			l.Close()
 			return fmt.Sprint("127.0.0.1:", port)
 		}
 	}
+	t.Fatal("no free port on 127.0.0.1 between 10000 and 20000")
+	return ""
 }
 
 // keptPorts are the ports keptAddress handed out.
