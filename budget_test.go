@@ -35,14 +35,14 @@ import (
 // slack.
 const (
 	budgetFirstReading  = 1210 // code lines in first-reading sections
-	budgetMinutes       = 244  // the first reading, priced; the goal is 180
+	budgetMinutes       = 243  // the first reading, priced; the goal is 180
 	budgetCode          = 2405 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function
 	budgetMedian        = 15   // lines in the median function
 	budgetDocumentedPct = 95   // declarations with a doc comment
-	budgetDetailNames   = 37   // detail declarations the first reading uses; the goal is 25
+	budgetDetailNames   = 35   // detail declarations the first reading uses; the goal is 25
 	budgetDetailUsers   = 26   // first-reading functions that use them; the goal is 10
 )
 

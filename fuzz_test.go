@@ -23,7 +23,8 @@ func FuzzFrame(f *testing.F) {
 			return
 		}
 		wire.ValidFilter(frame.Topic)
-		b := &Broker{opts: Options{}.withDefaults()}
+		opts, _ := Options{}.ready() // no Secret or Store: defaults all the same
+		b := &Broker{opts: opts}
 		m, problem := b.newMessage(frame)
 		if problem.Type != "" {
 			return

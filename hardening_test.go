@@ -413,8 +413,8 @@ func TestLoginThrottle_SlowsGuessesNeverTheUser(t *testing.T) {
 		var slowest time.Duration
 		synctest.Test(t, func(t *testing.T) {
 			users := loginUsers(t)
-			b := &Broker{opts: Options{Users: users,
-				Secret: testSecret}.withDefaults(), logger: quietLogger}
+			opts, _ := Options{Users: users, Secret: testSecret}.ready()
+			b := &Broker{opts: opts, logger: quietLogger}
 			b.startLogins()
 			b.logins = login.NewGate(1, nil, users) // one hash at a time
 			var wg sync.WaitGroup

@@ -446,13 +446,12 @@ type entry struct {
 // New starts a broker over opts.Store, loading every topic's index from it.
 // The broker owns the store from here on: Shutdown closes it.
 func New(opts Options) (*Broker, error) {
-	// opts.check refuses a missing Secret or Store, and a negative limit
-	// (Keepalives, limits and batches).
-	if err := opts.check(); err != nil {
+	// opts.ready gives every zero field its default, and refuses a
+	// missing Secret or Store and a negative limit (Defaults and start-up).
+	opts, err := opts.ready()
+	if err != nil {
 		return nil, err
 	}
-	// opts.withDefaults gives every zero field its default (Defaults).
-	opts = opts.withDefaults()
 	// newDelays readies the schedule of delayed messages (a detail).
 	b := &Broker{opts: opts, logger: opts.Logger, store: opts.Store,
 		topics: map[string]*topic{}, durables: map[string]*subscription{},
@@ -470,7 +469,7 @@ func New(opts Options) (*Broker, error) {
 	// the article's broker run on their own, each until Shutdown (Defaults
 	// and start-up, a detail). Retries are each connection's own timer
 	// (Retries and dead letters).
-	if err := b.loadTopics(); err != nil {
+	if err = b.loadTopics(); err != nil {
 		return nil, err
 	}
 	b.log = b.startLog()
@@ -1444,17 +1443,14 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 
 // sequenced indexes m, which has its seq and its frame, and fans it out
 // to those who have had everything up to last, owing their writers to
-// wake. b.remember adds m to the topic's index (Retention), and
-// schedules a delayed one (Delayed delivery). The caller holds t.mu.
+// wake. The caps are applied here, as messages arrive: b.retain adds m
+// to the topic's index, drops the oldest messages over MaxMessages or
+// MaxLogBytes from it, and trims them from the log in the same batch as
+// m (Retention). The caller holds t.mu.
 func (b *Broker) sequenced(t *topic, m *Message, last uint64, wake *wakeups) {
-	b.remember(t, m)
+	b.retain(t, m)
 	b.xray.message("published", nil, m, nil)
 	b.fanOut(t, m, last, wake)
-
-	// The caps are applied here, as messages arrive: b.applyCaps drops
-	// the oldest messages over MaxMessages or MaxLogBytes from the index,
-	// and trims the log in the same batch as m (Retention).
-	b.applyCaps(t)
 }
 
 // fanOut offers a new message to every live subscriber of t and every
@@ -2380,8 +2376,9 @@ const (
 	DefaultLoginTokenTTL = time.Hour
 )
 
-// withDefaults returns a copy of o with every zero field set to its default.
-func (o Options) withDefaults() Options {
+// ready returns a copy of o with every zero field set to its default,
+// and what o.check (Keepalives, limits and batches) finds wrong with it.
+func (o Options) ready() (Options, error) {
 	// Options is a value, so the caller's copy keeps its zeros.
 	o.AckTimeout = cmp.Or(o.AckTimeout, DefaultAckTimeout)
 	o.MaxRetries = cmp.Or(o.MaxRetries, DefaultMaxRetries)
@@ -2402,7 +2399,7 @@ func (o Options) withDefaults() Options {
 	o.PingInterval = cmp.Or(o.PingInterval, DefaultPingInterval)
 	o.LoginTokenTTL = cmp.Or(o.LoginTokenTTL, DefaultLoginTokenTTL)
 	o.Logger = cmp.Or(o.Logger, slog.Default())
-	return o
+	return o, o.check()
 }
 
 // startFeatures readies the tables and starts the goroutines the
@@ -4122,27 +4119,29 @@ func (b *Broker) drop(t *topic, match func(entry) bool) {
 		if !match(e) {
 			return false
 		}
-		if e.key.id != "" && t.ids[e.key] == e.seq {
-			delete(t.ids, e.key)
-		}
-		if t.bytes -= e.size; delayed {
+		if t.unindexed(e); delayed {
 			b.delays.count(e.key.publisher, -1, -e.size)
 		}
 		return true
 	})
 }
 
+// unindexed forgets e's id and bytes, as e leaves t's index. An id is
+// forgotten only if it still points at e: a later message may have
+// reused it after e's was trimmed. The caller holds t.mu.
+func (t *topic) unindexed(e entry) {
+	if e.key.id != "" && t.ids[e.key] == e.seq {
+		delete(t.ids, e.key)
+	}
+	t.bytes -= e.size
+}
+
 // forget drops the oldest n entries of the index and returns the seq of
 // the last one dropped, for the log to trim to. The caller holds t.mu.
 func (t *topic) forget(n int) uint64 {
-	// An id is forgotten only if it still points at this entry: a later
-	// message may have reused it after the first was trimmed.
 	gone := t.index.Live()[:n]
 	for _, e := range gone {
-		if e.key.id != "" && t.ids[e.key] == e.seq {
-			delete(t.ids, e.key)
-		}
-		t.bytes -= e.size
+		t.unindexed(e)
 	}
 	// The index is a queue: dropping the front of a thousand entries on
 	// every publish copies nothing. Deleting them from a slice would move
@@ -4153,10 +4152,12 @@ func (t *topic) forget(n int) uint64 {
 	return last
 }
 
-// applyCaps drops from t's index the oldest messages over MaxMessages or
-// MaxLogBytes, and has the log trim them; a $delayed log's leave it only
-// once sent (Delayed delivery). The caller holds t.mu.
-func (b *Broker) applyCaps(t *topic) {
+// retain adds m to t's index (b.remember), drops from it the oldest
+// messages over MaxMessages or MaxLogBytes, and has the log trim them; a
+// $delayed log's leave it only once sent, and one waits for its time
+// (Delayed delivery). The caller holds t.mu.
+func (b *Broker) retain(t *topic, m *Message) {
+	b.remember(t, m)
 	over := t.excess(b.opts.MaxMessages, b.opts.MaxLogBytes)
 	if over > 0 && !strings.HasPrefix(t.name, DelayedPrefix) {
 		b.log.Trim(t.name, t.forget(over))
