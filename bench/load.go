@@ -68,6 +68,21 @@ func runLoad(ctx context.Context, cfg Config, server *benchServer,
 		return Result{}, err
 	}
 
+	// The bystander starts first, and the load once it has had its first
+	// confirm: a burst over in 70 ms ended before the bystander's process
+	// had dialled, and timed nothing.
+	done, bystanderDone := make(chan struct{}), make(chan struct{})
+	if cfg.Bystander {
+		ready := make(chan struct{})
+		go l.runBystander(ctx, done, ready, bystanderDone)
+		select {
+		case <-ready:
+		case <-ctx.Done():
+		}
+	} else {
+		close(bystanderDone)
+	}
+
 	// Publish until the deadline, then wait (bounded) for the tail.
 	var cpuBefore time.Duration
 	if server != nil {
@@ -75,17 +90,10 @@ func runLoad(ctx context.Context, cfg Config, server *benchServer,
 	}
 	start := time.Now()
 	deadline := start.Add(cfg.Duration)
-	done := make(chan struct{})
 	go l.showProgress(stderr, start, done)
 	var wg sync.WaitGroup
 	for i, ws := range publishers {
 		wg.Go(func() { l.publish(ctx, i, ws, start, deadline) })
-	}
-	bystanderDone := make(chan struct{})
-	if cfg.Bystander {
-		go l.runBystander(ctx, done, bystanderDone)
-	} else {
-		close(bystanderDone)
 	}
 	wg.Wait()
 	l.drain()
@@ -623,9 +631,14 @@ func (l *load) stuckCutOff() int64 {
 // --bystander-only) until done, and keeps its confirm latencies. In this
 // process it waited for a CPU behind the bench's own readers: up to 130
 // ms between the server's write of a confirm and its read here, with
-// the server's part under 20 ms.
-func (l *load) runBystander(ctx context.Context, done, finished chan struct{}) {
+// the server's part under 20 ms. ready is closed at its first confirm,
+// or once it has failed.
+func (l *load) runBystander(ctx context.Context, done, ready,
+	finished chan struct{}) {
 	defer close(finished)
+	var first sync.Once
+	isReady := func() { first.Do(func() { close(ready) }) }
+	defer isReady()
 	cmd := exec.CommandContext(ctx, l.cfg.Popsub, "bench", "--bystander-only",
 		"--url", l.cfg.urls[0], "--allow-remote="+
 			strconv.FormatBool(l.cfg.AllowRemote))
@@ -641,10 +654,12 @@ func (l *load) runBystander(ctx context.Context, done, finished chan struct{}) {
 	read := make(chan struct{})
 	go func() {
 		defer close(read)
+		defer isReady() // it ended without a confirm
 		for lines := bufio.NewScanner(out); lines.Scan(); {
 			if micros, err := strconv.Atoi(lines.Text()); err == nil {
 				l.bystander = append(l.bystander,
 					time.Duration(micros)*time.Microsecond)
+				isReady()
 			}
 		}
 	}()
