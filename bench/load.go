@@ -68,21 +68,6 @@ func runLoad(ctx context.Context, cfg Config, server *benchServer,
 		return Result{}, err
 	}
 
-	// The bystander starts first, and the load once it has had its first
-	// confirm: a burst over in 70 ms ended before the bystander's process
-	// had dialled, and timed nothing.
-	done, bystanderDone := make(chan struct{}), make(chan struct{})
-	if cfg.Bystander {
-		ready := make(chan struct{})
-		go l.runBystander(ctx, done, ready, bystanderDone)
-		select {
-		case <-ready:
-		case <-ctx.Done():
-		}
-	} else {
-		close(bystanderDone)
-	}
-
 	// Publish until the deadline, then wait (bounded) for the tail.
 	var cpuBefore time.Duration
 	if server != nil {
@@ -90,14 +75,30 @@ func runLoad(ctx context.Context, cfg Config, server *benchServer,
 	}
 	start := time.Now()
 	deadline := start.Add(cfg.Duration)
+	done := make(chan struct{})
 	go l.showProgress(stderr, start, done)
 	var wg sync.WaitGroup
 	for i, ws := range publishers {
 		wg.Go(func() { l.publish(ctx, i, ws, start, deadline) })
 	}
+	bystanderDone, confirmed := make(chan struct{}), make(chan struct{})
+	if cfg.Bystander {
+		go l.runBystander(ctx, done, confirmed, bystanderDone)
+	} else {
+		close(bystanderDone)
+		close(confirmed)
+	}
 	wg.Wait()
 	l.drain()
 	elapsed := time.Since(start)
+	// The bystander starts with the load, as a client beside a burst
+	// would, and times at least one confirm: a burst over in 70 ms ended
+	// before its process had dialled.
+	select {
+	case <-confirmed:
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+	}
 	close(done)
 	<-bystanderDone
 
@@ -631,14 +632,14 @@ func (l *load) stuckCutOff() int64 {
 // --bystander-only) until done, and keeps its confirm latencies. In this
 // process it waited for a CPU behind the bench's own readers: up to 130
 // ms between the server's write of a confirm and its read here, with
-// the server's part under 20 ms. ready is closed at its first confirm,
-// or once it has failed.
-func (l *load) runBystander(ctx context.Context, done, ready,
+// the server's part under 20 ms. confirmed is closed at its first
+// confirm, or once it has failed.
+func (l *load) runBystander(ctx context.Context, done, confirmed,
 	finished chan struct{}) {
 	defer close(finished)
 	var first sync.Once
-	isReady := func() { first.Do(func() { close(ready) }) }
-	defer isReady()
+	hasOne := func() { first.Do(func() { close(confirmed) }) }
+	defer hasOne()
 	cmd := exec.CommandContext(ctx, l.cfg.Popsub, "bench", "--bystander-only",
 		"--url", l.cfg.urls[0], "--allow-remote="+
 			strconv.FormatBool(l.cfg.AllowRemote))
@@ -654,12 +655,12 @@ func (l *load) runBystander(ctx context.Context, done, ready,
 	read := make(chan struct{})
 	go func() {
 		defer close(read)
-		defer isReady() // it ended without a confirm
+		defer hasOne() // it ended without a confirm
 		for lines := bufio.NewScanner(out); lines.Scan(); {
 			if micros, err := strconv.Atoi(lines.Text()); err == nil {
 				l.bystander = append(l.bystander,
 					time.Duration(micros)*time.Microsecond)
-				isReady()
+				hasOne()
 			}
 		}
 	}()
