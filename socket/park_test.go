@@ -148,3 +148,29 @@ func fmtErr(err error) string {
 	}
 	return err.Error()
 }
+
+// A close the server starts leaves what the peer sent before its close
+// reply to the socket's own reader, woken from the poller: an ack a quiet
+// client sends as the broker shuts down is handled. Close read on to the
+// peer's close itself, and skipped it.
+func TestClose_LeavesTheFramesBeforeThePeersCloseToTheReader(t *testing.T) {
+	quiet(t)
+	server, accepted := serveOne(t, Options{WriteTimeout: time.Second})
+	client := dialRaw(t, server, nil)
+	c := <-accepted
+	resumed := resumes(t, c)
+	parks(t, c, "when quiet")
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close(websocket.StatusGoingAway, "bye") }()
+	resumed()
+	client.expectClose(websocket.StatusGoingAway)
+	client.conn.Write(frame(opText, true, `{"type":"ack"}`))
+	client.conn.Write(frame(opClose, true, "\x03\xe9"))
+	if data, err := c.Read(); string(data) != `{"type":"ack"}` || err != nil {
+		t.Fatalf("Read after the close: %q, %v; want the ack", data, err)
+	}
+	if data, err := c.Read(); err == nil {
+		t.Fatalf("Read after the peer's close: %q, no error", data)
+	}
+	<-closed // the reader closed the socket, as the handshake ended
+}

@@ -165,9 +165,12 @@ type Conn struct {
 	goneOnce, shutOnce sync.Once
 
 	// idle, set by Idle, reads on once a socket parked in the poller
-	// wakes (wake), and woken says it just did.
+	// wakes (wake), and woken says it just did. owned is set with it:
+	// the socket has a reader that reads until Read fails, or is parked
+	// and is woken by a close.
 	idle    func()
 	woken   atomic.Bool
+	owned   atomic.Bool
 	parking poller.Parking
 }
 
@@ -279,7 +282,10 @@ func checkOrigin(r *http.Request, patterns []string) error {
 // socket closes, and reads on. Call it from the reader, before a Read.
 // Where the socket cannot be watched without a goroutine (no epoll, TLS,
 // a pipe), Read waits as before.
-func (c *Conn) Idle(resume func()) { c.idle = resume }
+func (c *Conn) Idle(resume func()) {
+	c.idle = resume
+	c.owned.Store(true)
+}
 
 // SetReadLimit caps the frames Read returns; a larger one closes the
 // socket with 1009 before it is buffered.
@@ -310,15 +316,23 @@ func (c *Conn) Ping(ctx context.Context) error {
 }
 
 // Close sends a close frame, waits up to closeTimeout for the peer's,
-// and closes the socket. The reader, if one is reading, sees the peer's
-// close; if none is, Close reads on to it itself.
+// and closes the socket. A socket given a resume (Idle) is read up to
+// the peer's close by its own reader, woken if it was parked, so that
+// the frames the peer sent before it are read, not skipped: an ack sent
+// as the broker shuts down is handled. Otherwise the reader, if one is
+// reading, sees the peer's close; if none is, Close reads on to it
+// itself.
 func (c *Conn) Close(code websocket.StatusCode, reason string) error {
 	c.shut()
 	if err := c.writeClose(code, reason); err != nil {
 		return c.conn.Close()
 	}
+	reading := c.reading
+	if c.owned.Load() {
+		reading = nil // a nil channel: Close never reads
+	}
 	select {
-	case c.reading <- struct{}{}:
+	case reading <- struct{}{}:
 		c.awaitPeerClose(0)
 		<-c.reading
 	case <-c.gone:
