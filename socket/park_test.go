@@ -37,6 +37,19 @@ func resumes(t *testing.T, c *Conn) func() {
 	}
 }
 
+// parked returns a raw client and its socket, parked: quiet, and given a
+// resume, whose starts resumed waits for.
+func parked(t *testing.T) (client *rawClient, c *Conn, resumed func()) {
+	t.Helper()
+	quiet(t)
+	server, accepted := serveOne(t, Options{WriteTimeout: time.Second})
+	client = dialRaw(t, server, nil)
+	c = <-accepted
+	resumed = resumes(t, c)
+	parks(t, c, "when quiet")
+	return client, c, resumed
+}
+
 // parks reads c, which must park: Read returns nil and no error.
 func parks(t *testing.T, c *Conn, when string) {
 	t.Helper()
@@ -51,13 +64,7 @@ func parks(t *testing.T, c *Conn, when string) {
 // rather than parking again. A ping sent while it is parked is answered
 // through a wake-up, and Ping returns.
 func TestIdle_AQuietSocketParksAndWakesForFramesAndPongs(t *testing.T) {
-	quiet(t)
-	server, accepted := serveOne(t, Options{WriteTimeout: time.Second})
-	client := dialRaw(t, server, nil)
-	c := <-accepted
-	resumed := resumes(t, c)
-
-	parks(t, c, "when quiet")
+	client, c, resumed := parked(t)
 	if c.in != nil {
 		t.Fatal("a parked socket holds a chunk")
 	}
@@ -154,12 +161,7 @@ func fmtErr(err error) string {
 // client sends as the broker shuts down is handled. Close read on to the
 // peer's close itself, and skipped it.
 func TestClose_LeavesTheFramesBeforeThePeersCloseToTheReader(t *testing.T) {
-	quiet(t)
-	server, accepted := serveOne(t, Options{WriteTimeout: time.Second})
-	client := dialRaw(t, server, nil)
-	c := <-accepted
-	resumed := resumes(t, c)
-	parks(t, c, "when quiet")
+	client, c, resumed := parked(t)
 	closed := make(chan error, 1)
 	go func() { closed <- c.Close(websocket.StatusGoingAway, "bye") }()
 	resumed()
