@@ -72,15 +72,19 @@ func do(t *testing.T, ctx context.Context, what string,
 // until waits for a JavaScript condition to hold.
 func until(t *testing.T, ctx context.Context, what, condition string) {
 	t.Helper()
-	_, err := chromedp.Run(ctx, chromedp.Poll[bool](condition,
-		chromedp.WithPollingInterval(50*time.Millisecond)))
+	// Two minutes, not chromedp's thirty seconds: a lab scenario that
+	// runs five seconds took more than thirty in Chromium on a 2-core
+	// machine busy with the other packages' race tests and two busy loops.
+	wait := []chromedp.PollOption{
+		chromedp.WithPollingInterval(50 * time.Millisecond),
+		chromedp.WithPollingTimeout(2 * time.Minute)}
+	_, err := chromedp.Run(ctx, chromedp.Poll[bool](condition, wait...))
 	// A page that replaces its document as the poll starts (a navigation
 	// still settling) takes the poll's context with it: poll again in
 	// the new one.
 	for retries := 0; err != nil && retries < 3 && strings.Contains(
 		err.Error(), "Cannot find context with specified id"); retries++ {
-		_, err = chromedp.Run(ctx, chromedp.Poll[bool](condition,
-			chromedp.WithPollingInterval(50*time.Millisecond)))
+		_, err = chromedp.Run(ctx, chromedp.Poll[bool](condition, wait...))
 	}
 	if err != nil {
 		// What the panels and the diagram's detail said is most often
@@ -611,8 +615,10 @@ func startBrowser(t *testing.T, chromium string,
 	extra ...chromedp.ExecAllocatorOption) (context.Context, func() []string) {
 	// The timeout sits on the parent of the browser's context, as
 	// chromedp asks: a deadline on the context that starts the browser
-	// would kill it mid-test.
-	parent, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// would kill it mid-test. Five minutes: every lab scenario at two
+	// sizes took 109 s on a 2-core machine busy with the race tests and
+	// two busy loops, against 2 minutes before.
+	parent, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
 	options := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.DisableGPU,
