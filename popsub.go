@@ -2667,17 +2667,17 @@ func (b *Broker) overCapacity(w http.ResponseWriter) bool {
 	return false
 }
 
-// check refuses a missing Secret or Store, a RetryBackoff below 1, and
-// a negative limit: MaxRetries is the one whose negative means
-// something. Every number in Options is a limit, so a new one is checked
-// without a line of its own.
+// check refuses, in options with their defaults, a missing Secret or
+// Store, a RetryBackoff below 1, and a negative limit: MaxRetries is the
+// one whose negative means something. Every number in Options is a
+// limit, so a new one is checked without a line of its own.
 func (o Options) check() error {
 	switch {
 	case len(o.Secret) == 0:
 		return ErrNoSecret
 	case o.Store == nil:
 		return errors.New("popsub: Options.Store is required")
-	case o.RetryBackoff != 0 && o.RetryBackoff < 1:
+	case o.RetryBackoff < 1:
 		return errors.New("popsub: Options.RetryBackoff is below 1")
 	}
 	fields := reflect.ValueOf(o)
