@@ -322,7 +322,7 @@ func links(fset *token.FileSet, file *ast.File) map[link]string {
 	for _, decl := range file.Decls {
 		switch d := decl.(type) {
 		case *ast.FuncDecl:
-			if d.Recv == nil {
+			if d.Recv == nil && d.Name.Obj != nil { // init has none
 				declared[d.Name.Obj] = d.Name.Name
 			} else {
 				methods[d.Name.Name] = append(methods[d.Name.Name],

@@ -42,6 +42,9 @@ func (t *Thing) Do() string {
 	// Say hello.
 	return "hi" // a greeting
 }
+
+// init is declared in no scope, so nothing may link to it.
+func init() { var x Thing; x.Do() }
 `)
 	page, err := Render([]File{{"p.go", src}})
 	if err != nil {
