@@ -1,7 +1,6 @@
 package popsub
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -241,12 +240,6 @@ func TestDelay_ADeliverAtKeepsItsMilliseconds(t *testing.T) {
 		t.Fatalf("got deliver_at %d at %d, want %d, and not before it",
 			g.DeliverAt, time.Now().UnixMilli(), at)
 	}
-}
-
-// jsonTime is t in Unix milliseconds, as JSON.
-func jsonTime(t time.Time) string {
-	data, _ := json.Marshal(t.UnixMilli())
-	return string(data)
 }
 
 func TestDelay_RefusesWhatItCannotDo(t *testing.T) {

@@ -8,7 +8,6 @@ package docs
 
 import (
 	"embed"
-	"io/fs"
 )
 
 // SourcePage is popsub.go as a side-by-side page; see package source.
@@ -32,14 +31,3 @@ var markdown embed.FS
 //
 //go:embed *.png
 var images embed.FS
-
-// Tutorials returns every Markdown page by file name, for the playground
-// to link to.
-func Tutorials() map[string][]byte {
-	pages := map[string][]byte{}
-	names, _ := fs.Glob(markdown, "*.md")
-	for _, name := range names {
-		pages[name], _ = fs.ReadFile(markdown, name)
-	}
-	return pages
-}
