@@ -32,18 +32,20 @@ import (
 // against a goal of 180. Making room is the restructure that makes every
 // feature a leaf (STYLE.md, "The first reading stands alone"); until it
 // lands, these caps hold the line, and the test's log prints each one's
-// slack.
+// slack. The hooks that took six details' names out of the first reading
+// (features add their frames to handlers, and their say over a publish
+// to publishRules) cost twenty code lines: the cap rose by them.
 const (
 	budgetFirstReading  = 1210 // code lines in first-reading sections
 	budgetMinutes       = 243  // the first reading, priced; the goal is 180
-	budgetCode          = 2405 // code lines in the file; STYLE.md's 2,200
+	budgetCode          = 2425 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function
 	budgetMedian        = 15   // lines in the median function
 	budgetDocumentedPct = 95   // declarations with a doc comment
-	budgetDetailNames   = 35   // detail declarations the first reading uses; the goal is 25
-	budgetDetailUsers   = 26   // first-reading functions that use them; the goal is 10
+	budgetDetailNames   = 34   // detail declarations the first reading uses; the goal is 25
+	budgetDetailUsers   = 25   // first-reading declarations that use them; the goal is 10
 )
 
 // measure measures popsub.go as STYLE.md counts it.
@@ -137,10 +139,10 @@ func prose(text string) string {
 
 // TestPopsubGo_FirstReadingNamesTheDetailsItUses holds the first reading
 // to STYLE.md's rule: a reader who skips every detail must still follow
-// every line of it. Each declaration of a detail section that a
-// first-reading function uses must be named somewhere in first-reading
-// prose (a method as x.method, anything else by its name), where its
-// contract is said in a line.
+// every line of it. Each declaration of a detail section that the first
+// reading uses, in a function or in a type or variable it declares,
+// must be named somewhere in first-reading prose (a method as x.method,
+// anything else by its name), where its contract is said in a line.
 func TestPopsubGo_FirstReadingNamesTheDetailsItUses(t *testing.T) {
 	fset, file, info, pkg := typeChecked(t)
 
@@ -154,19 +156,19 @@ func TestPopsubGo_FirstReadingNamesTheDetailsItUses(t *testing.T) {
 		}
 	}
 
-	// Every detail declaration a first-reading function uses, and the
-	// functions that use one.
+	// Every detail declaration the first reading uses, in a function or
+	// in a type, variable or constant it declares, and the declarations
+	// that use one.
 	used, users := map[string]bool{}, map[string]bool{}
 	for _, decl := range file.Decls {
-		fn, ok := decl.(*ast.FuncDecl)
-		if !ok || fn.Body == nil || detail(fset.Position(fn.Pos()).Line) {
+		if detail(fset.Position(decl.Pos()).Line) {
 			continue
 		}
-		user := fn.Name.Name
-		if fn.Recv != nil {
-			user = declared(info.Defs[fn.Name], pkg)
+		user, body := firstName(decl, info, pkg)
+		if body == nil {
+			continue
 		}
-		ast.Inspect(fn.Body, func(n ast.Node) bool {
+		ast.Inspect(body, func(n ast.Node) bool {
 			id, ok := n.(*ast.Ident)
 			if !ok {
 				return true
@@ -196,11 +198,11 @@ func TestPopsubGo_FirstReadingNamesTheDetailsItUses(t *testing.T) {
 	t.Logf("the first reading uses %d declarations of details, budget %d: %s",
 		len(used), budgetDetailNames,
 		strings.Join(slices.Sorted(maps.Keys(used)), ", "))
-	t.Logf("%d first-reading functions use them, budget %d: %s",
+	t.Logf("%d first-reading declarations use them, budget %d: %s",
 		len(users), budgetDetailUsers,
 		strings.Join(slices.Sorted(maps.Keys(users)), ", "))
 	if len(users) > budgetDetailUsers {
-		t.Errorf("%d first-reading functions use declarations of details, "+
+		t.Errorf("%d first-reading declarations use declarations of details, "+
 			"over their %d", len(users), budgetDetailUsers)
 	}
 	if len(used) > budgetDetailNames {
@@ -212,6 +214,33 @@ func TestPopsubGo_FirstReadingNamesTheDetailsItUses(t *testing.T) {
 		t.Errorf("the first reading uses these details without naming "+
 			"them in its prose: %s", strings.Join(unnamed, ", "))
 	}
+}
+
+// firstName returns the name a declaration is known by (a method's as
+// Type.method, a group's by its first name) and the part of it that can
+// use other declarations: a function's body, or the whole declaration.
+func firstName(decl ast.Decl, info *types.Info, pkg *types.Package) (
+	string, ast.Node) {
+	switch d := decl.(type) {
+	case *ast.FuncDecl:
+		if d.Body == nil {
+			return "", nil
+		}
+		if d.Recv != nil {
+			return declared(info.Defs[d.Name], pkg), d.Body
+		}
+		return d.Name.Name, d.Body
+	case *ast.GenDecl:
+		for _, spec := range d.Specs {
+			switch s := spec.(type) {
+			case *ast.TypeSpec:
+				return s.Name.Name, d
+			case *ast.ValueSpec:
+				return s.Names[0].Name, d
+			}
+		}
+	}
+	return "", nil
 }
 
 // typeChecked parses and type-checks popsub.go, recording the objects

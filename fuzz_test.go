@@ -23,9 +23,7 @@ func FuzzFrame(f *testing.F) {
 			return
 		}
 		wire.ValidFilter(frame.Topic)
-		opts, _ := Options{}.ready() // no Secret or Store: defaults all the same
-		b := &Broker{opts: opts}
-		m, problem := b.newMessage(frame)
+		m, problem := newMessage(frame, "")
 		if problem.Type != "" {
 			return
 		}

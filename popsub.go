@@ -30,7 +30,7 @@
 //
 // # Reading path
 //
-// The broker's behaviour is this file, about 2,400 lines of code, 1,200
+// The broker's behaviour is this file, about 2,400 lines of code, 1,100
 // of them on the first reading, which takes about 4 hours at 150 words
 // of prose and 8 lines of code a minute, 5 where the code locks, starts
 // a goroutine or selects. You follow a message: options
@@ -209,7 +209,7 @@ type Options struct {
 	PingInterval time.Duration
 	// Issuer and Audience, when set, must match a token's iss and aud.
 	Issuer, Audience string
-	// Users may log in with a password; see login.Hash.
+	// Users may log in with a password (User, in Logins and passwords).
 	Users map[string]User
 	// LoginTokenTTL is how long a token from login is valid. Zero:
 	// DefaultLoginTokenTTL, an hour.
@@ -990,15 +990,14 @@ func (c *connection) handle(data []byte) {
 }
 
 // handlers answer each frame type, one each; each validates its own
-// fields, so that its error names exactly what was wrong.
+// fields, so that its error names exactly what was wrong. A feature's
+// frames come in by this hook: each adds its handler in its section
+// (a fresh auth: Tokens; login; nak: Naks, backoff and expiry).
 var handlers = map[string]func(*connection, frame){
-	"auth":        (*connection).reauthenticate, // a fresh token (Tokens)
-	"login":       func(c *connection, f frame) { c.reply(c.login(f, nil)) },
 	"subscribe":   (*connection).subscribe,
 	"unsubscribe": (*connection).unsubscribeFrame,
 	"publish":     (*connection).publish,
 	"ack":         (*connection).ack,
-	"nak":         (*connection).nak, // Naks, backoff and expiry
 
 	"ping": func(c *connection, _ frame) { c.reply(reply{Type: "pong"}) },
 }
@@ -1050,9 +1049,8 @@ type subscription struct {
 	// cancel is closed, under conn.mu, when the subscription ends; a
 	// replayer waiting for room gives up on it.
 	cancel chan struct{}
-	// durable is the cursor of a durable subscription, or nil: a
-	// durableCursor (a detail) knows the seqs sent and still unacked.
-	durable *durableCursor
+	// durable is s's cursor, or nil.
+	durable cursor
 	// shares is set when s shares its messages with other subscriptions,
 	// each message to one of them: a work queue's member. nil: s keeps
 	// every message it is sent.
@@ -1078,6 +1076,17 @@ type receiver interface {
 	roomMade() <-chan struct{}
 	// cutOff disconnects whoever receives, with 4008 and why.
 	cutOff(why string)
+}
+
+// A cursor keeps on disk how far a subscription has got: a durable
+// subscription's (Durable subscriptions, a detail), or the one a work
+// queue's members share (Work queues). Its calls are made with the
+// subscriber's connection locked.
+type cursor interface {
+	// delivered notes m, just queued to the subscriber.
+	delivered(b *Broker, m *Message)
+	// settled notes that the delivery of seq was acked or dead-lettered.
+	settled(b *Broker, seq uint64)
 }
 
 // sharing is what a subscription that shares its messages does beyond
@@ -1318,19 +1327,21 @@ type confirm struct {
 	duplicate bool     // the message_id was already in the log
 }
 
+// publishRules rule on each well-formed publish in turn, the hook for
+// the features that do: each refuses m with a reply, or passes it with a
+// zero one, and may set when m is delivered and until when.
+var publishRules []func(c *connection, m *Message, f frame) reply
+
 // publish answers a publish frame.
 func (c *connection) publish(f frame) {
-	m, problem := c.broker.newMessage(f)
-	switch {
-	case problem.Type != "":
-	case !Allowed(c.claims.Publish, f.Topic): // Allowed: Topic rules
-		problem = topicError("forbidden", "token may not publish to "+
-			f.Topic, f.Topic)
-	case c.limiter != nil && !c.limiter.Allow(): // a token bucket
+	m, problem := newMessage(f, c.subject)
+	for _, rule := range publishRules {
+		if problem.Type == "" {
+			problem = rule(c, m, f)
+		}
+	}
+	if problem.Type == "" && c.limiter != nil && !c.limiter.Allow() {
 		problem = topicError("rate_limited", "publishing too fast", f.Topic)
-	case m.DeliverAt != 0: // a delayed publish: b.delayed, a detail
-		m.publisher = c.subject
-		problem = c.broker.delayed(m)
 	}
 	if problem.Type != "" {
 		// A refusal names the publisher's message_id, so a client with
@@ -1343,7 +1354,6 @@ func (c *connection) publish(f frame) {
 	}
 	// The reader waits here while the log's queue is full: it reads no
 	// further frames, and TCP pushes back on this publisher alone.
-	m.publisher = c.subject
 	seq, duplicate, stored := c.broker.publish(m, c.done, &c.wake)
 	if m.QoS == 0 || stored == nil {
 		return
@@ -1356,10 +1366,11 @@ func (c *connection) publish(f frame) {
 	c.confirm(confirm{stored, m, seq, duplicate})
 }
 
-// newMessage validates a publish frame and builds its message.
+// newMessage validates a publish frame and builds its message, from
+// publisher (a token's subject; "" from inside the process).
 // wire.ValidTopic explains what is wrong with a topic to publish to, as
 // wire.ValidFilter does for a subscription's.
-func (b *Broker) newMessage(f frame) (*Message, reply) {
+func newMessage(f frame, publisher string) (*Message, reply) {
 	switch problem := wire.ValidTopic(f.Topic); {
 	case problem != "":
 		return nil, topicError("invalid_topic", problem, f.Topic)
@@ -1381,10 +1392,8 @@ func (b *Broker) newMessage(f frame) (*Message, reply) {
 		json.Compact(&compact, payload)
 		payload = compact.Bytes()
 	}
-	m := &Message{Topic: f.Topic, ID: f.MessageID, QoS: f.QoS, Payload: payload}
-	// A ttl_ms sets when it stops being delivered; a delay moves it to
-	// wait in $delayed/<topic> until due (b.times, in Delayed delivery).
-	return m, b.times(m, f)
+	return &Message{Topic: f.Topic, ID: f.MessageID, QoS: f.QoS,
+		Payload: payload, publisher: publisher}, reply{}
 }
 
 // publish waits for room in the log's queue, then sequences m, queues it
@@ -1749,8 +1758,6 @@ func (c *connection) record(s *subscription, m *Message, deadline time.Time) {
 			deadline: deadline})
 	}
 	c.broker.xray.message("delivered", c, m, p)
-	// d.delivered moves a durable cursor past m, or up to it until it is
-	// acked (Durable subscriptions).
 	if d := s.durable; d != nil {
 		d.delivered(c.broker, m)
 	}
@@ -1863,8 +1870,6 @@ func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 			continue
 		}
 		c.broker.xray.message(kind, c, p.message, p)
-		// d.settled moves a durable cursor past what no longer holds it
-		// back (Durable subscriptions).
 		if d := p.subscription.durable; d != nil {
 			d.settled(c.broker, p.message.Seq)
 		}
@@ -2402,6 +2407,13 @@ func (o Options) ready() (Options, error) {
 	return o, o.check()
 }
 
+// init puts the publish rules in the order they are asked: a token's
+// grants (mayPublish, Topic rules), then ttl_ms and a delay (times,
+// Delayed delivery), then the bound on what waits (waitingRoom).
+func init() {
+	publishRules = append(publishRules, mayPublish, times, waitingRoom)
+}
+
 // startFeatures readies the tables and starts the goroutines the
 // features beyond the article's broker need, once the log is loaded: the
 // x-ray, the broker's observer (events, The x-ray); the table of work
@@ -2549,6 +2561,9 @@ func (c *connection) writeNow(r reply) {
 	data, _ := json.Marshal(r)
 	c.ws.Send([][]byte{data}, false)
 }
+
+// init adds the auth frame of a session under way to the handlers.
+func init() { handlers["auth"] = (*connection).reauthenticate }
 
 // reauthenticate accepts a fresh token for the same subject, as the
 // original allowed: the session is extended and takes the new grants at
@@ -2784,6 +2799,13 @@ func (c *connection) authTimer() (*login.Deadline, func() bool) {
 	return d, d.Stop
 }
 
+// init adds the login frame, after auth, to the handlers.
+func init() {
+	handlers["login"] = func(c *connection, f frame) {
+		c.reply(c.login(f, nil))
+	}
+}
+
 // login answers a login frame with a token, as the original did.
 // deadline is the connection's auth timeout, or nil once it has
 // authenticated. b.logins.Login checks the password when the gate gives
@@ -2884,6 +2906,16 @@ func (c *connection) subscribeWildcard(f frame) {
 	c.broker.xray.subscription("subscribed", s)
 }
 
+// mayPublish is a publish rule: it refuses a topic c's token may not
+// publish to.
+func mayPublish(c *connection, _ *Message, f frame) reply {
+	if !Allowed(c.claims.Publish, f.Topic) {
+		return topicError("forbidden", "token may not publish to "+f.Topic,
+			f.Topic)
+	}
+	return reply{}
+}
+
 // Allowed reports whether grants permit filter. No grants at all (nil)
 // means every ordinary topic; $-topics always need an explicit grant.
 func Allowed(grants []string, filter string) bool {
@@ -2937,8 +2969,8 @@ func newDurableCursor(subject, name, filter string) *durableCursor {
 // releaseDurable gives s's durable name up, if s holds it. The caller
 // holds b.mu.
 func (b *Broker) releaseDurable(s *subscription) {
-	if s.durable != nil && b.durables[s.durable.key] == s {
-		delete(b.durables, s.durable.key)
+	if d, ok := s.durable.(*durableCursor); ok && b.durables[d.key] == s {
+		delete(b.durables, d.key)
 	}
 }
 
@@ -2963,7 +2995,7 @@ func (c *connection) resume(s *subscription, f *frame) bool {
 func (b *Broker) claimDurable(s *subscription) (*uint64, error) {
 	// The newest claim wins: the older owner is most likely a connection
 	// that died without the broker noticing yet.
-	d := s.durable
+	d := s.durable.(*durableCursor)
 	b.mu.Lock()
 	old := b.durables[d.key]
 	b.durables[d.key] = s
@@ -3074,7 +3106,7 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 	if err != nil {
 		return 0, fmt.Errorf("publish: encode payload: %w", err)
 	}
-	m, problem := b.newMessage(frame{Topic: topic, Payload: raw, QoS: qos})
+	m, problem := newMessage(frame{Topic: topic, Payload: raw, QoS: qos}, "")
 	if problem.Type != "" {
 		return 0, fmt.Errorf("publish: %s", problem.Message)
 	}
@@ -3521,6 +3553,9 @@ func (b *Broker) retryDelay(p *pending) time.Duration {
 	return time.Duration(wait * (1 - float64(mix>>11)/(1<<53)/5))
 }
 
+// init adds the nak frame to the handlers.
+func init() { handlers["nak"] = (*connection).nak }
+
 // nak answers a nak frame: the deliveries it names (by message_id, on
 // any topic or on "topic", or by topic and seq) are retried after
 // delay_ms or the backoff, or dead-lettered at once. It names what an
@@ -3585,8 +3620,8 @@ func (c *connection) nak(f frame) {
 // once, restart or not. A plain subscription, which nothing replays
 // after a restart, gets a fresh one.
 func (p *pending) deadID() string {
-	d := p.subscription.durable
-	if d == nil {
+	d, ok := p.subscription.durable.(*durableCursor)
+	if !ok {
 		return wire.NewMessageID()
 	}
 	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d", d.key, p.message.Seq))
@@ -3655,13 +3690,13 @@ func (m *Message) expired() bool { return wire.Past(m.ExpiresAt) }
 // A shared log must keep such a log's messages until they are due.
 const DelayedPrefix = "$delayed/"
 
-// times sets m.ExpiresAt from f's ttl_ms (Naks, backoff and expiry)
-// and, for a delayed publish, m.DeliverAt, moving m to wait in
-// $delayed/<topic>; or it explains what is wrong with them. A ttl_ms of
-// 0 or less has passed already: refused, not published to be dropped; a
-// delayed message's counts from when it is due. A time already past is
-// no delay.
-func (b *Broker) times(m *Message, f frame) reply {
+// times is a publish rule: it sets m.ExpiresAt from f's ttl_ms (Naks,
+// backoff and expiry) and, for a delayed publish, m.DeliverAt, moving m
+// to wait in $delayed/<topic>; or it explains what is wrong with them. A
+// ttl_ms of 0 or less has passed already: refused, not published to be
+// dropped; a delayed message's counts from when it is due. A time
+// already past is no delay.
+func times(c *connection, m *Message, f frame) reply {
 	if f.TTLMS == nil && f.DelayMS == nil && f.DeliverAt == nil {
 		return reply{} // most publishes: no clock read
 	}
@@ -3678,8 +3713,9 @@ func (b *Broker) times(m *Message, f frame) reply {
 	case f.DelayMS == nil && f.DeliverAt == nil:
 	case f.DelayMS != nil && (f.DeliverAt != nil || *f.DelayMS < 0):
 		problem = "give delay_ms, 0 or more, or deliver_at, not both"
-	case due-now > b.opts.TTL.Milliseconds():
-		problem = "a delay may be at most the log's TTL, " + b.opts.TTL.String()
+	case due-now > c.broker.opts.TTL.Milliseconds():
+		problem = "a delay may be at most the log's TTL, " +
+			c.broker.opts.TTL.String()
 	case f.QoS != 1:
 		problem = "a delayed publish needs qos 1: it is confirmed once stored"
 	}
@@ -3733,10 +3769,15 @@ func newDelays() *delays {
 	return &delays{tokens: map[string]load{}, sooner: make(chan struct{}, 1)}
 }
 
-// delayed explains why m, a delayed publish, would pass a bound on what
-// waits for its topic or its publisher, or returns a zero reply. Delayed
-// publishes to one topic at the same moment may pass it by one each.
-func (b *Broker) delayed(m *Message) reply {
+// waitingRoom is a publish rule: it explains why m, a delayed publish,
+// would pass a bound on what waits for its topic or its publisher, or
+// returns a zero reply. Delayed publishes to one topic at the same
+// moment may pass it by one each.
+func waitingRoom(c *connection, m *Message, _ frame) reply {
+	if m.DeliverAt == 0 {
+		return reply{}
+	}
+	b := c.broker
 	t := b.topic(m.Topic)
 	t.mu.Lock()
 	topic := load{len(t.index.Live()), t.bytes}
