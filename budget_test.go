@@ -32,19 +32,20 @@ import (
 // against a goal of 180. Making room is the restructure that makes every
 // feature a leaf (STYLE.md, "The first reading stands alone"); until it
 // lands, these caps hold the line, and the test's log prints each one's
-// slack. The hooks that took six details' names out of the first reading
-// (features add their frames to handlers, and their say over a publish
-// to publishRules) cost twenty code lines: the cap rose by them.
+// slack. The hooks that took eight details' names out of the first
+// reading (features add their frames to handlers, their say over a
+// publish to publishRules, their kinds of subscription to
+// subscribeKinds) cost 27 code lines: the cap rose by them.
 const (
 	budgetFirstReading  = 1210 // code lines in first-reading sections
 	budgetMinutes       = 243  // the first reading, priced; the goal is 180
-	budgetCode          = 2425 // code lines in the file; STYLE.md's 2,200
+	budgetCode          = 2432 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function
 	budgetMedian        = 15   // lines in the median function
 	budgetDocumentedPct = 95   // declarations with a doc comment
-	budgetDetailNames   = 34   // detail declarations the first reading uses; the goal is 25
+	budgetDetailNames   = 32   // detail declarations the first reading uses; the goal is 25
 	budgetDetailUsers   = 25   // first-reading declarations that use them; the goal is 10
 )
 

@@ -1102,24 +1102,23 @@ type sharing interface {
 	handOn(list []pending, avoid *connection)
 }
 
-// subscribe answers a subscribe frame.
+// subscribeKinds take the subscribe frames of the kinds of subscription
+// beyond a topic's, the hook for the features that have one (a filter
+// with + or #: Topic rules; a work queue's member: Work queues): each
+// answers f and returns true if f is of its kind.
+var subscribeKinds []func(c *connection, f frame) bool
+
+// subscribe answers a subscribe frame. c.subscribeProblem checks it
+// against the topic rules and the token's grants (Topic rules, a detail).
 func (c *connection) subscribe(f frame) {
-	// c.subscribeProblem checks the frame against the topic rules and
-	// the token's grants, and c.subscribeWildcard subscribes to a filter
-	// with + or # (both in Topic rules, a detail).
 	if problem := c.subscribeProblem(f); problem.Type != "" {
 		c.reply(problem)
 		return
 	}
-	if wire.IsWildcard(f.Topic) {
-		c.subscribeWildcard(f)
-		return
-	}
-	// A group shares the topic among its members, each message to one
-	// (c.subscribeGroup, in Work queues, a detail).
-	if f.Group != "" {
-		c.subscribeGroup(f)
-		return
+	for _, kind := range subscribeKinds {
+		if kind(c, f) {
+			return
+		}
 	}
 	c.subscribeTopic(f)
 }
@@ -2409,9 +2408,11 @@ func (o Options) ready() (Options, error) {
 
 // init puts the publish rules in the order they are asked: a token's
 // grants (mayPublish, Topic rules), then ttl_ms and a delay (times,
-// Delayed delivery), then the bound on what waits (waitingRoom).
+// Delayed delivery), then the bound on what waits (waitingRoom); and
+// the subscribe kinds, a wildcard's (which may have no group) first.
 func init() {
 	publishRules = append(publishRules, mayPublish, times, waitingRoom)
+	subscribeKinds = append(subscribeKinds, subscribeWildcard, subscribeGroup)
 }
 
 // startFeatures readies the tables and starts the goroutines the
@@ -2879,12 +2880,16 @@ func (c *connection) subscribeProblem(f frame) reply {
 	return reply{}
 }
 
-// subscribeWildcard adds a live-only filter subscription.
-func (c *connection) subscribeWildcard(f frame) {
-	if f.Durable != "" || f.Group != "" || f.After != nil || f.Last != nil {
+// subscribeWildcard is a subscribe kind: a filter with + or #, which it
+// subscribes to live only.
+func subscribeWildcard(c *connection, f frame) bool {
+	switch {
+	case !wire.IsWildcard(f.Topic):
+		return false
+	case f.Durable != "" || f.Group != "" || f.After != nil || f.Last != nil:
 		c.reply(topicError("bad_frame",
 			"wildcard subscriptions are live only", f.Topic))
-		return
+		return true
 	}
 	// A wildcard subscription has no replay, so it is live at once and
 	// its reply carries no seq: there is no single head to report. b.want
@@ -2904,6 +2909,7 @@ func (c *connection) subscribeWildcard(f frame) {
 		c.enqueue(data)
 	}
 	c.broker.xray.subscription("subscribed", s)
+	return true
 }
 
 // mayPublish is a publish rule: it refuses a topic c's token may not
@@ -3298,13 +3304,17 @@ type group struct {
 	cursor durableCursor
 }
 
-// subscribeGroup answers a subscribe frame with a group. The reply is
-// queued before s joins, so that it comes before any delivery.
-func (c *connection) subscribeGroup(f frame) {
-	if c.broker.shared != nil {
+// subscribeGroup is a subscribe kind: a frame with a group, which it
+// answers. The reply is queued before s joins, so that it comes before
+// any delivery.
+func subscribeGroup(c *connection, f frame) bool {
+	switch {
+	case f.Group == "":
+		return false
+	case c.broker.shared != nil:
 		c.reply(topicError("bad_frame",
 			"groups need the broker's own log, not a shared one", f.Topic))
-		return
+		return true
 	}
 	// A failed join joins too, and leaves at once, so that the group
 	// counts nobody as joining it any more.
@@ -3314,9 +3324,10 @@ func (c *connection) subscribeGroup(f frame) {
 	g.join(s, start)
 	if !ok {
 		c.dropSubscription(s)
-		return
+		return true
 	}
 	c.broker.xray.subscription("subscribed", s)
+	return true
 }
 
 // prepareJoin finds or starts s's group and returns it and the subscribed
