@@ -35,18 +35,21 @@ import (
 // slack. The hooks that took eight details' names out of the first
 // reading (features add their frames to handlers, their say over a
 // publish to publishRules, their kinds of subscription to
-// subscribeKinds) cost 27 code lines: the cap rose by them.
+// subscribeKinds) cost 27 code lines: the cap rose by them. The
+// pending deliveries' queue (pendingQueue, find, bySeq) is read where
+// acks use it, on the first reading, no longer priced at nothing in a
+// detail: two minutes more, three names fewer.
 const (
 	budgetFirstReading  = 1210 // code lines in first-reading sections
-	budgetMinutes       = 243  // the first reading, priced; the goal is 180
+	budgetMinutes       = 245  // the first reading, priced; the goal is 180
 	budgetCode          = 2432 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function
 	budgetMedian        = 15   // lines in the median function
 	budgetDocumentedPct = 95   // declarations with a doc comment
-	budgetDetailNames   = 32   // detail declarations the first reading uses; the goal is 25
-	budgetDetailUsers   = 25   // first-reading declarations that use them; the goal is 10
+	budgetDetailNames   = 29   // detail declarations the first reading uses; the goal is 25
+	budgetDetailUsers   = 22   // first-reading declarations that use them; the goal is 10
 )
 
 // measure measures popsub.go as STYLE.md counts it.

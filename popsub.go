@@ -30,7 +30,7 @@
 //
 // # Reading path
 //
-// The broker's behaviour is this file, about 2,400 lines of code, 1,100
+// The broker's behaviour is this file, about 2,400 lines of code, 1,200
 // of them on the first reading, which takes about 4 hours at 150 words
 // of prose and 8 lines of code a minute, 5 where the code locks, starts
 // a goroutine or selects. You follow a message: options
@@ -546,15 +546,9 @@ func (b *Broker) connectionList() []*connection {
 // whose publisher sends it again (a duplicate, with a new seq) or, at QoS
 // 0, never will. What it must never see is one seq given to two
 // messages, or its "after" would skip the second. So seqs are reserved
-// on disk before they are used: a topic's stored head is not its newest
-// seq but the end of a block of 32,768 it may give out, and no seq past
-// the block leaves before the next block is on disk. A busy topic asks
-// for its next block while 16,384 are left, more than the queue can give
-// out before the ask is synced, so only a topic's first publish, and its
-// first after a restart, waits for a sync. After a crash each topic
-// starts at its stored head, past any seq that can have been seen; a
-// clean stop gives the unused seqs back, so that seqs go on from the
-// last one.
+// on disk, in blocks, before they are used: a topic's stored head is the
+// end of the block it may give out, not its newest seq, and after a
+// crash the topic starts there, past any seq that can have been seen.
 //
 // The alternatives cost more. Waiting for the sync put a millisecond or
 // two on every delivery; a log of its own, written before bbolt to mark a
@@ -905,14 +899,12 @@ func (c *connection) closeSocket(code websocket.StatusCode, why string) {
 // third of an idle connection's memory: its read returns nil, serve
 // returns, and the socket starts serve again when the client speaks.
 func (c *connection) serve() {
-	// c.recoverPanic logs a panic here, and takes the connection apart
-	// (Keepalives, limits and batches, a detail). c.authenticate waits
-	// for the auth frame, checks its token and starts the session
-	// (c.claims set, a timer to end it with the token, "authenticated"
-	// sent), and reports whether it did. A login frame may come first,
-	// to trade a password for a token; anything else, a bad token, or
-	// nothing within AuthTimeout, closes the connection with 4001
-	// (Tokens, a detail).
+	// c.recoverPanic logs a panic and takes the connection apart
+	// (Keepalives, limits and batches, a detail). c.authenticate reads
+	// the auth frame (login frames may come first), starts the session
+	// if its token is good (c.claims set, "authenticated" sent), and
+	// reports whether it did; anything else, or nothing within
+	// AuthTimeout, closes the connection with 4001 (Tokens, a detail).
 	defer c.recoverPanic()
 	if c.claims == nil && !c.authenticate() {
 		c.broker.unregister(c)
@@ -953,15 +945,12 @@ type Claims struct {
 	Subscribe []string `json:"subscribe,omitempty"`
 }
 
-// read returns the next text frame, valid until the next read, or nil
-// when the client has been quiet a while (Socket.Idle), and false once
-// the connection has ended. The socket refuses binary frames and invalid
-// UTF-8 (encoding/json would silently replace bad bytes, and a payload
-// would not be what its publisher sent), and a frame over the read limit
-// before it is buffered; one over 64 KiB first waits for one of the
-// broker's places for large frames (b.largeFrames), and holds it until
-// it has been handled: a thousand publishers of 1 MiB frames held
-// gigabytes.
+// read returns the next text frame, as Socket.Read does, and false once
+// the connection has ended. Invalid UTF-8 is refused because
+// encoding/json would silently replace bad bytes, and a payload would
+// not be what its publisher sent; a frame over 64 KiB holds one of
+// b.largeFrames until it has been handled, because a thousand
+// publishers of 1 MiB frames held gigabytes.
 func (c *connection) read() ([]byte, bool) {
 	// The limit follows the session: 8 KiB until the client has
 	// authenticated (c.claims is set), MaxFrameBytes after. Setting it
@@ -1660,12 +1649,11 @@ func (c *connection) cutOff(why string) {
 // One entry for the two made one of them forget the message, and a
 // durable or group cursor behind it never moved.
 //
-// The entries are kept per topic, in seq order, in a pendingQueue (the
-// queues' detail), and bySeq compares one with a seq for a binary
-// search. Deliveries mostly come in order and are acked in it, so
-// adding one is an append and an ack "up to seq" a binary search. A map
-// keyed by message id made each such ack walk the whole table: QoS 1 to
-// 100 subscribers cost 3.8 times QoS 0.
+// The entries are kept per topic, in seq order, in a pendingQueue.
+// Deliveries mostly come in order and are acked in it, so adding one is
+// an append and an ack "up to seq" a binary search. A map keyed by
+// message id made each such ack walk the whole table: QoS 1 to 100
+// subscribers cost 3.8 times QoS 0.
 
 // pending is one QoS 1 delivery the subscriber has not acknowledged.
 type pending struct {
@@ -1679,6 +1667,35 @@ type pending struct {
 	attempt int
 	// deadline is when the next retry is due.
 	deadline time.Time
+}
+
+// pendingQueue is one topic's pending deliveries on one connection, in
+// seq order: a queue.Queue (the queues' detail says how it keeps its
+// memory), acks taking from its front and new deliveries going on its
+// back.
+type pendingQueue struct {
+	queue.Queue[pending]
+}
+
+// bySeq compares a pending delivery with a seq, for binary searches.
+func bySeq(p pending, seq uint64) int {
+	return cmp.Compare(p.message.Seq, seq)
+}
+
+// find returns where the entry of p's message for p's subscription is
+// among q's, or -1 if there is none (or no q).
+func (q *pendingQueue) find(p pending) int {
+	if q == nil {
+		return -1
+	}
+	live := q.Live()
+	i, _ := slices.BinarySearchFunc(live, p.message.Seq, bySeq)
+	for ; i < len(live) && live[i].message.Seq == p.message.Seq; i++ {
+		if live[i].subscription == p.subscription {
+			return i
+		}
+	}
+	return -1
 }
 
 // deliver queues m's delivery frame to s if there is room, and records
@@ -3221,34 +3238,6 @@ func (cf confirm) answer() []byte {
 // queue.Outbox: its header says how it keeps its memory.
 type outbox = queue.Outbox
 
-// pendingQueue is one topic's pending deliveries on one connection, in seq
-// order. Deliveries mostly come in order and are acked in it, so it is a
-// queue: acks take from its front, and new deliveries go on its back.
-type pendingQueue struct {
-	queue.Queue[pending]
-}
-
-// bySeq compares a pending delivery with a seq, for binary searches.
-func bySeq(p pending, seq uint64) int {
-	return cmp.Compare(p.message.Seq, seq)
-}
-
-// find returns where the entry of p's message for p's subscription is
-// among q's, or -1 if there is none (or no q).
-func (q *pendingQueue) find(p pending) int {
-	if q == nil {
-		return -1
-	}
-	live := q.Live()
-	i, _ := slices.BinarySearchFunc(live, p.message.Seq, bySeq)
-	for ; i < len(live) && live[i].message.Seq == p.message.Seq; i++ {
-		if live[i].subscription == p.subscription {
-			return i
-		}
-	}
-	return -1
-}
-
 // # Work queues (detail)
 //
 // A subscribe frame with a group name makes the connection a member of
@@ -4303,16 +4292,20 @@ func (s *subscription) skipped(b *Broker, after, last uint64) {
 // # Seqs reserved on disk (detail)
 //
 // The log's section says why a topic's stored head runs ahead of its
-// newest seq. Here is how: each topic remembers the head on disk
+// newest seq: no seq past the block on disk leaves before the next block
+// is on disk too. Here is how: each topic remembers the head on disk
 // (reserved) and the one last handed to the log (asked). A publish that
 // would pass reserved waits for the sync that raises it, which goes ahead
 // of a flood queued beside it, as a confirm's does (b.log.Await: a new
-// topic's first confirm waited for a megabyte of flood); a publish that
-// leaves fewer than reserveAhead seqs asks for the next block, so a busy
-// topic's ask is on disk long before it is needed. A block the store
-// refuses is asked for again by the next publish, whose confirm (or
-// Publish's error) says store_failed meanwhile. Shutdown seals every
-// topic, writing its newest seq as its head, and gives out no more.
+// topic's first confirm waited for a megabyte of flood). A topic asks
+// for its next block of 32,768 (reserveBlock) while 16,384 are left
+// (reserveAhead), more than the queue can give out before the ask is
+// synced, so only a topic's first publish, and its first after a
+// restart, waits for a sync. A block the store refuses is asked for
+// again by the next publish, whose confirm (or Publish's error) says
+// store_failed meanwhile. Shutdown seals every topic, writing its newest
+// seq as its head, and gives out no more: a clean stop gives the unused
+// seqs back, so that seqs go on from the last one.
 
 // reserveAhead and reserveBlock size a topic's reservation of seqs: a
 // topic asks for its next block once fewer than reserveAhead seqs are
