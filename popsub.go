@@ -981,7 +981,8 @@ func (c *connection) handle(data []byte) {
 // handlers answer each frame type, one each; each validates its own
 // fields, so that its error names exactly what was wrong. A feature's
 // frames come in by this hook: each adds its handler in its section
-// (a fresh auth: Tokens; login; nak: Naks, backoff and expiry).
+// (a fresh auth: Tokens; login: Logins and passwords; nak: Naks,
+// backoff and expiry).
 var handlers = map[string]func(*connection, frame){
 	"subscribe":   (*connection).subscribe,
 	"unsubscribe": (*connection).unsubscribeFrame,
