@@ -27,6 +27,12 @@ func FuzzFrame(f *testing.F) {
 		if problem.Type != "" {
 			return
 		}
+		// The publish rule that reads the frame's times: ttl_ms, delay_ms
+		// and deliver_at land in the delivery too.
+		opts, _ := Options{}.ready() // no Secret or Store: defaults all the same
+		if times(&connection{broker: &Broker{opts: opts}}, m, frame).Type != "" {
+			return
+		}
 
 		// Whatever a publisher sent, the delivery built from it must be
 		// one line of valid JSON, or batching and clients would break.
