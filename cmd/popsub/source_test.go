@@ -64,10 +64,11 @@ func TestSourcePage_FindsItsWayAround(t *testing.T) {
 		t.Fatal("the encoder's detail is open before its link is followed")
 	}
 	_, err = chromedp.Run(ctx, chromedp.Evaluate[bool](`[...document.
-		querySelectorAll('a[href="#Allowed"]')].
+		querySelectorAll('a[href="#connection.subscribeProblem"]')].
 		find(a => !a.closest("details")).click() ?? true`))
 	if err == nil {
-		err = chromedp.Do(ctx, chromedp.WaitVisible(css(`#Allowed`)))
+		err = chromedp.Do(ctx, chromedp.WaitVisible(
+			css(`[id="connection.subscribeProblem"]`)))
 	}
 	if err != nil {
 		t.Fatalf("the link into a folded detail: %v", err)
