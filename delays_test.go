@@ -275,6 +275,27 @@ func TestDelay_RefusesWhatItCannotDo(t *testing.T) {
 	}
 }
 
+func TestDelay_ARefusalNamesTheFirstRuleItBreaks(t *testing.T) {
+	// The rules are asked in turn: the token's grants, then the times,
+	// then the bound on what waits; the publish rate comes last.
+	ts := startBroker(t, Options{MaxDelayed: 1, PublishRate: 0.01})
+	c := ts.dialWith("sensor", Claims{Publish: []string{"sensors/#"}})
+	publish := func(topic string, delay int) {
+		c.send(map[string]any{"type": "publish", "topic": topic,
+			"payload": 1, "qos": 1, "delay_ms": delay})
+	}
+	publish("jobs", -1)
+	c.expectError("forbidden")
+	publish("sensors/a", -1)
+	c.expectError("invalid_delay")
+	publish("sensors/a", 60000) // the bucket holds one publish, for 100 s
+	c.expect("published")
+	publish("sensors/a", 60000)
+	c.expectError("delayed_limit")
+	publish("sensors/b", 0)
+	c.expectError("rate_limited")
+}
+
 func TestDelay_SentWhenDueWithItsTimeOnEitherEngine(t *testing.T) {
 	ts := startBroker(t, Options{AckTimeout: 500 * time.Millisecond})
 	sub, pub := ts.dial("sub"), ts.dial("pub")
