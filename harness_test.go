@@ -209,6 +209,7 @@ var Behaviour = map[string]func(*testing.T){
 	"TestDeadLetters_TwoPlainSubscriptionsGiveUpEachItsOwn":     TestDeadLetters_TwoPlainSubscriptionsGiveUpEachItsOwn,
 	"TestDelay_RefusesWhatItCannotDo":                           TestDelay_RefusesWhatItCannotDo,
 	"TestDelay_SentWhenDueWithItsTimeOnEitherEngine":            TestDelay_SentWhenDueWithItsTimeOnEitherEngine,
+	"TestDelay_ARefusalNamesTheFirstRuleItBreaks":               TestDelay_ARefusalNamesTheFirstRuleItBreaks,
 	"TestOverlap_AnAckMovesADurableCursorBesideAWildcard":       TestOverlap_AnAckMovesADurableCursorBesideAWildcard,
 	"TestNak_ByIDHandsBackEveryDeliveryOfIt":                    TestNak_ByIDHandsBackEveryDeliveryOfIt,
 	"TestDeadLetters_EveryTopicHasRoomForItsDeadLetters":        TestDeadLetters_EveryTopicHasRoomForItsDeadLetters,
