@@ -1039,8 +1039,9 @@ type subscription struct {
 	// cancel is closed, under conn.mu, when the subscription ends; a
 	// replayer waiting for room gives up on it.
 	cancel chan struct{}
-	// durable is s's cursor, or nil.
-	durable cursor
+	// cursor keeps how far s has got, or is nil: s is neither durable
+	// nor a work queue's member.
+	cursor cursor
 	// shares is set when s shares its messages with other subscriptions,
 	// each message to one of them: a work queue's member. nil: s keeps
 	// every message it is sent.
@@ -1122,7 +1123,7 @@ func (c *connection) newSubscription(filter string, t *topic,
 		cancel: make(chan struct{})}
 	if durable != "" {
 		// newDurableCursor keys it (Durable subscriptions).
-		s.durable = newDurableCursor(c.subject, durable, filter)
+		s.cursor = newDurableCursor(c.subject, durable, filter)
 	}
 	// The old subscription is ended outside c.mu: unsubscribe takes the
 	// topic's lock, which comes before the connection's in lock order.
@@ -1155,7 +1156,7 @@ func (c *connection) subscribeTopic(f frame) {
 	// c.resume takes the name from any older owner and sets f.After to
 	// the stored position, if any, or reports false when the store
 	// failed, and the client has heard why (Durable subscriptions).
-	if s.durable != nil && !c.resume(s, &f) {
+	if f.Durable != "" && !c.resume(s, &f) {
 		return
 	}
 
@@ -1317,8 +1318,9 @@ type confirm struct {
 }
 
 // publishRules rule on each well-formed publish in turn, the hook for
-// the features that do: each refuses m with a reply, or passes it with a
-// zero one, and may set when m is delivered and until when.
+// the features that do (Defaults and start-up lists them in order):
+// each refuses m with a reply, or passes it with a zero one, and may set
+// when m is delivered and until when.
 var publishRules []func(c *connection, m *Message, f frame) reply
 
 // publish answers a publish frame.
@@ -1700,8 +1702,8 @@ func (q *pendingQueue) find(p pending) int {
 }
 
 // deliver queues m's delivery frame to s if there is room, and records
-// it: a pending entry if m is QoS 1, due for retry at deadline, and the
-// durable cursor's progress. split divides each bound among its users:
+// it: a pending entry if m is QoS 1, due for retry at deadline, and its
+// cursor's progress. split divides each bound among its users:
 // 1 for live traffic, 2 for replay, which leaves half to live traffic on
 // the connection's other subscriptions. A writer the frame makes due is
 // owed to wake (Outbox.PushWithin). It reports true when s is done with
@@ -1766,7 +1768,7 @@ func (c *connection) windowHas(s *subscription, m *Message, split int) bool {
 }
 
 // record notes a delivery just queued to s: a pending entry if m is QoS
-// 1, retried at deadline, and the durable cursor's progress. The caller
+// 1, retried at deadline, and its cursor's progress. The caller
 // holds c.mu.
 func (c *connection) record(s *subscription, m *Message, deadline time.Time) {
 	var p *pending
@@ -1775,7 +1777,7 @@ func (c *connection) record(s *subscription, m *Message, deadline time.Time) {
 			deadline: deadline})
 	}
 	c.broker.xray.message("delivered", c, m, p)
-	if d := s.durable; d != nil {
+	if d := s.cursor; d != nil {
 		d.delivered(c.broker, m)
 	}
 }
@@ -1871,7 +1873,7 @@ func (c *connection) settleOne(p pending, kind string) {
 }
 
 // settle removes the live entries i to j of q, acked, dead_lettered or
-// moved (the kind). An ack moves durable cursors past them, and the x-ray
+// moved (the kind). An ack moves their cursors past them, and the x-ray
 // hears of it; a dead letter does both once it is on disk (b.deadLetter);
 // a move, to another that shares them, does neither. Acks for what this
 // connection does not owe find nothing and change nothing. An emptied
@@ -1887,7 +1889,7 @@ func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 			continue
 		}
 		c.broker.xray.message(kind, c, p.message, p)
-		if d := p.subscription.durable; d != nil {
+		if d := p.subscription.cursor; d != nil {
 			d.settled(c.broker, p.message.Seq)
 		}
 	}
@@ -2042,11 +2044,11 @@ func (b *Broker) deadLetter(p pending, c *connection, reason string) {
 	}()
 }
 
-// deadLettered settles p, whose dead letter is on disk: a durable cursor
+// deadLettered settles p, whose dead letter is on disk: its cursor
 // moves past it, and, unless the letter was made before (said false),
 // the x-ray hears of it.
 func (b *Broker) deadLettered(p pending, c *connection, said bool) {
-	if d := p.subscription.durable; d != nil {
+	if d := p.subscription.cursor; d != nil {
 		d.settled(b, p.message.Seq)
 	}
 	if said {
@@ -2993,7 +2995,7 @@ func newDurableCursor(subject, name, filter string) *durableCursor {
 // releaseDurable gives s's durable name up, if s holds it. The caller
 // holds b.mu.
 func (b *Broker) releaseDurable(s *subscription) {
-	if d, ok := s.durable.(*durableCursor); ok && b.durables[d.key] == s {
+	if d, ok := s.cursor.(*durableCursor); ok && b.durables[d.key] == s {
 		delete(b.durables, d.key)
 	}
 }
@@ -3019,7 +3021,7 @@ func (c *connection) resume(s *subscription, f *frame) bool {
 func (b *Broker) claimDurable(s *subscription) (*uint64, error) {
 	// The newest claim wins: the older owner is most likely a connection
 	// that died without the broker noticing yet.
-	d := s.durable.(*durableCursor)
+	d := s.cursor.(*durableCursor)
 	b.mu.Lock()
 	old := b.durables[d.key]
 	b.durables[d.key] = s
@@ -3340,7 +3342,7 @@ func (b *Broker) prepareJoin(s *subscription,
 		b.groups[key] = g
 	}
 	g.joining++
-	s.shares, s.durable = g, &g.cursor
+	s.shares, s.cursor = g, &g.cursor
 	b.mu.Unlock()
 
 	// The cursor, read through the committer, wins over after and last.
@@ -3621,7 +3623,7 @@ func (c *connection) nak(f frame) {
 // once, restart or not. A plain subscription, which nothing replays
 // after a restart, gets a fresh one.
 func (p *pending) deadID() string {
-	d, ok := p.subscription.durable.(*durableCursor)
+	d, ok := p.subscription.cursor.(*durableCursor)
 	if !ok {
 		return wire.NewMessageID()
 	}
