@@ -327,11 +327,15 @@ type Broker struct {
 	opts Options
 	// logger is opts.Logger, at hand.
 	logger *slog.Logger
-	// store is the durable log and the cursors, behind the Store seam;
-	// shared is the same store when other brokers share it (SharedLog,
-	// a detail at the end), else nil.
-	store  Store
-	shared SharedLog
+	// store is the durable log and the cursors, behind the Store seam.
+	store Store
+	// appendShared and want are the hooks a log that other brokers share
+	// comes in by (A log shared by several brokers, a detail at the end):
+	// appendShared hands it a publish and returns the outcome that brings
+	// the log's seq, nil on the broker's own log; want has it feed this
+	// broker the topics a filter covers, a no-op on the broker's own log.
+	appendShared func(*Message) *outcome
+	want         func(filter string)
 	// log is the committer, the one goroutine that writes to store (a
 	// commitLog, in the machine room).
 	log *commitLog
@@ -349,8 +353,6 @@ type Broker struct {
 	connections map[*connection]struct{}
 	// durables maps a durable key to the one subscription that owns it.
 	durables map[string]*subscription
-	// groups maps a work queue's cursor key to the group (Work queues).
-	groups map[string]*group
 	// closing is set by Shutdown; no connection registers after it.
 	closing bool
 
@@ -371,18 +373,15 @@ type Broker struct {
 	// open counts connections for MaxConnections, from before the
 	// upgrade until unregister.
 	open atomic.Int64
-	// logins rations password hashes and remembers recent failures by
-	// user and by address (b.startLogins, in Logins, a detail).
-	logins *login.Gate
 	// largeFrames holds a token per frame over 64 KiB being read or
 	// handled, as many as largeFramesBytes holds frames of the full
 	// limit: 64 with the defaults (see c.read).
 	largeFrames chan struct{}
 	// xray is told of every transition (an observer, below).
 	xray observer
-	// delays are the delayed messages waiting for their time (Delayed
-	// delivery, a detail).
-	delays *delays
+	// features is what the features beyond the article's broker keep
+	// (Defaults and start-up, a detail).
+	features
 }
 
 // observer is told of each transition, named in the protocol's words
@@ -452,14 +451,12 @@ func New(opts Options) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	// newDelays readies the schedule of delayed messages (a detail).
 	b := &Broker{opts: opts, logger: opts.Logger, store: opts.Store,
 		topics: map[string]*topic{}, durables: map[string]*subscription{},
 		wildcards: map[*subscription]struct{}{}, stop: make(chan struct{}),
 		connections: map[*connection]struct{}{}, writers: &queue.Workers{},
-		delays: newDelays(), largeFrames: make(chan struct{},
+		largeFrames: make(chan struct{},
 			max(1, largeFramesBytes/opts.MaxFrameBytes))}
-	b.shared, _ = opts.Store.(SharedLog)
 
 	// The index of every stored topic is rebuilt before the first client
 	// arrives (b.loadTopics, in Seqs reserved on disk): seqs continue
@@ -1392,8 +1389,8 @@ func newMessage(f frame, publisher string) (*Message, reply) {
 // whether m repeated a QoS 1 message_id the topic still remembers, and
 // the outcome that says when m is durable; a nil outcome if done was
 // closed, or the broker stopped, before there was room: then nothing
-// happened. On a shared log b.append hands m over instead, and the
-// outcome brings the log's seq. wake is the publishing reader's
+// happened. On a shared log b.appendShared hands m over instead, and
+// the outcome brings the log's seq. wake is the publishing reader's
 // wakeups, which the fan-out owes the writers it fills (nil, from
 // inside the process: start them at once).
 func (b *Broker) publish(m *Message, done <-chan struct{},
@@ -1402,8 +1399,8 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 	m.ID = cmp.Or(m.ID, wire.NewMessageID())
 	// The x-ray's events are about this broker's own connections, so
 	// even on a shared log they are sequenced and committed here.
-	if b.shared != nil && !strings.HasPrefix(m.Topic, "$sys/") {
-		return 0, false, b.append(m)
+	if b.appendShared != nil && !strings.HasPrefix(m.Topic, "$sys/") {
+		return 0, false, b.appendShared(m)
 	}
 	// The wait comes before the topic's lock: the committer takes that
 	// lock to hand messages over, and it is the committer that makes room.
@@ -2151,7 +2148,7 @@ func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 		switch {
 		case finished:
 			return
-		case b.shared != nil:
+		case b.appendShared != nil:
 			time.Sleep(time.Millisecond)
 		case newest == stuck:
 			from = newest
@@ -2334,6 +2331,19 @@ func topicError(code, text, topic string) reply {
 // features, each of which the first reading skips: a feature's loop is
 // started here and explained in its own section.
 
+// features is what the features beyond the article's broker keep in the
+// Broker, each readied by b.startFeatures, or ready at its zero value.
+type features struct {
+	// groups maps a work queue's cursor key to the group (Work queues).
+	groups map[string]*group
+	// logins rations password hashes and remembers recent failures by
+	// user and by address (b.startLogins, in Logins and passwords).
+	logins *login.Gate
+	// delays are the delayed messages waiting for their time (Delayed
+	// delivery); a restart fills it as it loads the logs.
+	delays delays
+}
+
 // Defaults for Options. A zero field in Options takes these values.
 const (
 	// DefaultAckTimeout is how long a QoS 1 delivery waits for its ack
@@ -2439,8 +2449,9 @@ func init() {
 // features beyond the article's broker need, once the log is loaded: the
 // x-ray, the broker's observer (events, The x-ray); the table of work
 // queues (Work queues); the password checks (b.startLogins, Logins and
-// passwords); a shared log's feed of what any broker committed, to fan
-// out here (b.feed, A log shared by several brokers); and three loops of
+// passwords); a shared log's hooks, and its feed of what any broker
+// committed, to fan out here (b.feed, A log shared by several brokers),
+// if the store is one; and three loops of
 // the broker's own, which end at Shutdown: the x-ray's publisher
 // (b.publishEvent), the trim of what outlived the TTL (b.trimExpired,
 // each tick of b.every, Retention) and the release of each delayed
@@ -2449,9 +2460,14 @@ func (b *Broker) startFeatures() {
 	b.xray = &events{xray.NewFeed(b.opts.OnEvent, b.logger)}
 	b.groups = map[string]*group{}
 	b.startLogins()
-	if b.shared != nil {
-		b.shared.Follow(b.feed)
+	b.want = func(string) {}
+	if shared, ok := b.store.(SharedLog); ok {
+		b.appendShared, b.want = b.appendTo(shared), shared.Want
+		shared.Follow(b.feed)
 	}
+	b.delays.mu.Lock()
+	b.delays.sooner = make(chan struct{}, 1)
+	b.delays.mu.Unlock()
 	b.loops.Add(3)
 	go func() {
 		defer b.loops.Done()
@@ -3303,7 +3319,7 @@ func subscribeGroup(c *connection, f frame) bool {
 	switch {
 	case f.Group == "":
 		return false
-	case c.broker.shared != nil:
+	case c.broker.appendShared != nil:
 		c.reply(topicError("bad_frame",
 			"groups need the broker's own log, not a shared one", f.Topic))
 		return true
@@ -3747,13 +3763,14 @@ func (m *Message) Releases() (log string, seq uint64) {
 // delays are the delayed messages waiting in the broker's $delayed logs,
 // in a queue.Schedule by due time, and how many, and how many bytes,
 // each token has waiting; each $delayed log's index counts its topic's.
+// The zero value is empty, and ready.
 type delays struct {
 	// mu guards the fields below; nothing is locked under it.
 	mu     sync.Mutex
 	due    queue.Schedule[waiting]
 	tokens map[string]load
 	// sooner is signalled when a message is due before any other: the
-	// release loop sets its timer again.
+	// release loop sets its timer again. b.startFeatures makes it.
 	sooner chan struct{}
 }
 
@@ -3766,11 +3783,6 @@ type waiting struct {
 // load is what waits for one topic or one token: messages, and bytes as
 // Message.size counts them.
 type load struct{ messages, bytes int }
-
-// newDelays returns an empty schedule.
-func newDelays() *delays {
-	return &delays{tokens: map[string]load{}, sooner: make(chan struct{}, 1)}
-}
 
 // waitingRoom is a publish rule: it explains why m, a delayed publish,
 // would pass a bound on what waits for its topic or its publisher, or
@@ -3805,16 +3817,14 @@ func waitingRoom(c *connection, m *Message, _ frame) reply {
 	return reply{}
 }
 
-// schedule has m, on disk in its $delayed log t, wait for its time,
+// wait has w, on disk in its $delayed log, wait until due, in Unix ms,
 // and wakes the release loop if it is due before any other. Its token
 // counts it from when it is indexed (b.remember) until b.drop takes it
 // off.
-func (b *Broker) schedule(t *topic, m *Message) {
-	d := b.delays
+func (d *delays) wait(w waiting, due int64) {
 	d.mu.Lock()
-	first := d.due.Add(m.DeliverAt, waiting{t, m.Seq})
-	d.mu.Unlock()
-	if first {
+	defer d.mu.Unlock()
+	if d.due.Add(due, w) {
 		queue.Notify(d.sooner)
 	}
 }
@@ -3825,6 +3835,9 @@ func (d *delays) count(publisher string, n, size int) {
 	defer d.mu.Unlock()
 	l := load{d.tokens[publisher].messages + n, d.tokens[publisher].bytes +
 		size}
+	if d.tokens == nil {
+		d.tokens = map[string]load{}
+	}
 	if d.tokens[publisher] = l; l.messages == 0 {
 		delete(d.tokens, publisher)
 	}
@@ -3835,18 +3848,21 @@ func (d *delays) count(publisher string, n, size int) {
 // Shutdown.
 func (b *Broker) releaseLoop() {
 	defer b.loops.Done()
+	d := &b.delays
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
 		select {
 		case <-timer.C:
-		case <-b.delays.sooner:
+		case <-d.sooner:
 		case <-b.stop:
 			return
 		}
-		d := b.delays
+		// What is scheduled sooner than next meanwhile, released or not,
+		// signals sooner.
 		d.mu.Lock()
 		due := d.due.Due(time.Now().UnixMilli())
+		next, ok := d.due.Next()
 		d.mu.Unlock()
 		// With nothing due, nothing is made: each map made draws a
 		// random number, and a lab run replays only if it draws the same.
@@ -3854,11 +3870,9 @@ func (b *Broker) releaseLoop() {
 			b.release(due)
 		}
 		wait := 24 * time.Hour
-		d.mu.Lock()
-		if next, ok := d.due.Next(); ok {
+		if ok {
 			wait = time.Until(time.UnixMilli(next))
 		}
-		d.mu.Unlock()
 		timer.Reset(wait)
 	}
 }
@@ -3899,11 +3913,9 @@ func (b *Broker) release(due []waiting) {
 		}
 	}
 	b.forgetDelayed(done)
-	b.delays.mu.Lock()
 	for _, w := range later {
-		b.delays.due.Add(time.Now().Add(time.Second).UnixMilli(), w)
+		b.delays.wait(w, time.Now().Add(time.Second).UnixMilli())
 	}
-	b.delays.mu.Unlock()
 }
 
 // readDelayed reads w's message from its $delayed log and returns the
@@ -4130,7 +4142,7 @@ func (b *Broker) every(interval time.Duration, work func(now time.Time)) {
 
 // remember adds m to t's index, and counts a $delayed log's message
 // against its token and has it wait for its time once it is on disk
-// (b.schedule, in Delayed delivery). The caller holds t.mu (or owns t).
+// (b.delays.wait, in Delayed delivery). The caller holds t.mu (or owns t).
 func (b *Broker) remember(t *topic, m *Message) {
 	// Only QoS 1 ids are remembered for dedup: a QoS 0 publisher asked
 	// for at most once and gets no confirm to retry after.
@@ -4149,7 +4161,7 @@ func (b *Broker) remember(t *topic, m *Message) {
 		// to nobody.
 		b.delays.count(m.publisher, 1, m.size())
 		if t.synced() >= m.Seq {
-			b.schedule(t, m)
+			b.delays.wait(waiting{t, m.Seq}, m.DeliverAt)
 		}
 	}
 }
@@ -4253,7 +4265,7 @@ func (b *Broker) trimExpired(now time.Time) {
 func (s *subscription) overtaken(b *Broker, after uint64,
 	from *uint64, next uint64) bool {
 	first := s.topic.firstKept()
-	if b.shared != nil && next > first {
+	if b.appendShared != nil && next > first {
 		first = next
 	}
 	if *from+1 >= first {
@@ -4466,7 +4478,8 @@ func (b *Broker) markCommitted(msgs []*Message) {
 		for _, m := range msgs[:run] {
 			b.xray.message("committed", nil, m, nil)
 			if strings.HasPrefix(t.name, DelayedPrefix) {
-				b.schedule(t, m) // on disk now: it may fall due
+				// On disk now: it may fall due.
+				b.delays.wait(waiting{t, m.Seq}, m.DeliverAt)
 			}
 		}
 	}
@@ -4562,20 +4575,16 @@ type SharedLog interface {
 	Want(filter string)
 }
 
-// want tells a shared log that a client here subscribes to filter.
-func (b *Broker) want(filter string) {
-	if b.shared != nil {
-		b.shared.Want(filter)
+// appendTo is b.appendShared on shared: it hands m to the log and
+// returns the outcome its confirm waits on, which the log's answer fills
+// in with the seq.
+func (b *Broker) appendTo(shared SharedLog) func(*Message) *outcome {
+	return func(m *Message) *outcome {
+		f := groupcommit.NewOutcome()
+		m.Timestamp = time.Now().UnixMilli()
+		shared.Append(m, f.Resolve)
+		return f
 	}
-}
-
-// append hands m to the shared log and returns the outcome its confirm
-// waits on. The log's answer fills in the outcome's seq.
-func (b *Broker) append(m *Message) *outcome {
-	f := groupcommit.NewOutcome()
-	m.Timestamp = time.Now().UnixMilli()
-	b.shared.Append(m, f.Resolve)
-	return f
 }
 
 // feed takes a message the shared log committed, from any broker, and

@@ -447,7 +447,7 @@ func TestGroups_OnTheRunsEngine(t *testing.T) {
 	c := ts.dial("worker")
 	c.send(map[string]any{"type": "subscribe", "topic": "jobs",
 		"group": "workers"})
-	if ts.broker.shared == nil {
+	if ts.broker.appendShared == nil {
 		c.expect("subscribed")
 		return
 	}
