@@ -24,25 +24,16 @@ import (
 )
 
 // The budget of popsub.go, from STYLE.md. Two of them are over STYLE.md's,
-// and say by how much: the fixes for restarts, overlapping subscriptions
-// and floods (delayed messages sent once and bounded, a pending entry for
-// each subscription, dead letters settled once stored, a wildcard's reply
-// queued before its first message) put the file 200 code lines over, and
-// the first reading, priced as a reader pays it (5 lines a minute where
-// code locks, starts a goroutine or selects), takes about 245 minutes
-// against a goal of 180. Making room is the restructure that makes every
-// feature a leaf (STYLE.md, "The first reading stands alone"); until it
-// lands, these caps hold the line, and the test's log prints each one's
-// slack. The hooks that took eight details' names out of the first
-// reading (features add their frames to handlers, their say over a
-// publish to publishRules, their kinds of subscription to
-// subscribeKinds) cost 27 code lines: the cap rose by them. The
-// pending deliveries' queue (pendingQueue, find, bySeq) is read where
-// acks use it, on the first reading, no longer priced at nothing in a
-// detail: two minutes more, three names fewer.
+// and say by how much: the file is about 230 code lines over its 2,200,
+// and the first reading, priced as a reader pays it (5 lines a minute
+// where code locks, starts a goroutine or selects), takes about 242
+// minutes against a goal of 180. Making room is the restructure that
+// makes every feature a leaf (STYLE.md, "The first reading stands
+// alone"); until it lands, these caps hold the line where the file is
+// now, and the test's log prints each one's slack.
 const (
-	budgetFirstReading  = 1210 // code lines in first-reading sections
-	budgetMinutes       = 245  // the first reading, priced; the goal is 180
+	budgetFirstReading  = 1140 // code lines in first-reading sections
+	budgetMinutes       = 243  // the first reading, priced; the goal is 180
 	budgetCode          = 2432 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
@@ -50,7 +41,7 @@ const (
 	budgetMedian        = 15   // lines in the median function
 	budgetDocumentedPct = 95   // declarations with a doc comment
 	budgetDetailNames   = 24   // detail declarations the first reading uses; the goal is 25
-	budgetDetailUsers   = 22   // first-reading declarations that use them; the goal is 10
+	budgetDetailUsers   = 20   // first-reading declarations that use them; the goal is 10
 )
 
 // measure measures popsub.go as STYLE.md counts it.

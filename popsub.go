@@ -30,7 +30,7 @@
 //
 // # Reading path
 //
-// The broker's behaviour is this file, about 2,400 lines of code, 1,200
+// The broker's behaviour is this file, about 2,400 lines of code, 1,100
 // of them on the first reading, which takes about 4 hours at 150 words
 // of prose and 8 lines of code a minute, 5 where the code locks, starts
 // a goroutine or selects. You follow a message: options
@@ -462,10 +462,10 @@ func New(opts Options) (*Broker, error) {
 	// arrives (b.loadTopics, in Seqs reserved on disk): seqs continue
 	// where they stopped, and a publisher's retry of a message stored
 	// before a crash is still recognised. Then b.startLog starts the
-	// committer's goroutine, and b.startFeatures what the features beyond
-	// the article's broker run on their own, each until Shutdown (Defaults
-	// and start-up, a detail). Retries are each connection's own timer
-	// (Retries and dead letters).
+	// committer's goroutine (After a commit), and b.startFeatures what
+	// the features beyond the article's broker run on their own, each
+	// until Shutdown (Defaults and start-up). Retries are each
+	// connection's own timer (Retries and dead letters).
 	if err = b.loadTopics(); err != nil {
 		return nil, err
 	}
@@ -632,26 +632,6 @@ type Socket interface {
 	Idle(resume func())
 }
 
-// acceptSocket upgrades r to a WebSocket (socket.Accept), refusing a
-// page from another site unless its origin is allowed, and runs
-// beforeRead before each read of the socket; or it opens the socket r
-// carries under socketKey (WithSocket, the lab's way in).
-func (b *Broker) acceptSocket(w http.ResponseWriter, r *http.Request,
-	beforeRead func()) (Socket, error) {
-	opts := socket.Options{BeforeRead: beforeRead,
-		OriginPatterns: b.opts.OriginPatterns, Stop: b.stop,
-		WriteTimeout: b.opts.WriteTimeout, LargeFrames: b.largeFrames}
-	if open, ok := r.Context().Value(socketKey{}).(func(
-		socket.Options) Socket); ok {
-		return open(opts), nil
-	}
-	conn, err := socket.Accept(w, r, opts)
-	if err != nil {
-		return nil, err
-	}
-	return conn, nil
-}
-
 // wakeups are the writers a connection's reader owes a start
 // (queue.Wakeups): wake.Owe(outbox) owes its writer one (a nil wakeups
 // starts it at once), and wake.Start starts them all, as the reader does
@@ -676,18 +656,6 @@ type wakeups = queue.Wakeups
 //     for; b.log.Cursor(key) reads a cursor, newest first;
 //     b.log.Stop() commits what is queued and ends.
 type commitLog = groupcommit.Log[*Message]
-
-// startLog starts b's committer over its store. After each commit, and
-// before its confirms go out, it calls b.committed, which brings the
-// broker's tables up to date (After a commit, a detail).
-func (b *Broker) startLog() *commitLog {
-	return groupcommit.Start(groupcommit.Config[*Message]{Store: b.store,
-		Size:        (*Message).size,
-		Urgent:      func(m *Message) bool { return m.QoS == 1 },
-		Topic:       func(m *Message) string { return m.Topic },
-		MaxMessages: maxQueueMessages, MaxBytes: maxQueueBytes,
-		Linger: commitLinger, Committed: b.committed}, ErrClosed)
-}
 
 // # Connecting and authenticating
 //
@@ -786,8 +754,10 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// Before each read of the socket, the reader starts the writers its
-	// publishes filled (c.wake.Start: wakeups, in the machine room).
+	// b.acceptSocket upgrades r to a WebSocket (package socket), or opens
+	// the socket WithSocket put in r (Publishing from Go). Before each
+	// read of it, the reader starts the writers its publishes filled
+	// (c.wake.Start: wakeups, in the machine room).
 	var c *connection
 	ws, err := b.acceptSocket(w, r, func() { c.wake.Start() })
 	if err != nil {
@@ -3123,7 +3093,28 @@ func (d *durableCursor) save(b *Broker) {
 // to itself was the alternative, and would cost a process that only
 // wants to publish an encoding and a goroutine per message. A program
 // with clients of its own that no WebSocket can reach (the lab's, in a
-// browser tab) hands the broker their sockets with WithSocket.
+// browser tab) hands the broker their sockets with WithSocket, which
+// ServeHTTP serves as it would an upgraded one (b.acceptSocket).
+
+// acceptSocket upgrades r to a WebSocket (socket.Accept), refusing a
+// page from another site unless its origin is allowed, and runs
+// beforeRead before each read of the socket; or it opens the socket r
+// carries under socketKey (WithSocket, the lab's way in).
+func (b *Broker) acceptSocket(w http.ResponseWriter, r *http.Request,
+	beforeRead func()) (Socket, error) {
+	opts := socket.Options{BeforeRead: beforeRead,
+		OriginPatterns: b.opts.OriginPatterns, Stop: b.stop,
+		WriteTimeout: b.opts.WriteTimeout, LargeFrames: b.largeFrames}
+	if open, ok := r.Context().Value(socketKey{}).(func(
+		socket.Options) Socket); ok {
+		return open(opts), nil
+	}
+	conn, err := socket.Accept(w, r, opts)
+	if err != nil {
+		return nil, err
+	}
+	return conn, nil
+}
 
 // socketKey is the request context's key for a socket kept another way.
 type socketKey struct{}
@@ -4444,6 +4435,18 @@ func (b *Broker) seal() {
 // leave the index too, and each topic hears whether its reserved head is
 // on disk. Committing each message on its own cost a quiet broker two
 // syncs a message, a third of its CPU at 1,000 messages a second.
+
+// startLog starts b's committer over its store, with the queue's bounds
+// and its linger, urgent for QoS 1. After each commit, and before its
+// confirms go out, it calls b.committed.
+func (b *Broker) startLog() *commitLog {
+	return groupcommit.Start(groupcommit.Config[*Message]{Store: b.store,
+		Size:        (*Message).size,
+		Urgent:      func(m *Message) bool { return m.QoS == 1 },
+		Topic:       func(m *Message) string { return m.Topic },
+		MaxMessages: maxQueueMessages, MaxBytes: maxQueueBytes,
+		Linger: commitLinger, Committed: b.committed}, ErrClosed)
+}
 
 // committed updates the broker's tables after the committer wrote batch,
 // or failed to (err), in took.
