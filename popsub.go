@@ -983,11 +983,9 @@ func decodeFrame(data []byte) (frame, reply) {
 // Wildcard subscriptions (MQTT's + and #) cannot replay, because they
 // span logs with separate seq counters, so they are live only: merging
 // logs would need a global order the broker does not keep. A durable
-// name ties a subscription to a cursor on disk, kept for the token's
-// subject, the name and the topic, so that a client can resume where it
-// stopped, on another connection or after a restart. One connection at
-// a time owns a durable name, and the newest claim wins: the older one
-// is most likely a connection that died without the broker noticing.
+// name ties a subscription to a cursor on disk, so that a client can
+// resume where it stopped, on another connection or after a restart
+// (Durable subscriptions, a detail, says how).
 
 // subscription is one client's interest in one topic or filter.
 type subscription struct {
