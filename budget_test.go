@@ -347,8 +347,8 @@ func TestPopsubGo_PackageDocIsTheMap(t *testing.T) {
 // needs of the packages under it, and the budget of its use.
 const (
 	contractsSection    = "The machine room"
-	budgetContracts     = 8  // declarations in the contracts block
-	budgetMachineCalls  = 10 // first-reading functions that use it
+	budgetContracts     = 6 // declarations in the contracts block
+	budgetMachineCalls  = 8 // first-reading functions that use it; the goal is 10
 	machineRoomPackages = "github.com/popsub/popsub/"
 )
 
