@@ -3806,11 +3806,11 @@ func waitingRoom(c *connection, m *Message, _ frame) reply {
 	return reply{}
 }
 
-// wait has w, on disk in its $delayed log, wait until due, in Unix ms,
-// and wakes the release loop if it is due before any other. Its token
+// schedule has w, on disk in its $delayed log, wait until due, in Unix
+// ms, and wakes the release loop if it is due before any other. Its token
 // counts it from when it is indexed (b.remember) until b.drop takes it
 // off.
-func (d *delays) wait(w waiting, due int64) {
+func (d *delays) schedule(w waiting, due int64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.due.Add(due, w) {
@@ -3847,8 +3847,8 @@ func (b *Broker) releaseLoop() {
 		case <-b.stop:
 			return
 		}
-		// What is scheduled sooner than next meanwhile, released or not,
-		// signals sooner.
+		// A message scheduled before next while this turn releases (one
+		// retried a second later too) signals sooner: next is read now.
 		d.mu.Lock()
 		due := d.due.Due(time.Now().UnixMilli())
 		next, ok := d.due.Next()
@@ -3903,7 +3903,7 @@ func (b *Broker) release(due []waiting) {
 	}
 	b.forgetDelayed(done)
 	for _, w := range later {
-		b.delays.wait(w, time.Now().Add(time.Second).UnixMilli())
+		b.delays.schedule(w, time.Now().Add(time.Second).UnixMilli())
 	}
 }
 
@@ -4131,7 +4131,7 @@ func (b *Broker) every(interval time.Duration, work func(now time.Time)) {
 
 // remember adds m to t's index, and counts a $delayed log's message
 // against its token and has it wait for its time once it is on disk
-// (b.delays.wait, in Delayed delivery). The caller holds t.mu (or owns t).
+// (b.delays.schedule, in Delayed delivery). The caller holds t.mu (or owns t).
 func (b *Broker) remember(t *topic, m *Message) {
 	// Only QoS 1 ids are remembered for dedup: a QoS 0 publisher asked
 	// for at most once and gets no confirm to retry after.
@@ -4150,7 +4150,7 @@ func (b *Broker) remember(t *topic, m *Message) {
 		// to nobody.
 		b.delays.count(m.publisher, 1, m.size())
 		if t.synced() >= m.Seq {
-			b.delays.wait(waiting{t, m.Seq}, m.DeliverAt)
+			b.delays.schedule(waiting{t, m.Seq}, m.DeliverAt)
 		}
 	}
 }
@@ -4480,7 +4480,7 @@ func (b *Broker) markCommitted(msgs []*Message) {
 			b.xray.message("committed", nil, m, nil)
 			if strings.HasPrefix(t.name, DelayedPrefix) {
 				// On disk now: it may fall due.
-				b.delays.wait(waiting{t, m.Seq}, m.DeliverAt)
+				b.delays.schedule(waiting{t, m.Seq}, m.DeliverAt)
 			}
 		}
 	}
