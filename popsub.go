@@ -2419,18 +2419,18 @@ func init() {
 // queues (Work queues); the password checks (b.startLogins, Logins and
 // passwords); a shared log's hooks, and its feed of what any broker
 // committed, to fan out here (b.feed, A log shared by several brokers),
-// if the store is one; and three loops of
-// the broker's own, which end at Shutdown: the x-ray's publisher
-// (b.publishEvent), the trim of what outlived the TTL (b.trimExpired,
-// each tick of b.every, Retention) and the release of each delayed
-// message when it falls due (b.releaseLoop, Delayed delivery).
+// if the store is one; the signal that wakes the release loop sooner
+// (Delayed delivery); and three loops of the broker's own, which end at
+// Shutdown: the x-ray's publisher (b.publishEvent), the trim of what
+// outlived the TTL (b.trimExpired, each tick of b.every, Retention) and
+// the release of each delayed message when it falls due (b.releaseLoop).
 func (b *Broker) startFeatures() {
 	b.xray = &events{xray.NewFeed(b.opts.OnEvent, b.logger)}
 	b.groups = map[string]*group{}
 	b.startLogins()
 	b.want = func(string) {}
 	if shared, ok := b.store.(SharedLog); ok {
-		b.appendShared, b.want = b.appendTo(shared), shared.Want
+		b.appendShared, b.want = appendTo(shared), shared.Want
 		shared.Follow(b.feed)
 	}
 	b.delays.mu.Lock()
@@ -3752,7 +3752,9 @@ func (m *Message) Releases() (log string, seq uint64) {
 // delays are the delayed messages waiting in the broker's $delayed logs,
 // in a queue.Schedule by due time, and how many, and how many bytes,
 // each token has waiting; each $delayed log's index counts its topic's.
-// The zero value is empty, and ready.
+// The zero value is empty: a restart schedules what it loads before
+// b.startFeatures makes sooner, and the release loop's first turn finds
+// it.
 type delays struct {
 	// mu guards the fields below; nothing is locked under it.
 	mu     sync.Mutex
@@ -4579,7 +4581,7 @@ type SharedLog interface {
 // appendTo is b.appendShared on shared: it hands m to the log and
 // returns the outcome its confirm waits on, which the log's answer fills
 // in with the seq.
-func (b *Broker) appendTo(shared SharedLog) func(*Message) *outcome {
+func appendTo(shared SharedLog) func(*Message) *outcome {
 	return func(m *Message) *outcome {
 		f := groupcommit.NewOutcome()
 		m.Timestamp = time.Now().UnixMilli()
