@@ -3,6 +3,7 @@ package popsub
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -47,8 +48,11 @@ func TestDelay_DeliveredWhenDueWithTheSeqThen(t *testing.T) {
 		// Sent, it leaves $delayed/jobs, and is not sent again.
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
-		if d := b.topic("$delayed/jobs"); len(d.index.Live()) != 0 {
-			t.Fatalf("$delayed/jobs still holds %d", len(d.index.Live()))
+		b.delays.mu.Lock()
+		waits := b.delays.logs[b.topic("$delayed/jobs")]
+		b.delays.mu.Unlock()
+		if waits.messages != 0 || waits.bytes != 0 {
+			t.Fatalf("$delayed/jobs still has %+v waiting", waits)
 		}
 		if head := b.topic("jobs").headNow(); head != 2 {
 			t.Fatalf("jobs head = %d, want 2: sent once", head)
@@ -185,6 +189,12 @@ func TestDelay_WhatWaitsIsBoundedForATopicAndAToken(t *testing.T) {
 		!strings.Contains(g.Message, "max-delayed") {
 		t.Fatalf("refusal %+v, want one naming b3, jobs and --max-delayed",
 			g)
+	}
+	// A repeat of one waiting is answered as the repeat it is, at the
+	// bound as below it: it takes no room.
+	later(alice, "jobs", 1, "a1")
+	if g := alice.expect("published"); !g.Duplicate || g.Seq != 2 {
+		t.Fatalf("a1 again: %+v, want a duplicate of seq 2", g)
 	}
 	// The token holds three too, on any topic; another token does not.
 	later(alice, "mail", 4, "a4")
@@ -372,5 +382,149 @@ func TestDelay_ASendTheLogRefusesIsTriedAgain(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// readingAhead sets how far ahead, and how many at a time, the release
+// loop reads the DueIndex, until the test ends.
+func readingAhead(t *testing.T, ahead time.Duration, most int) {
+	oldAhead, oldMost := nearDue, nearDueMax
+	nearDue, nearDueMax = ahead, most
+	t.Cleanup(func() { nearDue, nearDueMax = oldAhead, oldMost })
+}
+
+// On a store with a DueIndex (the tests' store in memory keeps one as
+// boltstore does), what waits past the horizon costs the broker no
+// memory: the $delayed log's index and ids hold nothing once its
+// records are on disk, and the release loop holds only what falls due
+// within a second, eight at a time. Each of 200 messages, published out
+// of due order, is still sent once, when due, in due order.
+func TestDelay_OnlyWhatIsNearDueIsHeldInMemory(t *testing.T) {
+	readingAhead(t, time.Second, 8)
+	synctest.Test(t, func(t *testing.T) {
+		b, worker, _ := fakeBroker(t, Options{})
+		publisher, _ := fakeConnection(b, "publisher")
+		t.Cleanup(func() { b.unregister(publisher) })
+		const n = 200 // due over 20 s, a tenth of a second apart
+		for i := range n {
+			publisher.handle(fmt.Appendf(nil, `{"type":"publish",`+
+				`"topic":"jobs","qos":1,"payload":%d,"message_id":"m%d",`+
+				`"delay_ms":%d}`, i, i, 100+(i*73%n)*100))
+		}
+		synctest.Wait()
+		publisher.outbox.Take(nil)
+		held := func() int {
+			b.delays.mu.Lock()
+			defer b.delays.mu.Unlock()
+			return len(b.delays.held)
+		}
+		waiting := b.topic("$delayed/jobs")
+		waiting.mu.Lock()
+		indexed, ids := len(waiting.index.Live()), len(waiting.ids)
+		waiting.mu.Unlock()
+		b.delays.mu.Lock()
+		counted := b.delays.logs[waiting]
+		b.delays.mu.Unlock()
+		if indexed != 0 || ids != 0 || held() > 10 || counted.messages != n {
+			t.Fatalf("%d indexed, %d ids, %d held, %d counted; want 0, "+
+				"0, at most the 10 due within a second, %d", indexed, ids,
+				held(), counted.messages, n)
+		}
+
+		var last int64
+		sent := map[string]bool{}
+		sentWhenDueFor(t, 21*time.Second, worker, func(g got) {
+			if sent[g.MessageID] || g.DeliverAt < last {
+				t.Fatalf("%s (due %d) sent twice or out of due order, "+
+					"after one due %d", g.MessageID, g.DeliverAt, last)
+			}
+			sent[g.MessageID], last = true, g.DeliverAt
+			if h := held(); h > 10 {
+				t.Fatalf("%d held in memory, want at most 10", h)
+			}
+			worker.handle(fmt.Appendf(nil, `{"type":"ack","topic":"jobs",`+
+				`"seq":%d}`, g.Seq))
+		})
+		if len(sent) != n {
+			t.Fatalf("%d sent, want %d", len(sent), n)
+		}
+	})
+}
+
+// What waits is kept through a restart, and a publisher's repeat of a
+// waiting message, before the restart and after, is answered as a
+// repeat, with the first copy's seq, taking no more room; each message
+// is sent once. On bbolt, a DueIndex, none of it is in the $delayed
+// log's index, and the release loop reads four at a time from disk.
+func TestDelay_WhatWaitsStaysOnDiskThroughARestart(t *testing.T) {
+	readingAhead(t, 100*time.Millisecond, 4)
+	ts := startBroker(t, Options{})
+	pub := ts.dial("pub")
+	publish := func(i int) got {
+		pub.send(map[string]any{"type": "publish", "topic": "jobs",
+			"payload": i, "qos": 1, "message_id": fmt.Sprint("m", i),
+			"deliver_at": time.Now().Add(time.Second).UnixMilli() + int64(i)})
+		return pub.expect("published")
+	}
+	const n = 20
+	seqs := map[int]uint64{}
+	for i := range n {
+		seqs[i] = publish(i).Seq
+	}
+	repeated := func(when string) {
+		t.Helper()
+		if g := publish(3); !g.Duplicate || g.Seq != seqs[3] {
+			t.Fatalf("%s, m3 again: %+v, want a duplicate with seq %d",
+				when, g, seqs[3])
+		}
+		waiting := ts.broker.topic("$delayed/jobs")
+		ts.broker.delays.mu.Lock()
+		counted := ts.broker.delays.logs[waiting]
+		ts.broker.delays.mu.Unlock()
+		waiting.mu.Lock()
+		indexed := len(waiting.index.Live())
+		waiting.mu.Unlock()
+		wantIndexed := 0
+		if ts.broker.delays.disk == nil { // a shared log: all in memory
+			wantIndexed = n
+		}
+		if counted.messages != n || indexed != wantIndexed {
+			t.Fatalf("%s: %d counted, %d indexed; want %d and %d", when,
+				counted.messages, indexed, n, wantIndexed)
+		}
+	}
+	repeated("before the restart")
+
+	ts = ts.restart()
+	pub = ts.dial("pub")
+	repeated("after the restart")
+	sub := ts.dial("sub")
+	sub.subscribe("jobs", nil)
+	sent := map[string]bool{}
+	for range n {
+		g := sub.expect("message")
+		if sent[g.MessageID] {
+			t.Fatalf("%s sent twice", g.MessageID)
+		}
+		sent[g.MessageID] = true
+		sub.send(map[string]any{"type": "ack", "topic": "jobs",
+			"seq": g.Seq})
+	}
+	pub.send(map[string]any{"type": "publish", "topic": "jobs",
+		"payload": "end", "qos": 1, "message_id": "end", "delay_ms": 10})
+	pub.expect("published")
+	if g := sub.expect("message"); g.MessageID != "end" {
+		t.Fatalf("got %s after all %d, want end: one was sent twice",
+			g.MessageID, n)
+	}
+	// Each leaves the DueIndex as it leaves its log: with the commit
+	// that stores it in its topic, which its delivery does not wait for.
+	if disk := ts.broker.delays.disk; disk != nil {
+		waitFor(t, func() bool {
+			left := 0
+			disk.Due(math.MaxInt64, n, func(string, uint64, int64) { left++ })
+			_, repeat, _ := disk.Waiting("$delayed/jobs", "pub", "m3")
+			return left == 0 && !repeat
+		}, "nothing left in the DueIndex once all were sent")
 	}
 }

@@ -214,6 +214,7 @@ var Behaviour = map[string]func(*testing.T){
 	"TestNak_ByIDHandsBackEveryDeliveryOfIt":                    TestNak_ByIDHandsBackEveryDeliveryOfIt,
 	"TestDeadLetters_EveryTopicHasRoomForItsDeadLetters":        TestDeadLetters_EveryTopicHasRoomForItsDeadLetters,
 	"TestDelay_ARestartSendsNothingAgainPastTheTopicsCap":       TestDelay_ARestartSendsNothingAgainPastTheTopicsCap,
+	"TestDelay_WhatWaitsStaysOnDiskThroughARestart":             TestDelay_WhatWaitsStaysOnDiskThroughARestart,
 	"TestDelay_WhatWaitsIsBoundedForATopicAndAToken":            TestDelay_WhatWaitsIsBoundedForATopicAndAToken,
 	"TestDelay_ADeliverAtKeepsItsMilliseconds":                  TestDelay_ADeliverAtKeepsItsMilliseconds,
 	"TestOverlap_AWildcardSaysSubscribedBeforeItsFirstMessage":  TestOverlap_AWildcardSaysSubscribedBeforeItsFirstMessage,
@@ -583,11 +584,17 @@ type memoryStore = memlog.Store[*Message]
 // newMemoryStore returns an empty memoryStore.
 func newMemoryStore() *memoryStore { return memlog.New(placeOf) }
 
-// placeOf tells memlog where m goes.
+// placeOf tells memlog where m goes, and, for a message that waits in
+// a $delayed log, when it is due and who sent it with which id, as
+// boltstore's index of them says (memlog then is a DueIndex as it is).
 func placeOf(m *Message) memlog.Record {
 	log, seq := m.Releases()
-	return memlog.Record{Topic: m.Topic, Seq: m.Seq, Size: len(m.Payload),
+	r := memlog.Record{Topic: m.Topic, Seq: m.Seq, Size: len(m.Payload),
 		Releases: log, Released: seq}
+	if strings.HasPrefix(m.Topic, DelayedPrefix) {
+		r.DeliverAt, r.Publisher, r.ID = m.DeliverAt, m.publisher, m.ID
+	}
+	return r
 }
 
 // jwtTime converts a time for a token's claims.

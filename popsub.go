@@ -30,7 +30,7 @@
 //
 // # Reading path
 //
-// The broker's behaviour is this file, about 2,400 lines of code, 1,100
+// The broker's behaviour is this file, about 2,600 lines of code, 1,100
 // of them on the first reading, which takes about 4 hours at 150 words
 // of prose and 8 lines of code a minute, 5 where the code locks, starts
 // a goroutine or selects. You follow a message: options
@@ -3666,9 +3666,16 @@ func (m *Message) expired() bool { return wire.Past(m.ExpiresAt) }
 // their payloads, from when each record is on disk, and one goroutine
 // sleeps until the earliest is due (b.releaseLoop): a message is sent
 // within a millisecond or two of its time, or of its record's sync if
-// that comes later, and messages not due cost nothing until they are. A
+// that comes later, and messages not due cost no work until they are. A
 // loop that looked every retry tick sent them up to a second late, and
-// walked every waiting message each time. When one falls due, it is
+// walked every waiting message each time. On bbolt they cost no memory
+// either until they are near due: the store indexes them by due time and
+// by message_id on disk, in the transactions that write and delete their
+// records (a DueIndex), and the heap holds only what falls due within
+// the next minute, at most 1,024 at a time, read from that index as the
+// minute passes. A shared log keeps no such index: there the broker's
+// heap holds them all, and the $delayed logs' index their ids, about
+// 190 bytes each. When one falls due, it is
 // published to its topic, under its own message_id and publisher, with
 // its deliver_at, which its deliveries carry. That message names its
 // record in the $delayed log (Message.Releases), and the store deletes
@@ -3751,19 +3758,49 @@ func (m *Message) Releases() (log string, seq uint64) {
 
 // delays are the delayed messages waiting in the broker's $delayed logs,
 // in a queue.Schedule by due time, and how many, and how many bytes,
-// each token has waiting; each $delayed log's index counts its topic's.
-// The zero value is empty: a restart schedules what it loads before
-// b.startFeatures makes sooner, and the release loop's first turn finds
-// it.
+// each $delayed log and each token has waiting. The zero value is
+// empty: a restart schedules what it loads before b.startFeatures makes
+// sooner, and the release loop's first turn finds it.
 type delays struct {
 	// mu guards the fields below; nothing is locked under it.
 	mu     sync.Mutex
 	due    queue.Schedule[waiting]
+	logs   map[*topic]load
 	tokens map[string]load
 	// sooner is signalled when a message is due before any other: the
 	// release loop sets its timer again. b.startFeatures makes it.
 	sooner chan struct{}
+	// disk is the store's DueIndex, or nil: then due holds every waiting
+	// message from its sync until it is sent. With one, due holds those
+	// due by horizon (Unix ms) alone, which the release loop moves on
+	// (b.nearDue), and held marks them, so that a read of the disk that
+	// finds one again adds nothing. b.loadTopics sets disk.
+	disk    DueIndex
+	horizon int64
+	held    map[waiting]bool
 }
+
+// A DueIndex is a Store that keeps its $delayed logs' due times and
+// message_ids on disk, written and deleted with their records, so that
+// a delayed message costs the broker memory only once it is near due:
+// package boltstore keeps one. On any other store (a shared log) the
+// broker's own index and schedule hold what waits.
+type DueIndex interface {
+	// Due calls found for each record of a $delayed log due by until
+	// (Unix ms), earliest first, at most n of them.
+	Due(until int64, n int, found func(log string, seq uint64,
+		at int64)) error
+	// Waiting returns the seq of the record in $delayed log that
+	// publisher sent with message_id id, if the log holds one.
+	Waiting(log, publisher, id string) (uint64, bool, error)
+}
+
+// What the release loop reads of a DueIndex at a time: what falls due
+// within nearDue, at most nearDueMax records.
+var (
+	nearDue    = time.Minute
+	nearDueMax = 1024
+)
 
 // waiting is one delayed message: its $delayed log, and its seq there.
 type waiting struct {
@@ -3785,11 +3822,11 @@ func waitingRoom(c *connection, m *Message, _ frame) reply {
 	}
 	b := c.broker
 	t := b.topic(m.Topic)
-	t.mu.Lock()
-	topic := load{len(t.index.Live()), t.bytes}
-	t.mu.Unlock()
+	if b.recall(t, m) {
+		return reply{} // a repeat, which b.publish answers as one
+	}
 	b.delays.mu.Lock()
-	token := b.delays.tokens[m.publisher]
+	topic, token := b.delays.logs[t], b.delays.tokens[m.publisher]
 	b.delays.mu.Unlock()
 	name := strings.TrimPrefix(m.Topic, DelayedPrefix)
 	for what, l := range map[string]load{"topic " + name: topic,
@@ -3808,29 +3845,117 @@ func waitingRoom(c *connection, m *Message, _ frame) reply {
 	return reply{}
 }
 
+// recall reports whether m, a delayed publish, repeats one waiting in
+// its $delayed log t, which b.publish then answers as the repeat it is.
+// t remembers the ids of what waits, or, on a DueIndex, of what is not
+// on disk yet; one found on disk t remembers until it is sent. A repeat
+// sent while its first copy's batch is being synced may miss both: it
+// is stored again, and dropped when due as a repeat in its topic is.
+func (b *Broker) recall(t *topic, m *Message) bool {
+	if m.ID == "" {
+		return false
+	}
+	t.mu.Lock()
+	_, known := t.ids[m.key()]
+	t.mu.Unlock()
+	if known || b.delays.disk == nil {
+		return known
+	}
+	seq, ok, err := b.delays.disk.Waiting(t.name, m.publisher, m.ID)
+	if err != nil || !ok {
+		return false
+	}
+	t.mu.Lock()
+	t.ids[m.key()] = seq
+	t.mu.Unlock()
+	return true
+}
+
+// park counts m, just stored in $delayed log t or loaded from it,
+// against t and its token, and has it wait for its time once it is on
+// disk. It reports whether the store's DueIndex keeps it: then t's index
+// does not, and t remembers m's id only until m is on disk, where a
+// repeat finds it (b.recall). The caller holds t.mu (or owns t).
+func (b *Broker) park(t *topic, m *Message) bool {
+	d := &b.delays
+	d.count(t, m.publisher, 1, m.size())
+	// One just published waits for its batch's sync (b.stored), as its
+	// confirm does: sent on before its record was stored, it could reach
+	// subscribers and then be lost in a crash, confirmed to nobody.
+	if t.synced() >= m.Seq {
+		d.schedule(waiting{t, m.Seq}, m.DeliverAt)
+	} else if d.disk != nil {
+		t.ids[m.key()] = m.Seq
+	}
+	return d.disk != nil
+}
+
+// stored has msgs, just synced to $delayed log t, wait for their time;
+// on a DueIndex t forgets their ids, which a repeat finds on disk now.
+// The caller holds t.mu.
+func (b *Broker) stored(t *topic, msgs []*Message) {
+	for _, m := range msgs {
+		if b.delays.disk != nil && t.ids[m.key()] == m.Seq {
+			delete(t.ids, m.key())
+		}
+		b.delays.schedule(waiting{t, m.Seq}, m.DeliverAt)
+	}
+}
+
+// unpark takes m, which waited in $delayed log t on a DueIndex, off what
+// t and its token have waiting, with any id t remembers for it: m was
+// sent, or its batch failed. The caller holds t.mu.
+func (b *Broker) unpark(t *topic, m *Message) {
+	b.delays.count(t, m.publisher, -1, -m.size())
+	if t.ids[m.key()] == m.Seq {
+		delete(t.ids, m.key())
+	}
+}
+
 // schedule has w, on disk in its $delayed log, wait until due, in Unix
-// ms, and wakes the release loop if it is due before any other. Its token
-// counts it from when it is indexed (b.remember) until b.drop takes it
-// off.
+// ms, and wakes the release loop if it is due before any other. On a
+// DueIndex, w is left on disk if it is due past the horizon, and held
+// otherwise.
 func (d *delays) schedule(w waiting, due int64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.hold(w, due)
+}
+
+// hold is schedule for a caller that holds d.mu.
+func (d *delays) hold(w waiting, due int64) {
+	if d.disk != nil {
+		if due > d.horizon || d.held[w] {
+			return
+		}
+		if d.held == nil {
+			d.held = map[waiting]bool{}
+		}
+		d.held[w] = true
+	}
 	if d.due.Add(due, w) {
 		queue.Notify(d.sooner)
 	}
 }
 
-// count adds n messages of size bytes to what publisher has waiting.
-func (d *delays) count(publisher string, n, size int) {
+// count adds n messages of size bytes to what log and publisher have
+// waiting.
+func (d *delays) count(log *topic, publisher string, n, size int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	l := load{d.tokens[publisher].messages + n, d.tokens[publisher].bytes +
-		size}
 	if d.tokens == nil {
-		d.tokens = map[string]load{}
+		d.logs, d.tokens = map[*topic]load{}, map[string]load{}
 	}
-	if d.tokens[publisher] = l; l.messages == 0 {
-		delete(d.tokens, publisher)
+	tally(d.logs, log, n, size)
+	tally(d.tokens, publisher, n, size)
+}
+
+// tally adds n messages of size bytes to what loads[k] has waiting, and
+// forgets k once it has none.
+func tally[K comparable](loads map[K]load, k K, n, size int) {
+	l := load{loads[k].messages + n, loads[k].bytes + size}
+	if loads[k] = l; l.messages == 0 {
+		delete(loads, k)
 	}
 }
 
@@ -3851,8 +3976,15 @@ func (b *Broker) releaseLoop() {
 		}
 		// A message scheduled before next while this turn releases (one
 		// retried a second later too) signals sooner: next is read now.
+		// b.nearDue reads the DueIndex, if due may lack what it holds,
+		// and says when to read it again.
+		now := time.Now().UnixMilli()
+		readAgain := b.nearDue(now)
 		d.mu.Lock()
-		due := d.due.Due(time.Now().UnixMilli())
+		due := d.due.Due(now)
+		for _, w := range due {
+			delete(d.held, w)
+		}
 		next, ok := d.due.Next()
 		d.mu.Unlock()
 		// With nothing due, nothing is made: each map made draws a
@@ -3860,12 +3992,66 @@ func (b *Broker) releaseLoop() {
 		if len(due) > 0 {
 			b.release(due)
 		}
+		if !ok {
+			next = math.MaxInt64
+		}
 		wait := 24 * time.Hour
-		if ok {
+		if next = min(next, readAgain); next != math.MaxInt64 {
 			wait = time.Until(time.UnixMilli(next))
 		}
 		timer.Reset(wait)
 	}
+}
+
+// nearDue reads from the DueIndex what falls due by a new horizon,
+// nearDue from now, once due holds nothing by the last one: at most
+// nearDueMax records, the horizon stopping at the last found if there
+// were more. It returns when to read again: at the horizon, or a second
+// from now if the read failed or found only what due holds; never,
+// without a DueIndex.
+func (b *Broker) nearDue(now int64) int64 {
+	d := &b.delays
+	if d.disk == nil {
+		return math.MaxInt64
+	}
+	d.mu.Lock()
+	if next, ok := d.due.Next(); ok && next <= d.horizon {
+		defer d.mu.Unlock()
+		return d.horizon
+	}
+	// From here a batch synced with one due by the new horizon schedules
+	// it: the read finds it, or it is held, or both.
+	d.horizon = now + nearDue.Milliseconds()
+	until := d.horizon
+	d.mu.Unlock()
+
+	var found []waiting
+	var at []int64
+	err := d.disk.Due(until, nearDueMax,
+		func(log string, seq uint64, due int64) {
+			found = append(found, waiting{b.topic(log), seq})
+			at = append(at, due)
+		})
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err != nil {
+		b.logger.Error("read the delayed messages due", "err", err)
+		d.horizon = now - 1
+		return now + time.Second.Milliseconds()
+	}
+	added := 0
+	for i, w := range found {
+		if !d.held[w] {
+			added++
+		}
+		d.hold(w, at[i])
+	}
+	if len(found) == nearDueMax {
+		if d.horizon = at[len(at)-1]; added == 0 {
+			return now + time.Second.Milliseconds()
+		}
+	}
+	return d.horizon
 }
 
 // release publishes each of due to its topic, where it gets its seq
@@ -3876,8 +4062,10 @@ func (b *Broker) releaseLoop() {
 func (b *Broker) release(due []waiting) {
 	var sent []*outcome
 	var done, sending, later []waiting
+	records := map[waiting]*Message{}
 	for _, w := range due {
-		m, gone := b.readDelayed(w)
+		record, m, gone := b.readDelayed(w)
+		records[w] = record
 		switch {
 		case gone:
 			done = append(done, w)
@@ -3891,7 +4079,9 @@ func (b *Broker) release(due []waiting) {
 				return // Shutdown: the record waits on disk
 			}
 			if duplicate {
+				// Awaited, so that no later read of the log finds it.
 				b.log.Delete(w.log.name, w.seq)
+				stored = b.log.Barrier()
 			}
 			sent, sending = append(sent, stored), append(sending, w)
 		}
@@ -3903,34 +4093,48 @@ func (b *Broker) release(due []waiting) {
 			done = append(done, sending[i])
 		}
 	}
-	b.forgetDelayed(done)
+	b.forgetDelayed(done, records)
 	for _, w := range later {
 		b.delays.schedule(w, time.Now().Add(time.Second).UnixMilli())
 	}
 }
 
-// readDelayed reads w's message from its $delayed log and returns the
-// copy to publish to its topic; nil if the store failed to read it, or
-// nil and true if the log no longer has it.
-func (b *Broker) readDelayed(w waiting) (*Message, bool) {
+// readDelayed reads w's record from its $delayed log and returns it,
+// with the copy to publish to its topic; nils if the store failed to
+// read it, or nils and true if the log no longer has it.
+func (b *Broker) readDelayed(w waiting) (record, m *Message, gone bool) {
 	msgs, err := b.store.Read(w.log.name, w.seq-1, 1, maxQueueBytes)
 	switch {
 	case err != nil:
-		return nil, false
+		return nil, nil, false
 	case len(msgs) == 0 || msgs[0].Seq != w.seq:
-		return nil, true
+		return nil, nil, true
 	}
 	// A copy: the store's own may be shared. It keeps its message_id,
 	// publisher, payload and times, and names its record.
-	m := *msgs[0]
-	m.Topic = strings.TrimPrefix(w.log.name, DelayedPrefix)
-	m.Seq, m.Timestamp, m.delivery, m.released = 0, 0, nil, w.seq
-	return &m, false
+	copied := *msgs[0]
+	copied.Topic = strings.TrimPrefix(w.log.name, DelayedPrefix)
+	copied.Seq, copied.Timestamp, copied.delivery = 0, 0, nil
+	copied.released = w.seq
+	return msgs[0], &copied, false
 }
 
-// forgetDelayed drops list, sent or gone, from their $delayed logs'
-// indexes, one pass over each, and from what their tokens have waiting.
-func (b *Broker) forgetDelayed(list []waiting) {
+// forgetDelayed drops list, sent or gone, from what their $delayed logs
+// and their tokens have waiting: on a DueIndex by their records (only a
+// shared log, which keeps none, loses one to another broker), otherwise
+// from the logs' indexes, one pass over each.
+func (b *Broker) forgetDelayed(list []waiting,
+	records map[waiting]*Message) {
+	if b.delays.disk != nil {
+		for _, w := range list {
+			if m := records[w]; m != nil {
+				w.log.mu.Lock()
+				b.unpark(w.log, m)
+				w.log.mu.Unlock()
+			}
+		}
+		return
+	}
 	gone, logs := map[waiting]bool{}, map[*topic]bool{}
 	for _, w := range list {
 		gone[w] = true
@@ -4131,10 +4335,14 @@ func (b *Broker) every(interval time.Duration, work func(now time.Time)) {
 	}
 }
 
-// remember adds m to t's index, and counts a $delayed log's message
-// against its token and has it wait for its time once it is on disk
-// (b.delays.schedule, in Delayed delivery). The caller holds t.mu (or owns t).
+// remember adds m to t's index; a $delayed log's message b.park counts
+// and has wait for its time, and leaves to the store's DueIndex if it
+// keeps one (Delayed delivery). The caller holds t.mu (or owns t).
 func (b *Broker) remember(t *topic, m *Message) {
+	t.lastTime = max(t.lastTime, m.Timestamp)
+	if strings.HasPrefix(t.name, DelayedPrefix) && b.park(t, m) {
+		return
+	}
 	// Only QoS 1 ids are remembered for dedup: a QoS 0 publisher asked
 	// for at most once and gets no confirm to retry after.
 	e := entry{seq: m.Seq, timestamp: m.Timestamp, size: m.size()}
@@ -4144,17 +4352,6 @@ func (b *Broker) remember(t *topic, m *Message) {
 	}
 	t.index.Insert(len(t.index.Live()), e)
 	t.bytes += e.size
-	t.lastTime = max(t.lastTime, m.Timestamp)
-	if strings.HasPrefix(t.name, DelayedPrefix) {
-		// One just published waits for its batch's sync (markCommitted),
-		// as its confirm does: sent on before its record was stored, it
-		// could reach subscribers and then be lost in a crash, confirmed
-		// to nobody.
-		b.delays.count(m.publisher, 1, m.size())
-		if t.synced() >= m.Seq {
-			b.delays.schedule(waiting{t, m.Seq}, m.DeliverAt)
-		}
-	}
 }
 
 // drop drops the entries of t's index that match, wherever they are,
@@ -4167,7 +4364,7 @@ func (b *Broker) drop(t *topic, match func(entry) bool) {
 			return false
 		}
 		if t.unindexed(e); delayed {
-			b.delays.count(e.key.publisher, -1, -e.size)
+			b.delays.count(t, e.key.publisher, -1, -e.size)
 		}
 		return true
 	})
@@ -4327,6 +4524,9 @@ const (
 // after a crash the end of the topic's reservation, past any seq that
 // reached a subscriber and not the disk (see the log's section).
 func (b *Broker) loadTopics() error {
+	// The delayed messages of a store with a DueIndex stay on disk
+	// (Delayed delivery): learnt before they are loaded.
+	b.delays.disk, _ = b.store.(DueIndex)
 	heads, err := b.store.Topics()
 	if err != nil {
 		return fmt.Errorf("load topics: %w", err)
@@ -4477,13 +4677,12 @@ func (b *Broker) markCommitted(msgs []*Message) {
 		}
 		t.mu.Lock()
 		t.unsynced = t.unsynced[run:]
+		if strings.HasPrefix(t.name, DelayedPrefix) {
+			b.stored(t, msgs[:run]) // on disk now: each may fall due
+		}
 		t.mu.Unlock()
 		for _, m := range msgs[:run] {
 			b.xray.message("committed", nil, m, nil)
-			if strings.HasPrefix(t.name, DelayedPrefix) {
-				// On disk now: it may fall due.
-				b.delays.schedule(waiting{t, m.Seq}, m.DeliverAt)
-			}
 		}
 	}
 }
@@ -4500,6 +4699,9 @@ func (b *Broker) forgetFailed(msgs []*Message) {
 		t.mu.Lock()
 		t.unsynced = t.unsynced[1:]
 		b.drop(t, func(e entry) bool { return e.seq == m.Seq })
+		if b.delays.disk != nil && strings.HasPrefix(t.name, DelayedPrefix) {
+			b.unpark(t, m) // its index, the DueIndex, never had it
+		}
 		t.mu.Unlock()
 	}
 }

@@ -206,7 +206,14 @@ func TestDelay_DueBeforeItsRecordIsOnDiskIsSentOnceItIs(t *testing.T) {
 func sentWhenDue(t *testing.T, worker *connection,
 	each func(got)) (worst time.Duration) {
 	t.Helper()
-	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
+	return sentWhenDueFor(t, 2*time.Second, worker, each)
+}
+
+// sentWhenDueFor is sentWhenDue over span.
+func sentWhenDueFor(t *testing.T, span time.Duration, worker *connection,
+	each func(got)) (worst time.Duration) {
+	t.Helper()
+	for end := time.Now().Add(span); time.Now().Before(end); {
 		time.Sleep(time.Millisecond)
 		synctest.Wait()
 		for _, f := range worker.outbox.Take(nil) {

@@ -29,6 +29,22 @@
 // A file written by a broker from before seqs were reserved on disk, and
 // left unclean, has its heads raised once at Open (closeLegacyGap).
 //
+// # What waits
+//
+// A delayed message waits in a $delayed log until it is due, and the
+// broker must find what falls due, and a publisher's repeat of one,
+// without holding every waiting message in memory: the store is its
+// DueIndex. Two buckets beside the logs index the $delayed records, by
+// due time (then seq and log, so that one cursor walks them all in the
+// order they fall due) and by log, publisher and message_id; each
+// record is indexed in the transaction that appends it and unindexed in
+// the one that deletes it, which is the one that stores its sent copy
+// (Message.Releases), so the index never names a record the log lacks.
+// Keeping the index in each $delayed log's own bucket was the other
+// way, and made every read of what is due a merge across the logs. A
+// file from before the index, or one Salvage wrote (it copies records
+// alone), has it made at Open (indexWaiting).
+//
 // # What each speed trick buys
 //
 // Measured with the benchmarks named (docs/performance.md says how):
@@ -52,6 +68,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/popsub/popsub"
@@ -73,13 +90,18 @@ var (
 // without a store (a damaged file may not open as one): a topics bucket
 // with a bucket per topic, holding the topic's records under logBucket,
 // keyed by seqKey, and its head under headKey; and a cursors bucket, from
-// a durable key to its position as a seqKey. A record is what
-// encodeRecord makes; recordIntact checks one.
+// a durable key to its position as a seqKey. The index of what waits in
+// the $delayed logs (the broker's DueIndex) is two more: a due bucket,
+// keyed by dueKey (due time, seq and log), and a waiting bucket, from an
+// idKey (log, publisher and message_id) to the record's seqKey. A record
+// is what encodeRecord makes; recordIntact checks one.
 var (
 	topicsBucket  = []byte("topics")  // topic name → topic bucket
 	cursorsBucket = []byte("cursors") // durable key → position
 	logBucket     = []byte("log")     // in a topic bucket: seq → record
 	headKey       = []byte("head")    // in a topic bucket: newest seq
+	dueBucket     = []byte("due")     // dueKey → nil
+	waitingBucket = []byte("waiting") // idKey → seq
 )
 
 // Store is the Store kept in one bbolt file. bbolt allows one
@@ -127,7 +149,10 @@ func Open(path string, logger *slog.Logger) (_ *Store, err error) {
 				return err
 			}
 		}
-		return closeLegacyGap(tx)
+		if err := closeLegacyGap(tx); err != nil {
+			return err
+		}
+		return indexWaiting(tx)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
@@ -199,11 +224,9 @@ func (s *Store) Commit(batch *popsub.Batch) (err error) {
 			return err
 		}
 		for topic, seqs := range batch.Deletes {
-			if records := logOf(tx, topic); records != nil {
-				for _, seq := range seqs {
-					if err := records.Delete(seqKey(seq)); err != nil {
-						return fmt.Errorf("delete from %q: %w", topic, err)
-					}
+			for _, seq := range seqs {
+				if err := deleteRecord(tx, topic, seq); err != nil {
+					return err
 				}
 			}
 		}
@@ -274,6 +297,9 @@ func (s *Store) appendMessages(tx *bolt.Tx, batch *popsub.Batch) error {
 			if err := records.Put(key[:], record); err != nil {
 				return fmt.Errorf("append %q: %w", name, err)
 			}
+			if err := index(tx, m, true); err != nil {
+				return fmt.Errorf("index %q: %w", name, err)
+			}
 		}
 		// The head is written even when every record of the run was
 		// trimmed: seqs must go on from it after a restart.
@@ -291,10 +317,97 @@ func (s *Store) appendMessages(tx *bolt.Tx, batch *popsub.Batch) error {
 // fell due, if it was (Message.Releases): in the transaction that
 // stores m, so that no restart sends it twice.
 func deleteReleased(tx *bolt.Tx, m *popsub.Message) error {
-	log, seq := m.Releases()
-	if records := logOf(tx, log); records != nil {
-		if err := records.Delete(seqKey(seq)); err != nil {
-			return fmt.Errorf("delete %q seq %d: %w", log, seq, err)
+	if log, seq := m.Releases(); seq != 0 {
+		return deleteRecord(tx, log, seq)
+	}
+	return nil
+}
+
+// deleteRecord deletes topic's record seq, if it has one, and its place
+// in the index of what waits, if it has one.
+func deleteRecord(tx *bolt.Tx, topic string, seq uint64) error {
+	records := logOf(tx, topic)
+	if records == nil {
+		return nil
+	}
+	if v := records.Get(seqKey(seq)); v != nil &&
+		strings.HasPrefix(topic, popsub.DelayedPrefix) {
+		// A damaged record cannot say where it is indexed: its place
+		// stays, and the broker finds the record gone when it is due.
+		if m, err := decodeRecord(v); err == nil {
+			if err := index(tx, m, false); err != nil {
+				return fmt.Errorf("unindex %q seq %d: %w", topic, seq, err)
+			}
+		}
+	}
+	if err := records.Delete(seqKey(seq)); err != nil {
+		return fmt.Errorf("delete %q seq %d: %w", topic, seq, err)
+	}
+	return nil
+}
+
+// index adds m to the index of what waits, or, with add false, takes it
+// out, if m waits in a $delayed log. Its id is taken out only if it
+// still names m.
+func index(tx *bolt.Tx, m *popsub.Message, add bool) error {
+	if m.DeliverAt == 0 || !strings.HasPrefix(m.Topic, popsub.DelayedPrefix) {
+		return nil
+	}
+	due, ids := tx.Bucket(dueBucket), tx.Bucket(waitingBucket)
+	at, id := dueKey(m.DeliverAt, m.Seq, m.Topic), idKey(m.Topic,
+		m.Publisher(), m.ID)
+	if add {
+		return errors.Join(due.Put(at, nil), ids.Put(id, seqKey(m.Seq)))
+	}
+	if seq, _ := seqOf(ids.Get(id)); seq == m.Seq {
+		if err := ids.Delete(id); err != nil {
+			return err
+		}
+	}
+	return due.Delete(at)
+}
+
+// dueKey is a due time, a seq and a log as a key, which sorts by time.
+func dueKey(at int64, seq uint64, log string) []byte {
+	return append(binary.BigEndian.AppendUint64(seqKey(uint64(at)), seq),
+		log...)
+}
+
+// idKey is a log, a publisher and a message_id as one key: each length
+// but the last's first, so that no two triples make the same key.
+func idKey(log, publisher, id string) []byte {
+	key := binary.AppendUvarint(nil, uint64(len(log)))
+	key = binary.AppendUvarint(append(key, log...), uint64(len(publisher)))
+	return append(append(key, publisher...), id...)
+}
+
+// indexWaiting makes the index of what waits, if the file has none yet
+// (one from before the index), from the records of every $delayed log.
+func indexWaiting(tx *bolt.Tx) error {
+	if tx.Bucket(dueBucket) != nil {
+		return nil
+	}
+	for _, name := range [][]byte{dueBucket, waitingBucket} {
+		if _, err := tx.CreateBucket(name); err != nil {
+			return err
+		}
+	}
+	topics := tx.Bucket(topicsBucket)
+	c, prefix := topics.Cursor(), []byte(popsub.DelayedPrefix)
+	for name, _ := c.Seek(prefix); bytes.HasPrefix(name, prefix); name, _ =
+		c.Next() {
+		records := topics.Bucket(name).Bucket(logBucket)
+		if records == nil {
+			continue
+		}
+		err := records.ForEach(func(_, v []byte) error {
+			if m, err := decodeRecord(v); err == nil {
+				return index(tx, m, true)
+			}
+			return nil // a damaged record is skipped, as a read skips it
+		})
+		if err != nil {
+			return fmt.Errorf("index %q: %w", name, err)
 		}
 	}
 	return nil
@@ -401,6 +514,51 @@ func (s *Store) Cursor(key string) (position uint64, found bool,
 		return nil
 	})
 	return position, found, err
+}
+
+// Due calls found for each record of a $delayed log due by until (Unix
+// ms), earliest first, at most n of them.
+func (s *Store) Due(until int64, n int,
+	found func(log string, seq uint64, at int64)) (err error) {
+	defer guard(s.path, &err)()
+	type due struct {
+		log string
+		seq uint64
+		at  int64
+	}
+	var list []due
+	err = s.db.View(func(tx *bolt.Tx) error {
+		// Keys sort by due time first: the first n keys, up to until,
+		// are the answer, however many wait past it.
+		c := tx.Bucket(dueBucket).Cursor()
+		for k, _ := c.First(); k != nil && len(list) < n; k, _ = c.Next() {
+			at := int64(binary.BigEndian.Uint64(k))
+			if at > until {
+				break
+			}
+			list = append(list, due{string(k[16:]),
+				binary.BigEndian.Uint64(k[8:]), at})
+		}
+		return nil
+	})
+	// found is called once the read is over: it may use the store.
+	for _, d := range list {
+		found(d.log, d.seq, d.at)
+	}
+	return err
+}
+
+// Waiting returns the seq of the record in $delayed log that publisher
+// sent with message_id id, if the log holds one.
+func (s *Store) Waiting(log, publisher, id string) (seq uint64, ok bool,
+	err error) {
+	defer guard(s.path, &err)()
+	err = s.db.View(func(tx *bolt.Tx) error {
+		seq, ok = seqOf(tx.Bucket(waitingBucket).Get(idKey(log, publisher,
+			id)))
+		return nil
+	})
+	return seq, ok, err
 }
 
 // Close closes the bbolt file.

@@ -2,6 +2,7 @@ package boltstore
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/popsub/popsub"
+	bolt "go.etcd.io/bbolt"
 )
 
 // What every Store must do is checked in popsub's own tests
@@ -237,5 +239,92 @@ func TestOpen_ClosesALegacyGapOnce(t *testing.T) {
 		if err != nil || heads["t"] != 5+legacyGap {
 			t.Fatalf("head %d, %v; want %d", heads["t"], err, 5+legacyGap)
 		}
+	}
+}
+
+// The index of what waits: Due finds the $delayed logs' records by due
+// time, earliest first across logs, within until and at most n; Waiting
+// finds one by its publisher and message_id; a delete takes a record out
+// of both; and a file whose index is missing (one written before there
+// was one) has it made again at Open.
+func TestBoltStore_IndexesWhatWaits(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "popsub.db")
+	store := openStore(t, path)
+	waiting := func(log string, seq uint64, at int64) *popsub.Message {
+		frame := fmt.Sprintf(`{"topic":%q,"message_id":"m%d","seq":%d,`+
+			`"payload":1,"deliver_at":%d}`, log, seq, seq, at)
+		m, err := popsub.RestoreMessage([]byte(frame), "pub")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	batch := popsub.Batch{Messages: []*popsub.Message{
+		waiting("$delayed/a", 1, 300), waiting("$delayed/a", 2, 100),
+		waiting("$delayed/b", 1, 200), waiting("$delayed/b", 2, 900),
+		message(t, 1, "1", "pub"), // sent, not waiting: never indexed
+	}}
+	if err := store.Commit(&batch); err != nil {
+		t.Fatal(err)
+	}
+	due := func(s *Store, until int64, n int) string {
+		var found []string
+		err := s.Due(until, n, func(log string, seq uint64, at int64) {
+			found = append(found, fmt.Sprintf("%s %d@%d", log, seq, at))
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(found, ", ")
+	}
+	check := func(s *Store, until int64, n int, want string) {
+		t.Helper()
+		if got := due(s, until, n); got != want {
+			t.Fatalf("Due(%d, %d) = %q, want %q", until, n, got, want)
+		}
+	}
+	check(store, 1000, 10, "$delayed/a 2@100, $delayed/b 1@200, "+
+		"$delayed/a 1@300, $delayed/b 2@900")
+	check(store, 250, 10, "$delayed/a 2@100, $delayed/b 1@200")
+	check(store, 1000, 1, "$delayed/a 2@100")
+	if seq, ok, err := store.Waiting("$delayed/b", "pub", "m2"); seq != 2 ||
+		!ok || err != nil {
+		t.Fatalf("Waiting = %d %v %v, want 2", seq, ok, err)
+	}
+	if _, ok, _ := store.Waiting("$delayed/b", "other", "m2"); ok {
+		t.Fatal("Waiting found another publisher's id")
+	}
+
+	deletes := popsub.Batch{Deletes: map[string][]uint64{"$delayed/a": {2}}}
+	if err := store.Commit(&deletes); err != nil {
+		t.Fatal(err)
+	}
+	check(store, 1000, 10, "$delayed/b 1@200, $delayed/a 1@300, "+
+		"$delayed/b 2@900")
+	if _, ok, _ := store.Waiting("$delayed/a", "pub", "m2"); ok {
+		t.Fatal("Waiting found a deleted record")
+	}
+
+	// The index gone, as in a file from before it, is made at Open.
+	store.Close()
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		return errors.Join(tx.DeleteBucket(dueBucket),
+			tx.DeleteBucket(waitingBucket))
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	store = openStore(t, path)
+	defer store.Close()
+	check(store, 1000, 10, "$delayed/b 1@200, $delayed/a 1@300, "+
+		"$delayed/b 2@900")
+	if seq, ok, _ := store.Waiting("$delayed/a", "pub", "m1"); seq != 1 ||
+		!ok {
+		t.Fatalf("Waiting after the index was made again = %d %v", seq, ok)
 	}
 }

@@ -14,6 +14,7 @@
 package memlog
 
 import (
+	"cmp"
 	"errors"
 	"maps"
 	"slices"
@@ -24,13 +25,18 @@ import (
 
 // Record is what the log needs to know of a message: where it goes, the
 // bytes of its payload, and the record it deletes as it is stored
-// (Releases, at Released), if any.
+// (Releases, at Released), if any; and, for a message that waits to be
+// sent (only such a message has a DeliverAt), when it is due, in Unix
+// ms, and its publisher and id, by which Due and Waiting find it.
 type Record struct {
-	Topic    string
-	Seq      uint64
-	Size     int
-	Releases string
-	Released uint64
+	Topic     string
+	Seq       uint64
+	Size      int
+	Releases  string
+	Released  uint64
+	DeliverAt int64
+	Publisher string
+	ID        string
 }
 
 // Contents are a log's topics, each topic's head, and the durable
@@ -152,6 +158,46 @@ func (s *Store[M]) Cursor(key string) (uint64, bool, error) {
 	defer s.mu.Unlock()
 	position, ok := s.contents.Cursors[key]
 	return position, ok, nil
+}
+
+// Due calls found for each waiting record due by until (Unix ms),
+// earliest first, at most n of them: what a disk's index by due time
+// would find, found here by looking at every record.
+func (s *Store[M]) Due(until int64, n int,
+	found func(log string, seq uint64, at int64)) error {
+	s.mu.Lock()
+	var due []Record
+	for _, msgs := range s.contents.Logs {
+		for _, m := range msgs {
+			if r := s.contents.record(m); r.DeliverAt != 0 &&
+				r.DeliverAt <= until {
+				due = append(due, r)
+			}
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(due, func(a, b Record) int {
+		return cmp.Or(cmp.Compare(a.DeliverAt, b.DeliverAt),
+			cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Seq, b.Seq))
+	})
+	for _, r := range due[:min(n, len(due))] {
+		found(r.Topic, r.Seq, r.DeliverAt)
+	}
+	return nil
+}
+
+// Waiting returns the seq of the record in log that publisher sent
+// with id, if log holds one.
+func (s *Store[M]) Waiting(log, publisher, id string) (uint64, bool,
+	error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range s.contents.Logs[log] {
+		if r := s.contents.record(m); r.Publisher == publisher && r.ID == id {
+			return r.Seq, true, nil
+		}
+	}
+	return 0, false, nil
 }
 
 // Close refuses every commit from now on; reads go on.

@@ -144,3 +144,45 @@ func TestContents_WithoutHeadsKeepsOnlyWhatWasStored(t *testing.T) {
 			c.Heads)
 	}
 }
+
+// What waits is found as boltstore's index finds it: by due time,
+// earliest first across logs, within until and at most n; and by its
+// publisher and id. A record released (sent) is found no more.
+func TestStore_FindsWhatWaits(t *testing.T) {
+	waits := map[uint64]int64{1: 300, 2: 100, 3: 200}
+	s := memlog.New(func(m message) memlog.Record {
+		r := placeOf(m)
+		if m.topic == "$delayed/a" {
+			r.DeliverAt, r.Publisher, r.ID = waits[m.seq], "pub",
+				string(rune('a'+m.seq))
+		}
+		return r
+	})
+	s.Commit(&batch{Messages: []message{{topic: "$delayed/a", seq: 1},
+		{topic: "$delayed/a", seq: 2}, {topic: "$delayed/a", seq: 3},
+		{topic: "a", seq: 1}}})
+	due := func(until int64, n int) []uint64 {
+		var found []uint64
+		s.Due(until, n, func(_ string, seq uint64, _ int64) {
+			found = append(found, seq)
+		})
+		return found
+	}
+	if got := due(250, 10); !slices.Equal(got, []uint64{2, 3}) {
+		t.Fatalf("due by 250: %v, want [2 3]", got)
+	}
+	if got := due(1000, 2); !slices.Equal(got, []uint64{2, 3}) {
+		t.Fatalf("two due by 1000: %v, want [2 3]", got)
+	}
+	if seq, ok, _ := s.Waiting("$delayed/a", "pub", "c"); seq != 2 || !ok {
+		t.Fatalf("Waiting c = %d %v, want 2", seq, ok)
+	}
+	s.Commit(&batch{Messages: []message{{topic: "a", seq: 2,
+		releases: "$delayed/a", released: 2}}})
+	if got := due(1000, 10); !slices.Equal(got, []uint64{3, 1}) {
+		t.Fatalf("due after seq 2 was sent: %v, want [3 1]", got)
+	}
+	if _, ok, _ := s.Waiting("$delayed/a", "pub", "c"); ok {
+		t.Fatal("Waiting found a record sent")
+	}
+}
