@@ -385,12 +385,12 @@ func TestDelay_ASendTheLogRefusesIsTriedAgain(t *testing.T) {
 	}
 }
 
-// readingAhead sets how far ahead, and how many at a time, the release
+// lookingAhead sets how far ahead, and how many at a time, the release
 // loop reads the DueIndex, until the test ends.
-func readingAhead(t *testing.T, ahead time.Duration, most int) {
-	oldAhead, oldMost := nearDue, nearDueMax
-	nearDue, nearDueMax = ahead, most
-	t.Cleanup(func() { nearDue, nearDueMax = oldAhead, oldMost })
+func lookingAhead(t *testing.T, ahead time.Duration, most int) {
+	oldAhead, oldMost := lookAhead, lookAheadMax
+	lookAhead, lookAheadMax = ahead, most
+	t.Cleanup(func() { lookAhead, lookAheadMax = oldAhead, oldMost })
 }
 
 // On a store with a DueIndex (the tests' store in memory keeps one as
@@ -400,7 +400,7 @@ func readingAhead(t *testing.T, ahead time.Duration, most int) {
 // within a second, eight at a time. Each of 200 messages, published out
 // of due order, is still sent once, when due, in due order.
 func TestDelay_OnlyWhatIsNearDueIsHeldInMemory(t *testing.T) {
-	readingAhead(t, time.Second, 8)
+	lookingAhead(t, time.Second, 8)
 	synctest.Test(t, func(t *testing.T) {
 		b, worker, _ := fakeBroker(t, Options{})
 		publisher, _ := fakeConnection(b, "publisher")
@@ -457,7 +457,7 @@ func TestDelay_OnlyWhatIsNearDueIsHeldInMemory(t *testing.T) {
 // is sent once. On bbolt, a DueIndex, none of it is in the $delayed
 // log's index, and the release loop reads four at a time from disk.
 func TestDelay_WhatWaitsStaysOnDiskThroughARestart(t *testing.T) {
-	readingAhead(t, 100*time.Millisecond, 4)
+	lookingAhead(t, 100*time.Millisecond, 4)
 	ts := startBroker(t, Options{})
 	pub := ts.dial("pub")
 	publish := func(i int) got {

@@ -3796,10 +3796,10 @@ type DueIndex interface {
 }
 
 // What the release loop reads of a DueIndex at a time: what falls due
-// within nearDue, at most nearDueMax records.
+// within lookAhead, at most lookAheadMax records.
 var (
-	nearDue    = time.Minute
-	nearDueMax = 1024
+	lookAhead    = time.Minute
+	lookAheadMax = 1024
 )
 
 // waiting is one delayed message: its $delayed log, and its seq there.
@@ -3879,7 +3879,7 @@ func (b *Broker) recall(t *topic, m *Message) bool {
 func (b *Broker) park(t *topic, m *Message) bool {
 	d := &b.delays
 	d.count(t, m.publisher, 1, m.size())
-	// One just published waits for its batch's sync (b.stored), as its
+	// One just published waits for its batch's sync (b.onDisk), as its
 	// confirm does: sent on before its record was stored, it could reach
 	// subscribers and then be lost in a crash, confirmed to nobody.
 	if t.synced() >= m.Seq {
@@ -3890,10 +3890,10 @@ func (b *Broker) park(t *topic, m *Message) bool {
 	return d.disk != nil
 }
 
-// stored has msgs, just synced to $delayed log t, wait for their time;
+// onDisk has msgs, just synced to $delayed log t, wait for their time;
 // on a DueIndex t forgets their ids, which a repeat finds on disk now.
 // The caller holds t.mu.
-func (b *Broker) stored(t *topic, msgs []*Message) {
+func (b *Broker) onDisk(t *topic, msgs []*Message) {
 	for _, m := range msgs {
 		if b.delays.disk != nil && t.ids[m.key()] == m.Seq {
 			delete(t.ids, m.key())
@@ -4004,8 +4004,8 @@ func (b *Broker) releaseLoop() {
 }
 
 // nearDue reads from the DueIndex what falls due by a new horizon,
-// nearDue from now, once due holds nothing by the last one: at most
-// nearDueMax records, the horizon stopping at the last found if there
+// lookAhead from now, once due holds nothing by the last one: at most
+// lookAheadMax records, the horizon stopping at the last found if there
 // were more. It returns when to read again: at the horizon, or a second
 // from now if the read failed or found only what due holds; never,
 // without a DueIndex.
@@ -4021,13 +4021,13 @@ func (b *Broker) nearDue(now int64) int64 {
 	}
 	// From here a batch synced with one due by the new horizon schedules
 	// it: the read finds it, or it is held, or both.
-	d.horizon = now + nearDue.Milliseconds()
+	d.horizon = now + lookAhead.Milliseconds()
 	until := d.horizon
 	d.mu.Unlock()
 
 	var found []waiting
 	var at []int64
-	err := d.disk.Due(until, nearDueMax,
+	err := d.disk.Due(until, lookAheadMax,
 		func(log string, seq uint64, due int64) {
 			found = append(found, waiting{b.topic(log), seq})
 			at = append(at, due)
@@ -4046,7 +4046,7 @@ func (b *Broker) nearDue(now int64) int64 {
 		}
 		d.hold(w, at[i])
 	}
-	if len(found) == nearDueMax {
+	if len(found) == lookAheadMax {
 		if d.horizon = at[len(at)-1]; added == 0 {
 			return now + time.Second.Milliseconds()
 		}
@@ -4678,7 +4678,7 @@ func (b *Broker) markCommitted(msgs []*Message) {
 		t.mu.Lock()
 		t.unsynced = t.unsynced[run:]
 		if strings.HasPrefix(t.name, DelayedPrefix) {
-			b.stored(t, msgs[:run]) // on disk now: each may fall due
+			b.onDisk(t, msgs[:run]) // each may fall due now
 		}
 		t.mu.Unlock()
 		for _, m := range msgs[:run] {

@@ -48,7 +48,7 @@ func TestSimulation_PromisesHoldUnderFaults(t *testing.T) {
 	// The release loop reads the disk's DueIndex a second ahead, four
 	// records at a time: a marker, due 11.5 s on, waits on disk alone,
 	// and is found by a read across crashes and restarts.
-	readingAhead(t, time.Second, 4)
+	lookingAhead(t, time.Second, 4)
 	seeds := []uint64{*simSeed}
 	if *simSeed == 0 {
 		seeds = seeds[:0]
