@@ -8,8 +8,11 @@
 // and cursor moves atomically and durably; Read returns a topic's
 // messages after a seq, in seq order; Topics returns every topic's head,
 // which survives the log being trimmed empty; Cursor reads a durable
-// cursor. The broker's committer gathers the batches (group commit);
-// this package writes each one in one transaction and one sync.
+// cursor. It is a DueIndex too (section "Delayed delivery"): Due and
+// Waiting find what waits in the $delayed logs, by due time and by
+// message_id. The broker's committer gathers the batches (group
+// commit); this package writes each one in one transaction and one
+// sync.
 //
 // # The mechanism
 //

@@ -2,6 +2,10 @@
 // PopSub, under the broker's tests (as a Store) and under the lab's disk
 // (as the contents a sync leaves, and a power cut keeps).
 //
+// A store is also a popsub.DueIndex, as boltstore is: Due and Waiting
+// find the records that wait in the $delayed logs, here by looking at
+// every record, so that the broker's tests run that path.
+//
 // A batch applies as popsub.Batch says: its messages are appended, each
 // deleting the record of another log it names (a delayed message's, sent
 // when due), then the trims and single deletes, then the heads and the
@@ -178,7 +182,7 @@ func (s *Store[M]) Due(until int64, n int,
 	s.mu.Unlock()
 	slices.SortFunc(due, func(a, b Record) int {
 		return cmp.Or(cmp.Compare(a.DeliverAt, b.DeliverAt),
-			cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Seq, b.Seq))
+			cmp.Compare(a.Seq, b.Seq), cmp.Compare(a.Topic, b.Topic))
 	})
 	for _, r := range due[:min(n, len(due))] {
 		found(r.Topic, r.Seq, r.DeliverAt)
