@@ -363,9 +363,10 @@ func writeFrame(b *testing.B, ws *websocket.Conn, frame string) {
 // BenchmarkStart_WithAFullDelayedLog measures New on a bbolt file whose
 // $delayed log holds as much as the default bounds let one topic (and
 // one token) keep waiting: 10,000 small messages, or 64 MiB of large
-// ones. Each op is one start, loading the log and scheduling every
-// message, and the Shutdown after it; heap-B/message is what a waiting
-// message keeps of the broker's heap once started (never its payload).
+// ones. Each op is one start, reading the log to count what waits (the
+// index of when each is due stays on disk, bbolt's), and the Shutdown
+// after it; heap-B/message is what a waiting message keeps of the
+// broker's heap once started: nothing, until it is near due.
 func BenchmarkStart_WithAFullDelayedLog(b *testing.B) {
 	for _, payload := range []int{64, 256 << 10} {
 		b.Run(fmt.Sprintf("payload=%d", payload), func(b *testing.B) {
