@@ -411,6 +411,10 @@ func (s *docServer) setup(lines []string, where string) {
 	for named := range s.others {
 		s.stopOther(named, where)
 	}
+	// A new tutorial's broker listens where nothing has yet, as a
+	// reader's new terminal would: twice under load the last tutorial's
+	// address was still held when the next one's broker came to bind it.
+	s.address = ""
 	for _, command := range s.commands("setup", lines, where) {
 		switch {
 		case strings.HasPrefix(command, "export "):
@@ -668,7 +672,8 @@ func startServeLines(t *testing.T, args []string) ([]string, func() error) {
 	go io.Copy(io.Discard, out)
 	if len(banner) == 0 {
 		cancel()
-		t.Fatalf("serve %v printed nothing: %v", args, <-result)
+		err := <-result
+		t.Fatalf("serve %v printed nothing: %v%s", args, err, holders(err))
 	}
 	// stop may be called again (a test that failed between a stop and
 	// the next start): it returns what the first call did, rather than
@@ -682,6 +687,18 @@ func startServeLines(t *testing.T, args []string) ([]string, func() error) {
 	})
 	t.Cleanup(func() { cancel() })
 	return banner, stop
+}
+
+// holders lists, for an address in use, the sockets on its port (ss
+// -tanp), so that a failure says who held it; "" for any other error.
+func holders(err error) string {
+	m := regexp.MustCompile(`listen on [0-9.]+:(\d+): .*in use`).
+		FindStringSubmatch(fmt.Sprint(err))
+	if m == nil {
+		return ""
+	}
+	out, _ := exec.Command("ss", "-tanp", "sport = :"+m[1]).CombinedOutput()
+	return "\nsockets on port " + m[1] + ":\n" + string(out)
 }
 
 // export sets NAME=value for the commands that follow. A value with "…"
