@@ -3759,8 +3759,9 @@ func (m *Message) Releases() (log string, seq uint64) {
 // delays are the delayed messages waiting in the broker's $delayed logs,
 // in a queue.Schedule by due time, and how many, and how many bytes,
 // each $delayed log and each token has waiting. The zero value is
-// empty: a restart schedules what it loads before b.startFeatures makes
-// sooner, and the release loop's first turn finds it.
+// empty: a restart schedules what it loads (on a DueIndex, nothing)
+// before b.startFeatures makes sooner, and the release loop's first turn
+// finds it, or reads it from the DueIndex.
 type delays struct {
 	// mu guards the fields below; nothing is locked under it.
 	mu     sync.Mutex
@@ -3796,7 +3797,8 @@ type DueIndex interface {
 }
 
 // What the release loop reads of a DueIndex at a time: what falls due
-// within lookAhead, at most lookAheadMax records.
+// within lookAhead, at most lookAheadMax records. Variables, so that a
+// test can make a minute a second, and the reads many.
 var (
 	lookAhead    = time.Minute
 	lookAheadMax = 1024
@@ -3814,8 +3816,9 @@ type load struct{ messages, bytes int }
 
 // waitingRoom is a publish rule: it explains why m, a delayed publish,
 // would pass a bound on what waits for its topic or its publisher, or
-// returns a zero reply. Delayed publishes to one topic at the same
-// moment may pass it by one each.
+// returns a zero reply; a repeat of one waiting (b.recall) takes no
+// room, and passes. Delayed publishes to one topic at the same moment
+// may pass it by one each.
 func waitingRoom(c *connection, m *Message, _ frame) reply {
 	if m.DeliverAt == 0 {
 		return reply{}
@@ -4046,6 +4049,9 @@ func (b *Broker) nearDue(now int64) int64 {
 		}
 		d.hold(w, at[i])
 	}
+	// A full read of what due holds already (a thousand sends the log
+	// refused, retried a second later) would be read again at once: the
+	// next read waits that second.
 	if len(found) == lookAheadMax {
 		if d.horizon = at[len(at)-1]; added == 0 {
 			return now + time.Second.Milliseconds()
@@ -4355,8 +4361,8 @@ func (b *Broker) remember(t *topic, m *Message) {
 }
 
 // drop drops the entries of t's index that match, wherever they are,
-// with their ids and their bytes, and a $delayed log's from what their
-// tokens have waiting. The caller holds t.mu.
+// with their ids and their bytes, and a $delayed log's from what it and
+// their tokens have waiting. The caller holds t.mu.
 func (b *Broker) drop(t *topic, match func(entry) bool) {
 	delayed := strings.HasPrefix(t.name, DelayedPrefix)
 	t.index.Drop(func(e entry) bool {
