@@ -528,3 +528,78 @@ func TestDelay_WhatWaitsStaysOnDiskThroughARestart(t *testing.T) {
 		}, "nothing left in the DueIndex once all were sent")
 	}
 }
+
+// sentWhileRead is the tests' store in memory with a hook that runs in
+// the middle of a DueIndex's Waiting, after the read, before it returns.
+type sentWhileRead struct {
+	*memoryStore
+	during func()
+}
+
+// Waiting reads as the store does, then runs during, once.
+func (s *sentWhileRead) Waiting(log, publisher, id string) (uint64, bool,
+	error) {
+	seq, ok, err := s.memoryStore.Waiting(log, publisher, id)
+	if during := s.during; during != nil {
+		s.during = nil
+		during()
+	}
+	return seq, ok, err
+}
+
+// A repeat of a waiting delayed message whose read of the DueIndex finds
+// it just as it is sent leaves no id behind in its $delayed log, which
+// nothing would ever forget: the repeat is stored as a new message, and
+// dropped when due as a repeat in its topic is. The message is delivered
+// once.
+func TestDelay_ARepeatReadAsItsFirstIsSentLeavesNoID(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &sentWhileRead{memoryStore: newMemoryStore()}
+		b, worker, wake := fakeBroker(t, Options{Store: store})
+		publisher, publisherWake := fakeConnection(b, "publisher")
+		defer b.unregister(publisher)
+		publish := []byte(`{"type":"publish","topic":"jobs","payload":1,` +
+			`"qos":1,"message_id":"m","delay_ms":1000}`)
+		publisher.handle(publish)
+		if g := nextFrame(t, publisher, publisherWake); g.Type != "published" {
+			t.Fatalf("got %+v, want published", g)
+		}
+		synctest.Wait() // on disk: the log forgot its id
+
+		// The repeat reads m on disk; before the read returns, m falls
+		// due and is sent.
+		store.during = func() {
+			time.Sleep(time.Second)
+			synctest.Wait()
+		}
+		publisher.handle(publish)
+		if g := nextFrame(t, publisher, publisherWake); g.Type != "published" ||
+			g.Duplicate {
+			t.Fatalf("got %+v, want published, stored again", g)
+		}
+		g := nextFrame(t, worker, wake)
+		if g.MessageID != "m" {
+			t.Fatalf("got %+v, want m", g)
+		}
+		worker.handle(fmt.Appendf(nil,
+			`{"type":"ack","topic":"jobs","seq":%d}`, g.Seq))
+		time.Sleep(2 * time.Second) // the repeat falls due, and is dropped
+		synctest.Wait()
+
+		waiting := b.topic("$delayed/jobs")
+		waiting.mu.Lock()
+		ids := len(waiting.ids)
+		waiting.mu.Unlock()
+		b.delays.mu.Lock()
+		counted := b.delays.logs[waiting]
+		b.delays.mu.Unlock()
+		if ids != 0 || counted.messages != 0 {
+			t.Fatalf("$delayed/jobs remembers %d ids and counts %d waiting, "+
+				"want none", ids, counted.messages)
+		}
+		worker.handle([]byte(`{"type":"ping"}`))
+		if g := nextFrame(t, worker, wake); g.Type != "pong" {
+			t.Fatalf("got %+v after m, want only a pong: m sent twice", g)
+		}
+	})
+}

@@ -3871,7 +3871,16 @@ func (b *Broker) recall(t *topic, m *Message) bool {
 	t.mu.Lock()
 	t.ids[m.key()] = seq
 	t.mu.Unlock()
-	return true
+	// Sent between the read and the line above, its id would stay in t
+	// for good (b.unpark found nothing to forget): a second read, after
+	// it, finds the record gone, and the repeat is a new message then.
+	_, ok, err = b.delays.disk.Waiting(t.name, m.publisher, m.ID)
+	if !ok && err == nil {
+		t.mu.Lock()
+		t.forgetID(m.key(), seq)
+		t.mu.Unlock()
+	}
+	return ok || err != nil
 }
 
 // park counts m, just stored in $delayed log t or loaded from it,
@@ -3898,8 +3907,8 @@ func (b *Broker) park(t *topic, m *Message) bool {
 // The caller holds t.mu.
 func (b *Broker) onDisk(t *topic, msgs []*Message) {
 	for _, m := range msgs {
-		if b.delays.disk != nil && t.ids[m.key()] == m.Seq {
-			delete(t.ids, m.key())
+		if b.delays.disk != nil {
+			t.forgetID(m.key(), m.Seq)
 		}
 		b.delays.schedule(waiting{t, m.Seq}, m.DeliverAt)
 	}
@@ -3910,9 +3919,7 @@ func (b *Broker) onDisk(t *topic, msgs []*Message) {
 // sent, or its batch failed. The caller holds t.mu.
 func (b *Broker) unpark(t *topic, m *Message) {
 	b.delays.count(t, m.publisher, -1, -m.size())
-	if t.ids[m.key()] == m.Seq {
-		delete(t.ids, m.key())
-	}
+	t.forgetID(m.key(), m.Seq)
 }
 
 // schedule has w, on disk in its $delayed log, wait until due, in Unix
@@ -4376,14 +4383,19 @@ func (b *Broker) drop(t *topic, match func(entry) bool) {
 	})
 }
 
-// unindexed forgets e's id and bytes, as e leaves t's index. An id is
-// forgotten only if it still points at e: a later message may have
-// reused it after e's was trimmed. The caller holds t.mu.
+// unindexed forgets e's id and bytes, as e leaves t's index. The caller
+// holds t.mu.
 func (t *topic) unindexed(e entry) {
-	if e.key.id != "" && t.ids[e.key] == e.seq {
-		delete(t.ids, e.key)
-	}
+	t.forgetID(e.key, e.seq)
 	t.bytes -= e.size
+}
+
+// forgetID forgets the id k if it still names seq: a later message may
+// have reused it after seq's was trimmed or sent. The caller holds t.mu.
+func (t *topic) forgetID(k messageKey, seq uint64) {
+	if t.ids[k] == seq {
+		delete(t.ids, k)
+	}
 }
 
 // forget drops the oldest n entries of the index and returns the seq of
