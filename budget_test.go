@@ -24,7 +24,7 @@ import (
 )
 
 // The budget of popsub.go, from STYLE.md. Two of them are over STYLE.md's,
-// and say by how much: the file is about 375 code lines over its 2,200
+// and say by how much: the file is about 380 code lines over its 2,200
 // (136 of them the delayed messages' horizon over a DueIndex, a detail),
 // and the first reading, priced as a reader pays it (5 lines a minute
 // where code locks, starts a goroutine or selects), takes about 242
@@ -35,7 +35,7 @@ import (
 const (
 	budgetFirstReading  = 1140 // code lines in first-reading sections
 	budgetMinutes       = 243  // the first reading, priced; the goal is 180
-	budgetCode          = 2575 // code lines in the file; STYLE.md's 2,200
+	budgetCode          = 2579 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function

@@ -285,6 +285,31 @@ func TestDelay_RefusesWhatItCannotDo(t *testing.T) {
 	}
 }
 
+// A $delayed log is the broker's own: a token granted one may read it,
+// but a message put there by hand would wait with no due time, so a
+// publish to one is refused, with a delay or without.
+func TestDelay_OnlyTheBrokerPublishesToADelayedLog(t *testing.T) {
+	ts := startBroker(t, Options{})
+	c := ts.dialWith("admin", Claims{Publish: []string{"#", "$delayed/#"}})
+	for _, delayed := range []bool{false, true} {
+		f := map[string]any{"type": "publish", "topic": "$delayed/jobs",
+			"payload": 1, "qos": 1, "message_id": "m"}
+		if delayed {
+			f["delay_ms"] = 100
+		}
+		c.send(f)
+		if g := c.expectError("invalid_topic"); g.Topic != "$delayed/jobs" ||
+			g.MessageID != "m" {
+			t.Fatalf("%v: got %+v, want it to name the topic and m", f, g)
+		}
+	}
+	c.send(map[string]any{"type": "publish", "topic": "jobs", "payload": 1,
+		"qos": 1, "delay_ms": 100})
+	if g := c.expect("published"); g.Topic != "$delayed/jobs" || g.Seq != 1 {
+		t.Fatalf("got %+v, want the first message of $delayed/jobs", g)
+	}
+}
+
 func TestDelay_ARefusalNamesTheFirstRuleItBreaks(t *testing.T) {
 	// The rules are asked in turn: the token's grants, then the times,
 	// then the bound on what waits; the publish rate comes last.

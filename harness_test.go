@@ -208,6 +208,7 @@ var Behaviour = map[string]func(*testing.T){
 	"TestExpiry_TravelsWithTheMessageAndRefusesATTLThatPassed":  TestExpiry_TravelsWithTheMessageAndRefusesATTLThatPassed,
 	"TestDeadLetters_TwoPlainSubscriptionsGiveUpEachItsOwn":     TestDeadLetters_TwoPlainSubscriptionsGiveUpEachItsOwn,
 	"TestDelay_RefusesWhatItCannotDo":                           TestDelay_RefusesWhatItCannotDo,
+	"TestDelay_OnlyTheBrokerPublishesToADelayedLog":             TestDelay_OnlyTheBrokerPublishesToADelayedLog,
 	"TestDelay_SentWhenDueWithItsTimeOnEitherEngine":            TestDelay_SentWhenDueWithItsTimeOnEitherEngine,
 	"TestDelay_ARefusalNamesTheFirstRuleItBreaks":               TestDelay_ARefusalNamesTheFirstRuleItBreaks,
 	"TestOverlap_AnAckMovesADurableCursorBesideAWildcard":       TestOverlap_AnAckMovesADurableCursorBesideAWildcard,

@@ -3710,8 +3710,14 @@ const DelayedPrefix = "$delayed/"
 // to wait in $delayed/<topic>; or it explains what is wrong with them. A
 // ttl_ms of 0 or less has passed already: refused, not published to be
 // dropped; a delayed message's counts from when it is due. A time
-// already past is no delay.
+// already past is no delay. Only the broker writes to a $delayed log: a
+// message put there by hand, even by a token granted it, would have no
+// due time to be found by.
 func times(c *connection, m *Message, f frame) reply {
+	if strings.HasPrefix(f.Topic, DelayedPrefix) {
+		return topicError("invalid_topic", "only the broker publishes to "+
+			"$delayed/: give delay_ms or deliver_at instead", f.Topic)
+	}
 	if f.TTLMS == nil && f.DelayMS == nil && f.DeliverAt == nil {
 		return reply{} // most publishes: no clock read
 	}
