@@ -2405,8 +2405,9 @@ func (o Options) ready() (Options, error) {
 }
 
 // init puts the publish rules in the order they are asked: a token's
-// grants (mayPublish, Topic rules), then ttl_ms and a delay (times,
-// Delayed delivery), then the bound on what waits (waitingRoom); and
+// grants (mayPublish, Topic rules), then ttl_ms and a delay, and no
+// publish to a $delayed log (times, Delayed delivery), then the bound
+// on what waits (waitingRoom); and
 // the subscribe kinds, a wildcard's (which may have no group) first.
 func init() {
 	publishRules = append(publishRules, mayPublish, times, waitingRoom)
