@@ -35,7 +35,7 @@ import (
 const (
 	budgetFirstReading  = 1140 // code lines in first-reading sections
 	budgetMinutes       = 243  // the first reading, priced; the goal is 180
-	budgetCode          = 2579 // code lines in the file; STYLE.md's 2,200
+	budgetCode          = 2578 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function

@@ -4081,14 +4081,14 @@ func (b *Broker) nearDue(now int64) int64 {
 // shared log) is forgotten.
 func (b *Broker) release(due []waiting) {
 	var sent []*outcome
-	var done, sending, later []waiting
-	records := map[waiting]*Message{}
+	var sending, later []waiting
+	// done maps each one sent or gone to its record (nil: gone).
+	done, records := map[waiting]*Message{}, map[waiting]*Message{}
 	for _, w := range due {
 		record, m, gone := b.readDelayed(w)
-		records[w] = record
 		switch {
 		case gone:
-			done = append(done, w)
+			done[w] = nil
 		case m == nil:
 			later = append(later, w)
 		default:
@@ -4104,16 +4104,18 @@ func (b *Broker) release(due []waiting) {
 				stored = b.log.Barrier()
 			}
 			sent, sending = append(sent, stored), append(sending, w)
+			records[w] = record
 		}
 	}
 	for i, stored := range sent {
+		w := sending[i]
 		if <-stored.Done(); stored.Err() != nil {
-			later = append(later, sending[i])
+			later = append(later, w)
 		} else {
-			done = append(done, sending[i])
+			done[w] = records[w]
 		}
 	}
-	b.forgetDelayed(done, records)
+	b.forgetDelayed(done)
 	for _, w := range later {
 		b.delays.schedule(w, time.Now().Add(time.Second).UnixMilli())
 	}
@@ -4139,30 +4141,29 @@ func (b *Broker) readDelayed(w waiting) (record, m *Message, gone bool) {
 	return msgs[0], &copied, false
 }
 
-// forgetDelayed drops list, sent or gone, from what their $delayed logs
-// and their tokens have waiting: on a DueIndex by their records (only a
-// shared log, which keeps none, loses one to another broker), otherwise
-// from the logs' indexes, one pass over each.
-func (b *Broker) forgetDelayed(list []waiting,
-	records map[waiting]*Message) {
-	if b.delays.disk != nil {
-		for _, w := range list {
-			if m := records[w]; m != nil {
-				w.log.mu.Lock()
-				b.unpark(w.log, m)
-				w.log.mu.Unlock()
-			}
+// forgetDelayed drops done, messages sent or gone, from what their
+// $delayed logs and their tokens have waiting: on a DueIndex by their
+// records (one gone has none: only a shared log, which keeps no
+// DueIndex, loses one to another broker), otherwise from the logs'
+// indexes, one pass over each.
+func (b *Broker) forgetDelayed(done map[waiting]*Message) {
+	logs := map[*topic]bool{}
+	for w, record := range done {
+		switch {
+		case b.delays.disk == nil:
+			logs[w.log] = true
+		case record != nil:
+			w.log.mu.Lock()
+			b.unpark(w.log, record)
+			w.log.mu.Unlock()
 		}
-		return
-	}
-	gone, logs := map[waiting]bool{}, map[*topic]bool{}
-	for _, w := range list {
-		gone[w] = true
-		logs[w.log] = true
 	}
 	for t := range logs {
 		t.mu.Lock()
-		b.drop(t, func(e entry) bool { return gone[waiting{t, e.seq}] })
+		b.drop(t, func(e entry) bool {
+			_, listed := done[waiting{t, e.seq}]
+			return listed
+		})
 		t.mu.Unlock()
 	}
 }
