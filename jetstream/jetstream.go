@@ -95,6 +95,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/popsub/popsub"
+	"github.com/popsub/popsub/queue"
 	"github.com/popsub/popsub/wire"
 )
 
@@ -131,6 +132,9 @@ type Log struct {
 	// stop ends the loops; loops waits for them.
 	stop  chan struct{}
 	loops sync.WaitGroup
+	// rewatch is signalled when the connection to NATS comes back: the
+	// bucket's watch is made again at once (watchTopics).
+	rewatch chan struct{}
 	// feed is the broker's, from Follow.
 	feed func(*popsub.Message)
 
@@ -205,7 +209,9 @@ func Open(opts Options) (*Log, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	nc, err := connect(opts.URL, opts.Logger)
+	rewatch := make(chan struct{}, 1)
+	nc, err := connect(opts.URL, opts.Logger,
+		func() { queue.Notify(rewatch) })
 	if err != nil {
 		return nil, err
 	}
@@ -229,8 +235,9 @@ func Open(opts Options) (*Log, error) {
 		return nil, err
 	}
 	l := &Log{opts: opts, nc: nc, js: js, acks: make(chan pendingAck, window),
-		stop: make(chan struct{}), streams: map[string]*stream{},
-		local: map[string][]*popsub.Message{}, listed: map[string]bool{}}
+		stop: make(chan struct{}), rewatch: rewatch,
+		streams: map[string]*stream{},
+		local:   map[string][]*popsub.Message{}, listed: map[string]bool{}}
 	if err := l.openBuckets(); err != nil {
 		nc.Close()
 		return nil, err
@@ -241,8 +248,9 @@ func Open(opts Options) (*Log, error) {
 }
 
 // connect connects to NATS for good: it reconnects for as long as the
-// broker runs, and says so in the log.
-func connect(url string, logger *slog.Logger) (*nats.Conn, error) {
+// broker runs, says so in the log, and calls reconnected each time.
+func connect(url string, logger *slog.Logger,
+	reconnected func()) (*nats.Conn, error) {
 	// Never give up reconnecting, a quarter second apart: a broker whose
 	// NATS restarts must come back to it, and its publishes wait (up to
 	// AnswerBound) rather than fail while it does.
@@ -255,6 +263,7 @@ func connect(url string, logger *slog.Logger) (*nats.Conn, error) {
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			logger.Info("nats reconnected", "url", nc.ConnectedUrl())
+			reconnected()
 		}))
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats %s: %w (is a nats-server "+
@@ -849,8 +858,12 @@ func (l *Log) Follow(feed func(*popsub.Message)) {
 func (l *Log) watchTopics() {
 	defer l.loops.Done()
 	// The watch ends with Close; a watch that fails (NATS away) is made
-	// again a second later, and reports every listed topic again, which
-	// learn takes as it took them the first time.
+	// again a second later, and one the connection came back under at
+	// once, and reports every listed topic again, which learn takes as it
+	// took them the first time. Left to the client library, a watch that
+	// NATS restarted under resumes only once it has missed its
+	// heartbeats: for that long, seconds, a topic made on another broker
+	// reached none of this broker's subscribers.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -859,9 +872,8 @@ func (l *Log) watchTopics() {
 	}()
 	for {
 		watcher, err := l.topics.WatchAll(ctx)
-		if err == nil {
-			l.followUpdates(watcher)
-			watcher.Stop()
+		if err == nil && l.followUpdates(watcher) {
+			continue
 		}
 		select {
 		case <-l.stop:
@@ -874,20 +886,25 @@ func (l *Log) watchTopics() {
 	}
 }
 
-// followUpdates learns each topic a watcher reports, until it ends.
-func (l *Log) followUpdates(watcher jetstream.KeyWatcher) {
+// followUpdates learns each topic a watcher reports, until it ends, or
+// until the connection comes back: then it reports true, and the watch
+// is to be made again. It stops the watcher.
+func (l *Log) followUpdates(watcher jetstream.KeyWatcher) bool {
+	defer watcher.Stop()
 	for {
 		select {
 		case entry, ok := <-watcher.Updates():
 			if !ok {
-				return
+				return false
 			}
 			if entry == nil || entry.Operation() != jetstream.KeyValuePut {
 				continue // the end of the initial values, or a delete
 			}
 			l.learn(string(entry.Value()))
+		case <-l.rewatch:
+			return true
 		case <-l.stop:
-			return
+			return false
 		}
 	}
 }

@@ -419,3 +419,69 @@ func TestWhileForming_WaitsOutAClusterStillForming(t *testing.T) {
 		t.Fatalf("%v after %d tries, want the error at once", err, tries)
 	}
 }
+
+// A topic made after NATS restarted reaches its subscriber on another
+// broker: a broker learns of new topics from the bucket's watch, which it
+// makes again as the connection comes back. Found from outside: after a
+// kill -9 of nats-server, a subscriber on one broker heard nothing of a
+// topic made on another for 9 to 30 seconds, until the client library
+// noticed that the old watch had gone quiet.
+func TestJetStream_ATopicMadeAfterNATSRestartsReachesItsSubscriber(
+	t *testing.T) {
+	port, dir := natstest.FreePort(t), t.TempDir()
+	options := func() *server.Options {
+		return &server.Options{Host: "127.0.0.1", Port: port,
+			JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true}
+	}
+	ns := natstest.Run(t, options())
+	a, b := startBroker(t, ns.ClientURL(), popsub.Options{}),
+		startBroker(t, ns.ClientURL(), popsub.Options{})
+	reader := b.dial("reader")
+	reader.subscribe("fresh", nil)
+	// B's first try to follow the topic finds no stream, and ends before
+	// NATS stops: seen starting, then not, or not seen within a second. A
+	// try still asking as NATS stops waits out its request's timeout, a
+	// path this test does not take.
+	s, seen := b.log.stream("fresh"), false
+	for end := time.Now().Add(time.Second); time.Now().Before(end); {
+		b.log.mu.Lock()
+		starting := s.starting
+		b.log.mu.Unlock()
+		if seen = seen || starting; seen && !starting {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	natstest.Run(t, options())
+
+	// The publisher sends until the log takes it, as a client does after
+	// store_failed; dedup keeps one copy.
+	publisher := a.dial("pat")
+	for attempt := 0; ; attempt++ {
+		publisher.send(map[string]any{"type": "publish",
+			"topic": "fresh", "qos": 1, "message_id": "f-1", "payload": 1})
+		if f := publisher.next(); f.Type == "published" {
+			break
+		} else if attempt == 50 {
+			t.Fatalf("publish: %+v after 50 attempts", f)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// The library's own recovery takes 5 s and more: 3 s is far above
+	// what the broker's takes (milliseconds) on a loaded machine, and
+	// below that.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	_, data, err := reader.ws.Read(ctx)
+	var m frame
+	if err == nil {
+		err = json.Unmarshal(data, &m)
+	}
+	if err != nil || m.Type != "message" || m.MessageID != "f-1" {
+		t.Fatalf("the reader on the other broker got %+v (%v), want f-1 "+
+			"within 3 s", m, err)
+	}
+}
