@@ -33,9 +33,9 @@ import (
 // alone"); until it lands, these caps hold the line where the file is
 // now, and the test's log prints each one's slack.
 const (
-	budgetFirstReading  = 1140 // code lines in first-reading sections
+	budgetFirstReading  = 1145 // code lines in first-reading sections
 	budgetMinutes       = 243  // the first reading, priced; the goal is 180
-	budgetCode          = 2578 // code lines in the file; STYLE.md's 2,200
+	budgetCode          = 2582 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function
@@ -345,11 +345,16 @@ func TestPopsubGo_PackageDocIsTheMap(t *testing.T) {
 }
 
 // The machine room: popsub.go's section that declares what the broker
-// needs of the packages under it, and the budget of its use.
+// needs of the packages under it, and the budget of its use. Package
+// queue's containers count as machinery since their contracts were
+// declared there (the outbox, the writers' pool, the fifo, notify):
+// most of the 25 functions that use the block read a fifo, an outbox or
+// a socket. STYLE.md's goal is 10 functions for details and packages
+// together.
 const (
 	contractsSection    = "The machine room"
-	budgetContracts     = 6 // declarations in the contracts block
-	budgetMachineCalls  = 8 // first-reading functions that use it
+	budgetContracts     = 11 // declarations in the contracts block
+	budgetMachineCalls  = 25 // first-reading functions that use it
 	machineRoomPackages = "github.com/popsub/popsub/"
 )
 
@@ -372,13 +377,11 @@ func TestPopsubGo_FirstReadingReachesTheMachineRoomOnlyThroughItsContracts(
 		return sectionOf(pos).Title == contractsSection
 	}
 	// Package wire is the protocol, not machinery: every client decodes
-	// with it. Package queue is a container the tables are made of, used
-	// as the standard library's slices is.
+	// with it.
 	machinePackage := func(p *types.Package) bool {
 		return p != nil && p != pkg &&
 			strings.HasPrefix(p.Path(), machineRoomPackages) &&
-			p.Path() != machineRoomPackages+"wire" &&
-			p.Path() != machineRoomPackages+"queue"
+			p.Path() != machineRoomPackages+"wire"
 	}
 
 	// The contracts: every declaration of the block, and the types its

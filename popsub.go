@@ -365,7 +365,7 @@ type Broker struct {
 	// writers runs each connection's writer while its outbox holds
 	// frames, on goroutines it keeps a moment for the next writer, whose
 	// stacks have grown already (queue.Workers); Shutdown ends them.
-	writers *queue.Workers
+	writers *workers
 	// shutdown makes Shutdown idempotent; shutdownErr is what the first
 	// call returned.
 	shutdown    sync.Once
@@ -424,7 +424,7 @@ type topic struct {
 	// index lists the retained messages in seq order, without payloads:
 	// a queue (index.Live lists them; the queues' detail says how it
 	// keeps its memory), taken from the front as messages expire.
-	index queue.Queue[entry]
+	index fifo[entry]
 	// bytes adds up the index's sizes, against MaxLogBytes.
 	bytes int
 	// ids maps the key of each retained QoS 1 message to its seq.
@@ -454,7 +454,7 @@ func New(opts Options) (*Broker, error) {
 	b := &Broker{opts: opts, logger: opts.Logger, store: opts.Store,
 		topics: map[string]*topic{}, durables: map[string]*subscription{},
 		wildcards: map[*subscription]struct{}{}, stop: make(chan struct{}),
-		connections: map[*connection]struct{}{}, writers: &queue.Workers{},
+		connections: map[*connection]struct{}{}, writers: &workers{},
 		largeFrames: make(chan struct{},
 			max(1, largeFramesBytes/opts.MaxFrameBytes))}
 
@@ -639,6 +639,33 @@ type Socket interface {
 // subscriber in one write.
 type wakeups = queue.Wakeups
 
+// outbox is a connection's frames for its writer, at most a bound of
+// bytes (queue.Outbox; The queues, a detail, says how it keeps its
+// memory). newOutbox(limit, write, b.writers) makes one whose writer,
+// write, runs on b.writers. Push queues frames, all or none, and starts
+// the writer if none runs; PushWithin queues within a lower bound and
+// owes the start to a wakeups; Take hands the writer every frame queued,
+// in order, and none once it is to exit, when recycle(batch) takes its
+// array back.
+type outbox = queue.Outbox
+
+// newOutbox and recycle make an outbox and take back a writer's array.
+var newOutbox, recycle = queue.NewOutbox, queue.Recycle
+
+// workers keeps the goroutines of writers that finished a second, for
+// the next (queue.Workers); Stop ends them.
+type workers = queue.Workers
+
+// fifo is a queue of Ts (queue.Queue), taken from the front without
+// copying: Live lists the items, oldest first; Insert puts one at a
+// place, at the back usually; Remove drops a run of them, and Drop those
+// that match.
+type fifo[T any] = queue.Queue[T]
+
+// notify signals ch, a channel of capacity one, without waiting: a
+// signal already pending says the same (queue.Notify).
+var notify = queue.Notify
+
 // commitLog is the committer, b.log (package groupcommit): one goroutine
 // that writes what is queued in one transaction and one sync, taking a
 // batch at once when someone waits for it, or after 5 ms of company.
@@ -786,7 +813,7 @@ func (b *Broker) newConnection(ws Socket, remote string) *connection {
 		room: make(chan struct{}, 1), done: make(chan struct{}),
 		subscriptions: map[string]*subscription{},
 		unacked:       map[string]*pendingQueue{}}
-	c.outbox = queue.NewOutbox(b.opts.OutboxBytes, c.writeLoop, b.writers)
+	c.outbox = newOutbox(b.opts.OutboxBytes, c.writeLoop, b.writers)
 	if r := b.opts.PublishRate; r > 0 {
 		c.limiter = rate.NewLimiter(rate.Limit(r), int(max(r, 1)))
 	}
@@ -1514,16 +1541,16 @@ func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 // write the outbox stays marked as written, so no writer starts again:
 // the reader is about to see the socket closed. The outbox and its
 // writer trade arrays at each Take, and the writer's goes back to a pool
-// when it exits (queue.Recycle).
+// when it exits (recycle).
 func (c *connection) writeLoop() {
 	var batch [][]byte
-	defer func() { queue.Recycle(batch) }()
+	defer func() { recycle(batch) }()
 	for ok := true; ok; {
 		batch = c.outbox.Take(batch[:0])
 		if len(batch) == 0 {
 			return
 		}
-		queue.Notify(c.room)
+		notify(c.room)
 		ok = c.writeBatch(batch)
 	}
 }
@@ -1638,11 +1665,10 @@ type pending struct {
 }
 
 // pendingQueue is one topic's pending deliveries on one connection, in
-// seq order: a queue.Queue (the queues' detail says how it keeps its
-// memory), acks taking from its front and new deliveries going on its
-// back.
+// seq order: a fifo, acks taking from its front and new deliveries going
+// on its back.
 type pendingQueue struct {
-	queue.Queue[pending]
+	fifo[pending]
 }
 
 // bySeq compares a pending delivery with a seq, for binary searches.
@@ -1787,7 +1813,7 @@ func (c *connection) ack(f frame) {
 		return
 	}
 	c.mu.Lock()
-	defer queue.Notify(c.room)
+	defer notify(c.room)
 	defer c.mu.Unlock()
 
 	// Up to seq: everything before the first entry past it.
@@ -3228,24 +3254,16 @@ func (cf confirm) answer() []byte {
 
 // # The queues (detail)
 //
-// The broker keeps three queues: each connection's outbox, the frames
-// waiting for its writer; each connection's pending deliveries, the QoS 1
-// deliveries waiting for acks (a pendingQueue per topic); and each
-// topic's index of retained messages. The first reading says why each
-// exists and when it is used; here is how each keeps its order and its
-// memory. All are appended to at the back and taken from at the front,
-// and all must cost nothing for an idle connection or a quiet topic: a
+// The broker keeps three queues, each appended to at the back and taken
+// from at the front: each connection's outbox, its pending deliveries (a
+// pendingQueue per topic), and each topic's index of retained messages.
+// All must cost nothing for an idle connection or a quiet topic: a
 // channel or a ring sized up front would cost its whole size for each of
-// the ten thousand idle connections a small server may hold. The outbox
-// (a queue.Outbox) bounds bytes, and hands its array to the writer and
-// back; the other two are a queue.Queue: Live returns the items, oldest
-// first; Insert puts one at a place, at the back usually; Remove drops a
-// run of them, and Drop those that match. Taking from the front copies
-// nothing, and a queue that stays about as long allocates nothing.
-
-// outbox is a connection's queue of frames for its writer, a
-// queue.Outbox: its header says how it keeps its memory.
-type outbox = queue.Outbox
+// the ten thousand idle connections a small server may hold. So the
+// outbox hands its array to the writer and takes the written one back,
+// and gives it to a pool once drained; a fifo copies nothing as it is
+// taken from the front, and one that stays about as long allocates
+// nothing.
 
 // # Work queues (detail)
 //
@@ -3601,7 +3619,7 @@ func (c *connection) nak(f frame) {
 			c.settleOne(p, "dead_lettered")
 		}
 		c.mu.Unlock()
-		queue.Notify(c.room)
+		notify(c.room)
 		for i := range naked {
 			c.broker.deadLetter(naked[i], c, cmp.Or(f.Reason, "rejected"))
 		}
@@ -3951,7 +3969,7 @@ func (d *delays) hold(w waiting, due int64) {
 		d.held[w] = true
 	}
 	if d.due.Add(due, w) {
-		queue.Notify(d.sooner)
+		notify(d.sooner)
 	}
 }
 
