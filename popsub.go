@@ -422,8 +422,8 @@ type topic struct {
 	// lastTime is the newest timestamp given, in Unix milliseconds.
 	lastTime int64
 	// index lists the retained messages in seq order, without payloads:
-	// a queue (index.Live lists them; the queues' detail says how it
-	// keeps its memory), taken from the front as messages expire.
+	// a fifo (index.Live lists them), taken from the front as messages
+	// leave.
 	index fifo[entry]
 	// bytes adds up the index's sizes, against MaxLogBytes.
 	bytes int
