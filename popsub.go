@@ -18,10 +18,12 @@
 //     has it; a QoS 1 publish is confirmed once it is on disk, so a
 //     confirmed message survives kill -9 and power loss. After a crash,
 //     seqs go on past any a subscriber may have seen: none is reused.
-//   - Memory is bounded under any burst. A subscriber is cut off (4008)
-//     only when it fails to drain: its socket takes nothing for a write
-//     timeout. One that reads, but is overtaken by more than the log
-//     keeps, is told what it missed ("skipped") and goes on.
+//   - Memory is bounded under any burst of messages. A subscriber is cut
+//     off (4008) only when it fails to drain: its socket takes nothing
+//     for a write timeout. One that reads, but is overtaken by more than
+//     the log keeps, is told what it missed ("skipped") and goes on. Not
+//     bounded: topic names; each topic a client names stays in memory
+//     until a restart (docs/security.md).
 //
 // On its own it does not replicate, order messages across topics, or
 // speak TLS. Several brokers can share one log on NATS JetStream (the
