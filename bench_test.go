@@ -54,7 +54,7 @@ func BenchmarkFanOut(b *testing.B) {
 				c, _ := fakeConnection(broker, fmt.Sprint("s", i))
 				defer broker.unregister(c)
 				connections = append(connections, c)
-				s := c.newSubscription("bench", t, "")
+				s := c.newSubscription("bench", broker.pinTopic("bench"), "")
 				s.live = true
 				t.subscribers[s] = struct{}{}
 			}

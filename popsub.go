@@ -22,8 +22,8 @@
 //     off (4008) only when it fails to drain: its socket takes nothing
 //     for a write timeout. One that reads, but is overtaken by more than
 //     the log keeps, is told what it missed ("skipped") and goes on. Not
-//     bounded: topic names; each topic a client names stays in memory
-//     until a restart (docs/security.md).
+//     bounded: how many subscriptions a connection holds
+//     (docs/security.md).
 //
 // On its own it does not replicate, order messages across topics, or
 // speak TLS. Several brokers can share one log on NATS JetStream (the
@@ -32,7 +32,7 @@
 //
 // # Reading path
 //
-// The broker's behaviour is this file, about 2,600 lines of code, 1,100
+// The broker's behaviour is this file, about 2,600 lines of code, 1,200
 // of them on the first reading, which takes about 4 hours at 150 words
 // of prose and 8 lines of code a minute, 5 where the code locks, starts
 // a goroutine or selects. You follow a message: options
@@ -345,8 +345,8 @@ type Broker struct {
 	// mu guards the tables below. It is held for look-ups and small
 	// changes, never across a socket write or a disk access.
 	mu sync.RWMutex
-	// topics maps every exact topic name to its topic; topics are never
-	// removed while the broker runs, so a *topic stays valid.
+	// topics maps every exact topic name to its topic. One that never had
+	// a message is forgotten when its last subscription ends (Retention).
 	topics map[string]*topic
 	// wildcards holds the live-only subscriptions with + or #.
 	wildcards map[*subscription]struct{}
@@ -433,6 +433,12 @@ type topic struct {
 	ids map[messageKey]uint64
 	// subscribers are the exact-topic subscriptions, replaying or live.
 	subscribers map[*subscription]struct{}
+	// gone is set once the broker forgot the topic: whoever finds it so
+	// looks the name up again (b.lockTopic). pins counts the subscriptions
+	// that hold it, subscribed or on their way (Retention); it is guarded
+	// by the broker's lock, not this one.
+	gone bool
+	pins int
 }
 
 // entry is what the broker remembers of a retained message without its
@@ -499,6 +505,21 @@ func (b *Broker) topic(name string) *topic {
 		b.topics[name] = t
 	}
 	return t
+}
+
+// lockTopic returns the topic called name, made on first use, locked: a
+// publisher's and the shared log's feed's way in. A topic that never had
+// a message may be forgotten between the look-up and the lock
+// (Retention): then it is looked up again.
+func (b *Broker) lockTopic(name string) *topic {
+	for {
+		t := b.topic(name)
+		t.mu.Lock()
+		if !t.gone {
+			return t
+		}
+		t.mu.Unlock()
+	}
 }
 
 // firstSeq is the oldest retained seq, or head+1 when the log is empty.
@@ -1142,8 +1163,10 @@ func (s *subscription) ended() bool {
 }
 
 // subscribeTopic subscribes to an exact topic: reply, replay, then live.
+// b.pinTopic finds the topic, or makes it, and keeps it from being
+// forgotten until s ends (Retention).
 func (c *connection) subscribeTopic(f frame) {
-	b, t := c.broker, c.broker.topic(f.Topic)
+	b, t := c.broker, c.broker.pinTopic(f.Topic)
 	s := c.newSubscription(f.Topic, t, f.Durable)
 
 	// A durable name resumes from its cursor, which wins over after:
@@ -1267,7 +1290,8 @@ func (b *Broker) unsubscribe(s *subscription) {
 	c := s.conn
 	var left []pending
 	c.mu.Lock()
-	if !s.ended() {
+	first := !s.ended()
+	if first {
 		close(s.cancel)
 		b.xray.subscription("unsubscribed", s)
 	}
@@ -1284,9 +1308,14 @@ func (b *Broker) unsubscribe(s *subscription) {
 	}
 	c.mu.Unlock()
 	// A departed member's deliveries go to the others at once, as their
-	// next attempts.
+	// next attempts. Last, once, b.unpin lets go of the topic, and
+	// forgets it if it never had a message and nothing else holds it
+	// (Retention).
 	if s.shares != nil {
 		s.shares.handOn(left, nil)
+	}
+	if first && s.topic != nil {
+		b.unpin(s.topic)
 	}
 }
 
@@ -1404,8 +1433,7 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 	if !b.log.Admit(m.size(), m.QoS == 1, done, wake.Start) {
 		return 0, false, nil
 	}
-	t := b.topic(m.Topic)
-	t.mu.Lock()
+	t := b.lockTopic(m.Topic)
 	defer t.mu.Unlock()
 
 	// The next seq must be one the stored head covers, so that no crash
@@ -3336,7 +3364,7 @@ func subscribeGroup(c *connection, f frame) bool {
 	}
 	// A failed join joins too, and leaves at once, so that the group
 	// counts nobody as joining it any more.
-	s := c.newSubscription(f.Topic, c.broker.topic(f.Topic), "")
+	s := c.newSubscription(f.Topic, c.broker.pinTopic(f.Topic), "")
 	g, r, start, ok := c.broker.prepareJoin(s, f)
 	c.reply(r)
 	g.join(s, start)
@@ -3364,6 +3392,7 @@ func (b *Broker) prepareJoin(s *subscription,
 		g = &group{broker: b, cursor: durableCursor{key: key}}
 		g.sub = &subscription{filter: t.name, topic: t, to: g,
 			cancel: make(chan struct{})}
+		t.pins++ // s's pin keeps t meanwhile
 		g.members.Store(&[]*subscription{})
 		b.groups[key] = g
 	}
@@ -3442,6 +3471,7 @@ func (g *group) leave(s *subscription) {
 		delete(g.sub.topic.subscribers, g.sub)
 		g.sub.topic.mu.Unlock()
 		close(g.sub.cancel)
+		b.unpin(g.sub.topic)
 	}
 }
 
@@ -4359,6 +4389,44 @@ func (b *Broker) OutboxBytes() int {
 // every publish was simpler, and cost a read of the log per message. A
 // subscriber reading from the log that a trim overtakes is told what it
 // missed, with its next message (skipped).
+//
+// A topic that never had a message is forgotten when its last
+// subscription ends: kept, every name anyone subscribed to (a reply
+// topic per request, say) would stay in memory until a restart. One that
+// had a message stays, with its head, as its seqs must go on. Each
+// subscription pins its topic, from the look-up (b.pinTopic) to its end
+// (b.unpin), so that no topic is forgotten while one is on its way in; a
+// publisher that finds its topic forgotten looks it up again
+// (b.lockTopic).
+
+// pinTopic returns the topic called name, made on first use, pinned for a
+// subscription until b.unsubscribe unpins it.
+func (b *Broker) pinTopic(name string) *topic {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t := b.topics[name]
+	if t == nil {
+		t = newTopic(name)
+		b.topics[name] = t
+	}
+	t.pins++
+	return t
+}
+
+// unpin lets go of a subscription's hold on t, and forgets t if nothing
+// else holds it and it never had a message: no seq given out or asked
+// for, so nothing of it is on disk.
+func (b *Broker) unpin(t *topic) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if t.pins--; t.pins == 0 && t.head == 0 && t.asked == 0 &&
+		len(t.unsynced) == 0 && b.topics[t.name] == t {
+		delete(b.topics, t.name)
+		t.gone = true
+	}
+}
 
 // every calls work at each tick of interval until Shutdown: the TTL's
 // trim, which may be a tenth of the TTL late, needs no timer of its own.
@@ -4845,8 +4913,7 @@ func appendTo(shared SharedLog) func(*Message) *outcome {
 // them back to the log, where they find the gap and are told what is
 // gone (skipped), as any subscriber the log overtook.
 func (b *Broker) feed(m *Message) {
-	t := b.topic(m.Topic)
-	t.mu.Lock()
+	t := b.lockTopic(m.Topic)
 	defer t.mu.Unlock()
 	if last := t.head; m.Seq > last {
 		// The head first, as a publish here gives it: m is on the log.

@@ -109,7 +109,10 @@ func simulate(t *testing.T, seed uint64) (chaos.Report, error) {
 	// The workload: two topics, three publishers, and on each topic a
 	// durable subscriber (with a wildcard beside), a plain one, and a
 	// work queue of two members (one with a wildcard beside), whose
-	// sessions are narrowed now and then.
+	// sessions are narrowed now and then; and a client that subscribes
+	// and unsubscribes in turn to jobs and to the new topics the nemesis
+	// will make, so that the broker forgets them and makes them again
+	// beside their first publishes.
 	topics := []string{"jobs", "chat"}
 	stop := make(chan struct{})
 	var publishers, subscribers sync.WaitGroup
@@ -118,6 +121,12 @@ func simulate(t *testing.T, seed uint64) (chaos.Report, error) {
 		p.Pace = pace
 		publishers.Go(func() { p.Publish(ctx, stop, topic, 8) })
 	}
+	churn := w.client("churn")
+	churn.Pace = 5 * pace
+	publishers.Go(func() {
+		churn.Churn(ctx, stop, []string{"jobs", "fresh-1", "fresh-2",
+			"fresh-3", "fresh-4", "fresh-5"})
+	})
 	for _, topic := range topics {
 		for _, durable := range []string{"d-" + topic, ""} {
 			s := w.client(cmp.Or(durable, "s-"+topic))

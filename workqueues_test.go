@@ -378,7 +378,7 @@ func TestGroups_AJobLeftWhileAMemberJoinsReachesIt(t *testing.T) {
 			c = each
 		}
 	}
-	s := c.newSubscription("jobs", ts.broker.topic("jobs"), "")
+	s := c.newSubscription("jobs", ts.broker.pinTopic("jobs"), "")
 	g, r, start, ok := ts.broker.prepareJoin(s,
 		frame{Type: "subscribe", Topic: "jobs", Group: "workers"})
 	if !ok {

@@ -299,6 +299,52 @@ func (c *Client) Subscribe(ctx context.Context, topic, durable,
 	}
 }
 
+// Churn subscribes to each of topics and unsubscribes again, in turn, a
+// Pace apart, until stop is closed or ctx ends, dialing again after a
+// dropped connection: a client whose topics come and go as reply topics
+// do, so that the broker forgets a topic nobody published to, and makes
+// it again, beside the publishes that land on it. It records nothing:
+// what it hears is no subscriber's to check.
+func (c *Client) Churn(ctx context.Context, stop <-chan struct{},
+	topics []string) {
+	for {
+		ws, err := c.connect(ctx)
+		if err != nil {
+			return
+		}
+		done := c.churn(ctx, stop, ws, topics)
+		ws.CloseNow()
+		if done {
+			return
+		}
+	}
+}
+
+// churn is Churn on one connection: it reports true once stop is closed
+// or ctx ended, false when the connection dropped.
+func (c *Client) churn(ctx context.Context, stop <-chan struct{},
+	ws *websocket.Conn, topics []string) bool {
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return true
+		case <-ctx.Done():
+			return true
+		case <-time.After(c.Pace):
+		}
+		topic := topics[i%len(topics)]
+		for _, kind := range []string{"subscribe", "unsubscribe"} {
+			err := send(ctx, ws, map[string]any{"type": kind, "topic": topic})
+			for f := (frame{}); err == nil && f.Type != kind+"d"; {
+				f, err = read(ctx, ws) // a message that landed meanwhile
+			}
+			if err != nil {
+				return false
+			}
+		}
+	}
+}
+
 // Join reads topic as a member of group, acking every QoS 1 message,
 // and joins again after a dropped connection, until ctx ends: the group
 // shares the messages, so one member's marker is not the others'. The

@@ -215,8 +215,9 @@ func lineKinds(src []byte) (map[int]lineKind, map[int]int, error) {
 	return kinds, words, failed
 }
 
-// denseLines marks the lines of each function that takes a lock, starts
-// a goroutine or selects, with the functions written inside it.
+// denseLines marks the lines of each function that takes or lets go of
+// a lock, starts a goroutine or selects, with the functions written
+// inside it.
 func denseLines(src []byte) (map[int]bool, error) {
 	fset := token.NewFileSet()
 	file, err := parser.ParseFile(fset, "", src, 0)
@@ -237,9 +238,11 @@ func denseLines(src []byte) (map[int]bool, error) {
 	return dense, nil
 }
 
-// concurrent reports whether body takes a lock, starts a goroutine or
-// selects.
+// concurrent reports whether body takes or lets go of a lock, starts a
+// goroutine or selects: a function that unlocks what its caller locked
+// runs under that lock all the same.
 func concurrent(body *ast.BlockStmt) bool {
+	lockCalls := []string{"Lock", "RLock", "TryLock", "Unlock", "RUnlock"}
 	found := false
 	ast.Inspect(body, func(n ast.Node) bool {
 		switch n := n.(type) {
@@ -247,8 +250,7 @@ func concurrent(body *ast.BlockStmt) bool {
 			found = true
 		case *ast.CallExpr:
 			if call, ok := n.Fun.(*ast.SelectorExpr); ok &&
-				slices.Contains([]string{"Lock", "RLock", "TryLock"},
-					call.Sel.Name) {
+				slices.Contains(lockCalls, call.Sel.Name) {
 				found = true
 			}
 		}
