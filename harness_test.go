@@ -222,6 +222,7 @@ var Behaviour = map[string]func(*testing.T){
 	"TestTopics_OneNeverPublishedToIsForgottenWhenItsLastSubscriptionEnds": TestTopics_OneNeverPublishedToIsForgottenWhenItsLastSubscriptionEnds,
 	"TestTopics_AForgottenTopicBeginsAgainAndOneWithAMessageGoesOn":        TestTopics_AForgottenTopicBeginsAgainAndOneWithAMessageGoesOn,
 	"TestTopics_FirstPublishesRacingForgetsLoseNothing":                    TestTopics_FirstPublishesRacingForgetsLoseNothing,
+	"TestTopics_AConnectionHoldsAtMostMaxSubscriptions":                    TestTopics_AConnectionHoldsAtMostMaxSubscriptions,
 }
 
 // oneEngine names the tests that start a broker on the run's engine but

@@ -18,12 +18,10 @@
 //     has it; a QoS 1 publish is confirmed once it is on disk, so a
 //     confirmed message survives kill -9 and power loss. After a crash,
 //     seqs go on past any a subscriber may have seen: none is reused.
-//   - Memory is bounded under any burst of messages. A subscriber is cut
-//     off (4008) only when it fails to drain: its socket takes nothing
-//     for a write timeout. One that reads, but is overtaken by more than
-//     the log keeps, is told what it missed ("skipped") and goes on. Not
-//     bounded: how many subscriptions a connection holds
-//     (docs/security.md).
+//   - Memory is bounded under any burst. A subscriber is cut off (4008)
+//     only when it fails to drain: its socket takes nothing for a write
+//     timeout. One that reads, but is overtaken by more than the log
+//     keeps, is told what it missed ("skipped") and goes on.
 //
 // On its own it does not replicate, order messages across topics, or
 // speak TLS. Several brokers can share one log on NATS JetStream (the
@@ -181,6 +179,10 @@ type Options struct {
 	// MaxInflightBytes bounds the sizes of those deliveries, in bytes.
 	// Zero: DefaultMaxInflightBytes, 16 MiB.
 	MaxInflightBytes int
+	// MaxSubscriptions caps the subscriptions one connection holds at
+	// once; past it a subscribe is refused. Zero:
+	// DefaultMaxSubscriptions, 1,000.
+	MaxSubscriptions int
 	// GroupWindow is how many unacked QoS 1 jobs one member of a group
 	// may hold; the group offers more to the others. Zero:
 	// DefaultGroupWindow, 32.
@@ -2407,6 +2409,12 @@ const (
 	// DefaultMaxInflightBytes bounds the same window in payload bytes:
 	// a thousand deliveries of 512 KiB would otherwise pin 512 MiB.
 	DefaultMaxInflightBytes = 16 << 20
+	// DefaultMaxSubscriptions is how many subscriptions one connection
+	// may hold: each costs the broker about 800 bytes with its topic, so
+	// that a connection holds at most 800 KB of them, where 200,000 held
+	// 160 MB. A client that watches more topics than that wants a
+	// wildcard.
+	DefaultMaxSubscriptions = 1000
 	// DefaultGroupWindow is how many QoS 1 jobs one member of a work
 	// queue may hold unacked: a worker that acks within a millisecond
 	// still does 32,000 jobs a second, and one that never acks holds 32
@@ -2449,6 +2457,7 @@ func (o Options) ready() (Options, error) {
 	o.OutboxBytes = cmp.Or(o.OutboxBytes, DefaultOutboxBytes)
 	o.MaxInflight = cmp.Or(o.MaxInflight, DefaultMaxInflight)
 	o.MaxInflightBytes = cmp.Or(o.MaxInflightBytes, DefaultMaxInflightBytes)
+	o.MaxSubscriptions = cmp.Or(o.MaxSubscriptions, DefaultMaxSubscriptions)
 	o.GroupWindow = cmp.Or(o.GroupWindow, DefaultGroupWindow)
 	o.MaxDelayed = cmp.Or(o.MaxDelayed, DefaultMaxDelayed)
 	o.MaxDelayedBytes = cmp.Or(o.MaxDelayedBytes, DefaultMaxDelayedBytes)
@@ -2937,8 +2946,22 @@ func (c *connection) subscribeProblem(f frame) reply {
 		max(len(f.Durable), len(f.Group)) > 256:
 		// A NUL separates a cursor key's parts, so no name may hold one.
 		return topicError("bad_frame", "invalid durable or group name", f.Topic)
+	case c.subscriptionsFull(f.Topic):
+		return topicError("subscription_limit", fmt.Sprintf("this "+
+			"connection holds %d subscriptions, the most "+
+			"--max-subscriptions allows: unsubscribe from one first",
+			c.broker.opts.MaxSubscriptions), f.Topic)
 	}
 	return reply{}
+}
+
+// subscriptionsFull reports whether c holds MaxSubscriptions
+// subscriptions, none of them to filter, which a subscribe would replace.
+func (c *connection) subscriptionsFull(filter string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, replaces := c.subscriptions[filter]
+	return len(c.subscriptions) >= c.broker.opts.MaxSubscriptions && !replaces
 }
 
 // subscribeWildcard is a subscribe kind: a filter with + or #, which it

@@ -206,3 +206,32 @@ func TestTopics_LockTopicNeverReturnsAForgottenTopic(t *testing.T) {
 		}
 	}
 }
+
+// A connection holds at most MaxSubscriptions at once: past it a
+// subscribe is refused, and makes no topic; one that replaces a
+// subscription it holds passes, and an unsubscribe makes room. Found from
+// outside: 200,000 subscriptions on one connection held 160 MB.
+func TestTopics_AConnectionHoldsAtMostMaxSubscriptions(t *testing.T) {
+	ts := startBroker(t, Options{MaxSubscriptions: 3})
+	c := ts.dial("many")
+	c.subscribe("cap/a", nil)
+	c.subscribe("cap/+", nil)
+	c.subscribe("cap/b", map[string]any{"durable": "b"})
+	c.send(map[string]any{"type": "subscribe", "topic": "cap/c"})
+	if g := c.expectError("subscription_limit"); g.Topic != "cap/c" ||
+		!strings.Contains(g.Message, "3 subscriptions") {
+		t.Fatalf("a fourth subscribe got %+v, want subscription_limit "+
+			"naming cap/c and the 3", g)
+	}
+	if n := topicsNamed(ts.broker, "cap/c"); n != 0 {
+		t.Fatalf("the refused subscribe made %d topics, want none", n)
+	}
+	c.subscribe("cap/a", map[string]any{"last": 0}) // replaces, passes
+	c.unsubscribe("cap/+")
+	c.subscribe("cap/c", nil)
+	p := ts.dial("p")
+	p.publish("cap/c", 1, 1, "c-1")
+	if m := c.expect("message"); m.MessageID != "c-1" {
+		t.Fatalf("the subscription made after room was made got %+v", m)
+	}
+}

@@ -71,6 +71,9 @@ func serveSettings(c *serveConfig) []setting {
 		number("max-inflight-bytes", "broker.max_inflight_bytes",
 			popsub.DefaultMaxInflightBytes, "their bytes, per connection",
 			&o.MaxInflightBytes, positive),
+		number("max-subscriptions", "broker.max_subscriptions",
+			popsub.DefaultMaxSubscriptions, "subscriptions one connection "+
+				"may hold at once", &o.MaxSubscriptions, positive),
 		number("group-window", "broker.group_window",
 			popsub.DefaultGroupWindow, "unacked QoS 1 jobs per member of "+
 				"a work queue", &o.GroupWindow, positive),
