@@ -322,7 +322,7 @@ func errorReply(code, text string) reply {
 // I/O; each topic's lock guards its seq counter and its subscribers, and
 // each connection's the acks it owes, so publishers to different topics
 // never wait for each other. When two locks are held, the order is topic,
-// then broker (read) or connection, then the log committer's.
+// then broker or connection, then the log committer's.
 
 // Broker routes messages between WebSocket clients. Create one with New,
 // serve it as an http.Handler, and stop it with Shutdown.
