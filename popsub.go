@@ -4445,7 +4445,7 @@ func (b *Broker) unpin(t *topic) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if t.pins--; t.pins == 0 && t.head == 0 && t.asked == 0 &&
-		len(t.unsynced) == 0 && b.topics[t.name] == t {
+		b.topics[t.name] == t {
 		delete(b.topics, t.name)
 		t.gone = true
 	}
