@@ -4438,7 +4438,7 @@ func (b *Broker) pinTopic(name string) *topic {
 
 // unpin lets go of a subscription's hold on t, and forgets t if nothing
 // else holds it and it never had a message: no seq given out or asked
-// for, so nothing of it is on disk.
+// for, so nothing of it is on disk. A shared log forgets it too.
 func (b *Broker) unpin(t *topic) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -4448,6 +4448,9 @@ func (b *Broker) unpin(t *topic) {
 		b.topics[t.name] == t {
 		delete(b.topics, t.name)
 		t.gone = true
+		if shared, ok := b.store.(SharedLog); ok {
+			shared.Forget(t.name)
+		}
 	}
 }
 
@@ -4915,6 +4918,10 @@ type SharedLog interface {
 	// Want adds the topics filter covers to those fed. For an exact
 	// topic it returns once the feed has caught up with the log.
 	Want(filter string)
+	// Forget drops what the log keeps for this broker of a topic it
+	// forgot (b.unpin): one nobody here subscribes to, which never had a
+	// message. It is called under the broker's locks, and must not wait.
+	Forget(topic string)
 }
 
 // appendTo is b.appendShared on shared: it hands m to the log and

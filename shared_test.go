@@ -31,6 +31,9 @@ func (s *sharedMemory) Follow(feed func(*Message)) { s.feed = feed }
 // Want needs nothing: the test feeds every topic.
 func (s *sharedMemory) Want(string) {}
 
+// Forget has nothing to drop: the test keeps every topic.
+func (s *sharedMemory) Forget(string) {}
+
 // A sharedMemory is a SharedLog, or the broker would take it for a Store.
 var _ SharedLog = (*sharedMemory)(nil)
 

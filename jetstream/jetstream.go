@@ -177,6 +177,9 @@ type stream struct {
 	wanted    bool
 	following jetstream.ConsumeContext
 	starting  bool
+	// creating counts the publishes making the stream (create): Forget
+	// leaves a stream alone while one may be.
+	creating int
 }
 
 // pendingAck is a publish waiting for JetStream's answer.
@@ -396,20 +399,32 @@ func (l *Log) streamLocked(topic string) *stream {
 }
 
 // ready returns topic's stream, and whether this broker has made it and
-// follows it: a publish's usual case, in one look under the lock.
+// follows it: a publish's usual case, in one look under the lock. When
+// it has not, the stream counts the caller as creating it, until create
+// returns.
 func (l *Log) ready(topic string) (*stream, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.streamLocked(topic)
-	return s, s.created && s.following != nil
+	ready := s.created && s.following != nil
+	if !ready {
+		s.creating++
+	}
+	return s, ready
 }
 
 // create makes topic's stream if this broker has not seen it yet, then
-// lists the topic in the bucket, where every broker learns of it.
+// lists the topic in the bucket, where every broker learns of it. It
+// ends what ready began: the caller no longer counts as creating s.
 func (l *Log) create(topic string, s *stream) error {
 	l.mu.Lock()
 	created := s.created
 	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		s.creating--
+		l.mu.Unlock()
+	}()
 	if created {
 		return nil
 	}
@@ -912,9 +927,9 @@ func (l *Log) followUpdates(watcher jetstream.KeyWatcher) bool {
 // learn notes a listed topic, and follows it if a filter covers it or
 // the broker wanted it before it existed.
 func (l *Log) learn(topic string) {
-	s := l.stream(topic)
 	l.mu.Lock()
 	l.listed[topic] = true
+	s := l.streamLocked(topic)
 	wanted := s.wanted || slices.ContainsFunc(l.filters,
 		func(filter string) bool { return wire.Covers(filter, topic) })
 	s.wanted = wanted
@@ -1004,10 +1019,10 @@ func (l *Log) catchUp(s *stream) {
 // client library's 30 s.
 func (l *Log) follow(topic string) {
 	// One consumer per topic per broker: a second call while one is
-	// made, or after, does nothing.
-	s := l.stream(topic)
+	// made, or after, does nothing, as does one for a topic forgotten.
 	l.mu.Lock()
-	if s.following != nil || s.starting || l.closed {
+	s := l.streams[topic]
+	if s == nil || s.following != nil || s.starting || l.closed {
 		l.mu.Unlock()
 		return
 	}
@@ -1067,11 +1082,30 @@ func (l *Log) follow(topic string) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed {
-		following.Stop() // Close came while it was being made
+	if l.closed || l.streams[topic] != s {
+		// Close came while it was being made, or Forget: the topic was
+		// made meanwhile by another broker, and this one no longer
+		// wants it.
+		following.Stop()
 		return
 	}
 	s.following = following
+}
+
+// Forget drops what this broker keeps of topic (its stream struct,
+// about 500 bytes) when the broker forgot the topic: nobody here
+// subscribes to it any more and the log never had a message of it. A
+// stream that exists, or that a publish is making, stays, as does one
+// this broker follows. Without it, every name a client ever subscribed
+// to would stay until a restart.
+func (l *Log) Forget(topic string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.streams[topic]
+	if s != nil && !s.created && s.creating == 0 && s.following == nil &&
+		!l.listed[topic] {
+		delete(l.streams, topic)
+	}
 }
 
 // retryFollow reports a topic this broker could not follow, and tries

@@ -8,6 +8,7 @@
 //	go run . latency --popsub $(go env GOPATH)/bin/popsub
 //	go run . confirms --popsub $(go env GOPATH)/bin/popsub
 //	go run . idle --popsub $(go env GOPATH)/bin/popsub
+//	go run . names --popsub $(go env GOPATH)/bin/popsub [--nats]
 //
 // It starts each server as a child process on 127.0.0.1, and never
 // loads any other host.
@@ -58,6 +59,8 @@ func main() {
 		err = runConfirms(os.Args[2:])
 	case "idle":
 		err = runIdle(os.Args[2:])
+	case "names":
+		err = runNames(os.Args[2:])
 	case "idle-clients":
 		if len(os.Args) != 6 {
 			err = errors.New("usage: compare idle-clients URL TOKEN N SOURCE")

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// runNames has one connection subscribe and unsubscribe, in turn, to
+// names it never used before, as a client with a reply topic per
+// request does, in rounds, and prints the broker's resident memory
+// after each round: what the broker keeps of a name nobody subscribes
+// to any more. With --nats the broker's log is a NATS server's
+// JetStream, as `popsub serve --nats` shares one.
+func runNames(args []string) error {
+	fs := flag.NewFlagSet("compare names", flag.ContinueOnError)
+	popsub := fs.String("popsub", "popsub", "the popsub binary")
+	pairs := fs.Int("pairs", 20_000, "subscribe and unsubscribe pairs a round")
+	rounds := fs.Int("rounds", 3, "rounds")
+	onNATS := fs.Bool("nats", false, "the log on NATS JetStream")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	store, extra := "its own bbolt file", []string(nil)
+	if *onNATS {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		_, stop, err := startServer(func(addr, dir string) (*exec.Cmd,
+			error) {
+			extra = []string{"--nats", "nats://" + addr}
+			return exec.Command(self, "nats-server", addr, dir), nil
+		})
+		if err != nil {
+			return err
+		}
+		defer stop()
+		store = "a NATS JetStream log"
+	}
+	var url, token string
+	pid, stop, err := startServer(func(addr, dir string) (*exec.Cmd,
+		error) {
+		cmd, t, err := popsubServe(*popsub, addr, dir, extra...)
+		url, token = "ws://"+addr+"/ws", t
+		return cmd, err
+	})
+	if err != nil {
+		return err
+	}
+	defer stop()
+	ctx := context.Background()
+	ws, err := dialPopsub(ctx, url, token, nil, false)
+	if err != nil {
+		return err
+	}
+	defer ws.CloseNow()
+
+	before := rssKiB(pid)
+	fmt.Printf("one connection, %d subscribe and unsubscribe pairs a "+
+		"round, each to a new name; the broker on %s, %.1f MiB resident "+
+		"at the start\n\n", *pairs, store, before/1024)
+	fmt.Println("| round | resident memory | grown in the round |")
+	fmt.Println("|---|---|---|")
+	last := before
+	for round := 1; round <= *rounds; round++ {
+		sent := make(chan error, 1)
+		go func() { sent <- sendPairs(ws, round, *pairs) }()
+		for replies := 0; replies < 2**pairs; {
+			_, data, err := ws.Read(ctx)
+			if err != nil {
+				return err
+			}
+			for line := range bytes.Lines(data) {
+				switch {
+				case bytes.Contains(line, []byte(`"type":"error"`)):
+					return fmt.Errorf("the broker refused: %s", line)
+				case bytes.Contains(line, []byte(`subscribed"`)):
+					replies++
+				}
+			}
+		}
+		if err := <-sent; err != nil {
+			return err
+		}
+		time.Sleep(time.Second) // let the broker's goroutines settle
+		now := rssKiB(pid)
+		fmt.Printf("| %d | %.1f MiB | %+.0f KiB |\n", round, now/1024,
+			now-last)
+		last = now
+	}
+	return nil
+}
+
+// sendPairs sends n subscribe and unsubscribe pairs, each to a name of
+// round's never used before.
+func sendPairs(ws *websocket.Conn, round, n int) error {
+	ctx := context.Background()
+	for i := range n {
+		name := fmt.Sprintf("names/%d/%d", round, i)
+		for _, kind := range []string{"subscribe", "unsubscribe"} {
+			frame := fmt.Appendf(nil, `{"type":%q,"topic":%q}`, kind, name)
+			if err := ws.Write(ctx, websocket.MessageText, frame); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
