@@ -26,8 +26,8 @@ import (
 // The budget of popsub.go, from STYLE.md. Two of them are over STYLE.md's,
 // and say by how much: the file is about 430 code lines over its 2,200
 // (136 of them the delayed messages' horizon over a DueIndex, a detail,
-// 56 the forgetting of unused topics, on the broker's log and a shared
-// one, and the cap on subscriptions), and
+// 60 the forgetting of unused topics and filters, on the broker's log
+// and a shared one, and the cap on subscriptions), and
 // the first reading, priced as a reader pays it (5 lines a minute where
 // code takes or lets go of a lock, starts a goroutine or selects), takes
 // about 247 minutes against a goal of 180. Making room is the
@@ -37,7 +37,7 @@ import (
 const (
 	budgetFirstReading  = 1161 // code lines in first-reading sections
 	budgetMinutes       = 247  // the first reading, priced; the goal is 180
-	budgetCode          = 2638 // code lines in the file; STYLE.md's 2,200
+	budgetCode          = 2642 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function
@@ -501,7 +501,7 @@ const (
 // machineRoom lists the packages under popsub.go, and overBudget those
 // over their size, at the size they may not pass: the JetStream engine's
 // NATS handling (reconnects, answers, catch-up, a sent delayed message's
-// delete, forgetting a name nobody wants) does not split along a seam a
+// delete, forgetting names and filters nobody wants) does not split along a seam a
 // reader would recognise yet; the
 // socket's close handshake by RFC 6455 took it 35 lines over; and
 // bbolt's second index, of what waits in the $delayed logs (the broker's
@@ -509,7 +509,7 @@ const (
 var (
 	machineRoom = []string{"boltstore", "groupcommit", "socket", "login",
 		"xray", "queue", "jetstream", "poller"}
-	overBudget = map[string]int{"jetstream": 790, "socket": 640,
+	overBudget = map[string]int{"jetstream": 796, "socket": 640,
 		"boltstore": 670}
 )
 

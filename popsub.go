@@ -333,13 +333,14 @@ type Broker struct {
 	logger *slog.Logger
 	// store is the durable log and the cursors, behind the Store seam.
 	store Store
-	// appendShared and want are the hooks a log that other brokers share
-	// comes in by (A log shared by several brokers, a detail at the end):
-	// appendShared hands it a publish and returns the outcome that brings
-	// the log's seq, nil on the broker's own log; want has it feed this
-	// broker the topics a filter covers, a no-op on the broker's own log.
+	// appendShared, want and forget are the hooks a log that other
+	// brokers share comes in by (A log shared by several brokers, a
+	// detail at the end): appendShared hands it a publish and returns the
+	// outcome that brings the log's seq, nil on the broker's own log;
+	// want has it feed this broker the topics a filter covers, and forget
+	// undoes want (SharedLog.Forget): no-ops on the broker's own log.
 	appendShared func(*Message) *outcome
-	want         func(filter string)
+	want, forget func(filter string)
 	// log is the committer, the one goroutine that writes to store (a
 	// commitLog, in the machine room).
 	log *commitLog
@@ -1310,14 +1311,14 @@ func (b *Broker) unsubscribe(s *subscription) {
 	}
 	c.mu.Unlock()
 	// A departed member's deliveries go to the others at once, as their
-	// next attempts. Last, once, b.unpin lets go of the topic, and
-	// forgets it if it never had a message and nothing else holds it
-	// (Retention).
+	// next attempts. Last, once, b.unpin lets go of what s holds: its
+	// topic, forgotten if it never had a message and nothing else holds
+	// it (Retention).
 	if s.shares != nil {
 		s.shares.handOn(left, nil)
 	}
-	if first && s.topic != nil {
-		b.unpin(s.topic)
+	if first {
+		b.unpin(s)
 	}
 }
 
@@ -2494,9 +2495,10 @@ func (b *Broker) startFeatures() {
 	b.xray = &events{xray.NewFeed(b.opts.OnEvent, b.logger)}
 	b.groups = map[string]*group{}
 	b.startLogins()
-	b.want = func(string) {}
+	b.want, b.forget = func(string) {}, func(string) {}
 	if shared, ok := b.store.(SharedLog); ok {
-		b.appendShared, b.want = appendTo(shared), shared.Want
+		b.appendShared, b.want, b.forget = appendTo(shared), shared.Want,
+			shared.Forget
 		shared.Follow(b.feed)
 	}
 	b.delays.mu.Lock()
@@ -2977,9 +2979,10 @@ func subscribeWildcard(c *connection, f frame) bool {
 	}
 	// A wildcard subscription has no replay, so it is live at once and
 	// its reply carries no seq: there is no single head to report. b.want
-	// tells a shared log to feed this broker the filter's topics.
-	s := c.newSubscription(f.Topic, nil, "")
+	// tells a shared log to feed this broker the filter's topics, before
+	// the subscription it replaces, if any, says it no longer wants them.
 	c.broker.want(f.Topic)
+	s := c.newSubscription(f.Topic, nil, "")
 	// The reply is queued and the filter registered under the lock that
 	// fan-out reads the filters under: the client hears "subscribed"
 	// before any message of it, and gets every one published after. An
@@ -3494,7 +3497,7 @@ func (g *group) leave(s *subscription) {
 		delete(g.sub.topic.subscribers, g.sub)
 		g.sub.topic.mu.Unlock()
 		close(g.sub.cancel)
-		b.unpin(g.sub.topic)
+		b.unpin(g.sub)
 	}
 }
 
@@ -4436,10 +4439,17 @@ func (b *Broker) pinTopic(name string) *topic {
 	return t
 }
 
-// unpin lets go of a subscription's hold on t, and forgets t if nothing
+// unpin lets go of s's hold on its topic t, and forgets t if nothing
 // else holds it and it never had a message: no seq given out or asked
-// for, so nothing of it is on disk. A shared log forgets it too.
-func (b *Broker) unpin(t *topic) {
+// for, so nothing of it is on disk. A shared log forgets it too
+// (b.forget), and a wildcard filter, which holds no topic, once nobody
+// here wants it.
+func (b *Broker) unpin(s *subscription) {
+	t := s.topic
+	if t == nil {
+		b.forget(s.filter)
+		return
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	b.mu.Lock()
@@ -4448,9 +4458,7 @@ func (b *Broker) unpin(t *topic) {
 		b.topics[t.name] == t {
 		delete(b.topics, t.name)
 		t.gone = true
-		if shared, ok := b.store.(SharedLog); ok {
-			shared.Forget(t.name)
-		}
+		b.forget(t.name)
 	}
 }
 
@@ -4918,10 +4926,12 @@ type SharedLog interface {
 	// Want adds the topics filter covers to those fed. For an exact
 	// topic it returns once the feed has caught up with the log.
 	Want(filter string)
-	// Forget drops what the log keeps for this broker of a topic it
-	// forgot (b.unpin): one nobody here subscribes to, which never had a
-	// message. It is called under the broker's locks, and must not wait.
-	Forget(topic string)
+	// Forget undoes Want when nobody here wants filter any more (b.unpin):
+	// for a topic, once the broker forgets it, as it never had a message;
+	// for a wildcard filter, once for each subscription that wanted it,
+	// as it ends. It is called under the broker's locks, and must not
+	// wait.
+	Forget(filter string)
 }
 
 // appendTo is b.appendShared on shared: it hands m to the log and

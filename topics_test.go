@@ -188,7 +188,7 @@ func TestTopics_LockTopicNeverReturnsAForgottenTopic(t *testing.T) {
 	go func() {
 		defer close(done)
 		for range 20000 {
-			b.unpin(b.pinTopic("flap"))
+			b.unpin(&subscription{topic: b.pinTopic("flap")})
 		}
 	}()
 	for looked := 0; ; looked++ {

@@ -143,10 +143,11 @@ type Log struct {
 	mu sync.Mutex
 	// streams maps a topic to what this broker knows of its stream.
 	streams map[string]*stream
-	// filters are the wildcard filters this broker's clients subscribed
-	// with; listed holds every topic the bucket lists, for a new filter
-	// to find those it covers.
-	filters []string
+	// filters are the wildcard filters this broker's clients subscribe
+	// with, each with how many of their subscriptions want it (Want,
+	// Forget); listed holds every topic the bucket lists, for a new
+	// filter to find those it covers.
+	filters map[string]int
 	listed  map[string]bool
 	// local keeps the broker's own topics ($sys/events), which it
 	// sequences itself and commits here: they describe this broker's
@@ -240,7 +241,8 @@ func Open(opts Options) (*Log, error) {
 	l := &Log{opts: opts, nc: nc, js: js, acks: make(chan pendingAck, window),
 		stop: make(chan struct{}), rewatch: rewatch,
 		streams: map[string]*stream{},
-		local:   map[string][]*popsub.Message{}, listed: map[string]bool{}}
+		local:   map[string][]*popsub.Message{}, listed: map[string]bool{},
+		filters: map[string]int{}}
 	if err := l.openBuckets(); err != nil {
 		nc.Close()
 		return nil, err
@@ -930,9 +932,10 @@ func (l *Log) learn(topic string) {
 	l.mu.Lock()
 	l.listed[topic] = true
 	s := l.streamLocked(topic)
-	wanted := s.wanted || slices.ContainsFunc(l.filters,
-		func(filter string) bool { return wire.Covers(filter, topic) })
-	s.wanted = wanted
+	for filter := range l.filters {
+		s.wanted = s.wanted || wire.Covers(filter, topic)
+	}
+	wanted := s.wanted
 	l.mu.Unlock()
 	if wanted {
 		go l.follow(topic) // the watcher learns the next topic meanwhile
@@ -965,9 +968,7 @@ func (l *Log) Want(filter string) {
 // lists now that it covers: listed afresh, as the watcher may lag.
 func (l *Log) wantFilter(filter string) []string {
 	l.mu.Lock()
-	if !slices.Contains(l.filters, filter) {
-		l.filters = append(l.filters, filter)
-	}
+	l.filters[filter]++
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
@@ -1092,15 +1093,23 @@ func (l *Log) follow(topic string) {
 	s.following = following
 }
 
-// Forget drops what this broker keeps of topic (its stream struct,
-// about 500 bytes) when the broker forgot the topic: nobody here
-// subscribes to it any more and the log never had a message of it. A
-// stream that exists, or that a publish is making, stays, as does one
-// this broker follows. Without it, every name a client ever subscribed
-// to would stay until a restart.
+// Forget undoes Want. For a wildcard filter, one subscription that
+// wanted it ended: the last takes it out of the filters that new topics
+// are matched against. For a topic, the broker forgot it, nobody here
+// subscribing to it any more and the log never having had a message of
+// it: Forget drops what this broker keeps of it (its stream struct,
+// about 650 bytes), unless the stream exists, a publish is making it or
+// this broker follows it. Without Forget, every name and filter a client
+// ever subscribed to would stay until a restart.
 func (l *Log) Forget(topic string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if strings.ContainsAny(topic, "+#") {
+		if l.filters[topic]--; l.filters[topic] <= 0 {
+			delete(l.filters, topic)
+		}
+		return
+	}
 	s := l.streams[topic]
 	if s != nil && !s.created && s.creating == 0 && s.following == nil &&
 		!l.listed[topic] {

@@ -600,3 +600,63 @@ func TestJetStream_APublishKeepsTheStreamAForgetRaces(t *testing.T) {
 		}
 	}
 }
+
+// A wildcard filter stays in what a broker matches new topics against
+// while a subscription there has it, and no longer: found from outside,
+// every filter a client ever subscribed with stayed until a restart,
+// each one matched against every new topic, and each new topic it
+// covered followed.
+func TestJetStream_AFilterNobodyWantsIsForgotten(t *testing.T) {
+	a, b, _ := threeBrokers(t, popsub.Options{})
+	asker := a.dial("asker")
+	for i := range 50 {
+		filter := fmt.Sprint("reply/", i, "/+")
+		asker.subscribe(filter, nil)
+		asker.unsubscribe(filter)
+	}
+	filters := func() int {
+		a.log.mu.Lock()
+		defer a.log.mu.Unlock()
+		return len(a.log.filters)
+	}
+	if n := filters(); n != 0 {
+		t.Fatalf("A matches new topics against %d filters nobody wants", n)
+	}
+
+	// Two subscriptions with one filter, and one replaced by itself:
+	// while any is left, a new topic it covers reaches it.
+	stays, leaves := a.dial("stays"), a.dial("leaves")
+	stays.subscribe("w/+", nil)
+	leaves.subscribe("w/+", nil)
+	leaves.unsubscribe("w/+")
+	stays.subscribe("w/+", nil) // replaces its own
+	publisher := b.dial("bob")
+	publisher.publish("w/new", "w-1", 1)
+	if m := stays.expect("message"); m.Topic != "w/new" || m.Seq != 1 {
+		t.Fatalf("got %+v, want w/new's first message", m)
+	}
+
+	// Once the last one ends, a new topic is nothing A follows.
+	stays.unsubscribe("w/+")
+	if n := filters(); n != 0 {
+		t.Fatalf("%d filters after the last subscription ended", n)
+	}
+	publisher.publish("w/later", "w-2", 2)
+	for end := time.Now().Add(10 * time.Second); ; {
+		// learn lists the topic and decides under one lock.
+		a.log.mu.Lock()
+		listed, s := a.log.listed["w/later"], a.log.streams["w/later"]
+		wanted := s != nil && s.wanted
+		a.log.mu.Unlock()
+		if wanted {
+			t.Fatal("A wants a new topic that only a gone filter covered")
+		}
+		if listed {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("A did not learn of w/later within 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -16,14 +16,16 @@ import (
 // names it never used before, as a client with a reply topic per
 // request does, in rounds, and prints the broker's resident memory
 // after each round: what the broker keeps of a name nobody subscribes
-// to any more. With --nats the broker's log is a NATS server's
-// JetStream, as `popsub serve --nats` shares one.
+// to any more. With --wildcards each name is a filter ending in +. With
+// --nats the broker's log is a NATS server's JetStream, as `popsub
+// serve --nats` shares one.
 func runNames(args []string) error {
 	fs := flag.NewFlagSet("compare names", flag.ContinueOnError)
 	popsub := fs.String("popsub", "popsub", "the popsub binary")
 	pairs := fs.Int("pairs", 20_000, "subscribe and unsubscribe pairs a round")
 	rounds := fs.Int("rounds", 3, "rounds")
 	onNATS := fs.Bool("nats", false, "the log on NATS JetStream")
+	wildcards := fs.Bool("wildcards", false, "filters ending in +, not topics")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -63,15 +65,19 @@ func runNames(args []string) error {
 	defer ws.CloseNow()
 
 	before := rssKiB(pid)
+	suffix, kind := "", "name"
+	if *wildcards {
+		suffix, kind = "/+", "filter"
+	}
 	fmt.Printf("one connection, %d subscribe and unsubscribe pairs a "+
-		"round, each to a new name; the broker on %s, %.1f MiB resident "+
-		"at the start\n\n", *pairs, store, before/1024)
+		"round, each to a new %s; the broker on %s, %.1f MiB resident "+
+		"at the start\n\n", *pairs, kind, store, before/1024)
 	fmt.Println("| round | resident memory | grown in the round |")
 	fmt.Println("|---|---|---|")
 	last := before
 	for round := 1; round <= *rounds; round++ {
 		sent := make(chan error, 1)
-		go func() { sent <- sendPairs(ws, round, *pairs) }()
+		go func() { sent <- sendPairs(ws, round, *pairs, suffix) }()
 		for replies := 0; replies < 2**pairs; {
 			_, data, err := ws.Read(ctx)
 			if err != nil {
@@ -99,11 +105,11 @@ func runNames(args []string) error {
 }
 
 // sendPairs sends n subscribe and unsubscribe pairs, each to a name of
-// round's never used before.
-func sendPairs(ws *websocket.Conn, round, n int) error {
+// round's never used before, ending in suffix.
+func sendPairs(ws *websocket.Conn, round, n int, suffix string) error {
 	ctx := context.Background()
 	for i := range n {
-		name := fmt.Sprintf("names/%d/%d", round, i)
+		name := fmt.Sprintf("names/%d/%d%s", round, i, suffix)
 		for _, kind := range []string{"subscribe", "unsubscribe"} {
 			frame := fmt.Appendf(nil, `{"type":%q,"topic":%q}`, kind, name)
 			if err := ws.Write(ctx, websocket.MessageText, frame); err != nil {
