@@ -42,13 +42,18 @@ func main() {
 	var err error
 	switch os.Args[1] {
 	case "nats-server":
-		// Then "always" to sync every write, "ws=ADDR" for WebSocket.
-		syncAlways, websocket := false, ""
+		// Then "always" to sync every write, "sync=DURATION" to sync at
+		// that interval, "ws=ADDR" for WebSocket.
+		syncAlways, websocket, every := false, "", time.Duration(0)
 		for _, arg := range os.Args[4:] {
 			syncAlways = syncAlways || arg == "always"
-			websocket = cmp.Or(strings.TrimPrefix(arg, "ws="), websocket)
+			if d, ok := strings.CutPrefix(arg, "sync="); ok {
+				every, _ = time.ParseDuration(d)
+			} else {
+				websocket = cmp.Or(strings.TrimPrefix(arg, "ws="), websocket)
+			}
 		}
-		err = serveNATS(os.Args[2], os.Args[3], syncAlways, websocket)
+		err = serveNATS(os.Args[2], os.Args[3], syncAlways, every, websocket)
 	case "centrifuge-server":
 		err = serveCentrifuge(os.Args[2])
 	case "run":
@@ -78,14 +83,17 @@ func main() {
 
 // serveNATS runs a NATS server with JetStream on file storage until
 // SIGINT; with syncAlways, it syncs every write before it acknowledges
-// (sync_interval: always), PopSub's promise; with a websocket address,
-// it takes WebSocket clients there too, without TLS.
-func serveNATS(addr, dir string, syncAlways bool, websocket string) error {
+// (sync_interval: always), PopSub's promise for a QoS 1 publish; with
+// every, it syncs at that interval (sync_interval, two minutes unless
+// set); with a websocket address, it takes WebSocket clients there too,
+// without TLS.
+func serveNATS(addr, dir string, syncAlways bool, every time.Duration,
+	websocket string) error {
 	host, port, _ := net.SplitHostPort(addr)
 	p, _ := strconv.Atoi(port)
 	options := &natsserver.Options{Host: host, Port: p,
 		JetStream: true, StoreDir: dir, NoSigs: true,
-		SyncAlways: syncAlways}
+		SyncAlways: syncAlways, SyncInterval: every}
 	if websocket != "" {
 		wsHost, wsPort, _ := net.SplitHostPort(websocket)
 		options.Websocket.Host = wsHost
