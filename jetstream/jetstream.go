@@ -178,6 +178,8 @@ type stream struct {
 	wanted    bool
 	following jetstream.ConsumeContext
 	starting  bool
+	// caughtUp is set once a Want has caught up with it.
+	caughtUp atomic.Bool
 	// creating counts the publishes making the stream (create): Forget
 	// leaves a stream alone while one may be.
 	creating int
@@ -948,19 +950,29 @@ func (l *Log) learn(topic string) {
 // listed now that it covers. A topic listed later is new, and is fed
 // from its first message. Catching up first keeps a late follow from
 // looking new: a subscription registers only after it, so a live-only
-// wildcard never receives what came before it.
+// wildcard never receives what came before it. A topic caught up with
+// once is fed in order from then on, so a wildcard's Want does not ask
+// NATS about it again: a request per covered topic on every wildcard
+// subscribe would let one client make a thousand requests of NATS a
+// frame. An exact topic is caught up every time: its subscriber is told
+// the log's head now.
 func (l *Log) Want(filter string) {
 	if strings.HasPrefix(filter, "$sys/") {
 		return // the broker's own, never in NATS
 	}
-	topics := []string{filter}
-	if strings.ContainsAny(filter, "+#") {
+	topics, wildcard := []string{filter}, strings.ContainsAny(filter, "+#")
+	if wildcard {
 		topics = l.wantFilter(filter)
 	}
 	for _, topic := range topics {
 		s := l.stream(topic)
 		l.want(topic, s)
-		l.catchUp(s)
+		if wildcard && s.caughtUp.Load() {
+			continue
+		}
+		if l.catchUp(s) {
+			s.caughtUp.Store(true)
+		}
 	}
 }
 
@@ -1001,15 +1013,18 @@ func (l *Log) want(topic string, s *stream) {
 }
 
 // catchUp waits until the broker has been fed s up to the stream's
-// head as of now: a subscription's head must be the log's.
-func (l *Log) catchUp(s *stream) {
+// head as of now, and reports whether it was: a subscription's head must
+// be the log's.
+func (l *Log) catchUp(s *stream) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
 	info, err := l.js.Stream(ctx, s.name)
 	if err != nil {
-		return // no stream yet: nothing to catch up with
+		return false // no stream yet: nothing to catch up with
 	}
-	l.awaitFed(s, info.CachedInfo().State.LastSeq)
+	head := info.CachedInfo().State.LastSeq
+	l.awaitFed(s, head)
+	return s.fed.Load() >= head
 }
 
 // follow starts feeding topic's messages after the newest one fed, if

@@ -660,3 +660,50 @@ func TestJetStream_AFilterNobodyWantsIsForgotten(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// A wildcard subscription asks NATS nothing more for a topic its broker
+// has caught up with once: it is fed in order from then on. Every
+// wildcard subscribe asked NATS about each topic it covered, one request
+// each, so one client subscribing and unsubscribing a wildcard over a
+// thousand topics would make NATS answer a thousand requests a frame.
+// What it hears is unchanged: what comes after it, and nothing before.
+func TestJetStream_AWildcardAsksNATSNothingOfTopicsCaughtUpWith(
+	t *testing.T) {
+	ns := startNATS(t)
+	a, b := startBroker(t, ns.ClientURL(), popsub.Options{}),
+		startBroker(t, ns.ClientURL(), popsub.Options{})
+	publisher := b.dial("bob")
+	const topics = 40
+	for i := range topics {
+		publisher.publish(fmt.Sprint("many/", i), "", i)
+	}
+	requests := func() uint64 {
+		info, err := ns.Jsz(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.API.Total
+	}
+	first, churn := a.dial("first"), a.dial("churn")
+	first.subscribe("many/+", nil)
+
+	before := requests()
+	for range 5 {
+		churn.subscribe("many/+", nil)
+		churn.unsubscribe("many/+")
+	}
+	churn.subscribe("many/+", nil)
+	n := requests() - before
+	t.Logf("six wildcard subscribes made %d requests of NATS", n)
+	if n >= topics {
+		t.Fatalf("six wildcard subscribes made %d requests of NATS, want "+
+			"fewer than its %d topics", n, topics)
+	}
+
+	publisher.publish("many/7", "m-7", "after")
+	for _, c := range []*client{first, churn} {
+		if m := c.expect("message"); m.MessageID != "m-7" || m.Seq != 2 {
+			t.Fatalf("got %+v, want m-7 at seq 2 alone", m)
+		}
+	}
+}
