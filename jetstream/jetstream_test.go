@@ -509,9 +509,9 @@ func streamsNamed(l *Log, prefix string) int {
 // A broker keeps nothing of a name once nobody there subscribes to it
 // and the log never had a message of it, and forgetting it takes
 // nothing from who comes after: a subscriber to it again, one who held
-// it all along, a wildcard beside it. Found from outside: 200,000
+// it all along, a wildcard beside it. Found from outside: 60,000
 // subscribe and unsubscribe pairs, each to a new name, grew a broker on
-// NATS by about 500 bytes a name, never given back.
+// NATS by 30 MiB, never given back (compare names --nats).
 func TestJetStream_ANameNobodyWantsIsForgotten(t *testing.T) {
 	a, b, _ := threeBrokers(t, popsub.Options{})
 	asker := a.dial("asker")
@@ -602,10 +602,11 @@ func TestJetStream_APublishKeepsTheStreamAForgetRaces(t *testing.T) {
 }
 
 // A wildcard filter stays in what a broker matches new topics against
-// while a subscription there has it, and no longer: found from outside,
-// every filter a client ever subscribed with stayed until a restart,
-// each one matched against every new topic, and each new topic it
-// covered followed.
+// while a subscription there has it, and no longer. Every filter a
+// client ever subscribed with stayed until a restart, each one matched
+// against every new topic and each new topic it covered followed: two
+// rounds of 20,000 new filters grew a broker by 1.7 and 2.2 MiB
+// (compare names --nats --wildcards).
 func TestJetStream_AFilterNobodyWantsIsForgotten(t *testing.T) {
 	a, b, _ := threeBrokers(t, popsub.Options{})
 	asker := a.dial("asker")
@@ -636,7 +637,7 @@ func TestJetStream_AFilterNobodyWantsIsForgotten(t *testing.T) {
 		t.Fatalf("got %+v, want w/new's first message", m)
 	}
 
-	// Once the last one ends, a new topic is nothing A follows.
+	// Once the last one ends, a new topic is nothing A wants.
 	stays.unsubscribe("w/+")
 	if n := filters(); n != 0 {
 		t.Fatalf("%d filters after the last subscription ended", n)
