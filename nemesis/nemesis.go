@@ -510,6 +510,16 @@ func (r *chaosRun) workload(ctx context.Context) (chaos.Report, error) {
 			r.join(ctx, &members, topic)
 		}
 	}
+	// A client whose topics come and go, as reply topics do: a topic, a
+	// wildcard over it, a name nobody publishes to and names the nemesis
+	// makes later. The brokers, and a shared log, forget each name and
+	// filter as it goes, and make it again.
+	churn := r.client("churn", 0)
+	churn.Pace = 20 * time.Millisecond
+	publishers.Go(func() {
+		churn.Churn(ctx, stop, []string{topics[0], topics[0] + "/#",
+			"reply-1", "fresh-1", "fresh-2"})
+	})
 	r.nemesis(ctx)
 	if err := r.heal(ctx); err != nil {
 		return chaos.Report{}, err
