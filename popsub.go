@@ -4929,8 +4929,8 @@ type SharedLog interface {
 	// Forget undoes Want when nobody here wants filter any more (b.unpin):
 	// for a topic, once the broker forgets it, as it never had a message;
 	// for a wildcard filter, once for each subscription that wanted it,
-	// as it ends. It is called under the broker's locks, and must not
-	// wait.
+	// as it ends. For a topic it is called under the broker's locks: it
+	// must not wait, nor call the broker.
 	Forget(filter string)
 }
 
