@@ -2,6 +2,7 @@ package popsub
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"go/ast"
 	"go/importer"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"sort"
@@ -24,27 +26,29 @@ import (
 )
 
 // The budget of popsub.go, from STYLE.md. Two of them are over STYLE.md's,
-// and say by how much: the file is about 430 code lines over its 2,200
+// and say by how much: the file is about 490 code lines over its 2,200
 // (136 of them the delayed messages' horizon over a DueIndex, a detail,
 // 60 the forgetting of unused topics and filters, on the broker's log
-// and a shared one, and the cap on subscriptions), and
-// the first reading, priced as a reader pays it (5 lines a minute where
-// code takes or lets go of a lock, starts a goroutine or selects), takes
-// about 247 minutes against a goal of 180. Making room is the
-// restructure that makes every feature a leaf (STYLE.md, "The first
-// reading stands alone"); until it lands, these caps hold the line where
-// the file is now, and the test's log prints each one's slack.
+// and a shared one, and the cap on subscriptions, 45 the hooks, leaves
+// and the rules, by which the first reading calls eleven details'
+// functions), and the first reading, priced as a reader pays it (5
+// lines a minute where code takes or lets go of a lock, starts a
+// goroutine or selects), takes about 250 minutes against a goal of 180.
+// Making room is the restructure that makes every feature a leaf
+// (STYLE.md, "The first reading stands alone"); until it lands, these
+// caps hold the line where the file is now, and the test's log prints
+// each one's slack.
 const (
-	budgetFirstReading  = 1161 // code lines in first-reading sections
-	budgetMinutes       = 247  // the first reading, priced; the goal is 180
-	budgetCode          = 2642 // code lines in the file; STYLE.md's 2,200
+	budgetFirstReading  = 1182 // code lines in first-reading sections
+	budgetMinutes       = 250  // the first reading, priced; the goal is 180
+	budgetCode          = 2689 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function
 	budgetMedian        = 15   // lines in the median function
 	budgetDocumentedPct = 95   // declarations with a doc comment
-	budgetDetailNames   = 25   // detail declarations the first reading uses; the goal is 25
-	budgetDetailUsers   = 20   // first-reading declarations that use them; the goal is 10
+	budgetDetailNames   = 11   // detail declarations the first reading uses; the goal is 25
+	budgetDetailUsers   = 8    // first-reading declarations that use them; the goal is 10
 )
 
 // measure measures popsub.go as STYLE.md counts it.
@@ -220,6 +224,36 @@ func TestPopsubGo_FirstReadingNamesTheDetailsItUses(t *testing.T) {
 	if len(unnamed) > 0 {
 		t.Errorf("the first reading uses these details without naming "+
 			"them in its prose: %s", strings.Join(unnamed, ", "))
+	}
+}
+
+// TestNew_SetsEveryHookTheFirstReadingCalls holds New to the other half
+// of the hooks' contract: the first reading calls each leaf through
+// b.leaf, so a hook left unset would panic on the first path that
+// reaches it, which a test may not take.
+func TestNew_SetsEveryHookTheFirstReadingCalls(t *testing.T) {
+	b, err := New(Options{Secret: testSecret, Store: newMemoryStore(),
+		Logger: quietLogger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Shutdown(context.Background())
+	hooks := reflect.ValueOf(b.leaf)
+	for i := range hooks.NumField() {
+		if hooks.Field(i).IsNil() {
+			t.Errorf("New left leaves.%s unset", hooks.Type().Field(i).Name)
+		}
+	}
+	if hooks.NumField() < 11 {
+		t.Fatalf("leaves has %d hooks, fewer than the eleven the first "+
+			"reading calls", hooks.NumField())
+	}
+	for what, n := range map[string]int{"publishRules": len(publishRules),
+		"subscribeRules": len(subscribeRules),
+		"subscribeKinds": len(subscribeKinds)} {
+		if n == 0 {
+			t.Errorf("no detail added to %s", what)
+		}
 	}
 }
 

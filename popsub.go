@@ -30,7 +30,7 @@
 //
 // # Reading path
 //
-// The broker's behaviour is this file, about 2,600 lines of code, 1,200
+// The broker's behaviour is this file, about 2,700 lines of code, 1,200
 // of them on the first reading, which takes about 4 hours at 150 words
 // of prose and 8 lines of code a minute, 5 where the code locks, starts
 // a goroutine or selects. You follow a message: options
@@ -113,7 +113,6 @@ const (
 	replayChunk       = 256      // messages read from the log at a time
 	maxQueueMessages  = 8192     // messages waiting for the log
 	maxQueueBytes     = 2 << 20  // their bytes; see b.log.Admit
-	largeFramesBytes  = 64 << 20 // frames over 64 KiB, together
 	deadPrefix        = "$dead/" // dead letters of T go to $dead/T
 	// commitLinger is the longest a batch nobody waits for waits for
 	// company (groupcommit).
@@ -267,6 +266,12 @@ func (m *Message) key() messageKey { return messageKey{m.publisher, m.ID} }
 // messageKey is a QoS 1 message's identity for idempotent publishes.
 type messageKey struct{ publisher, id string }
 
+// expired reports whether m had a ttl_ms and it has run out: then it is
+// not delivered, replayed or retried, and a delivery owed an ack goes to
+// $dead as "expired" (Naks, backoff and expiry). The socket drops an
+// expired delivery by the same rule (wire.Past).
+func (m *Message) expired() bool { return wire.Past(m.ExpiresAt) }
+
 // size is roughly what m costs in memory: its payload twice (as itself
 // and in its frame), its names and the fields around them. The log's
 // queue and the in-flight window are bounded in these bytes.
@@ -378,12 +383,11 @@ type Broker struct {
 	// open counts connections for MaxConnections, from before the
 	// upgrade until unregister.
 	open atomic.Int64
-	// largeFrames holds a token per frame over 64 KiB being read or
-	// handled, as many as largeFramesBytes holds frames of the full
-	// limit: 64 with the defaults (see c.read).
-	largeFrames chan struct{}
 	// xray is told of every transition (an observer, below).
 	xray observer
+	// leaf holds the hooks by which the first reading calls the
+	// details (leaves, below).
+	leaf leaves
 	// features is what the features beyond the article's broker keep
 	// (Defaults and start-up, a detail).
 	features
@@ -400,6 +404,53 @@ type observer interface {
 	connection(kind string, c *connection, why string)
 	// subscription: s subscribed or unsubscribed.
 	subscription(kind string, s *subscription)
+}
+
+// leaves are the hooks by which the first reading calls the details
+// that limit and admit a client (Keepalives, limits and batches;
+// Publishing from Go; Tokens), keep the log (Retention; Seqs reserved
+// on disk) and time a retry (Naks, backoff and expiry).
+// b.startFeatures sets each to the detail's function of its name.
+type leaves struct {
+	// overCapacity counts a new connection, and refuses it, reporting
+	// true, with one HTTP response if it is past MaxConnections.
+	overCapacity func(w http.ResponseWriter) bool
+	// acceptSocket upgrades r to a WebSocket (package socket), or opens
+	// the one WithSocket put in r; beforeRead runs before each read.
+	acceptSocket func(w http.ResponseWriter, r *http.Request,
+		beforeRead func()) (Socket, error)
+	// authenticate reads the auth frame (login frames may come first)
+	// and reports whether its token started the session (c.claims set,
+	// "authenticated" sent); anything else, or nothing within
+	// AuthTimeout, closes c with 4001. recoverPanic, deferred by c's
+	// reader, logs a panic and takes c apart.
+	authenticate func(c *connection) bool
+	recoverPanic func(c *connection)
+	// retain indexes m, just sequenced, and drops the oldest messages
+	// past MaxMessages or MaxLogBytes from the index and, in m's batch,
+	// from the log. The caller holds t.mu.
+	retain func(t *topic, m *Message)
+	// pinTopic returns the topic called name, made on first use, held
+	// for a subscription until unpin(s): one that never had a message is
+	// then forgotten.
+	pinTopic func(name string) *topic
+	unpin    func(s *subscription)
+	// overtaken reports whether the log dropped what comes after *from,
+	// a replay's place (next: the first seq a read found, or 0), and if
+	// so moves *from past it and tells s's subscriber, who had all up to
+	// after, what it missed.
+	overtaken func(s *subscription, after uint64, from *uint64,
+		next uint64) bool
+	// waitForSeq returns once the stored head covers t's next seq,
+	// releasing t.mu while it waits: false, with a nil outcome, if done
+	// closed first, or a failed one if the disk or Shutdown refused.
+	// The caller holds t.mu. seal gives back, at Shutdown, the seqs
+	// reserved and never given out.
+	waitForSeq func(t *topic, done <-chan struct{}) (*outcome, bool)
+	seal       func()
+	// retryDelay is how long p, at its attempt, waits for its ack: the
+	// backoff, AckTimeout × RetryBackoff^(attempt−1) up to MaxRetryDelay.
+	retryDelay func(p *pending) time.Duration
 }
 
 // topic is one exact topic: its log's in-memory index and its subscribers.
@@ -465,9 +516,7 @@ func New(opts Options) (*Broker, error) {
 	b := &Broker{opts: opts, logger: opts.Logger, store: opts.Store,
 		topics: map[string]*topic{}, durables: map[string]*subscription{},
 		wildcards: map[*subscription]struct{}{}, stop: make(chan struct{}),
-		connections: map[*connection]struct{}{}, writers: &workers{},
-		largeFrames: make(chan struct{},
-			max(1, largeFramesBytes/opts.MaxFrameBytes))}
+		connections: map[*connection]struct{}{}, writers: &workers{}}
 
 	// The index of every stored topic is rebuilt before the first client
 	// arrives (b.loadTopics, in Seqs reserved on disk): seqs continue
@@ -580,12 +629,9 @@ func (b *Broker) connectionList() []*connection {
 // bbolt's NoSync with a later sync is not safe at all, as its pages may
 // reach the disk in any order.
 //
-// The committer (b.log) and the store are machinery, in packages of
-// their own; the first reading needs only their contracts, in the next
-// section. Of the reservations ("Seqs reserved on disk", a detail) it
-// needs two calls: b.waitForSeq(t, done) returns once t's next seq is
-// covered, having asked for the next block if the end of this one is
-// near, and b.seal(), at Shutdown, gives the unused seqs back.
+// The committer (b.log) and the store are machinery, whose contracts
+// are the next section; the reservations are a detail, called through
+// two hooks (leaves).
 
 // # The machine room
 //
@@ -755,8 +801,8 @@ type connection struct {
 	// batch is set when the client opted into several objects a frame;
 	// loginFailed once a login on it failed (Logins). The reader's alone.
 	batch, loginFailed bool
-	// limiter holds publishes to PublishRate, a token bucket with a
-	// second's burst (golang.org/x/time/rate); nil: no cap.
+	// limiter holds publishes to PublishRate (withinRate, a publish
+	// rule); nil until the first publish, or with no cap. The reader's.
 	limiter *rate.Limiter
 	// outbox queues frames for the writer, at most OutboxBytes. A nil
 	// frame, which c.closeWith queues (Tokens), tells the writer to close
@@ -801,18 +847,14 @@ var connectionIDs atomic.Uint64
 // be simpler, and would keep the HTTP server's request, context and stack
 // frames alive with it, a quarter of an idle connection's memory.
 func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	// b.overCapacity refuses a connection past MaxConnections before the
-	// upgrade, with one HTTP response (Keepalives, limits and batches).
-	if b.overCapacity(w) {
+	if b.leaf.overCapacity(w) {
 		return
 	}
 
-	// b.acceptSocket upgrades r to a WebSocket (package socket), or opens
-	// the socket WithSocket put in r (Publishing from Go). Before each
-	// read of it, the reader starts the writers its publishes filled
-	// (c.wake.Start: wakeups, in the machine room).
+	// Before each read of the socket, the reader starts the writers its
+	// publishes filled (c.wake.Start: wakeups, in the machine room).
 	var c *connection
-	ws, err := b.acceptSocket(w, r, func() { c.wake.Start() })
+	ws, err := b.leaf.acceptSocket(w, r, func() { c.wake.Start() })
 	if err != nil {
 		b.open.Add(-1)
 		b.logger.Debug("upgrade refused", "remote", r.RemoteAddr, "err", err)
@@ -840,9 +882,6 @@ func (b *Broker) newConnection(ws Socket, remote string) *connection {
 		subscriptions: map[string]*subscription{},
 		unacked:       map[string]*pendingQueue{}}
 	c.outbox = newOutbox(b.opts.OutboxBytes, c.writeLoop, b.writers)
-	if r := b.opts.PublishRate; r > 0 {
-		c.limiter = rate.NewLimiter(rate.Limit(r), int(max(r, 1)))
-	}
 	return c
 }
 
@@ -919,14 +958,8 @@ func (c *connection) closeSocket(code websocket.StatusCode, why string) {
 // third of an idle connection's memory: its read returns nil, serve
 // returns, and the socket starts serve again when the client speaks.
 func (c *connection) serve() {
-	// c.recoverPanic logs a panic and takes the connection apart
-	// (Keepalives, limits and batches, a detail). c.authenticate reads
-	// the auth frame (login frames may come first), starts the session
-	// if its token is good (c.claims set, "authenticated" sent), and
-	// reports whether it did; anything else, or nothing within
-	// AuthTimeout, closes the connection with 4001 (Tokens, a detail).
-	defer c.recoverPanic()
-	if c.claims == nil && !c.authenticate() {
+	defer c.broker.leaf.recoverPanic(c)
+	if c.claims == nil && !c.broker.leaf.authenticate(c) {
 		c.broker.unregister(c)
 		return
 	}
@@ -953,24 +986,10 @@ func (c *connection) serve() {
 	}
 }
 
-// Claims are what a token says about its holder: who (sub), until when
-// (exp), and optionally which topics it may publish and subscribe to.
-type Claims struct {
-	jwt.RegisteredClaims
-	// Publish lists the filters the holder may publish to; nil means
-	// every ordinary topic (none starting with $).
-	Publish []string `json:"publish,omitempty"`
-	// Subscribe lists the filters the holder may subscribe to; nil means
-	// every ordinary topic. $sys/… and $dead/… need an explicit grant.
-	Subscribe []string `json:"subscribe,omitempty"`
-}
-
 // read returns the next text frame, as Socket.Read does, and false once
 // the connection has ended. Invalid UTF-8 is refused because
 // encoding/json would silently replace bad bytes, and a payload would
-// not be what its publisher sent; a frame over 64 KiB holds one of
-// b.largeFrames until it has been handled, because a thousand
-// publishers of 1 MiB frames held gigabytes.
+// not be what its publisher sent.
 func (c *connection) read() ([]byte, bool) {
 	// The limit follows the session: 8 KiB until the client has
 	// authenticated (c.claims is set), MaxFrameBytes after. Setting it
@@ -1089,13 +1108,16 @@ type receiver interface {
 
 // A cursor keeps on disk how far a subscription has got: a durable
 // subscription's (Durable subscriptions, a detail), or the one a work
-// queue's members share (Work queues). Its calls are made with the
-// subscriber's connection locked.
+// queue's members share (Work queues). It guards itself: fan-out, acks
+// and dead letters call it from their own goroutines.
 type cursor interface {
 	// delivered notes m, just queued to the subscriber.
 	delivered(b *Broker, m *Message)
 	// settled notes that the delivery of seq was acked or dead-lettered.
 	settled(b *Broker, seq uint64)
+	// deadID is the message_id of seq's dead letter, the same each time
+	// the cursor gives up on seq, so that $dead stores it once.
+	deadID(seq uint64) string
 }
 
 // sharing is what a subscription that shares its messages does beyond
@@ -1117,12 +1139,19 @@ type sharing interface {
 // answers f and returns true if f is of its kind.
 var subscribeKinds []func(c *connection, f frame) bool
 
-// subscribe answers a subscribe frame. c.subscribeProblem checks it
-// against the topic rules and the token's grants (Topic rules, a detail).
+// subscribeRules rule on each subscribe frame in turn, as publishRules
+// do on publishes: the filter's syntax, the token's grants and the cap
+// on subscriptions (Topic rules, a detail). Each refuses f with a reply,
+// or passes it with a zero one.
+var subscribeRules []func(c *connection, f frame) reply
+
+// subscribe answers a subscribe frame.
 func (c *connection) subscribe(f frame) {
-	if problem := c.subscribeProblem(f); problem.Type != "" {
-		c.reply(problem)
-		return
+	for _, rule := range subscribeRules {
+		if problem := rule(c, f); problem.Type != "" {
+			c.reply(problem)
+			return
+		}
 	}
 	for _, kind := range subscribeKinds {
 		if kind(c, f) {
@@ -1166,10 +1195,9 @@ func (s *subscription) ended() bool {
 }
 
 // subscribeTopic subscribes to an exact topic: reply, replay, then live.
-// b.pinTopic finds the topic, or makes it, and keeps it from being
-// forgotten until s ends (Retention).
+// The topic is pinned until s ends (leaves.pinTopic).
 func (c *connection) subscribeTopic(f frame) {
-	b, t := c.broker, c.broker.pinTopic(f.Topic)
+	b, t := c.broker, c.broker.leaf.pinTopic(f.Topic)
 	s := c.newSubscription(f.Topic, t, f.Durable)
 
 	// A durable name resumes from its cursor, which wins over after:
@@ -1311,14 +1339,12 @@ func (b *Broker) unsubscribe(s *subscription) {
 	}
 	c.mu.Unlock()
 	// A departed member's deliveries go to the others at once, as their
-	// next attempts. Last, once, b.unpin lets go of what s holds: its
-	// topic, forgotten if it never had a message and nothing else holds
-	// it (Retention).
+	// next attempts. Last, once, s lets go of its topic (leaves.unpin).
 	if s.shares != nil {
 		s.shares.handOn(left, nil)
 	}
 	if first {
-		b.unpin(s)
+		b.leaf.unpin(s)
 	}
 }
 
@@ -1356,9 +1382,6 @@ func (c *connection) publish(f frame) {
 		if problem.Type == "" {
 			problem = rule(c, m, f)
 		}
-	}
-	if problem.Type == "" && c.limiter != nil && !c.limiter.Allow() {
-		problem = topicError("rate_limited", "publishing too fast", f.Topic)
 	}
 	if problem.Type != "" {
 		// A refusal names the publisher's message_id, so a client with
@@ -1440,9 +1463,9 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 	defer t.mu.Unlock()
 
 	// The next seq must be one the stored head covers, so that no crash
-	// can give it to another message. b.waitForSeq waits, with the lock
-	// released, only on a topic's first publish and after a restart.
-	if fate, ok := b.waitForSeq(t, done); !ok {
+	// can give it to another message. The wait (leaves.waitForSeq) is
+	// for the disk only on a topic's first publish and after a restart.
+	if fate, ok := b.leaf.waitForSeq(t, done); !ok {
 		b.log.GiveBack(m.size())
 		return 0, false, fate
 	}
@@ -1468,12 +1491,10 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 
 // sequenced indexes m, which has its seq and its frame, and fans it out
 // to those who have had everything up to last, owing their writers to
-// wake. The caps are applied here, as messages arrive: b.retain adds m
-// to the topic's index, drops the oldest messages over MaxMessages or
-// MaxLogBytes from it, and trims them from the log in the same batch as
-// m (Retention). The caller holds t.mu.
+// wake. The caps are applied here, as messages arrive (leaves.retain).
+// The caller holds t.mu.
 func (b *Broker) sequenced(t *topic, m *Message, last uint64, wake *wakeups) {
-	b.retain(t, m)
+	b.leaf.retain(t, m)
 	b.xray.message("published", nil, m, nil)
 	b.fanOut(t, m, last, wake)
 }
@@ -1505,11 +1526,16 @@ func (b *Broker) fanOut(t *topic, m *Message, last uint64, wake *wakeups) {
 			s.fallBehind(b, last)
 		}
 	}
+	b.fanOutWildcards(t, m, gap, deadline, wake)
+}
 
-	// Wildcards live in one table, read-locked: subscribing to a filter
-	// is rare, publishing is not. wire.Covers(filter, topic) is the match. A
-	// wildcard spans logs, so it has none to fall back on: without room,
-	// it is cut off.
+// fanOutWildcards offers m to every wildcard subscription that covers
+// t, as fanOut does to t's own (wire.Covers(filter, topic) is the
+// match). Wildcards live in one table, read-locked: subscribing to a
+// filter is rare, publishing is not. A wildcard spans logs, so it has
+// none to fall back on: without room, or after a gap, it is cut off.
+func (b *Broker) fanOutWildcards(t *topic, m *Message, gap bool,
+	deadline time.Time, wake *wakeups) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	for s := range b.wildcards {
@@ -1547,13 +1573,11 @@ func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 //
 //   - the log's queue (b.log.Admit): a publisher's reader waits for
 //     room, so TCP pushes back on that publisher alone, at any QoS;
-//   - each connection's outbox (a queue.Outbox), drained by its own
-//     writer: o.Push queues frames, all or none, within its bytes,
-//     o.PushWithin within fewer, and o.Take hands the writer everything
-//     queued. A reply to the client's own request waits for room; a live
-//     delivery never waits, because a publisher must not stall for one
-//     slow subscriber: a subscription with no room drops back to reading
-//     the log, and turns live again once it has caught up
+//   - each connection's outbox, drained by its own writer: a reply to
+//     the client's own request waits for room; a live delivery never
+//     waits, because a publisher must not stall for one slow
+//     subscriber: a subscription with no room drops back to reading the
+//     log, and turns live again once it has caught up
 //     (subscription.fallBehind);
 //   - the socket: one write waits at most WriteTimeout for its peer.
 //
@@ -1746,7 +1770,7 @@ func (c *connection) deliver(s *subscription, m *Message, delivery []byte,
 	if s.ended() {
 		return s.shares == nil
 	}
-	if m.expired() { // Naks, backoff and expiry
+	if m.expired() {
 		return true
 	}
 	if !c.windowHas(s, m, split) || !c.push(s, delivery, split, wake) {
@@ -1931,7 +1955,7 @@ func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 // at most RetryWindow late, and a connection owing nothing holds none. A
 // loop over every connection was up to a second late; a timer per
 // delivery would cost memory per message. Each retry waits longer than
-// the last (b.retryDelay), a nak hands a delivery back early, and a
+// the last (leaves.retryDelay), a nak hands a delivery back early, and a
 // message may expire (m.expired): the detail Naks, backoff and expiry.
 
 // RetryWindow is how late a retry may be: a connection's timer fires at
@@ -1981,6 +2005,14 @@ func (c *connection) redeliver(now time.Time) {
 	}
 }
 
+// deadReason is the reason a delivery dead-lettered by overdue gives.
+func (m *Message) deadReason() string {
+	if m.expired() {
+		return "expired"
+	}
+	return "not acknowledged"
+}
+
 // overdue walks c's pending deliveries once. Each overdue one gets its
 // next attempt and a retry frame, or, if its subscription shares its
 // messages, is settled as moved and goes among moves, or, past its last
@@ -2005,7 +2037,7 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 				moves = append(moves, *p)
 			default:
 				p.attempt++
-				p.deadline = now.Add(c.broker.retryDelay(p))
+				p.deadline = now.Add(c.broker.leaf.retryDelay(p))
 				next = min(next, p.deadline.UnixNano())
 				c.broker.xray.message("redelivered", c, p.message, p)
 				retries = append(retries,
@@ -2028,9 +2060,8 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 
 // deadLetter publishes an exhausted delivery to $dead/<topic>, with QoS 1
 // so that whoever watches gets it at least once; a dead letter's own is
-// logged, not nested. The reason is a nak's, or m.deadReason (Naks,
-// backoff and expiry). Every topic has room for its dead letters'
-// (wire.MaxTopicBytes).
+// logged, not nested. The reason is a nak's, or m.deadReason. Every
+// topic has room for its dead letters' (wire.MaxTopicBytes).
 func (b *Broker) deadLetter(p pending, c *connection, reason string) {
 	m := p.message
 	b.logger.Warn("dead letter", "topic", m.Topic, "message_id", m.ID,
@@ -2040,32 +2071,41 @@ func (b *Broker) deadLetter(p pending, c *connection, reason string) {
 		b.deadLettered(p, c, true)
 		return
 	}
+	// A subscription with a cursor names its dead letter (cursor.deadID);
+	// one that nothing replays after a restart gets a fresh id.
+	id := wire.NewMessageID()
+	if d := p.subscription.cursor; d != nil {
+		id = d.deadID(m.Seq)
+	}
 	payload, _ := json.Marshal(wire.DeadLetter{
 		Topic: m.Topic, MessageID: m.ID, Seq: m.Seq, Payload: m.Payload,
 		Reason: reason, Attempts: p.attempt,
 		Subscriber: c.subject, Client: c.client,
 	})
 	_, duplicate, stored := b.publish(&Message{Topic: deadPrefix + m.Topic,
-		ID: p.deadID(), QoS: 1, Payload: payload}, b.stop, nil)
+		ID: id, QoS: 1, Payload: payload}, b.stop, nil)
 
-	// The delivery is done with only once its dead letter is on disk. A
-	// crash before that makes the letter again, and p.deadID makes it a
-	// duplicate (Naks, backoff and expiry): stored once, and said once.
-	// A letter the log refused leaves the delivery pending, to be tried
-	// again; a broker stopping leaves a durable cursor behind it.
-	if stored == nil {
+	// A broker stopping leaves a durable cursor behind the delivery.
+	if stored != nil {
+		go b.deadLetterStored(p, c, stored, duplicate)
+	}
+}
+
+// deadLetterStored waits for p's dead letter to reach the disk: only
+// then is the delivery done with. A crash before that makes the letter
+// again, and a cursor's id makes it a duplicate: stored once, and said
+// once. A letter the log refused leaves the delivery pending, to be
+// tried again.
+func (b *Broker) deadLetterStored(p pending, c *connection, stored *outcome,
+	duplicate bool) {
+	<-stored.Done()
+	if err := stored.Err(); err != nil {
+		b.logger.Error("dead letter not stored", "topic", p.message.Topic,
+			"seq", p.message.Seq, "err", err)
+		c.keepPending(p)
 		return
 	}
-	go func() {
-		<-stored.Done()
-		if err := stored.Err(); err != nil {
-			b.logger.Error("dead letter not stored", "topic", m.Topic,
-				"seq", m.Seq, "err", err)
-			c.keepPending(p)
-			return
-		}
-		b.deadLettered(p, c, !duplicate && !stored.Duplicate())
-	}()
+	b.deadLettered(p, c, !duplicate && !stored.Duplicate())
 }
 
 // deadLettered settles p, whose dead letter is on disk: its cursor
@@ -2086,7 +2126,7 @@ func (c *connection) keepPending(p pending) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !p.subscription.ended() {
-		p.deadline = time.Now().Add(c.broker.retryDelay(&p))
+		p.deadline = time.Now().Add(c.broker.leaf.retryDelay(&p))
 		c.addPending(p)
 	}
 }
@@ -2119,9 +2159,8 @@ func (c *connection) keepPending(p pending) {
 
 // replay sends the log after seq after, then turns s live. It runs on its
 // own goroutine and ends early if s or its connection ends. behind says
-// that s was live, and may not skip a message unannounced:
-// s.overtaken finds what the log dropped, moves past it, and has the
-// subscriber told (Retention, a detail). s.to.cutOff cuts the
+// that s was live, and may not skip a message unannounced: it hears
+// what the log dropped (leaves.overtaken). s.to.cutOff cuts the
 // subscriber off with 4008, if the log cannot be read.
 func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 	// stuck remembers the synced seq seen after the last empty read;
@@ -2132,7 +2171,7 @@ func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 	for {
 		// The index leaves a message before the store does, so a gap
 		// the log made is found here, before any read can meet it.
-		if behind && s.overtaken(b, after, &from, 0) {
+		if behind && b.leaf.overtaken(s, after, &from, 0) {
 			continue
 		}
 
@@ -2148,7 +2187,7 @@ func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 			msgs = s.topic.unsyncedAfter(from)
 		}
 		if behind && len(msgs) > 0 && msgs[0].Seq > from+1 &&
-			s.overtaken(b, after, &from, msgs[0].Seq) {
+			b.leaf.overtaken(s, after, &from, msgs[0].Seq) {
 			continue
 		}
 		for i, m := range msgs {
@@ -2327,7 +2366,7 @@ func (b *Broker) shutdownOnce(ctx context.Context) error {
 	// The committer goes last: connections still leaving may queue acks.
 	// Its last batch gives back the seqs reserved and never given out.
 	b.loops.Wait()
-	b.seal()
+	b.leaf.seal()
 	b.log.Stop()
 	if err := b.store.Close(); err != nil {
 		return fmt.Errorf("close store: %w", err)
@@ -2369,6 +2408,10 @@ type features struct {
 	// delays are the delayed messages waiting for their time (Delayed
 	// delivery); a restart fills it as it loads the logs.
 	delays delays
+	// largeFrames holds a token per frame over 64 KiB being read or
+	// handled, as many as largeFramesBytes holds frames of the full
+	// limit: 64 with the defaults (Keepalives, limits and batches).
+	largeFrames chan struct{}
 }
 
 // Defaults for Options. A zero field in Options takes these values.
@@ -2473,27 +2516,49 @@ func (o Options) ready() (Options, error) {
 // init puts the publish rules in the order they are asked: a token's
 // grants (mayPublish, Topic rules), then ttl_ms and a delay, and no
 // publish to a $delayed log (times, Delayed delivery), then the bound
-// on what waits (waitingRoom); and
-// the subscribe kinds, a wildcard's (which may have no group) first.
+// on what waits (waitingRoom), and last the publisher's rate
+// (withinRate), so that a refused publish costs none of it; the
+// subscribe rules; and the subscribe kinds, a wildcard's (which may
+// have no group) first.
 func init() {
-	publishRules = append(publishRules, mayPublish, times, waitingRoom)
+	publishRules = append(publishRules, mayPublish, times, waitingRoom,
+		withinRate)
+	subscribeRules = append(subscribeRules, (*connection).subscribeProblem)
 	subscribeKinds = append(subscribeKinds, subscribeWildcard, subscribeGroup)
 }
 
 // startFeatures readies the tables and starts the goroutines the
 // features beyond the article's broker need, once the log is loaded: the
-// x-ray, the broker's observer (events, The x-ray); the table of work
-// queues (Work queues); the password checks (b.startLogins, Logins and
-// passwords); a shared log's hooks, and its feed of what any broker
-// committed, to fan out here (b.feed, A log shared by several brokers),
-// if the store is one; the signal that wakes the release loop sooner
-// (Delayed delivery); and three loops of the broker's own, which end at
-// Shutdown: the x-ray's publisher (b.publishEvent), the trim of what
-// outlived the TTL (b.trimExpired, each tick of b.every, Retention) and
-// the release of each delayed message when it falls due (b.releaseLoop).
+// hooks the first reading calls them by (b.leaf, each set to the
+// function of its name); the x-ray, the broker's observer (events, The
+// x-ray); the table of work queues (Work queues); the places of large
+// frames (b.largeFrames, Keepalives, limits and batches); the password
+// checks (b.startLogins, Logins and passwords); a shared log's hooks,
+// and its feed of what any broker committed, to fan out here (b.feed,
+// A log shared by several brokers), if the store is one; the signal
+// that wakes the release loop sooner (Delayed delivery); and three loops
+// of the broker's own, which end at Shutdown: the x-ray's publisher
+// (b.publishEvent), the trim of what outlived the TTL (b.trimExpired,
+// each tick of b.every, Retention) and the release of each delayed
+// message when it falls due (b.releaseLoop).
 func (b *Broker) startFeatures() {
+	b.leaf = leaves{
+		overCapacity: b.overCapacity,
+		acceptSocket: b.acceptSocket,
+		authenticate: (*connection).authenticate,
+		recoverPanic: (*connection).recoverPanic,
+		retain:       b.retain,
+		pinTopic:     b.pinTopic,
+		unpin:        b.unpin,
+		overtaken:    b.overtaken,
+		waitForSeq:   b.waitForSeq,
+		seal:         b.seal,
+		retryDelay:   b.retryDelay,
+	}
 	b.xray = &events{xray.NewFeed(b.opts.OnEvent, b.logger)}
 	b.groups = map[string]*group{}
+	b.largeFrames = make(chan struct{},
+		max(1, largeFramesBytes/b.opts.MaxFrameBytes))
 	b.startLogins()
 	b.want, b.forget = func(string) {}, func(string) {}
 	if shared, ok := b.store.(SharedLog); ok {
@@ -2527,6 +2592,18 @@ func (b *Broker) startFeatures() {
 // Bearer) instead of an auth frame. Public keys (RS256) would let others
 // verify tokens without being able to sign them, for a key distribution
 // a small broker does not need.
+
+// Claims are what a token says about its holder: who (sub), until when
+// (exp), and optionally which topics it may publish and subscribe to.
+type Claims struct {
+	jwt.RegisteredClaims
+	// Publish lists the filters the holder may publish to; nil means
+	// every ordinary topic (none starting with $).
+	Publish []string `json:"publish,omitempty"`
+	// Subscribe lists the filters the holder may subscribe to; nil means
+	// every ordinary topic. $sys/… and $dead/… need an explicit grant.
+	Subscribe []string `json:"subscribe,omitempty"`
+}
 
 // tokenLeeway is the clock skew allowed on a token's exp.
 const tokenLeeway = 5 * time.Second
@@ -2722,15 +2799,17 @@ func NewToken(secret []byte, sub string, ttl time.Duration) (string, error) {
 // Once a client is in, the broker pings it every PingInterval, and a peer
 // that does not answer by the next ping is closed, so a client that
 // vanished without a word does not hold its subscriptions, or its
-// durable name, for ever. One loop for the broker, rather than a ticker
-// per connection, is what lets an idle connection have no writer.
+// durable name, for ever (c.startTimers).
 //
 // Limits keep one client from taking more than its share: a cap on
 // connections, refused before the upgrade; a publish rate per
-// connection, a token bucket with a second's burst; and New refuses a
-// negative limit, which would otherwise read as "none". A client may
-// also opt into batches: several objects a frame, one per line, each way,
-// so that a burst of publishes costs one frame and one system call.
+// connection, a token bucket with a second's burst; a place among
+// b.largeFrames for each frame over 64 KiB until it has been handled,
+// because a thousand publishers of 1 MiB frames held gigabytes; and New
+// refuses a negative limit, which would otherwise read as "none". A
+// client may also opt into batches: several objects a frame, one per
+// line, each way, so that a burst of publishes costs one frame and one
+// system call.
 //
 // The first reading also assumed a client that means well and a broker
 // without bugs. Small defences cover the rest, each in one place rather
@@ -2741,6 +2820,10 @@ func NewToken(secret []byte, sub string, ttl time.Duration) (string, error) {
 // mistake is not to be read as a date. And a frame that does not decode
 // is answered in the protocol's words, "field seq must be a whole
 // number, 0 or more", not Go's (wire.Explain).
+
+// largeFramesBytes bounds the frames over 64 KiB read or handled at
+// once, together.
+const largeFramesBytes = 64 << 20
 
 // overCapacity counts a new connection, and refuses it with HTTP 503 if
 // it is one past MaxConnections, reporting true: refusing before the
@@ -2753,6 +2836,23 @@ func (b *Broker) overCapacity(w http.ResponseWriter) bool {
 		return true
 	}
 	return false
+}
+
+// withinRate refuses a publish past PublishRate: a token bucket per
+// connection, with a second's burst (golang.org/x/time/rate), made at
+// the connection's first publish.
+func withinRate(c *connection, _ *Message, f frame) reply {
+	r := c.broker.opts.PublishRate
+	if r <= 0 {
+		return reply{}
+	}
+	if c.limiter == nil {
+		c.limiter = rate.NewLimiter(rate.Limit(r), int(max(r, 1)))
+	}
+	if !c.limiter.Allow() {
+		return topicError("rate_limited", "publishing too fast", f.Topic)
+	}
+	return reply{}
 }
 
 // check refuses, in options with their defaults, a missing Secret or
@@ -3148,6 +3248,16 @@ func (d *durableCursor) settled(b *Broker, seq uint64) {
 		d.unacked = slices.Delete(d.unacked, at, at+1)
 	}
 	d.save(b)
+}
+
+// deadID is the message_id of seq's dead letter: the same each time
+// this cursor (a durable subscription's, or a work queue's) gives up on
+// seq, so a dead letter made again, after a crash lost the cursor's move
+// past it, is a duplicate that the $dead log stores once (its idempotent
+// publish): a job reaches $dead once, restart or not.
+func (d *durableCursor) deadID(seq uint64) string {
+	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d", d.key, seq))
+	return fmt.Sprintf("dead-%x", sum[:16])
 }
 
 // save hands a durable cursor to the log if it moved. The position is
@@ -3696,34 +3806,6 @@ func (c *connection) nak(f frame) {
 	}
 	c.mu.Unlock()
 }
-
-// deadID is the message_id of p's dead letter. Through a durable cursor
-// (a durable subscription's, or a work queue's) it is the same each time
-// that cursor gives up on the same message, so a dead letter made again,
-// after a crash lost the cursor's move past it, is a duplicate that the
-// $dead log stores once (its idempotent publish): a job reaches $dead
-// once, restart or not. A plain subscription, which nothing replays
-// after a restart, gets a fresh one.
-func (p *pending) deadID() string {
-	d, ok := p.subscription.cursor.(*durableCursor)
-	if !ok {
-		return wire.NewMessageID()
-	}
-	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d", d.key, p.message.Seq))
-	return fmt.Sprintf("dead-%x", sum[:16])
-}
-
-// deadReason is the reason a delivery dead-lettered by overdue gives.
-func (m *Message) deadReason() string {
-	if m.expired() {
-		return "expired"
-	}
-	return "not acknowledged"
-}
-
-// expired reports whether m had a ttl_ms and it has run out, by the rule
-// the socket drops an expired delivery by (wire.Past).
-func (m *Message) expired() bool { return wire.Past(m.ExpiresAt) }
 
 // # Delayed delivery (detail)
 //
@@ -4598,7 +4680,7 @@ func (b *Broker) trimExpired(now time.Time) {
 // message kept is not a loss (seqs skipped after a crash hold no
 // message), and is not said; on a shared log, whose seqs are dense,
 // every gap is one (A log shared by several brokers).
-func (s *subscription) overtaken(b *Broker, after uint64,
+func (b *Broker) overtaken(s *subscription, after uint64,
 	from *uint64, next uint64) bool {
 	first := s.topic.firstKept()
 	if b.appendShared != nil && next > first {
