@@ -317,7 +317,7 @@ func errorReply(code, text string) reply {
 // tables, each behind its own lock:
 //
 //	Broker.topics      name → topic: head seq, index of the log, subscribers
-//	Broker.wildcards   the + and # subscriptions, live only
+//	Broker.wildcards   the + and # subscriptions, live only (Topic rules)
 //	Broker.durables    durable key → the subscription that owns it
 //	connection.unacked topic → the QoS 1 deliveries it owes acks for,
 //	                   in seq order: the retry timer's table
@@ -356,8 +356,6 @@ type Broker struct {
 	// topics maps every exact topic name to its topic. One that never had
 	// a message is forgotten when its last subscription ends (Retention).
 	topics map[string]*topic
-	// wildcards holds the live-only subscriptions with + or #.
-	wildcards map[*subscription]struct{}
 	// connections holds every registered connection, for Shutdown, the
 	// x-ray's snapshot and the outbox total /metrics reports.
 	connections map[*connection]struct{}
@@ -431,10 +429,16 @@ type leaves struct {
 	// from the log. The caller holds t.mu.
 	retain func(t *topic, m *Message)
 	// pinTopic returns the topic called name, made on first use, held
-	// for a subscription until unpin(s): one that never had a message is
-	// then forgotten.
+	// for a subscription until unpin(s) lets go of what s held: its
+	// topic, then forgotten if it never had a message, or a wildcard's
+	// place among the filters fan-out covers.
 	pinTopic func(name string) *topic
 	unpin    func(s *subscription)
+	// fanOutWildcards offers m, as fanOut does, to the wildcard
+	// subscriptions that cover t (Topic rules): without room, or after a
+	// gap, each is cut off, as it has no single log to fall back on.
+	fanOutWildcards func(t *topic, m *Message, gap bool,
+		deadline time.Time, wake *wakeups)
 	// overtaken reports whether the log dropped what comes after *from,
 	// a replay's place (next: the first seq a read found, or 0), and if
 	// so moves *from past it and tells s's subscriber, who had all up to
@@ -515,8 +519,8 @@ func New(opts Options) (*Broker, error) {
 	}
 	b := &Broker{opts: opts, logger: opts.Logger, store: opts.Store,
 		topics: map[string]*topic{}, durables: map[string]*subscription{},
-		wildcards: map[*subscription]struct{}{}, stop: make(chan struct{}),
-		connections: map[*connection]struct{}{}, writers: &workers{}}
+		stop: make(chan struct{}), writers: &workers{},
+		connections: map[*connection]struct{}{}}
 
 	// The index of every stored topic is rebuilt before the first client
 	// arrives (b.loadTopics, in Seqs reserved on disk): seqs continue
@@ -1300,8 +1304,10 @@ func (b *Broker) unsubscribe(s *subscription) {
 	// It is safe to call twice (a takeover racing a disconnect): every
 	// step below is idempotent.
 	//
-	// First no new deliveries: out of the topic, the wildcard table and,
-	// for one that shares its messages, its sharing (Work queues).
+	// First no new deliveries: out of the topic and, for one that shares
+	// its messages, its sharing (Work queues). A wildcard leaves its
+	// table as it lets go (leaves.unpin, below); meanwhile deliver gives
+	// it nothing, as it has ended.
 	if s.shares != nil {
 		s.shares.leave(s)
 	}
@@ -1312,7 +1318,6 @@ func (b *Broker) unsubscribe(s *subscription) {
 	}
 	// b.releaseDurable gives its durable name up (Durable subscriptions).
 	b.mu.Lock()
-	delete(b.wildcards, s)
 	b.releaseDurable(s)
 	b.mu.Unlock()
 
@@ -1499,8 +1504,9 @@ func (b *Broker) sequenced(t *topic, m *Message, last uint64, wake *wakeups) {
 	b.fanOut(t, m, last, wake)
 }
 
-// fanOut offers a new message to every live subscriber of t and every
-// matching wildcard subscription, which have had everything up to last.
+// fanOut offers a new message to every live subscriber of t and, through
+// leaves.fanOutWildcards, every wildcard subscription that covers t,
+// which have had everything up to last.
 // The writers it fills are owed to wake (see Outbox.PushWithin). The caller
 // holds t.mu, which keeps seq order.
 func (b *Broker) fanOut(t *topic, m *Message, last uint64, wake *wakeups) {
@@ -1526,24 +1532,7 @@ func (b *Broker) fanOut(t *topic, m *Message, last uint64, wake *wakeups) {
 			s.fallBehind(b, last)
 		}
 	}
-	b.fanOutWildcards(t, m, gap, deadline, wake)
-}
-
-// fanOutWildcards offers m to every wildcard subscription that covers
-// t, as fanOut does to t's own (wire.Covers(filter, topic) is the
-// match). Wildcards live in one table, read-locked: subscribing to a
-// filter is rare, publishing is not. A wildcard spans logs, so it has
-// none to fall back on: without room, or after a gap, it is cut off.
-func (b *Broker) fanOutWildcards(t *topic, m *Message, gap bool,
-	deadline time.Time, wake *wakeups) {
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	for s := range b.wildcards {
-		if wire.Covers(s.filter, t.name) &&
-			(gap || !s.conn.deliver(s, m, m.delivery, 1, deadline, wake)) {
-			s.conn.cutOff("fell behind")
-		}
-	}
+	b.leaf.fanOutWildcards(t, m, gap, deadline, wake)
 }
 
 // fallBehind turns a live subscription back into a replaying one, which
@@ -2408,6 +2397,9 @@ type features struct {
 	// delays are the delayed messages waiting for their time (Delayed
 	// delivery); a restart fills it as it loads the logs.
 	delays delays
+	// wildcards holds the live-only subscriptions with + or # (Topic
+	// rules), guarded by the broker's mu, as its other tables are.
+	wildcards map[*subscription]struct{}
 	// largeFrames holds a token per frame over 64 KiB being read or
 	// handled, as many as largeFramesBytes holds frames of the full
 	// limit: 64 with the defaults (Keepalives, limits and batches).
@@ -2543,20 +2535,22 @@ func init() {
 // message when it falls due (b.releaseLoop).
 func (b *Broker) startFeatures() {
 	b.leaf = leaves{
-		overCapacity: b.overCapacity,
-		acceptSocket: b.acceptSocket,
-		authenticate: (*connection).authenticate,
-		recoverPanic: (*connection).recoverPanic,
-		retain:       b.retain,
-		pinTopic:     b.pinTopic,
-		unpin:        b.unpin,
-		overtaken:    b.overtaken,
-		waitForSeq:   b.waitForSeq,
-		seal:         b.seal,
-		retryDelay:   b.retryDelay,
+		overCapacity:    b.overCapacity,
+		acceptSocket:    b.acceptSocket,
+		authenticate:    (*connection).authenticate,
+		recoverPanic:    (*connection).recoverPanic,
+		retain:          b.retain,
+		pinTopic:        b.pinTopic,
+		unpin:           b.unpin,
+		fanOutWildcards: b.fanOutWildcards,
+		overtaken:       b.overtaken,
+		waitForSeq:      b.waitForSeq,
+		seal:            b.seal,
+		retryDelay:      b.retryDelay,
 	}
 	b.xray = &events{xray.NewFeed(b.opts.OnEvent, b.logger)}
 	b.groups = map[string]*group{}
+	b.wildcards = map[*subscription]struct{}{}
 	b.largeFrames = make(chan struct{},
 		max(1, largeFramesBytes/b.opts.MaxFrameBytes))
 	b.startLogins()
@@ -3097,6 +3091,23 @@ func subscribeWildcard(c *connection, f frame) bool {
 	}
 	c.broker.xray.subscription("subscribed", s)
 	return true
+}
+
+// fanOutWildcards offers m to every wildcard subscription that covers
+// t, as fanOut does to t's own (wire.Covers(filter, topic) is the
+// match). Wildcards live in one table, read-locked: subscribing to a
+// filter is rare, publishing is not. A wildcard spans logs, so it has
+// none to fall back on: without room, or after a gap, it is cut off.
+func (b *Broker) fanOutWildcards(t *topic, m *Message, gap bool,
+	deadline time.Time, wake *wakeups) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	for s := range b.wildcards {
+		if wire.Covers(s.filter, t.name) &&
+			(gap || !s.conn.deliver(s, m, m.delivery, 1, deadline, wake)) {
+			s.conn.cutOff("fell behind")
+		}
+	}
 }
 
 // mayPublish is a publish rule: it refuses a topic c's token may not
@@ -4524,11 +4535,15 @@ func (b *Broker) pinTopic(name string) *topic {
 // unpin lets go of s's hold on its topic t, and forgets t if nothing
 // else holds it and it never had a message: no seq given out or asked
 // for, so nothing of it is on disk. A shared log forgets it too
-// (b.forget), and a wildcard filter, which holds no topic, once nobody
-// here wants it.
+// (b.forget). A wildcard subscription, which holds no topic, leaves the
+// table of filters fan-out covers, and a shared log forgets its filter
+// once nobody here wants it.
 func (b *Broker) unpin(s *subscription) {
 	t := s.topic
 	if t == nil {
+		b.mu.Lock()
+		delete(b.wildcards, s)
+		b.mu.Unlock()
 		b.forget(s.filter)
 		return
 	}
