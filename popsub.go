@@ -721,7 +721,7 @@ type wakeups = queue.Wakeups
 // write, runs on b.writers. Push queues frames, all or none, and starts
 // the writer if none runs; PushWithin queues within a lower bound and
 // owes the start to a wakeups; Take hands the writer every frame queued,
-// in order, and none once it is to exit, when recycle(batch) takes its
+// in order, and none once it is to exit, when recycle(frames) takes its
 // array back.
 type outbox = queue.Outbox
 
@@ -1582,37 +1582,37 @@ func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 // the next frame instead would be simpler, and would cost every idle
 // connection a parked goroutine, whose stack (8 KiB once it has written)
 // was the biggest single item in an idle connection's memory. It runs on
-// one of b.writers' kept goroutines, if one waits. Each batch goes out
-// in as few system calls as the socket can (c.ws.Send). After a failed
-// write the outbox stays marked as written, so no writer starts again:
-// the reader is about to see the socket closed. The outbox and its
-// writer trade arrays at each Take, and the writer's goes back to a pool
-// when it exits (recycle).
+// one of b.writers' kept goroutines, if one waits. The frames of each
+// Take go out in as few system calls as the socket can (c.ws.Send).
+// After a failed write the outbox stays marked as written, so no writer
+// starts again: the reader is about to see the socket closed. The
+// outbox and its writer trade arrays at each Take, and the writer's
+// goes back to a pool when it exits (recycle).
 func (c *connection) writeLoop() {
-	var batch [][]byte
-	defer func() { recycle(batch) }()
+	var frames [][]byte
+	defer func() { recycle(frames) }()
 	for ok := true; ok; {
-		batch = c.outbox.Take(batch[:0])
-		if len(batch) == 0 {
+		frames = c.outbox.Take(frames[:0])
+		if len(frames) == 0 {
 			return
 		}
 		notify(c.room)
-		ok = c.writeBatch(batch)
+		ok = c.writeFrames(frames)
 	}
 }
 
-// writeBatch writes a batch of frames and reports false once the socket
-// is done with: a write failed, or a nil frame asked for the close. A
-// client that opted into batches gets runs of frames joined by newlines
-// in one WebSocket frame.
-func (c *connection) writeBatch(batch [][]byte) bool {
+// writeFrames writes the frames one Take handed over, and reports false
+// once the socket is done with: a write failed, or a nil frame asked for
+// the close. A client that opted into batches gets runs of frames joined
+// by newlines in one WebSocket frame.
+func (c *connection) writeFrames(frames [][]byte) bool {
 	// A close waits for the peer's answer: what came before it leaves
 	// first.
-	end := slices.IndexFunc(batch, func(f []byte) bool { return f == nil })
+	end := slices.IndexFunc(frames, func(f []byte) bool { return f == nil })
 	if end >= 0 {
-		batch = batch[:end]
+		frames = frames[:end]
 	}
-	if err := c.ws.Send(batch, c.batch); err != nil {
+	if err := c.ws.Send(frames, c.batch); err != nil {
 		c.writeFailed(err)
 		return false
 	}
