@@ -38,9 +38,11 @@
 // machine room under it (the store, group commit, the socket: packages
 // of their own); connecting; subscribing; publishing and fan-out; the
 // outbox; acknowledgements; retries; replay; shutdown. Sections marked
-// "(detail)" may be skipped: where the first reading calls one, it says
-// in a line what the call does. The page at /source folds them away,
-// and shows the machine room's packages after this file.
+// "(detail)" may be skipped: the first reading calls one through a
+// hook it declares with its contract in a line (b.leaf, the rules and
+// kinds of frame), or says in a line beside the call what it does. The
+// page at /source folds them away, and shows the machine room's
+// packages after this file.
 //
 // # Goroutines
 //
