@@ -51,8 +51,9 @@ func TestSourcePage_FindsItsWayAround(t *testing.T) {
 	}
 
 	// An identifier links to its definition, and a definition inside
-	// another folded detail opens it.
-	encoder := `details#topic-rules`
+	// another folded detail opens it: the durable name a first-reading
+	// subscribe resumes (connection.resume).
+	folded := `details#durable-subscriptions`
 	err = chromedp.Do(ctx,
 		chromedp.Click(css(frames+` .code a[href="#connection"]`)),
 		chromedp.WaitVisible(css(`#connection`)),
@@ -60,21 +61,22 @@ func TestSourcePage_FindsItsWayAround(t *testing.T) {
 	if err != nil {
 		t.Fatalf("following links: %v", err)
 	}
-	if open(encoder) {
-		t.Fatal("the encoder's detail is open before its link is followed")
+	if open(folded) {
+		t.Fatal("the durable names' detail is open before its link is " +
+			"followed")
 	}
 	_, err = chromedp.Run(ctx, chromedp.Evaluate[bool](`[...document.
-		querySelectorAll('a[href="#connection.subscribeProblem"]')].
+		querySelectorAll('a[href="#connection.resume"]')].
 		find(a => !a.closest("details")).click() ?? true`))
 	if err == nil {
 		err = chromedp.Do(ctx, chromedp.WaitVisible(
-			css(`[id="connection.subscribeProblem"]`)))
+			css(`[id="connection.resume"]`)))
 	}
 	if err != nil {
 		t.Fatalf("the link into a folded detail: %v", err)
 	}
 	until(t, ctx, "the link into a folded detail opens it",
-		`document.querySelector("`+encoder+`").open`)
+		`document.querySelector("`+folded+`").open`)
 
 	// The appendix lists the machine room's packages, folded; its
 	// contents' link opens one.
