@@ -454,8 +454,8 @@ type leaves struct {
 	// reserved and never given out.
 	waitForSeq func(t *topic, done <-chan struct{}) (*outcome, bool)
 	seal       func()
-	// retryDelay is how long p, at its attempt, waits for its ack: the
-	// backoff, AckTimeout × RetryBackoff^(attempt−1) up to MaxRetryDelay.
+	// retryDelay is how long p, at its attempt, waits for its ack: a
+	// backoff up to MaxRetryDelay, less a jitter of up to a fifth.
 	retryDelay func(p *pending) time.Duration
 }
 
