@@ -33,14 +33,14 @@ import (
 // leaves and the rules, by which the first reading calls a dozen
 // details' functions), and the first reading, priced as a reader pays
 // it (5 lines a minute where code takes or lets go of a lock, starts a
-// goroutine or selects), takes about 247 minutes against a goal of 180.
+// goroutine or selects), takes about 244 minutes against a goal of 180.
 // Making room is the restructure that makes every feature a leaf
 // (STYLE.md, "The first reading stands alone"); until it lands, these
 // caps hold the line where the file is now, and the test's log prints
 // each one's slack.
 const (
 	budgetFirstReading  = 1171 // code lines in first-reading sections
-	budgetMinutes       = 247  // the first reading, priced; the goal is 180
+	budgetMinutes       = 244  // the first reading, priced; the goal is 180
 	budgetCode          = 2695 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
@@ -49,6 +49,7 @@ const (
 	budgetDocumentedPct = 95   // declarations with a doc comment
 	budgetDetailNames   = 11   // detail declarations the first reading uses; the goal is 25
 	budgetDetailUsers   = 8    // first-reading declarations that use them; the goal is 10
+	budgetOneLinePct    = 85   // in-function comments of one line, percent
 )
 
 // measure measures popsub.go as STYLE.md counts it.
@@ -105,6 +106,10 @@ func TestPopsubGo_KeepsItsBudget(t *testing.T) {
 			100*b.Documented >= budgetDocumentedPct*b.Declarations},
 		{"lines over 80 columns", len(b.LongLines), 0,
 			len(b.LongLines) == 0},
+		{"in-function comments of one line, percent",
+			100 * b.OneLineComments / max(b.InFunctionComments, 1),
+			budgetOneLinePct,
+			100*b.OneLineComments >= budgetOneLinePct*b.InFunctionComments},
 	}
 	t.Logf("first reading: %d dense code lines (locks, goroutines, "+
 		"selects) of %d", b.FirstReadingDense(), b.FirstReading)

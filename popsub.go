@@ -510,11 +510,12 @@ type entry struct {
 	size      int        // Message.size, for the byte cap
 }
 
-// New starts a broker over opts.Store, loading every topic's index from it.
-// The broker owns the store from here on: Shutdown closes it.
+// New starts a broker over opts.Store, loading every topic's index from it
+// before the first client arrives, so that seqs go on where they stopped
+// and a publisher's retry of a message stored before a crash is still
+// recognised. The broker owns the store from here on: Shutdown closes it.
 func New(opts Options) (*Broker, error) {
-	// opts.ready gives every zero field its default, and refuses a
-	// missing Secret or Store and a negative limit (Defaults and start-up).
+	// Give zero fields their defaults (opts.ready, Defaults and start-up).
 	opts, err := opts.ready()
 	if err != nil {
 		return nil, err
@@ -524,14 +525,7 @@ func New(opts Options) (*Broker, error) {
 		stop: make(chan struct{}), writers: &workers{},
 		connections: map[*connection]struct{}{}}
 
-	// The index of every stored topic is rebuilt before the first client
-	// arrives (b.loadTopics, in Seqs reserved on disk): seqs continue
-	// where they stopped, and a publisher's retry of a message stored
-	// before a crash is still recognised. Then b.startLog starts the
-	// committer's goroutine (After a commit), and b.startFeatures what
-	// the features beyond the article's broker run on their own, each
-	// until Shutdown (Defaults and start-up). Retries are each
-	// connection's own timer (Retries and dead letters).
+	// Index, committer, loops (b.loadTopics, b.startLog, b.startFeatures).
 	if err = b.loadTopics(); err != nil {
 		return nil, err
 	}
@@ -583,8 +577,7 @@ func (b *Broker) lockTopic(name string) *topic {
 // firstSeq is the oldest retained seq, or head+1 when the log is empty.
 // The caller holds t.mu.
 func (t *topic) firstSeq() uint64 {
-	// An empty log still has a head: seqs never restart, so after a trim
-	// to nothing the next message is head+1, and so is "first".
+	// Seqs never restart: after a trim to nothing, first is head+1.
 	live := t.index.Live()
 	if len(live) == 0 {
 		return t.head + 1
@@ -595,8 +588,7 @@ func (t *topic) firstSeq() uint64 {
 // connectionList snapshots the open connections, so that the broker's
 // lock is not held while each one is visited.
 func (b *Broker) connectionList() []*connection {
-	// Connections that leave after the snapshot are visited anyway;
-	// their tables are empty by then, so the visit does nothing.
+	// One that leaves after the snapshot is visited, and has nothing.
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	return slices.Collect(maps.Keys(b.connections))
@@ -857,8 +849,7 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// Before each read of the socket, the reader starts the writers its
-	// publishes filled (c.wake.Start: wakeups, in the machine room).
+	// Before each read, start the writers c's publishes filled (wakeups).
 	var c *connection
 	ws, err := b.leaf.acceptSocket(w, r, func() { c.wake.Start() })
 	if err != nil {
@@ -866,8 +857,7 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		b.logger.Debug("upgrade refused", "remote", r.RemoteAddr, "err", err)
 		return
 	}
-	// A connection registers before it authenticates, so that Shutdown
-	// and the connection count see it from its first moment.
+	// Register before auth: Shutdown sees c from its first moment.
 	c = b.newConnection(ws, r.RemoteAddr)
 	c.bearer = wire.BearerToken(r.Header.Get("Authorization"))
 	if !b.register(c) {
@@ -878,10 +868,10 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	go c.serve()
 }
 
-// newConnection prepares the state of a freshly upgraded connection.
+// newConnection prepares the state of a freshly upgraded connection. Its
+// outbox is the one buffer of its own that grows with load, from empty
+// up to its bound.
 func (b *Broker) newConnection(ws Socket, remote string) *connection {
-	// The outbox is the only per-connection buffer that grows with load;
-	// it starts empty and grows only as far as its bound.
 	c := &connection{broker: b, ws: ws, remote: remote,
 		id:   connectionIDs.Add(1),
 		room: make(chan struct{}, 1), done: make(chan struct{}),
@@ -894,8 +884,7 @@ func (b *Broker) newConnection(ws Socket, remote string) *connection {
 // register adds c to the broker's table, and reports whether it did: not
 // once the broker is closing.
 func (b *Broker) register(c *connection) bool {
-	// Checking closing and adding to closed under one lock means Shutdown
-	// either sees the connection or the connection sees Shutdown.
+	// One lock: Shutdown sees c, or c sees Shutdown.
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closing {
@@ -909,13 +898,11 @@ func (b *Broker) register(c *connection) bool {
 // unregister takes c apart once its client has left: it removes c and
 // everything it subscribed to, and closes its socket. Its unacked
 // deliveries go with it: a durable subscription replays them on resume,
-// an ordinary one has nobody left to deliver them to.
+// an ordinary one has nobody left to deliver them to. Closing done first
+// stops the confirmer before the subscriptions it works for are taken
+// apart, and each replayer stops as b.unsubscribe cancels its own.
 func (b *Broker) unregister(c *connection) {
-	// A reader that leaves starts the writers its publishes owe. Closing
-	// done first stops the confirmer before the subscriptions it works
-	// for are taken apart (each replayer stops when b.unsubscribe cancels
-	// its subscription); a pending timer would keep the whole connection
-	// alive until it fired.
+	// Start the writers c owes; stop its timers, which hold c alive.
 	c.wake.Start()
 	c.end()
 	if c.expiry != nil {
@@ -939,8 +926,7 @@ func (b *Broker) unregister(c *connection) {
 	b.xray.connection("disconnected", c, "")
 	b.open.Add(-1)
 	b.registered.Done()
-	// However the client left, its socket is closed here: a peer that
-	// vanished mid-frame would otherwise keep a file descriptor open.
+	// Close the socket, or a peer gone mid-frame keeps its descriptor.
 	c.closeSocket(0, "")
 }
 
@@ -970,13 +956,10 @@ func (c *connection) serve() {
 		return
 	}
 
-	// Authenticated: the full frame limit applies (c.read sets it), and
-	// every frame to the client goes through the outbox. Frames are
-	// handled in order: a pong proves everything before it was handled.
+	// Handle frames in order: a pong proves all before it was handled.
 	c.ws.Idle(c.serve)
 	for {
-		// A failed read ends the connection; a nil frame, only this
-		// goroutine.
+		// A failed read ends the connection; nil, only this goroutine.
 		data, ok := c.read()
 		if !ok {
 			c.broker.unregister(c)
@@ -984,8 +967,7 @@ func (c *connection) serve() {
 		if data == nil {
 			return
 		}
-		// A client that opted into batches sends several objects a frame
-		// (wire.Objects; Keepalives, limits and batches).
+		// Split a batch (wire.Objects; Keepalives, limits and batches).
 		for object := range wire.Objects(data, c.batch) {
 			c.handle(object)
 		}
@@ -995,19 +977,17 @@ func (c *connection) serve() {
 // read returns the next text frame, as Socket.Read does, and false once
 // the connection has ended. Invalid UTF-8 is refused because
 // encoding/json would silently replace bad bytes, and a payload would
-// not be what its publisher sent.
+// not be what its publisher sent. The read limit is set each frame, an
+// atomic store, to keep it in one place.
 func (c *connection) read() ([]byte, bool) {
-	// The limit follows the session: 8 KiB until the client has
-	// authenticated (c.claims is set), MaxFrameBytes after. Setting it
-	// each frame costs an atomic store, and keeps it in one place.
+	// 8 KiB until auth has set c.claims, then MaxFrameBytes.
 	limit := int64(authReadLimit)
 	if c.claims != nil {
 		limit = c.broker.opts.MaxFrameBytes
 	}
 	c.ws.SetReadLimit(limit)
 
-	// Any read error ends the connection; the socket has sent whatever
-	// close applies.
+	// The socket has sent whatever close an error needs.
 	data, err := c.ws.Read()
 	return data, err == nil
 }
@@ -1178,8 +1158,7 @@ func (c *connection) newSubscription(filter string, t *topic,
 		// newDurableCursor keys it (Durable subscriptions).
 		s.cursor = newDurableCursor(c.subject, durable, filter)
 	}
-	// The old subscription is ended outside c.mu: unsubscribe takes the
-	// topic's lock, which comes before the connection's in lock order.
+	// End the old one outside c.mu: its topic's lock comes first.
 	c.mu.Lock()
 	old := c.subscriptions[filter]
 	c.subscriptions[filter] = s
@@ -1201,36 +1180,32 @@ func (s *subscription) ended() bool {
 }
 
 // subscribeTopic subscribes to an exact topic: reply, replay, then live.
-// The topic is pinned until s ends (leaves.pinTopic).
+// The topic is pinned until s ends (leaves.pinTopic). The reply is
+// queued before the replayer starts, so the client hears "subscribed"
+// before any message of s; with nothing to replay, s.finishReplay turns
+// s live before the reader reads the next frame, so a publish that
+// follows on the same connection is delivered before it is confirmed.
+// A durable name's stored position wins over after: c.resume sets f.After,
+// or reports false when the store failed, the client told why (Durable
+// subscriptions).
 func (c *connection) subscribeTopic(f frame) {
 	b, t := c.broker, c.broker.leaf.pinTopic(f.Topic)
 	s := c.newSubscription(f.Topic, t, f.Durable)
 
-	// A durable name resumes from its cursor, which wins over after:
-	// c.resume takes the name from any older owner and sets f.After to
-	// the stored position, if any, or reports false when the store
-	// failed, and the client has heard why (Durable subscriptions).
+	// A durable name's position wins over after (c.resume sets f.After).
 	if f.Durable != "" && !c.resume(s, &f) {
 		return
 	}
-
-	// A shared log feeds this broker only the topics it wants (b.want),
-	// and catches up first, so that the head below is the log's.
+	// A shared log catches up on the topic first (b.want).
 	b.want(f.Topic)
 
-	// Registering and reading the head happen under one lock, so the
-	// head in the reply is exactly where live delivery will begin.
+	// One lock: the head in the reply is where live delivery begins.
 	t.mu.Lock()
 	start, recovered := t.startAfter(f.After, f.Last)
 	head := t.head
 	t.subscribers[s] = struct{}{}
 	t.mu.Unlock()
 
-	// The reply is queued before the replayer starts, so the client hears
-	// "subscribed" before any message of this subscription. With nothing
-	// to replay, s.finishReplay turns it live here, before the reader reads
-	// the client's next frame: a publish that follows it on the same
-	// connection is delivered before it is confirmed, never after.
 	r := reply{Type: "subscribed", Topic: f.Topic, Seq: &head}
 	if !recovered {
 		r.Recovered = &recovered
@@ -1242,14 +1217,12 @@ func (c *connection) subscribeTopic(f frame) {
 	}
 }
 
-// startAfter turns after or last into the seq replay starts after, and
-// reports whether everything asked for is still retained. The caller
-// holds t.mu.
+// startAfter turns after or last into the seq replay starts after
+// (first-1: everything retained), and reports whether everything asked
+// for is still retained. Asking for more is not an error: the client
+// gets what there is, and "recovered":false if a seq it named is gone.
+// The caller holds t.mu.
 func (t *topic) startAfter(after, last *uint64) (uint64, bool) {
-	// Replay starts after the returned seq; first-1 means "everything
-	// retained". Asking for more than is retained is not an error: the
-	// client gets what there is, and "recovered":false when it asked for
-	// a specific seq that is gone.
 	first := t.firstSeq()
 	switch {
 	case last != nil:
@@ -1262,8 +1235,7 @@ func (t *topic) startAfter(after, last *uint64) (uint64, bool) {
 	case after == nil:
 		return first - 1, true
 	case *after > t.head:
-		// The client saw a future this log never had (it was deleted
-		// and started again): give it everything, and say so.
+		// A future this log never had: it was deleted and begun again.
 		return first - 1, false
 	case *after+1 < first && *after < t.head:
 		return first - 1, false
@@ -1289,8 +1261,7 @@ func (c *connection) unsubscribeFrame(f frame) {
 		c.reply(topicError("invalid_topic", msg, f.Topic))
 		return
 	}
-	// The reply comes after the subscription is gone: nothing of it is
-	// delivered after "unsubscribed".
+	// Reply once s is gone: nothing of it follows "unsubscribed".
 	c.mu.Lock()
 	s := c.subscriptions[f.Topic]
 	c.mu.Unlock()
@@ -1302,14 +1273,11 @@ func (c *connection) unsubscribeFrame(f frame) {
 
 // unsubscribe ends s: no more deliveries, and its unacked ones are no
 // longer retried. A durable cursor stays on disk for the next subscribe.
+// Every step is idempotent, so a takeover may race a disconnect. A
+// wildcard leaves its table only as it lets go (leaves.unpin, last);
+// meanwhile deliver gives it nothing, as it has ended.
 func (b *Broker) unsubscribe(s *subscription) {
-	// It is safe to call twice (a takeover racing a disconnect): every
-	// step below is idempotent.
-	//
-	// First no new deliveries: out of the topic and, for one that shares
-	// its messages, its sharing (Work queues). A wildcard leaves its
-	// table as it lets go (leaves.unpin, below); meanwhile deliver gives
-	// it nothing, as it has ended.
+	// First no new deliveries: out of the topic, and its sharing.
 	if s.shares != nil {
 		s.shares.leave(s)
 	}
@@ -1323,8 +1291,7 @@ func (b *Broker) unsubscribe(s *subscription) {
 	b.releaseDurable(s)
 	b.mu.Unlock()
 
-	// Then no retries: cancel (which stops a replayer) and drop pending
-	// entries, under the same lock record takes, so none sneaks in after.
+	// Then no retries: drop pending entries under c.mu, as record adds.
 	c := s.conn
 	var left []pending
 	c.mu.Lock()
@@ -1345,8 +1312,7 @@ func (b *Broker) unsubscribe(s *subscription) {
 		})
 	}
 	c.mu.Unlock()
-	// A departed member's deliveries go to the others at once, as their
-	// next attempts. Last, once, s lets go of its topic (leaves.unpin).
+	// A member's deliveries go to the others at once; then let go.
 	if s.shares != nil {
 		s.shares.handOn(left, nil)
 	}
@@ -1382,7 +1348,13 @@ type confirm struct {
 // when m is delivered and until when.
 var publishRules []func(c *connection, m *Message, f frame) reply
 
-// publish answers a publish frame.
+// publish answers a publish frame. A refusal names the publisher's
+// message_id, so a client with many publishes in flight knows which one
+// it was. While the log's queue is full the reader waits, reading no
+// further frames: TCP pushes back on this publisher alone. It does not
+// wait for the disk: c.confirm hands the confirm to the confirmer
+// (Confirms, a detail), which sends it once the message is on disk, so
+// one connection can have many publishes in flight, sharing one sync.
 func (c *connection) publish(f frame) {
 	m, problem := newMessage(f, c.subject)
 	for _, rule := range publishRules {
@@ -1391,25 +1363,16 @@ func (c *connection) publish(f frame) {
 		}
 	}
 	if problem.Type != "" {
-		// A refusal names the publisher's message_id, so a client with
-		// many publishes in flight knows which one it was.
 		if problem.Code != "invalid_message_id" {
 			problem.MessageID = f.MessageID
 		}
 		c.reply(problem)
 		return
 	}
-	// The reader waits here while the log's queue is full: it reads no
-	// further frames, and TCP pushes back on this publisher alone.
 	seq, duplicate, stored := c.broker.publish(m, c.done, &c.wake)
 	if m.QoS == 0 || stored == nil {
 		return
 	}
-
-	// The reader does not wait for the disk: c.confirm hands the confirm
-	// to the confirmer (Confirms, a detail), which sends it once the
-	// message is on disk, and the reader reads the next frame. So one
-	// connection can have many publishes in flight, sharing one sync.
 	c.confirm(confirm{stored, m, seq, duplicate})
 }
 
@@ -1431,8 +1394,7 @@ func newMessage(f frame, publisher string) (*Message, reply) {
 			"message_id is longer than 256 bytes", f.Topic)
 	}
 
-	// A payload must be on one line, so a batch of deliveries can be
-	// split on newlines (two byte searches, a fifth of ContainsAny's).
+	// Keep a payload on one line, so that a batch splits on newlines.
 	payload := f.Payload
 	if bytes.ContainsRune(payload, '\n') || bytes.ContainsRune(payload, '\r') {
 		var compact bytes.Buffer
@@ -1451,41 +1413,36 @@ func newMessage(f frame, publisher string) (*Message, reply) {
 // happened. On a shared log b.appendShared hands m over instead, and
 // the outcome brings the log's seq. wake is the publishing reader's
 // wakeups, which the fan-out owes the writers it fills (nil, from
-// inside the process: start them at once).
+// inside the process: start them at once). A message with no message_id
+// gets a random one. A publisher that lost its confirm may send again:
+// same id, same seq, nothing stored or delivered twice.
 func (b *Broker) publish(m *Message, done <-chan struct{},
 	wake *wakeups) (uint64, bool, *outcome) {
-	// A message with no message_id gets a random one (wire.NewMessageID).
 	m.ID = cmp.Or(m.ID, wire.NewMessageID())
-	// The x-ray's events are about this broker's own connections, so
-	// even on a shared log they are sequenced and committed here.
+	// The x-ray's events are this broker's own, even on a shared log.
 	if b.appendShared != nil && !strings.HasPrefix(m.Topic, "$sys/") {
 		return 0, false, b.appendShared(m)
 	}
-	// The wait comes before the topic's lock: the committer takes that
-	// lock to hand messages over, and it is the committer that makes room.
+	// Wait before taking t.mu: the committer needs it to make room.
 	if !b.log.Admit(m.size(), m.QoS == 1, done, wake.Start) {
 		return 0, false, nil
 	}
 	t := b.lockTopic(m.Topic)
 	defer t.mu.Unlock()
 
-	// The next seq must be one the stored head covers, so that no crash
-	// can give it to another message. The wait (leaves.waitForSeq) is
-	// for the disk only on a topic's first publish and after a restart.
+	// The stored head must cover the next seq (leaves.waitForSeq).
 	if fate, ok := b.leaf.waitForSeq(t, done); !ok {
 		b.log.GiveBack(m.size())
 		return 0, false, fate
 	}
 
-	// A publisher that lost its confirm may send again: same id, same
-	// seq, nothing stored or delivered twice. Its confirm waits for the
-	// first copy's sync, which may not have happened yet.
+	// A repeat gets the first copy's seq, and waits for its sync.
 	if seq, ok := t.ids[m.key()]; ok && m.QoS == 1 {
 		b.log.GiveBack(m.size())
 		return seq, true, b.log.Barrier()
 	}
 
-	// Seq and timestamp are given under the lock, so both only grow.
+	// Under the lock, seq and timestamp only grow.
 	t.head++
 	m.Seq = t.head
 	m.Timestamp = max(time.Now().UnixMilli(), t.lastTime)
@@ -1508,25 +1465,19 @@ func (b *Broker) sequenced(t *topic, m *Message, last uint64, wake *wakeups) {
 
 // fanOut offers a new message to every live subscriber of t and, through
 // leaves.fanOutWildcards, every wildcard subscription that covers t,
-// which have had everything up to last.
-// The writers it fills are owed to wake (see Outbox.PushWithin). The caller
+// which have had everything up to last; s.to.deliver queues it to s's
+// receiver if there is room. Replaying subscriptions are skipped: their
+// replayer reads the message from the store, or from t.unsynced. One
+// encoding serves every subscriber, as the bytes are never changed, and
+// one clock read, none at QoS 0 (one costs 60 to 80 ns here). The
+// writers it fills are owed to wake (see Outbox.PushWithin). The caller
 // holds t.mu, which keeps seq order.
 func (b *Broker) fanOut(t *topic, m *Message, last uint64, wake *wakeups) {
-	// Replaying subscriptions are skipped: their replayer will read the
-	// message from the store, or from the topic's unsynced list.
-	// s.to.deliver queues the message to s's receiver if it has room, and
-	// reports whether it did (or s no longer wants it).
-	//
-	// One encoding serves every subscriber: the bytes are never mutated,
-	// so a hundred outboxes can hold the same slice. One clock read
-	// serves them too, not one per subscriber, and a QoS 0 message, which
-	// has no retry to time, needs none: here one costs 60 to 80 ns.
 	var deadline time.Time
 	if m.QoS == 1 {
 		deadline = time.Now().Add(b.opts.AckTimeout)
 	}
-	// A gap (only a shared log's feed has one) is messages nobody live
-	// here was sent: each subscriber goes back to the log, to hear it.
+	// After a gap (a shared log's feed) each subscriber reads the log.
 	gap := m.Seq > last+1
 	for s := range t.subscribers {
 		if s.live && (gap || !s.to.deliver(s, m, m.delivery, 1, deadline,
@@ -1542,8 +1493,7 @@ func (b *Broker) fanOut(t *topic, m *Message, last uint64, wake *wakeups) {
 // had no room for the newest message. The caller holds s.topic.mu, as
 // fan-out does.
 func (s *subscription) fallBehind(b *Broker, after uint64) {
-	// Fan-out goes in seq order, so the subscriber has everything up to
-	// after and nothing past it.
+	// In seq order, s has all up to after, nothing past it.
 	s.live = false
 	go s.replay(b, after, true)
 }
@@ -1608,8 +1558,7 @@ func (c *connection) writeLoop() {
 // the close. A client that opted into batches gets runs of frames joined
 // by newlines in one WebSocket frame.
 func (c *connection) writeFrames(frames [][]byte) bool {
-	// A close waits for the peer's answer: what came before it leaves
-	// first.
+	// What came before a close leaves first.
 	end := slices.IndexFunc(frames, func(f []byte) bool { return f == nil })
 	if end >= 0 {
 		frames = frames[:end]
@@ -1628,8 +1577,7 @@ func (c *connection) writeFrames(frames [][]byte) bool {
 // that timed out means the peer stopped reading: a slow consumer, cut off
 // as one, though its close frame cannot reach a peer that does not read.
 func (c *connection) writeFailed(err error) {
-	// The reader may be waiting for room this writer will never make,
-	// and would then never read the closed socket: end wakes it.
+	// end wakes a reader waiting for room this writer will not make.
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		c.cutOff("not reading")
 	}
@@ -1667,8 +1615,7 @@ func (c *connection) enqueue(frames ...[]byte) bool {
 // the close handshake, which may wait seconds for a stuck peer, runs on a
 // goroutine of its own.
 func (c *connection) cutOff(why string) {
-	// Only the first close speaks: a connection already closing for
-	// another reason keeps that reason.
+	// One closing already keeps its reason.
 	if c.closing.Swap(true) {
 		return
 	}
@@ -1747,17 +1694,15 @@ func (q *pendingQueue) find(p pending) int {
 // the connection's other subscriptions. A writer the frame makes due is
 // owed to wake (Outbox.PushWithin). It reports true when s is done with
 // m: queued, expired, or no longer wanted because s ended; false,
-// having changed nothing, when there is no room. It never waits.
+// having changed nothing, when there is no room. It never waits. The
+// frame and its pending entry are made under c.mu, so an ack cannot miss
+// the entry. A subscription that ended gets nothing more, as nobody
+// would clear its entries; one that shared its messages has no room, so
+// that another that shares them gets them.
 func (c *connection) deliver(s *subscription, m *Message, delivery []byte,
 	split int, deadline time.Time, wake *wakeups) bool {
-	// The frame is queued under c.mu, before its pending entry is made:
-	// an ack, which takes c.mu too, cannot miss the entry.
 	c.mu.Lock()
 	defer c.mu.Unlock()
-
-	// A subscription ended a moment ago gets nothing more: nobody would
-	// ever clear its pending entries. One that shared its messages has
-	// no room, so that they go to another that shares them.
 	if s.ended() {
 		return s.shares == nil
 	}
@@ -1872,9 +1817,7 @@ func (c *connection) ack(f frame) {
 		})
 		c.settle(q, 0, n, "acked")
 	}
-	// By id: every entry of it, on the topic the frame names or on any
-	// (ids are a publisher's, so two topics may hold the same one); in-
-	// order acks find theirs at the front.
+	// By id: on f.Topic, or on any (two topics may hold one id).
 	for _, id := range ids {
 		for _, p := range c.pendingOf(f.Topic, nil, id) {
 			c.settleOne(p, "acked")
@@ -1973,18 +1916,16 @@ func (c *connection) retryBy(deadline time.Time) {
 }
 
 // redeliver retries c's overdue deliveries and dead-letters exhausted
-// ones; c's timer runs it.
+// ones; c's timer runs it. A retry never waits: one that finds the
+// outbox full is not sent, and counts as an attempt all the same, as a
+// subscriber that has not drained its outbox for an ack timeout is not
+// reading it. One of a delivery s shares goes to another that shares it.
 func (c *connection) redeliver(now time.Time) {
-	// What is due is collected under c.mu and acted on after: a dead
-	// letter takes a topic's lock, which comes before c.mu.
+	// Collect under c.mu, act after: a dead letter takes a topic's lock.
 	c.mu.Lock()
 	retries, dead, moves := c.overdue(now)
 	c.mu.Unlock()
 
-	// A retry never waits. One that finds the outbox full is not sent,
-	// and counts as an attempt all the same: a subscriber that has not
-	// drained its outbox for an ack timeout is not reading it. A retry
-	// of a delivery s shares goes to another that shares it.
 	for _, data := range retries {
 		c.outbox.Push(data)
 	}
@@ -2062,8 +2003,7 @@ func (b *Broker) deadLetter(p pending, c *connection, reason string) {
 		b.deadLettered(p, c, true)
 		return
 	}
-	// A subscription with a cursor names its dead letter (cursor.deadID);
-	// one that nothing replays after a restart gets a fresh id.
+	// A cursor names its dead letter (cursor.deadID), to store it once.
 	id := wire.NewMessageID()
 	if d := p.subscription.cursor; d != nil {
 		id = d.deadID(m.Seq)
@@ -2152,16 +2092,19 @@ func (c *connection) keepPending(p pending) {
 // own goroutine and ends early if s or its connection ends. behind says
 // that s was live, and may not skip a message unannounced: it hears
 // what the log dropped (leaves.overtaken). s.to.cutOff cuts the
-// subscriber off with 4008, if the log cannot be read.
+// subscriber off with 4008, if the log cannot be read. from is where
+// the next read starts: after, the last seq sent, or past what the log
+// dropped; stuck is the synced seq seen after the last empty read. A
+// read that finds nothing while newer seqs are given out means a seq
+// given a moment ago (read again) or one with nothing to read (a
+// corrupt record, or seqs skipped after a crash or a failed commit):
+// the same synced seq seen twice means the second, and is skipped. A
+// shared log reads nothing only until its feed catches up (SharedLog).
 func (s *subscription) replay(b *Broker, after uint64, behind bool) {
-	// stuck remembers the synced seq seen after the last empty read;
-	// from is where the next read starts: after, the last seq sent, or,
-	// for a subscription the log overtook, past what the log dropped.
 	var stuck uint64
 	from := after
 	for {
-		// The index leaves a message before the store does, so a gap
-		// the log made is found here, before any read can meet it.
+		// The index leaves a message before the store: a gap shows here.
 		if behind && b.leaf.overtaken(s, after, &from, 0) {
 			continue
 		}
@@ -2195,12 +2138,7 @@ func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 			continue
 		}
 
-		// Nothing read, yet newer seqs may be given out: either a
-		// moment ago (read again) or with nothing to read (a corrupt
-		// record, or seqs skipped after a crash or a failed commit).
-		// Seeing the same synced seq twice means the second: skip past.
-		// A shared log has no such seqs; it reads nothing only until its
-		// feed has caught up (SharedLog), which a moment brings.
+		// Nothing read: live, or wait, or skip a seq read twice.
 		finished, newest := s.finishReplay(from, nil, nil, time.Time{})
 		switch {
 		case finished:
@@ -2261,8 +2199,7 @@ func (s *subscription) finishReplay(after uint64, m *Message, delivery []byte,
 		return false, t.synced()
 	}
 
-	// A subscription ended during replay is no longer in the topic, and
-	// must not come back to life.
+	// One that ended meanwhile has left t, and stays gone.
 	_, subscribed := t.subscribers[s]
 	s.live = subscribed &&
 		(m == nil || s.to.deliver(s, m, delivery, 1, deadline, nil))
@@ -2276,6 +2213,9 @@ func (s *subscription) finishReplay(after uint64, m *Message, delivery []byte,
 // left the log while it waited, so that what the log no longer keeps is
 // skipped, and said to be, the same way whenever it left. Only the last
 // of a read may be the newest, so only it takes the topic's lock to look.
+// With no room it waits for the writer or an ack to make some, and polls
+// as well: another replayer on the connection may take the wake-up, and
+// a receiver may have no channel to wait on (a nil one never fires).
 func (s *subscription) deliverReplay(b *Broker, m *Message,
 	behind, last bool) (sent, stop bool) {
 	delivery := appendDelivery(nil, m, 1)
@@ -2297,10 +2237,7 @@ func (s *subscription) deliverReplay(b *Broker, m *Message,
 			return true, false
 		}
 
-		// No room: wait for the writer or an ack to make some. The poll
-		// covers a wake-up taken by another replayer on this connection,
-		// and a receiver with no channel to wait on (a nil one never
-		// fires).
+		// Wait for room; poll for a wake-up another took, or none.
 		select {
 		case <-s.to.roomMade():
 		case <-time.After(10 * time.Millisecond):
@@ -2326,16 +2263,14 @@ func (s *subscription) deliverReplay(b *Broker, m *Message,
 // Shutdown closes every connection with 1001, waits for them to leave
 // (or ctx), flushes the log and closes the store. It is idempotent.
 func (b *Broker) Shutdown(ctx context.Context) error {
-	// sync.Once: the command's signal handler and a test's cleanup may
-	// both call it.
+	// A signal handler and a test's cleanup may both call it.
 	b.shutdown.Do(func() { b.shutdownErr = b.shutdownOnce(ctx) })
 	return b.shutdownErr
 }
 
 // shutdownOnce does Shutdown's work, once.
 func (b *Broker) shutdownOnce(ctx context.Context) error {
-	// From here no connection registers and no loop starts another
-	// round.
+	// No connection registers, and no loop goes round, after this.
 	b.mu.Lock()
 	b.closing = true
 	b.mu.Unlock()
@@ -2354,8 +2289,7 @@ func (b *Broker) shutdownOnce(ctx context.Context) error {
 	}
 	b.writers.Stop()
 
-	// The committer goes last: connections still leaving may queue acks.
-	// Its last batch gives back the seqs reserved and never given out.
+	// The committer goes last, giving back unused seqs (leaves.seal).
 	b.loops.Wait()
 	b.leaf.seal()
 	b.log.Stop()
@@ -2618,8 +2552,7 @@ func (c *connection) closeWith(last reply, code websocket.StatusCode,
 	if c.closing.Swap(true) {
 		return
 	}
-	// Written before the marker is queued, and read by the writer after
-	// it takes the marker: the outbox's lock orders the two.
+	// Set before the marker is queued: the outbox's lock orders the two.
 	c.closeCode, c.closeWhy = code, why
 	c.reply(last)
 	c.enqueue(nil)
@@ -2629,24 +2562,24 @@ func (c *connection) closeWith(last reply, code websocket.StatusCode,
 // the session started. Login frames may come first, to trade a password
 // for a token; anything else is refused. Replies here are written
 // directly: the writer has not started yet.
+// The deadline is a timer, not a context: a cancelled Read drops the socket
+// without a close frame, and the client deserves to hear 4001. c.authTimer
+// starts it; c.login answers a login frame, pausing the timer while the
+// broker hashes the password (both in Logins, a detail). A client that can
+// set headers may send its token with the upgrade (Authorization: Bearer),
+// as on every HTTP path; it is then answered as if its first frame had been
+// auth. Anything but login and auth, even a malformed frame, ends the
+// connection: a stranger gets no second chance to probe the protocol.
+// c.refuse sends the error frame, then closes with 4001; c.writeNow writes a
+// reply straight to the socket (both below).
 func (c *connection) authenticate() bool {
-	// A timer, not a context: a cancelled Read drops the socket without
-	// a close frame, and the client deserves to hear 4001. c.authTimer
-	// starts it; c.login answers a login frame, pausing the timer while
-	// the broker hashes the password (both in Logins, a detail).
-	// A client that can set headers may send its token with the upgrade
-	// (Authorization: Bearer), as on every HTTP path; it is then
-	// answered as if its first frame had been auth.
+	// A token sent with the upgrade stands for the auth frame.
 	if c.bearer != "" {
 		return c.accept(frame{Token: c.bearer})
 	}
 	deadline, stop := c.authTimer()
 	defer stop()
-	// Only two frames are understood before auth. Anything else, even a
-	// malformed frame, ends the connection: a stranger gets no second
-	// chance to probe the protocol. c.refuse sends the error frame, then
-	// closes with 4001; c.writeNow writes a reply straight to the socket
-	// (both below).
+	// Only login and auth are understood before auth.
 	for {
 		data, ok := c.read()
 		if !ok {
@@ -2668,10 +2601,11 @@ func (c *connection) authenticate() bool {
 // accept checks the auth frame's token and, if it is good, starts the
 // session: the subject, the grants, and its timers. It reports whether
 // it did.
+// c.broker.Verify checks the token (below); c.startTimers ends the session
+// when the token runs out, plus the leeway Verify allowed, so that a token
+// accepted is never closed at once, and pings the peer every interval
+// (Keepalives, limits and batches).
 func (c *connection) accept(f frame) bool {
-	// c.broker.Verify checks the token (below); c.startTimers ends the
-	// session when the token runs out, and pings the peer every interval
-	// (Keepalives, limits and batches).
 	claims, err := c.broker.Verify(f.Token)
 	if err != nil {
 		// The parser's error says what was wrong, never the token.
@@ -2679,8 +2613,6 @@ func (c *connection) accept(f frame) bool {
 		c.refuse("auth_failed", "authentication failed")
 		return false
 	}
-	// The session lasts as long as the token, plus the same leeway that
-	// Verify allowed, so a token accepted is never closed at once.
 	c.mu.Lock()
 	c.subject, c.client = claims.Subject, f.Client
 	c.mu.Unlock()
@@ -2701,9 +2633,9 @@ func (c *connection) refuse(code, text string) {
 
 // writeNow encodes r and writes it straight to the socket. Only used before
 // the writer goroutine starts, so it races with nothing.
+// A stranger who never reads the reply is bounded by the socket's write
+// timeout (Socket), like every other write.
 func (c *connection) writeNow(r reply) {
-	// A stranger who never reads the reply is bounded by the socket's
-	// write timeout (Socket), like every other write.
 	data, _ := json.Marshal(r)
 	c.ws.Send([][]byte{data}, false)
 }
@@ -2717,10 +2649,10 @@ func init() { handlers["auth"] = (*connection).reauthenticate }
 // with an unsubscribed frame that says why: a refresh to fewer grants is
 // how an application takes access away. A client refreshes its token
 // this way before it expires, without reconnecting.
+// A bad token, or another subject's, is refused and changes nothing: the
+// session goes on with the token it has.
 func (c *connection) reauthenticate(f frame) {
-	// A bad token, or another subject's, is refused and changes nothing:
-	// the session goes on with the token it has. A connection is one
-	// identity for its whole life, or durable keys would mix.
+	// One identity a connection, or durable keys would mix.
 	claims, err := c.broker.Verify(f.Token)
 	if err != nil || claims.Subject != c.subject {
 		c.reply(errorReply("auth_failed", "token refused (invalid, or "+
@@ -2776,10 +2708,10 @@ func (c *Claims) UnmarshalJSON(data []byte) error {
 }
 
 // untilExpiry is how long a verified token has left, leeway included.
+// The leeway is added to the date, not to the duration: time.Until saturates
+// for an exp centuries away, and a sum would overflow and close the session
+// at once.
 func untilExpiry(claims *Claims) time.Duration {
-	// The leeway is added to the date, not to the duration: time.Until
-	// saturates for an exp centuries away, and a sum would overflow and
-	// close the session at once.
 	return time.Until(claims.ExpiresAt.Add(tokenLeeway))
 }
 
@@ -2885,8 +2817,7 @@ func (o Options) check() error {
 // connection. So pings fall as their connections came.
 func (c *connection) startTimers(claims *Claims) {
 	c.expiry = time.AfterFunc(untilExpiry(claims), c.tokenExpired)
-	// Made stopped and then started, so that c.pings is set before it
-	// can fire.
+	// Made stopped, then started: c.pings is set before it can fire.
 	c.pings = time.AfterFunc(1<<63-1, c.keepalive)
 	c.pings.Reset(c.broker.opts.PingInterval)
 }
@@ -2895,10 +2826,10 @@ func (c *connection) startTimers(claims *Claims) {
 // within one ping interval; a pong sets the next ping. A peer that
 // vanished without a FIN would otherwise hold its subscriptions, and its
 // durable name, forever.
+// The socket closes nothing on a ping timeout, so the broker does, without a
+// close frame: a peer that does not read will not read it. A socket closed
+// already answers at once, and sets no next ping.
 func (c *connection) keepalive() {
-	// The socket closes nothing on a ping timeout, so the broker does,
-	// without a close frame: a peer that does not read will not read it.
-	// A socket closed already answers at once, and sets no next ping.
 	ctx, cancel := context.WithTimeout(context.Background(),
 		c.broker.opts.PingInterval)
 	defer cancel()
@@ -3064,6 +2995,12 @@ func (c *connection) subscriptionsFull(filter string) bool {
 
 // subscribeWildcard is a subscribe kind: a filter with + or #, which it
 // subscribes to live only.
+// It has no replay, so it is live at once and its reply carries no seq:
+// there is no single head to report. b.want tells a shared log to feed this
+// broker the filter's topics. The reply is queued and the filter registered
+// under the lock fan-out reads the filters under: the client hears
+// "subscribed" before any message of it, and gets every one published after.
+// An outbox too full for the reply is one that no delivery fits either.
 func subscribeWildcard(c *connection, f frame) bool {
 	switch {
 	case !wire.IsWildcard(f.Topic):
@@ -3073,16 +3010,10 @@ func subscribeWildcard(c *connection, f frame) bool {
 			"wildcard subscriptions are live only", f.Topic))
 		return true
 	}
-	// A wildcard subscription has no replay, so it is live at once and
-	// its reply carries no seq: there is no single head to report. b.want
-	// tells a shared log to feed this broker the filter's topics, before
-	// the subscription it replaces, if any, says it no longer wants them.
+	// Want before the subscription replaced, if any, lets go (b.want).
 	c.broker.want(f.Topic)
 	s := c.newSubscription(f.Topic, nil, "")
-	// The reply is queued and the filter registered under the lock that
-	// fan-out reads the filters under: the client hears "subscribed"
-	// before any message of it, and gets every one published after. An
-	// outbox too full for the reply is one that no delivery fits either.
+	// Reply and register under the lock fan-out reads the filters under.
 	data, _ := json.Marshal(reply{Type: "subscribed", Topic: f.Topic})
 	c.broker.mu.Lock()
 	queued := c.outbox.Push(data)
@@ -3198,9 +3129,11 @@ func (c *connection) resume(s *subscription, f *frame) bool {
 
 // claimDurable makes s the owner of its durable name and returns the
 // stored cursor, or nil for a name never seen.
+// The cursor is read after the old owner is gone, so that its last acks are
+// counted, and through the committer, which knows moves that have not
+// reached the disk yet.
 func (b *Broker) claimDurable(s *subscription) (*uint64, error) {
-	// The newest claim wins: the older owner is most likely a connection
-	// that died without the broker noticing yet.
+	// The newest claim wins: the older owner most likely died unnoticed.
 	d := s.cursor.(*durableCursor)
 	b.mu.Lock()
 	old := b.durables[d.key]
@@ -3210,9 +3143,7 @@ func (b *Broker) claimDurable(s *subscription) (*uint64, error) {
 		b.takeOver(old)
 	}
 
-	// The cursor is read after the old owner is gone, so its last acks
-	// are counted, and through the committer, which knows moves that have
-	// not reached the disk yet.
+	// Read after the old owner left, through the committer (b.log).
 	position, found, err := b.log.Cursor(d.key)
 	if err != nil {
 		return nil, fmt.Errorf("read cursor: %w", err)
@@ -3228,9 +3159,9 @@ func (b *Broker) claimDurable(s *subscription) (*uint64, error) {
 
 // takeOver ends a durable subscription claimed by another connection.
 // The notice is offered, not waited for: its connection may be dead.
+// Its unacked deliveries go with it; the new owner replays them from the
+// cursor, which they hold back.
 func (b *Broker) takeOver(old *subscription) {
-	// Its unacked deliveries go with it; the new owner replays them from
-	// the cursor, which they hold back.
 	old.conn.dropSubscription(old)
 	data, _ := json.Marshal(reply{Type: "unsubscribed", Topic: old.filter,
 		Reason: "durable subscription taken over"})
@@ -3337,8 +3268,7 @@ func WithSocket(r *http.Request,
 // publish to a shared log, whose seq comes from the log.
 func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 	qos int) (uint64, error) {
-	// The payload goes through the same validation as a client's, so an
-	// in-process publisher cannot store what a client could not.
+	// Validate as a client's: store nothing a client could not.
 	raw, err := json.Marshal(payload)
 	if err != nil {
 		return 0, fmt.Errorf("publish: encode payload: %w", err)
@@ -3347,8 +3277,7 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 	if problem.Type != "" {
 		return 0, fmt.Errorf("publish: %s", problem.Message)
 	}
-	// After Shutdown the committer admits nothing: publish returns no
-	// outcome, and the caller hears ErrClosed.
+	// After Shutdown no outcome comes back: ErrClosed.
 	seq, _, stored := b.publish(m, ctx.Done(), nil)
 	switch {
 	case stored == nil:
@@ -3378,10 +3307,9 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 
 // confirm queues cf for the connection's confirmer, starting it on first
 // use. Confirms leave in publish order, and many can wait on one sync.
+// A connection that never publishes at QoS 1 never pays for the goroutine.
 func (c *connection) confirm(cf confirm) {
-	// Only the reader calls confirm, so starting the confirmer lazily
-	// needs no lock. A connection that never publishes QoS 1 never pays
-	// for the goroutine.
+	// Only the reader calls confirm: starting it lazily needs no lock.
 	if c.confirms == nil {
 		c.confirms = make(chan confirm, 256)
 		go c.confirmLoop()
@@ -3511,8 +3439,7 @@ func subscribeGroup(c *connection, f frame) bool {
 			"groups need the broker's own log, not a shared one", f.Topic))
 		return true
 	}
-	// A failed join joins too, and leaves at once, so that the group
-	// counts nobody as joining it any more.
+	// A failed join joins too, and leaves at once: none left joining.
 	s := c.newSubscription(f.Topic, c.broker.pinTopic(f.Topic), "")
 	g, r, start, ok := c.broker.prepareJoin(s, f)
 	c.reply(r)
@@ -3573,8 +3500,7 @@ func (b *Broker) prepareJoin(s *subscription,
 	if !recovered {
 		r.Recovered = &recovered
 	}
-	// Saved at once: a group whose members all leave before a delivery
-	// must resume here, not at a newer head.
+	// Saved now: members all gone before a delivery resume here.
 	g.cursor.sent, g.cursor.saved = start, start
 	b.log.SaveCursor(key, start)
 	t.subscribers[g.sub] = struct{}{}
@@ -3754,8 +3680,7 @@ func (b *Broker) retryDelay(p *pending) time.Duration {
 	wait := min(float64(b.opts.AckTimeout)*
 		math.Pow(b.opts.RetryBackoff, float64(p.attempt-1)),
 		float64(max(b.opts.MaxRetryDelay, b.opts.AckTimeout)))
-	// A fraction in [0, 1) that spreads neighbouring seqs far apart
-	// (Fibonacci hashing), a fifth of which is taken off.
+	// Fibonacci hashing: neighbouring seqs far apart in [0, 1).
 	mix := p.message.Seq*0x9E3779B97F4A7C15 +
 		uint64(p.attempt)*0xBF58476D1CE4E5B9
 	return time.Duration(wait * (1 - float64(mix>>11)/(1<<53)/5))
@@ -4032,6 +3957,9 @@ func waitingRoom(c *connection, m *Message, _ frame) reply {
 // on disk yet; one found on disk t remembers until it is sent. A repeat
 // sent while its first copy's batch is being synced may miss both: it
 // is stored again, and dropped when due as a repeat in its topic is.
+// A record sent on between the first read and remembering its id would leave
+// the id in t for good (b.unpark found nothing to forget): a second read,
+// after it, finds the record gone, and the repeat is a new message then.
 func (b *Broker) recall(t *topic, m *Message) bool {
 	if m.ID == "" {
 		return false
@@ -4049,9 +3977,7 @@ func (b *Broker) recall(t *topic, m *Message) bool {
 	t.mu.Lock()
 	t.ids[m.key()] = seq
 	t.mu.Unlock()
-	// Sent between the read and the line above, its id would stay in t
-	// for good (b.unpark found nothing to forget): a second read, after
-	// it, finds the record gone, and the repeat is a new message then.
+	// Read again: a record sent on meanwhile leaves no id behind.
 	_, ok, err = b.delays.disk.Waiting(t.name, m.publisher, m.ID)
 	if !ok && err == nil {
 		t.mu.Lock()
@@ -4066,12 +3992,13 @@ func (b *Broker) recall(t *topic, m *Message) bool {
 // disk. It reports whether the store's DueIndex keeps it: then t's index
 // does not, and t remembers m's id only until m is on disk, where a
 // repeat finds it (b.recall). The caller holds t.mu (or owns t).
+// One just published waits for its batch's sync, as its confirm does: sent
+// on before its record was stored, it could reach subscribers and then be
+// lost in a crash, confirmed to nobody.
 func (b *Broker) park(t *topic, m *Message) bool {
 	d := &b.delays
 	d.count(t, m.publisher, 1, m.size())
-	// One just published waits for its batch's sync (b.onDisk), as its
-	// confirm does: sent on before its record was stored, it could reach
-	// subscribers and then be lost in a crash, confirmed to nobody.
+	// One just published waits for its batch's sync (b.onDisk).
 	if t.synced() >= m.Seq {
 		d.schedule(waiting{t, m.Seq}, m.DeliverAt)
 	} else if d.disk != nil {
@@ -4150,6 +4077,11 @@ func tally[K comparable](loads map[K]load, k K, n, size int) {
 // releaseLoop sends each delayed message when it falls due: it sleeps
 // until the earliest is, or until one is scheduled sooner, and ends at
 // Shutdown.
+// A message scheduled before next while a turn releases (one retried a
+// second later too) signals sooner, so next is read after the release.
+// b.nearDue reads the DueIndex, if due may lack what it holds, and says when
+// to read it again. With nothing due, nothing is made: each map made draws a
+// random number, and a lab run replays only if it draws the same.
 func (b *Broker) releaseLoop() {
 	defer b.loops.Done()
 	d := &b.delays
@@ -4162,10 +4094,7 @@ func (b *Broker) releaseLoop() {
 		case <-b.stop:
 			return
 		}
-		// A message scheduled before next while this turn releases (one
-		// retried a second later too) signals sooner: next is read now.
-		// b.nearDue reads the DueIndex, if due may lack what it holds,
-		// and says when to read it again.
+		// Read the DueIndex if due may lack what it holds (b.nearDue).
 		now := time.Now().UnixMilli()
 		readAgain := b.nearDue(now)
 		d.mu.Lock()
@@ -4175,8 +4104,7 @@ func (b *Broker) releaseLoop() {
 		}
 		next, ok := d.due.Next()
 		d.mu.Unlock()
-		// With nothing due, nothing is made: each map made draws a
-		// random number, and a lab run replays only if it draws the same.
+		// With nothing due, make nothing: a map draws a random number.
 		if len(due) > 0 {
 			b.release(due)
 		}
@@ -4197,6 +4125,10 @@ func (b *Broker) releaseLoop() {
 // were more. It returns when to read again: at the horizon, or a second
 // from now if the read failed or found only what due holds; never,
 // without a DueIndex.
+// Once the horizon moves, a batch synced with a message due by it schedules
+// it: the read finds it, or it is held, or both. A full read of what due
+// holds already (a thousand sends the log refused, retried a second later)
+// would be read again at once: the next read waits that second.
 func (b *Broker) nearDue(now int64) int64 {
 	d := &b.delays
 	if d.disk == nil {
@@ -4207,8 +4139,7 @@ func (b *Broker) nearDue(now int64) int64 {
 		defer d.mu.Unlock()
 		return d.horizon
 	}
-	// From here a batch synced with one due by the new horizon schedules
-	// it: the read finds it, or it is held, or both.
+	// From here a batch synced with one due by it schedules it too.
 	d.horizon = now + lookAhead.Milliseconds()
 	until := d.horizon
 	d.mu.Unlock()
@@ -4234,9 +4165,7 @@ func (b *Broker) nearDue(now int64) int64 {
 		}
 		d.hold(w, at[i])
 	}
-	// A full read of what due holds already (a thousand sends the log
-	// refused, retried a second later) would be read again at once: the
-	// next read waits that second.
+	// A full read of what due holds already waits a second to read on.
 	if len(found) == lookAheadMax {
 		if d.horizon = at[len(at)-1]; added == 0 {
 			return now + time.Second.Milliseconds()
@@ -4263,8 +4192,7 @@ func (b *Broker) release(due []waiting) {
 		case m == nil:
 			later = append(later, w)
 		default:
-			// A duplicate (its publisher sent it again after it was
-			// sent on) stores nothing to delete the record with.
+			// A duplicate stores nothing to delete the record with.
 			_, duplicate, stored := b.publish(m, b.stop, nil)
 			if stored == nil {
 				return // Shutdown: the record waits on disk
@@ -4295,6 +4223,8 @@ func (b *Broker) release(due []waiting) {
 // readDelayed reads w's record from its $delayed log and returns it,
 // with the copy to publish to its topic; nils if the store failed to
 // read it, or nils and true if the log no longer has it.
+// The message is a copy, as the store's own may be shared: it keeps its
+// message_id, publisher, payload and times, and names its record.
 func (b *Broker) readDelayed(w waiting) (record, m *Message, gone bool) {
 	msgs, err := b.store.Read(w.log.name, w.seq-1, 1, maxQueueBytes)
 	switch {
@@ -4303,8 +4233,7 @@ func (b *Broker) readDelayed(w waiting) (record, m *Message, gone bool) {
 	case len(msgs) == 0 || msgs[0].Seq != w.seq:
 		return nil, nil, true
 	}
-	// A copy: the store's own may be shared. It keeps its message_id,
-	// publisher, payload and times, and names its record.
+	// Copy the store's, which may be shared; name its record.
 	copied := *msgs[0]
 	copied.Topic = strings.TrimPrefix(w.log.name, DelayedPrefix)
 	copied.Seq, copied.Timestamp, copied.delivery = 0, 0, nil
@@ -4585,8 +4514,7 @@ func (b *Broker) remember(t *topic, m *Message) {
 	if strings.HasPrefix(t.name, DelayedPrefix) && b.park(t, m) {
 		return
 	}
-	// Only QoS 1 ids are remembered for dedup: a QoS 0 publisher asked
-	// for at most once and gets no confirm to retry after.
+	// Only QoS 1 ids: QoS 0 has no confirm to retry after.
 	e := entry{seq: m.Seq, timestamp: m.Timestamp, size: m.size()}
 	if m.QoS == 1 {
 		e.key = m.key()
@@ -4629,15 +4557,15 @@ func (t *topic) forgetID(k messageKey, seq uint64) {
 
 // forget drops the oldest n entries of the index and returns the seq of
 // the last one dropped, for the log to trim to. The caller holds t.mu.
+// The index is a queue: dropping the front of a thousand entries on every
+// publish copies nothing, where deleting them from a slice would move all
+// the others each time.
 func (t *topic) forget(n int) uint64 {
 	gone := t.index.Live()[:n]
 	for _, e := range gone {
 		t.unindexed(e)
 	}
-	// The index is a queue: dropping the front of a thousand entries on
-	// every publish copies nothing. Deleting them from a slice would move
-	// all the others each time: with a slice, the broker spent 69 % of
-	// its CPU doing that.
+	// A queue's front goes without copying the rest (fifo).
 	last := gone[n-1].seq
 	t.index.Remove(0, n)
 	return last
@@ -4697,6 +4625,8 @@ func (b *Broker) trimExpired(now time.Time) {
 // message kept is not a loss (seqs skipped after a crash hold no
 // message), and is not said; on a shared log, whose seqs are dense,
 // every gap is one (A log shared by several brokers).
+// A work queue's members hear each gap at once, so from the read's place; a
+// subscriber hears it all with its next message.
 func (b *Broker) overtaken(s *subscription, after uint64,
 	from *uint64, next uint64) bool {
 	first := s.topic.firstKept()
@@ -4706,8 +4636,7 @@ func (b *Broker) overtaken(s *subscription, after uint64,
 	if *from+1 >= first {
 		return false
 	}
-	// A work queue's members hear each gap at once, so from the read's
-	// place; a subscriber hears it all with its next message.
+	// A group's members hear each gap at once, from the read's place.
 	if s.conn == nil {
 		after = *from
 	}
@@ -4770,9 +4699,9 @@ const (
 // stored head is where seqs go on: after a clean stop the newest seq,
 // after a crash the end of the topic's reservation, past any seq that
 // reached a subscriber and not the disk (see the log's section).
+// b.remember adds each message to the index (Retention).
 func (b *Broker) loadTopics() error {
-	// The delayed messages of a store with a DueIndex stay on disk
-	// (Delayed delivery): learnt before they are loaded.
+	// With a DueIndex, delayed messages stay on disk (Delayed delivery).
 	b.delays.disk, _ = b.store.(DueIndex)
 	heads, err := b.store.Topics()
 	if err != nil {
@@ -4782,9 +4711,7 @@ func (b *Broker) loadTopics() error {
 		t := newTopic(name)
 		t.head, t.reserved, t.asked = head, head, head
 
-		// Read the log in chunks: retention keeps it short, but a broker
-		// restarted with a smaller cap still has the old, longer one.
-		// b.remember adds each message to the index (Retention).
+		// Read in chunks: a smaller cap at restart leaves a longer log.
 		for after := uint64(0); ; {
 			msgs, err := b.store.Read(name, after, replayChunk, maxQueueBytes)
 			if err != nil {
@@ -4937,11 +4864,12 @@ func (b *Broker) markCommitted(msgs []*Message) {
 // forgetFailed undoes the index entries of a batch the store refused, so
 // that a publisher's retry is not mistaken for a duplicate, and drops
 // them from the unsynced lists, so that replay does not wait for them.
+// The seqs themselves are not given back, as later publishes may already
+// hold the next ones: the log has a gap, which replay skips, and the
+// publishers hear store_failed.
 func (b *Broker) forgetFailed(msgs []*Message) {
 	for _, m := range msgs {
-		// The seqs themselves are not given back: later publishes may
-		// already hold the next ones. The log has a gap, which replay
-		// skips, and the publishers hear store_failed.
+		// Keep the seqs: later publishes may hold the next ones.
 		t := b.topic(m.Topic)
 		t.mu.Lock()
 		t.unsynced = t.unsynced[1:]

@@ -152,3 +152,29 @@ func waits(c chan int) {
 		t.Errorf("Busy has %d dense lines, want %d", dense["Busy"], want)
 	}
 }
+
+func TestMeasure_CountsOneLineCommentsInFunctions(t *testing.T) {
+	// Two comments in f, one of two lines; a doc comment and a comment
+	// between functions are not in a function.
+	src := []byte(`package p
+
+// f is documented.
+func f() {
+	// one line
+	x := 1
+	// two
+	// lines
+	_ = x
+}
+
+// loose
+`)
+	b, err := Measure(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.InFunctionComments != 2 || b.OneLineComments != 1 {
+		t.Errorf("in-function comments %d, of one line %d; want 2, 1",
+			b.InFunctionComments, b.OneLineComments)
+	}
+}
