@@ -288,24 +288,11 @@ func (m *Message) size() int {
 // everything after seq 0, a missing "after" for nothing special.
 type frame = wire.Frame
 
-// reply is any frame the broker sends that is not a delivery. Deliveries
-// have their own hand-written encoder (appendDelivery), because they are
-// the hot path and replies are not.
-type reply struct {
-	Type      string  `json:"type"`
-	Sub       string  `json:"sub,omitempty"`
-	Conn      uint64  `json:"conn,omitempty"` // its number in $sys/events
-	Token     string  `json:"token,omitempty"`
-	Code      string  `json:"code,omitempty"`
-	Message   string  `json:"message,omitempty"`
-	Topic     string  `json:"topic,omitempty"`
-	MessageID string  `json:"message_id,omitempty"`
-	Seq       *uint64 `json:"seq,omitempty"`
-	Recovered *bool   `json:"recovered,omitempty"`
-	Duplicate bool    `json:"duplicate,omitempty"`
-	Reason    string  `json:"reason,omitempty"`
-	Missed    uint64  `json:"missed,omitempty"` // skipped: messages gone
-}
+// reply is any frame the broker sends that is not a delivery: package
+// wire declares it (wire.Reply), beside what a client decodes it into.
+// Deliveries have their own hand-written encoder (appendDelivery),
+// because they are the hot path and replies are not.
+type reply = wire.Reply
 
 // errorReply builds the error frame for code, with a human message.
 func errorReply(code, text string) reply {

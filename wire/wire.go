@@ -1,5 +1,6 @@
 // Package wire holds PopSub's protocol as a client sees it: the frames a
-// client sends (Frame), the frames the broker sends back (Received), the
+// client sends (Frame), the frames the broker sends back (Received; and
+// Reply, as the broker encodes those that are not deliveries), the
 // payload of a dead letter (DeadLetter), and the events of the x-ray on
 // $sys/events (Event); and the broker's way of reading and writing the
 // busiest frames by hand: a publish or an ack in the common shape (Scan),
@@ -90,6 +91,24 @@ type Received struct {
 	// Missed counts, in a "skipped" frame, the messages up to Seq that
 	// left the log before a subscriber the log overtook had them.
 	Missed uint64 `json:"missed"`
+}
+
+// Reply is a frame the broker sends that is not a delivery, as it
+// encodes one: Received's fields, the zero ones left out.
+type Reply struct {
+	Type      string  `json:"type"`
+	Sub       string  `json:"sub,omitempty"`
+	Conn      uint64  `json:"conn,omitempty"` // its number in $sys/events
+	Token     string  `json:"token,omitempty"`
+	Code      string  `json:"code,omitempty"`
+	Message   string  `json:"message,omitempty"`
+	Topic     string  `json:"topic,omitempty"`
+	MessageID string  `json:"message_id,omitempty"`
+	Seq       *uint64 `json:"seq,omitempty"`
+	Recovered *bool   `json:"recovered,omitempty"`
+	Duplicate bool    `json:"duplicate,omitempty"`
+	Reason    string  `json:"reason,omitempty"`
+	Missed    uint64  `json:"missed,omitempty"` // skipped: messages gone
 }
 
 // DeadLetter is the payload of a message on $dead/<topic>: a delivery
