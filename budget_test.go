@@ -41,13 +41,13 @@ import (
 const (
 	budgetFirstReading  = 1157 // code lines in first-reading sections
 	budgetMinutes       = 242  // the first reading, priced; the goal is 180
-	budgetCode          = 2681 // code lines in the file; STYLE.md's 2,200
+	budgetCode          = 2690 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function
 	budgetMedian        = 15   // lines in the median function
 	budgetDocumentedPct = 95   // declarations with a doc comment
-	budgetDetailNames   = 11   // detail declarations the first reading uses; the goal is 25
+	budgetDetailNames   = 12   // detail declarations the first reading uses; the goal is 25
 	budgetDetailUsers   = 8    // first-reading declarations that use them; the goal is 10
 	budgetOneLinePct    = 85   // in-function comments of one line, percent
 )

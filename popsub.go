@@ -413,6 +413,8 @@ type leaves struct {
 	// reader, logs a panic and takes c apart.
 	authenticate func(c *connection) bool
 	recoverPanic func(c *connection)
+	// endSession stops the timers c's session started, if it has one.
+	endSession func(c *connection)
 	// retain indexes m, just sequenced, and drops the oldest messages
 	// past MaxMessages or MaxLogBytes from the index and, in m's batch,
 	// from the log. The caller holds t.mu.
@@ -769,26 +771,24 @@ type connection struct {
 	remote string
 	id     uint64
 	bearer string
+	// session is what the session keeps beyond the token's claims: the
+	// token's and the pings' timers, and the publish rate's limiter
+	// (Tokens, a detail).
+	session
 
 	// subject is the token's subject, and client the name the client gave
 	// in its auth frame; both set at auth under mu, then read-only.
 	subject, client string
 	// claims are the token's grants; the reader goroutine's alone.
 	claims *Claims
-	// expiry closes the connection when the token runs out; a fresh auth
-	// frame resets it. pings pings the peer an interval after each pong.
-	expiry, pings *time.Timer
 	// retries fires when the earliest of unacked is due, retryAt (Retries
 	// and dead letters); nil until the first QoS 1 delivery. Both are
 	// guarded by mu.
 	retries *time.Timer
 	retryAt time.Time
 	// batch is set when the client opted into several objects a frame;
-	// loginFailed once a login on it failed (Logins). The reader's alone.
-	batch, loginFailed bool
-	// limiter holds publishes to PublishRate (withinRate, a publish
-	// rule); nil until the first publish, or with no cap. The reader's.
-	limiter *rate.Limiter
+	// the reader's alone.
+	batch bool
 	// outbox queues frames for the writer, at most OutboxBytes. A nil
 	// frame, which c.closeWith queues (Tokens), tells the writer to close
 	// with closeCode and closeWhy.
@@ -892,10 +892,7 @@ func (b *Broker) unregister(c *connection) {
 	// Start the writers c owes; stop its timers, which hold c alive.
 	c.wake.Start()
 	c.end()
-	if c.expiry != nil {
-		c.expiry.Stop()
-		c.pings.Stop()
-	}
+	b.leaf.endSession(c)
 	c.mu.Lock()
 	subs := slices.Collect(maps.Values(c.subscriptions))
 	if c.retries != nil {
@@ -2462,6 +2459,7 @@ func (b *Broker) startFeatures() {
 		acceptSocket:    b.acceptSocket,
 		authenticate:    (*connection).authenticate,
 		recoverPanic:    (*connection).recoverPanic,
+		endSession:      (*connection).endSession,
 		retain:          b.retain,
 		pinTopic:        b.pinTopic,
 		unpin:           b.unpin,
@@ -2520,6 +2518,29 @@ type Claims struct {
 	// Subscribe lists the filters the holder may subscribe to; nil means
 	// every ordinary topic. $sys/… and $dead/… need an explicit grant.
 	Subscribe []string `json:"subscribe,omitempty"`
+}
+
+// session is what a connection keeps for its session beyond the token's
+// claims. Its fields are the reader goroutine's alone.
+type session struct {
+	// expiry closes the connection when the token runs out; a fresh auth
+	// frame resets it. pings pings the peer an interval after each pong
+	// (Keepalives, limits and batches). Both are set at auth.
+	expiry, pings *time.Timer
+	// loginFailed is set once a login on the connection failed (Logins).
+	loginFailed bool
+	// limiter holds publishes to PublishRate (withinRate, a publish
+	// rule); nil until the first publish, or with no cap.
+	limiter *rate.Limiter
+}
+
+// endSession stops the session's timers, if auth started them, so that
+// neither keeps a departed connection alive until it fires.
+func (c *connection) endSession() {
+	if c.expiry != nil {
+		c.expiry.Stop()
+		c.pings.Stop()
+	}
 }
 
 // tokenLeeway is the clock skew allowed on a token's exp.
