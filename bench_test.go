@@ -270,8 +270,8 @@ func BenchmarkLoginBesideGuessers(b *testing.B) {
 // for the benchmark, and returns its WebSocket URL.
 func loginBroker(b *testing.B, hash string) string {
 	broker, err := New(Options{Secret: testSecret, Store: newMemoryStore(),
-		Logger: quietLogger, Users: map[string]User{"alice": {
-			PasswordHash: hash}}})
+		Logger: quietLogger, FeatureOptions: FeatureOptions{
+			Users: map[string]User{"alice": {PasswordHash: hash}}}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -146,7 +146,8 @@ func TestDeadLetters_AKillRightAfterALetterStoresItAndSaysItOnce(
 	synctest.Test(t, func(t *testing.T) {
 		events := &deadEvents{counts: map[string]int{}}
 		opts := Options{AckTimeout: time.Second, MaxRetries: -1,
-			OnEvent: events.watch}
+			FeatureOptions: FeatureOptions{OnEvent: events.watch},
+		}
 		d := newDisk()
 		opts.Store = d
 		ps := startPipeBroker(t, opts)

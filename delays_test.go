@@ -169,7 +169,8 @@ func TestDelay_ARestartSendsNothingAgainPastTheTopicsCap(t *testing.T) {
 }
 
 func TestDelay_WhatWaitsIsBoundedForATopicAndAToken(t *testing.T) {
-	ts := startBroker(t, Options{MaxDelayed: 3, MaxDelayedBytes: 2000})
+	ts := startBroker(t, Options{FeatureOptions: FeatureOptions{MaxDelayed: 3,
+		MaxDelayedBytes: 2000}})
 	alice, bob := ts.dial("alice"), ts.dial("bob")
 	later := func(c *client, topic string, payload any, id string) {
 		c.send(map[string]any{"type": "publish", "topic": topic,
@@ -213,7 +214,8 @@ func TestDelay_WhatWaitsIsBoundedForATopicAndAToken(t *testing.T) {
 
 func TestDelay_AWaitThatEndsMakesRoom(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ps := startPipeBroker(t, Options{MaxDelayed: 1})
+		ps := startPipeBroker(t, Options{
+			FeatureOptions: FeatureOptions{MaxDelayed: 1}})
 		defer ps.stop()
 		pub := ps.dialAs("pub")
 		publish := func(id string) got {
@@ -313,7 +315,8 @@ func TestDelay_OnlyTheBrokerPublishesToADelayedLog(t *testing.T) {
 func TestDelay_ARefusalNamesTheFirstRuleItBreaks(t *testing.T) {
 	// The rules are asked in turn: the token's grants, then the times,
 	// then the bound on what waits; the publish rate comes last.
-	ts := startBroker(t, Options{MaxDelayed: 1, PublishRate: 0.01})
+	ts := startBroker(t, Options{FeatureOptions: FeatureOptions{MaxDelayed: 1,
+		PublishRate: 0.01}})
 	c := ts.dialWith("sensor", Claims{Publish: []string{"sensors/#"}})
 	publish := func(topic string, delay int) {
 		c.send(map[string]any{"type": "publish", "topic": topic,

@@ -113,7 +113,8 @@ func TestBroker_TokenExpiry(t *testing.T) {
 	t.Run("a reconnect with the expired token is refused, never served",
 		func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				ps := startPipeBroker(t, Options{PingInterval: time.Hour})
+				ps := startPipeBroker(t, Options{
+					FeatureOptions: FeatureOptions{PingInterval: time.Hour}})
 				defer ps.stop()
 				token := tokenUntil(t, "alice", time.Now().Add(time.Minute))
 				c := ps.dial("alice")
@@ -151,7 +152,8 @@ func TestBroker_TokenExpiry(t *testing.T) {
 		})
 	t.Run("a fresh auth extends the session", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			ps := startPipeBroker(t, Options{PingInterval: 2 * time.Hour})
+			ps := startPipeBroker(t, Options{
+				FeatureOptions: FeatureOptions{PingInterval: 2 * time.Hour}})
 			defer ps.stop()
 			c := ps.dial("alice")
 			c.authenticate(tokenUntil(t, "alice",
@@ -163,7 +165,8 @@ func TestBroker_TokenExpiry(t *testing.T) {
 	})
 	t.Run("an exp centuries away is a session that lasts", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			ps := startPipeBroker(t, Options{PingInterval: 2 * time.Hour})
+			ps := startPipeBroker(t, Options{
+				FeatureOptions: FeatureOptions{PingInterval: 2 * time.Hour}})
 			defer ps.stop()
 			c := ps.dial("alice")
 			far := time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
@@ -188,7 +191,8 @@ func TestBroker_TokenExpiry(t *testing.T) {
 	t.Run("a fresh auth for another subject is refused, and the session "+
 		"keeps its token", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			ps := startPipeBroker(t, Options{PingInterval: 2 * time.Hour})
+			ps := startPipeBroker(t, Options{
+				FeatureOptions: FeatureOptions{PingInterval: 2 * time.Hour}})
 			defer ps.stop()
 			c := ps.dial("alice")
 			c.authenticate(tokenUntil(t, "alice", time.Now().Add(time.Hour)))
@@ -213,7 +217,8 @@ func TestBroker_TokenExpiry(t *testing.T) {
 	})
 	t.Run("a fresh token's grants take effect at once", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			ps := startPipeBroker(t, Options{PingInterval: 2 * time.Hour})
+			ps := startPipeBroker(t, Options{
+				FeatureOptions: FeatureOptions{PingInterval: 2 * time.Hour}})
 			defer ps.stop()
 			c := ps.dial("alice")
 			narrow := Claims{Publish: []string{"alice/#"}}
@@ -235,8 +240,10 @@ func TestBroker_TokenExpiry(t *testing.T) {
 
 func TestBroker_KeepaliveClosesSilentPeers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ps := startPipeBroker(t, Options{PingInterval: 10 * time.Second,
-			AckTimeout: time.Hour})
+		ps := startPipeBroker(t, Options{
+			AckTimeout:     time.Hour,
+			FeatureOptions: FeatureOptions{PingInterval: 10 * time.Second},
+		})
 		defer ps.stop()
 		publisher := ps.dial("publisher")
 		publisher.authenticate(tokenUntil(t, "p", time.Now().Add(time.Hour)))
@@ -278,7 +285,8 @@ func TestBroker_Login(t *testing.T) {
 	// In fake time: the throttle's holds pass at once, and a hash takes
 	// no time off the auth timeout, however slow the machine.
 	synctest.Test(t, func(t *testing.T) {
-		ps := startPipeBroker(t, Options{Users: loginUsers(t)})
+		ps := startPipeBroker(t, Options{
+			FeatureOptions: FeatureOptions{Users: loginUsers(t)}})
 		defer ps.stop()
 		c := ps.dial("alice")
 
@@ -354,8 +362,10 @@ func TestBroker_LoginUnderAttack(t *testing.T) {
 	t.Run("the user logs in at once from another address",
 		func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				ps := startPipeBroker(t, Options{Users: loginUsers(t),
-					AuthTimeout: 2 * time.Second})
+				ps := startPipeBroker(t, Options{
+					AuthTimeout:    2 * time.Second,
+					FeatureOptions: FeatureOptions{Users: loginUsers(t)},
+				})
 				defer ps.stop()
 				floodLogins(ps, 8)
 				synctest.Wait()
@@ -371,8 +381,10 @@ func TestBroker_LoginUnderAttack(t *testing.T) {
 	t.Run("further guesses whose answers would come too late cost no hash",
 		func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				ps := startPipeBroker(t, Options{Users: loginUsers(t),
-					AuthTimeout: 2 * time.Second})
+				ps := startPipeBroker(t, Options{
+					AuthTimeout:    2 * time.Second,
+					FeatureOptions: FeatureOptions{Users: loginUsers(t)},
+				})
 				defer ps.stop()
 				floodLogins(ps, 64)
 				time.Sleep(3 * time.Second)
@@ -390,7 +402,8 @@ func TestBroker_LoginUnderAttack(t *testing.T) {
 	t.Run("from the attacker's address the user logs in at once",
 		func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				ps := startPipeBroker(t, Options{Users: loginUsers(t)})
+				ps := startPipeBroker(t, Options{
+					FeatureOptions: FeatureOptions{Users: loginUsers(t)}})
 				defer ps.stop()
 				floodLogins(ps, 8)
 				synctest.Wait()
@@ -413,7 +426,8 @@ func TestLoginThrottle_SlowsGuessesNeverTheUser(t *testing.T) {
 		var slowest time.Duration
 		synctest.Test(t, func(t *testing.T) {
 			users := loginUsers(t)
-			opts, _ := Options{Users: users, Secret: testSecret}.ready()
+			opts, _ := Options{
+				Secret: testSecret, FeatureOptions: FeatureOptions{Users: users}}.ready()
 			b := &Broker{opts: opts, logger: quietLogger}
 			b.startLogins()
 			b.logins = login.NewGate(1, nil, users) // one hash at a time
@@ -468,7 +482,8 @@ func TestLoginThrottle_SlowsGuessesNeverTheUser(t *testing.T) {
 func TestBroker_Limits(t *testing.T) {
 	t.Run("connections over the cap get HTTP 503 before the upgrade",
 		func(t *testing.T) {
-			ts := startBroker(t, Options{MaxConnections: 2})
+			ts := startBroker(t, Options{
+				FeatureOptions: FeatureOptions{MaxConnections: 2}})
 			ts.dial("one")
 			ts.dial("two")
 			ctx, cancel := context.WithTimeout(context.Background(),
@@ -484,7 +499,8 @@ func TestBroker_Limits(t *testing.T) {
 		func(t *testing.T) {
 			// One publish every two seconds, a burst of one: the second
 			// is refused unless two seconds pass between them.
-			ts := startBroker(t, Options{PublishRate: 0.5})
+			ts := startBroker(t, Options{
+				FeatureOptions: FeatureOptions{PublishRate: 0.5}})
 			c := ts.dial("chatty")
 			c.publish("chat", 1, 1, "")
 			c.send(map[string]any{"type": "publish", "topic": "chat",
@@ -512,7 +528,8 @@ func TestBroker_Limits(t *testing.T) {
 		}
 	})
 	t.Run("an allowed foreign origin is accepted", func(t *testing.T) {
-		ts := startBroker(t, Options{OriginPatterns: []string{"app.example"}})
+		ts := startBroker(t, Options{
+			FeatureOptions: FeatureOptions{OriginPatterns: []string{"app.example"}}})
 		ctx, cancel := context.WithTimeout(context.Background(),
 			5*time.Second)
 		defer cancel()
@@ -530,7 +547,8 @@ func TestBroker_LogsHoldNoSecrets(t *testing.T) {
 	var logs logbuf.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs,
 		&slog.HandlerOptions{Level: slog.LevelDebug}))
-	ts := startBroker(t, Options{Users: loginUsers(t), Logger: logger})
+	ts := startBroker(t, Options{
+		Logger: logger, FeatureOptions: FeatureOptions{Users: loginUsers(t)}})
 
 	good := token(t, "alice")
 	bad := good[:len(good)-4] + "AAAA"
@@ -683,7 +701,8 @@ func TestBroker_BearerTokenAtTheUpgrade(t *testing.T) {
 // a publish names the publisher's message_id, so a client with several
 // publishes in flight knows which one was refused.
 func TestBroker_RefusedPublishNamesItsMessageID(t *testing.T) {
-	ts := startBroker(t, Options{PublishRate: 1})
+	ts := startBroker(t, Options{
+		FeatureOptions: FeatureOptions{PublishRate: 1}})
 	c := ts.dialWith("sensor", Claims{Publish: []string{"sensors/#"}})
 	c.send(map[string]any{"type": "publish", "topic": "chat", "payload": 1,
 		"qos": 1, "message_id": "m-1"})
@@ -888,8 +907,10 @@ func TestBroker_LoginBesideGuessersOverSockets(t *testing.T) {
 	// (127.0.0.1): eight sockets keep guessing alice's password, and
 	// dial again when closed; alice, on a fresh connection, gets her
 	// token, not a 4001 for answers held for her address.
-	ts := startBroker(t, Options{Users: loginUsers(t),
-		AuthTimeout: 2 * time.Second})
+	ts := startBroker(t, Options{
+		AuthTimeout:    2 * time.Second,
+		FeatureOptions: FeatureOptions{Users: loginUsers(t)},
+	})
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	guess := []byte(`{"type":"login","username":"alice","password":"guess"}`)

@@ -348,15 +348,18 @@ func TestExpiry_SurvivesARestart(t *testing.T) {
 
 func TestOptions_RefuseABackoffThatShrinks(t *testing.T) {
 	_, err := New(Options{Secret: testSecret, Store: newMemoryStore(),
-		RetryBackoff: 0.5})
+		FeatureOptions: FeatureOptions{RetryBackoff: 0.5},
+	})
 	if err == nil || !strings.Contains(err.Error(), "RetryBackoff") {
 		t.Fatalf("New with RetryBackoff 0.5: %v, want it refused", err)
 	}
 }
 
 func TestRetryDelay_SpreadsRetriesThatFellDueTogether(t *testing.T) {
-	b := &Broker{opts: Options{AckTimeout: time.Second, RetryBackoff: 2,
-		MaxRetryDelay: time.Minute}}
+	b := &Broker{opts: Options{AckTimeout: time.Second,
+		FeatureOptions: FeatureOptions{RetryBackoff: 2,
+			MaxRetryDelay: time.Minute},
+	}}
 	least, most := time.Hour, time.Duration(0)
 	for seq := range uint64(100) {
 		p := &pending{message: &Message{Seq: seq + 1}, attempt: 3}
@@ -420,8 +423,10 @@ func TestDeadLetters_AGroupJobReachesDeadOnce(t *testing.T) {
 		func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				b, err := New(Options{Secret: testSecret, Logger: quietLogger,
-					Store: newMemoryStore(), PingInterval: time.Hour,
-					MaxRetries: 3})
+					Store:          newMemoryStore(),
+					MaxRetries:     3,
+					FeatureOptions: FeatureOptions{PingInterval: time.Hour},
+				})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -465,7 +470,9 @@ func TestDeadLetters_AGroupJobReachesDeadOnce(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				store := &crashingStore{memoryStore: newMemoryStore()}
 				opts := Options{Secret: testSecret, Logger: quietLogger,
-					Store: store, PingInterval: time.Hour, MaxRetries: 1}
+					Store: store, MaxRetries: 1,
+					FeatureOptions: FeatureOptions{PingInterval: time.Hour},
+				}
 				b, err := New(opts)
 				if err != nil {
 					t.Fatal(err)

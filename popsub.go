@@ -30,7 +30,7 @@
 //
 // # Reading path
 //
-// The broker's behaviour is this file, about 2,700 lines of code, 1,200
+// The broker's behaviour is this file, about 2,700 lines of code, 1,100
 // of them on the first reading, which takes about 4 hours at 150 words
 // of prose and 8 lines of code a minute, 5 where the code locks, starts
 // a goroutine or selects. You follow a message: options
@@ -151,10 +151,6 @@ type Options struct {
 	// AckTimeout is how long a QoS 1 delivery waits for its ack before it
 	// is sent again. Zero: DefaultAckTimeout, 5 s.
 	AckTimeout time.Duration
-	// RetryBackoff (1 or more) multiplies it at each retry, up to
-	// MaxRetryDelay. Zero: 2, and a minute (Defaults).
-	RetryBackoff  float64
-	MaxRetryDelay time.Duration
 	// MaxRetries is how many retries follow the first delivery before it
 	// is dead-lettered. Zero: DefaultMaxRetries, 5; negative: none, so it
 	// goes to $dead at its first ack timeout.
@@ -180,51 +176,18 @@ type Options struct {
 	// MaxInflightBytes bounds the sizes of those deliveries, in bytes.
 	// Zero: DefaultMaxInflightBytes, 16 MiB.
 	MaxInflightBytes int
-	// MaxSubscriptions caps the subscriptions one connection holds at
-	// once; past it a subscribe is refused. Zero:
-	// DefaultMaxSubscriptions, 1,000.
-	MaxSubscriptions int
-	// GroupWindow is how many unacked QoS 1 jobs one member of a group
-	// may hold; the group offers more to the others. Zero:
-	// DefaultGroupWindow, 32.
-	GroupWindow int
-	// MaxDelayed and MaxDelayedBytes bound the delayed messages waiting
-	// for one topic, and for one token's subject, in messages and in
-	// bytes as Message.size counts them; past either a delayed publish is
-	// refused. Zero: DefaultMaxDelayed, 10,000, and DefaultMaxDelayedBytes,
-	// 64 MiB.
-	MaxDelayed, MaxDelayedBytes int
 	// WriteTimeout is how long one socket write may wait for the peer
 	// before it is cut off. Zero: DefaultWriteTimeout, 10 s.
 	WriteTimeout time.Duration
 	// AuthTimeout is how long a new connection has to authenticate.
 	// Zero: DefaultAuthTimeout, 5 s.
 	AuthTimeout time.Duration
-	// OriginPatterns lists foreign origins allowed to open a WebSocket;
-	// same-origin and non-browser clients are always allowed. Nil: none.
-	OriginPatterns []string
-	// MaxConnections caps open connections; more are refused with HTTP
-	// 503 before the upgrade. Zero: no cap.
-	MaxConnections int
-	// PublishRate caps publishes per second per connection, with a burst
-	// of one second's worth. Zero: no cap.
-	PublishRate float64
-	// PingInterval is how often each connection is pinged; one silent
-	// until the next ping is closed. Zero: DefaultPingInterval, 20 s.
-	PingInterval time.Duration
-	// Issuer and Audience, when set, must match a token's iss and aud.
-	Issuer, Audience string
-	// Users may log in with a password (User, in Logins and passwords).
-	Users map[string]User
-	// LoginTokenTTL is how long a token from login is valid. Zero:
-	// DefaultLoginTokenTTL, an hour.
-	LoginTokenTTL time.Duration
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
-	// OnEvent, if set, sees every x-ray event (those Counted counts only
-	// while the x-ray is watched) and a "commit" event per batch synced,
-	// for /metrics. It runs under the broker's locks: it must only count.
-	OnEvent func(wire.Event)
+	// FeatureOptions configure the features beyond the article's broker:
+	// retry backoff, logins, limits, work queues and the rest (Defaults
+	// and start-up, a detail, declares them).
+	FeatureOptions
 }
 
 // Message is one published message, as stored in a topic's log. Once it
@@ -2326,6 +2289,56 @@ type features struct {
 	largeFrames chan struct{}
 }
 
+// FeatureOptions configure the features beyond the article's broker,
+// each group of fields naming its section; Options embeds them, and the
+// same rules hold: zero asks for the default, a negative is refused.
+type FeatureOptions struct {
+	// RetryBackoff (1 or more) multiplies AckTimeout at each retry, up
+	// to MaxRetryDelay (Naks, backoff and expiry). Zero: 2, and a minute.
+	RetryBackoff  float64
+	MaxRetryDelay time.Duration
+	// MaxSubscriptions caps the subscriptions one connection holds at
+	// once; past it a subscribe is refused (Topic rules). Zero:
+	// DefaultMaxSubscriptions, 1,000.
+	MaxSubscriptions int
+	// GroupWindow is how many unacked QoS 1 jobs one member of a group
+	// may hold; the group offers more to the others (Work queues). Zero:
+	// DefaultGroupWindow, 32.
+	GroupWindow int
+	// MaxDelayed and MaxDelayedBytes bound the delayed messages waiting
+	// for one topic, and for one token's subject, in messages and in
+	// bytes as Message.size counts them; past either a delayed publish is
+	// refused (Delayed delivery). Zero: DefaultMaxDelayed, 10,000, and
+	// DefaultMaxDelayedBytes, 64 MiB.
+	MaxDelayed, MaxDelayedBytes int
+	// OriginPatterns lists foreign origins allowed to open a WebSocket;
+	// same-origin and non-browser clients are always allowed. Nil: none.
+	// It and the next three are Keepalives, limits and batches'.
+	OriginPatterns []string
+	// MaxConnections caps open connections; more are refused with HTTP
+	// 503 before the upgrade. Zero: no cap.
+	MaxConnections int
+	// PublishRate caps publishes per second per connection, with a burst
+	// of one second's worth. Zero: no cap.
+	PublishRate float64
+	// PingInterval is how often each connection is pinged; one silent
+	// until the next ping is closed. Zero: DefaultPingInterval, 20 s.
+	PingInterval time.Duration
+	// Issuer and Audience, when set, must match a token's iss and aud
+	// (Tokens).
+	Issuer, Audience string
+	// Users may log in with a password (User, in Logins and passwords).
+	Users map[string]User
+	// LoginTokenTTL is how long a token from login is valid. Zero:
+	// DefaultLoginTokenTTL, an hour.
+	LoginTokenTTL time.Duration
+	// OnEvent, if set, sees every x-ray event (those Counted counts only
+	// while the x-ray is watched) and a "commit" event per batch synced,
+	// for /metrics (The x-ray). It runs under the broker's locks: it must
+	// only count.
+	OnEvent func(wire.Event)
+}
+
 // Defaults for Options. A zero field in Options takes these values.
 const (
 	// DefaultAckTimeout is how long a QoS 1 delivery waits for its ack
@@ -2804,9 +2817,9 @@ func (o Options) check() error {
 	case o.RetryBackoff < 1:
 		return errors.New("popsub: Options.RetryBackoff is below 1")
 	}
-	fields := reflect.ValueOf(o)
-	for i := range fields.NumField() {
-		name, v := fields.Type().Field(i).Name, fields.Field(i)
+	// The fields of FeatureOptions too, as Options embeds them.
+	for _, field := range reflect.VisibleFields(reflect.TypeFor[Options]()) {
+		name, v := field.Name, reflect.ValueOf(o).FieldByIndex(field.Index)
 		if name != "MaxRetries" && (v.CanInt() && v.Int() < 0 ||
 			v.CanFloat() && v.Float() < 0) {
 			return fmt.Errorf("popsub: Options.%s is negative", name)

@@ -326,7 +326,7 @@ func TestBroker_NegativeMaxRetriesMeansNone(t *testing.T) {
 
 func TestOptions_ANegativeLimitIsRefused(t *testing.T) {
 	for _, opts := range []Options{{AckTimeout: -time.Second},
-		{MaxInflight: -1}, {PublishRate: -2}} {
+		{MaxInflight: -1}, {FeatureOptions: FeatureOptions{PublishRate: -2}}} {
 		opts.Secret, opts.Store = testSecret, newMemoryStore()
 		if b, err := New(opts); err == nil {
 			b.Shutdown(context.Background())

@@ -103,10 +103,13 @@ func TestDelay_SentWithinTenMillisecondsAtEveryScale(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				// On bbolt: the tests' store in memory finds a record by
 				// walking its topic, which 100,000 releases make slow.
-				b, worker, _ := fakeBroker(t, Options{MaxDelayed: waiting,
-					MaxDelayedBytes: 1 << 30, MaxMessages: waiting,
+				b, worker, _ := fakeBroker(t, Options{
+					MaxMessages: waiting,
 					Store: openBolt(t, filepath.Join(t.TempDir(),
-						"popsub.db"))})
+						"popsub.db")),
+					FeatureOptions: FeatureOptions{MaxDelayed: waiting,
+						MaxDelayedBytes: 1 << 30},
+				})
 				publisher, _ := fakeConnection(b, "publisher")
 				t.Cleanup(func() { b.unregister(publisher) })
 				// Due over one second, a second on: a millisecond apart at
@@ -144,13 +147,15 @@ func TestDeadLetters_ComeWhenThePlaygroundSays(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var mu sync.Mutex
 		dead := map[string]time.Time{}
-		b, worker, _ := fakeBroker(t, Options{OnEvent: func(e wire.Event) {
-			if e.Kind == "dead_lettered" {
-				mu.Lock()
-				dead[e.MessageID] = time.Now()
-				mu.Unlock()
-			}
-		}})
+		b, worker, _ := fakeBroker(t, Options{
+			FeatureOptions: FeatureOptions{OnEvent: func(e wire.Event) {
+				if e.Kind == "dead_lettered" {
+					mu.Lock()
+					dead[e.MessageID] = time.Now()
+					mu.Unlock()
+				}
+			}},
+		})
 		start := time.Now()
 		const n = 20 // seqs 1 to 20, each with its own jitter
 		for i := range n {

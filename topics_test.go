@@ -212,7 +212,8 @@ func TestTopics_LockTopicNeverReturnsAForgottenTopic(t *testing.T) {
 // subscription it holds passes, and an unsubscribe makes room. Found from
 // outside: 200,000 subscriptions on one connection held 160 MB.
 func TestTopics_AConnectionHoldsAtMostMaxSubscriptions(t *testing.T) {
-	ts := startBroker(t, Options{MaxSubscriptions: 3})
+	ts := startBroker(t, Options{
+		FeatureOptions: FeatureOptions{MaxSubscriptions: 3}})
 	c := ts.dial("many")
 	c.subscribe("cap/a", nil)
 	c.subscribe("cap/+", nil)

@@ -164,7 +164,8 @@ func (a *ackedBy) count() (int, []uint64) {
 func TestGroups_ShareMessagesEachAckedOnce(t *testing.T) {
 	var acks ackedBy
 	ts := startBroker(t, Options{AckTimeout: time.Minute,
-		OnEvent: acks.watch("jobs")})
+		FeatureOptions: FeatureOptions{OnEvent: acks.watch("jobs")},
+	})
 	var workers []*member
 	for i := range 3 {
 		workers = append(workers, join(ts.dial(fmt.Sprint("worker-", i)),
@@ -203,7 +204,8 @@ func TestGroups_ShareMessagesEachAckedOnce(t *testing.T) {
 func TestGroups_AMemberThatDoesNotAckLosesItsJobsToTheOthers(t *testing.T) {
 	var acks ackedBy
 	ts := startBroker(t, Options{AckTimeout: 100 * time.Millisecond,
-		MaxRetries: 5, OnEvent: acks.watch("jobs")})
+		MaxRetries: 5, FeatureOptions: FeatureOptions{OnEvent: acks.watch("jobs")},
+	})
 	idle := join(ts.dial("idle"), "jobs", "workers", false, nil)
 	busy := join(ts.dial("busy"), "jobs", "workers", true, nil)
 	publisher := ts.dial("publisher")
@@ -237,8 +239,10 @@ func TestGroups_AMemberThatDoesNotAckIsGivenNoMoreThanItsWindow(t *testing.T) {
 	// The ack timeout is a minute: nothing moves by retry in this test,
 	// so whatever the idle member holds, it was given.
 	var acks ackedBy
-	ts := startBroker(t, Options{AckTimeout: time.Minute, GroupWindow: 4,
-		OnEvent: acks.watch("jobs")})
+	ts := startBroker(t, Options{AckTimeout: time.Minute,
+		FeatureOptions: FeatureOptions{GroupWindow: 4,
+			OnEvent: acks.watch("jobs")},
+	})
 	idleClient := ts.dial("idle")
 	idle := join(idleClient, "jobs", "workers", false, nil)
 	busy := join(ts.dial("busy"), "jobs", "workers", true, nil)
@@ -303,7 +307,8 @@ func TestGroups_ResumeAfterARestartWithoutRedoingAckedWork(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "popsub.db")
 	var acks ackedBy
 	ts := startBroker(t, Options{Store: openBolt(t, path),
-		OnEvent: acks.watch("jobs")})
+		FeatureOptions: FeatureOptions{OnEvent: acks.watch("jobs")},
+	})
 	first := join(ts.dial("worker"), "jobs", "workers", true, nil)
 	publisher := ts.dial("publisher")
 	for i := range 50 {
@@ -465,7 +470,9 @@ func TestGroups_OnTheRunsEngine(t *testing.T) {
 func TestGroups_QoS0JobsBesideAFullWindowNeverStopTheGroup(t *testing.T) {
 	var acks ackedBy
 	ts := startBroker(t, Options{AckTimeout: 100 * time.Millisecond,
-		MaxRetries: 50, GroupWindow: 4, OnEvent: acks.watch("jobs")})
+		MaxRetries: 50, FeatureOptions: FeatureOptions{GroupWindow: 4,
+			OnEvent: acks.watch("jobs")},
+	})
 	full := join(ts.dial("full"), "jobs", "workers", false, nil)
 	busy := join(ts.dial("busy"), "jobs", "workers", true, nil)
 	publisher := ts.dial("publisher")

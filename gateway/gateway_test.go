@@ -166,7 +166,8 @@ func (s *server) waitFor(kind, client string) wire.Event {
 }
 
 func TestPublish_AnswersWithTheFrameAndAFittingStatus(t *testing.T) {
-	s := start(t, popsub.Options{PublishRate: 1}, Options{MaxBody: 64})
+	s := start(t, popsub.Options{
+		FeatureOptions: popsub.FeatureOptions{PublishRate: 1}}, Options{MaxBody: 64})
 	alice := token(t, "alice", nil, nil)
 	sensor := token(t, "sensor", []string{"sensors/#"}, nil)
 	claims := popsub.Claims{}
@@ -299,7 +300,8 @@ func TestPublish_TakesTheFramesTimesAsQueryParameters(t *testing.T) {
 
 func TestPublish_StatusWhenTheBrokerCannot(t *testing.T) {
 	t.Run("a full broker is 503", func(t *testing.T) {
-		s := start(t, popsub.Options{MaxConnections: 1}, Options{})
+		s := start(t, popsub.Options{
+			FeatureOptions: popsub.FeatureOptions{MaxConnections: 1}}, Options{})
 		alice := token(t, "alice", nil, nil)
 		dial(t, s.url, alice)
 		status, answer, _ := s.post("chat", "", alice, `1`)

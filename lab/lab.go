@@ -49,13 +49,13 @@ import (
 // The lab's broker: retries and timeouts short enough to watch, and a
 // log that keeps the whole run, so that the checker reads every message.
 var brokerOptions = popsub.Options{
-	AckTimeout:   2 * time.Second,
-	MaxRetries:   2,
-	WriteTimeout: 3 * time.Second,
-	PingInterval: 10 * time.Second,
-	OutboxBytes:  4 << 10,
-	MaxMessages:  1 << 20,
-	TTL:          24 * time.Hour,
+	AckTimeout:     2 * time.Second,
+	MaxRetries:     2,
+	WriteTimeout:   3 * time.Second,
+	OutboxBytes:    4 << 10,
+	MaxMessages:    1 << 20,
+	TTL:            24 * time.Hour,
+	FeatureOptions: popsub.FeatureOptions{PingInterval: 10 * time.Second},
 }
 
 // The lab's pauses: a killed broker is restarted after restartDelay, and
