@@ -518,3 +518,38 @@ func TestRead_RandomFragmentsAndSlices(t *testing.T) {
 		c.CloseNow()
 	}
 }
+
+// BenchmarkSend_OneDelivery sends one 100-byte delivery a write to a
+// peer over loopback that reads everything, as a subscriber of one
+// message at a time is sent it.
+func BenchmarkSend_OneDelivery(b *testing.B) {
+	accepted := make(chan *Conn, 1)
+	server := httptest.NewServer(http.HandlerFunc(
+		func(w http.ResponseWriter, r *http.Request) {
+			if c, err := Accept(w, r, Options{}); err == nil {
+				accepted <- c
+			}
+		}))
+	defer server.Close()
+	peer, err := net.Dial("tcp", strings.TrimPrefix(server.URL, "http://"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer peer.Close()
+	request := "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n" +
+		"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n" +
+		"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+	if _, err := peer.Write([]byte(request)); err != nil {
+		b.Fatal(err)
+	}
+	go io.Copy(io.Discard, peer)
+	c := <-accepted
+	defer c.CloseNow()
+	delivery := [][]byte{bytes.Repeat([]byte("x"), 100)}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.Send(delivery, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
