@@ -41,7 +41,7 @@ import (
 const (
 	budgetFirstReading  = 1142 // code lines in first-reading sections
 	budgetMinutes       = 239  // the first reading, priced; the goal is 180
-	budgetCode          = 2693 // code lines in the file; STYLE.md's 2,200
+	budgetCode          = 2692 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function

@@ -1139,7 +1139,6 @@ func (c *connection) subscribeTopic(f frame) {
 	b, t := c.broker, c.broker.leaf.pinTopic(f.Topic)
 	s := c.newSubscription(f.Topic, t, f.Durable)
 
-	// A durable name's position wins over after (c.resume sets f.After).
 	if f.Durable != "" && !c.resume(s, &f) {
 		return
 	}
@@ -2184,7 +2183,7 @@ func (s *subscription) deliverReplay(b *Broker, m *Message,
 			return true, false
 		}
 
-		// Wait for room; poll for a wake-up another took, or none.
+		// Wait for room.
 		select {
 		case <-s.to.roomMade():
 		case <-time.After(10 * time.Millisecond):
@@ -2312,8 +2311,8 @@ type FeatureOptions struct {
 	// DefaultMaxDelayedBytes, 64 MiB.
 	MaxDelayed, MaxDelayedBytes int
 	// OriginPatterns lists foreign origins allowed to open a WebSocket;
-	// same-origin and non-browser clients are always allowed. Nil: none.
-	// It and the next three are Keepalives, limits and batches'.
+	// same-origin and non-browser clients are always allowed (Keepalives,
+	// limits and batches, as the next three). Nil: none.
 	OriginPatterns []string
 	// MaxConnections caps open connections; more are refused with HTTP
 	// 503 before the upgrade. Zero: no cap.
@@ -2534,7 +2533,9 @@ type Claims struct {
 }
 
 // session is what a connection keeps for its session beyond the token's
-// claims. Its fields are the reader goroutine's alone.
+// claims. The reader goroutine sets its fields; the timers, set once at
+// auth, may then be reset or stopped from any goroutine, as time.Timer
+// allows.
 type session struct {
 	// expiry closes the connection when the token runs out; a fresh auth
 	// frame resets it. pings pings the peer an interval after each pong
@@ -2594,13 +2595,11 @@ func (c *connection) closeWith(last reply, code websocket.StatusCode,
 // c.refuse sends the error frame, then closes with 4001; c.writeNow writes a
 // reply straight to the socket (both below).
 func (c *connection) authenticate() bool {
-	// A token sent with the upgrade stands for the auth frame.
 	if c.bearer != "" {
 		return c.accept(frame{Token: c.bearer})
 	}
 	deadline, stop := c.authTimer()
 	defer stop()
-	// Only login and auth are understood before auth.
 	for {
 		data, ok := c.read()
 		if !ok {
@@ -3034,7 +3033,6 @@ func subscribeWildcard(c *connection, f frame) bool {
 	// Want before the subscription replaced, if any, lets go (b.want).
 	c.broker.want(f.Topic)
 	s := c.newSubscription(f.Topic, nil, "")
-	// Reply and register under the lock fan-out reads the filters under.
 	data, _ := json.Marshal(reply{Type: "subscribed", Topic: f.Topic})
 	c.broker.mu.Lock()
 	queued := c.outbox.Push(data)
@@ -3164,7 +3162,6 @@ func (b *Broker) claimDurable(s *subscription) (*uint64, error) {
 		b.takeOver(old)
 	}
 
-	// Read after the old owner left, through the committer (b.log).
 	position, found, err := b.log.Cursor(d.key)
 	if err != nil {
 		return nil, fmt.Errorf("read cursor: %w", err)
@@ -3998,7 +3995,6 @@ func (b *Broker) recall(t *topic, m *Message) bool {
 	t.mu.Lock()
 	t.ids[m.key()] = seq
 	t.mu.Unlock()
-	// Read again: a record sent on meanwhile leaves no id behind.
 	_, ok, err = b.delays.disk.Waiting(t.name, m.publisher, m.ID)
 	if !ok && err == nil {
 		t.mu.Lock()
@@ -4013,13 +4009,12 @@ func (b *Broker) recall(t *topic, m *Message) bool {
 // disk. It reports whether the store's DueIndex keeps it: then t's index
 // does not, and t remembers m's id only until m is on disk, where a
 // repeat finds it (b.recall). The caller holds t.mu (or owns t).
-// One just published waits for its batch's sync, as its confirm does: sent
-// on before its record was stored, it could reach subscribers and then be
-// lost in a crash, confirmed to nobody.
+// One just published waits for its batch's sync (b.onDisk), as its
+// confirm does: sent on before its record was stored, it could reach
+// subscribers and then be lost in a crash, confirmed to nobody.
 func (b *Broker) park(t *topic, m *Message) bool {
 	d := &b.delays
 	d.count(t, m.publisher, 1, m.size())
-	// One just published waits for its batch's sync (b.onDisk).
 	if t.synced() >= m.Seq {
 		d.schedule(waiting{t, m.Seq}, m.DeliverAt)
 	} else if d.disk != nil {
@@ -4115,7 +4110,6 @@ func (b *Broker) releaseLoop() {
 		case <-b.stop:
 			return
 		}
-		// Read the DueIndex if due may lack what it holds (b.nearDue).
 		now := time.Now().UnixMilli()
 		readAgain := b.nearDue(now)
 		d.mu.Lock()
@@ -4125,7 +4119,6 @@ func (b *Broker) releaseLoop() {
 		}
 		next, ok := d.due.Next()
 		d.mu.Unlock()
-		// With nothing due, make nothing: a map draws a random number.
 		if len(due) > 0 {
 			b.release(due)
 		}
@@ -4160,7 +4153,6 @@ func (b *Broker) nearDue(now int64) int64 {
 		defer d.mu.Unlock()
 		return d.horizon
 	}
-	// From here a batch synced with one due by it schedules it too.
 	d.horizon = now + lookAhead.Milliseconds()
 	until := d.horizon
 	d.mu.Unlock()
@@ -4186,7 +4178,6 @@ func (b *Broker) nearDue(now int64) int64 {
 		}
 		d.hold(w, at[i])
 	}
-	// A full read of what due holds already waits a second to read on.
 	if len(found) == lookAheadMax {
 		if d.horizon = at[len(at)-1]; added == 0 {
 			return now + time.Second.Milliseconds()
@@ -4254,7 +4245,6 @@ func (b *Broker) readDelayed(w waiting) (record, m *Message, gone bool) {
 	case len(msgs) == 0 || msgs[0].Seq != w.seq:
 		return nil, nil, true
 	}
-	// Copy the store's, which may be shared; name its record.
 	copied := *msgs[0]
 	copied.Topic = strings.TrimPrefix(w.log.name, DelayedPrefix)
 	copied.Seq, copied.Timestamp, copied.delivery = 0, 0, nil
@@ -4586,7 +4576,6 @@ func (t *topic) forget(n int) uint64 {
 	for _, e := range gone {
 		t.unindexed(e)
 	}
-	// A queue's front goes without copying the rest (fifo).
 	last := gone[n-1].seq
 	t.index.Remove(0, n)
 	return last
@@ -4657,7 +4646,6 @@ func (b *Broker) overtaken(s *subscription, after uint64,
 	if *from+1 >= first {
 		return false
 	}
-	// A group's members hear each gap at once, from the read's place.
 	if s.conn == nil {
 		after = *from
 	}
@@ -4890,7 +4878,6 @@ func (b *Broker) markCommitted(msgs []*Message) {
 // publishers hear store_failed.
 func (b *Broker) forgetFailed(msgs []*Message) {
 	for _, m := range msgs {
-		// Keep the seqs: later publishes may hold the next ones.
 		t := b.topic(m.Topic)
 		t.mu.Lock()
 		t.unsynced = t.unsynced[1:]
