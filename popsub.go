@@ -1127,7 +1127,8 @@ func (s *subscription) ended() bool {
 }
 
 // subscribeTopic subscribes to an exact topic: reply, replay, then live.
-// The topic is pinned until s ends (leaves.pinTopic). The reply is
+// The topic is pinned until the new subscription, s, ends
+// (leaves.pinTopic). The reply is
 // queued before the replayer starts, so the client hears "subscribed"
 // before any message of s; with nothing to replay, s.finishReplay turns
 // s live before the reader reads the next frame, so a publish that
@@ -1237,7 +1238,7 @@ func (b *Broker) unsubscribe(s *subscription) {
 	b.releaseDurable(s)
 	b.mu.Unlock()
 
-	// Then no retries: drop pending entries under c.mu, as record adds.
+	// Then no retries: cancel s; drop its entries under c.mu, as record.
 	c := s.conn
 	var left []pending
 	c.mu.Lock()
@@ -1411,13 +1412,13 @@ func (b *Broker) sequenced(t *topic, m *Message, last uint64, wake *wakeups) {
 
 // fanOut offers a new message to every live subscriber of t and, through
 // leaves.fanOutWildcards, every wildcard subscription that covers t,
-// which have had everything up to last; s.to.deliver queues it to s's
-// receiver if there is room. Replaying subscriptions are skipped: their
-// replayer reads the message from the store, or from t.unsynced. One
-// encoding serves every subscriber, as the bytes are never changed, and
-// one clock read, none at QoS 0 (one costs 60 to 80 ns here). The
-// writers it fills are owed to wake (see Outbox.PushWithin). The caller
-// holds t.mu, which keeps seq order.
+// which have had everything up to last; s.to.deliver queues it to each
+// subscription's receiver if there is room. Replaying subscriptions are
+// skipped: their replayer reads the message from the store, or from
+// t.unsynced. One encoding serves every subscriber, as the bytes are
+// never changed, and one clock read, none at QoS 0 (one costs 60 to 80 ns
+// here). The writers it fills are owed to wake (see Outbox.PushWithin).
+// The caller holds t.mu, which keeps seq order.
 func (b *Broker) fanOut(t *topic, m *Message, last uint64, wake *wakeups) {
 	var deadline time.Time
 	if m.QoS == 1 {
@@ -1865,7 +1866,8 @@ func (c *connection) retryBy(deadline time.Time) {
 // ones; c's timer runs it. A retry never waits: one that finds the
 // outbox full is not sent, and counts as an attempt all the same, as a
 // subscriber that has not drained its outbox for an ack timeout is not
-// reading it. One of a delivery s shares goes to another that shares it.
+// reading it. A retry of a delivery whose subscription shares its
+// messages goes to another that shares them.
 func (c *connection) redeliver(now time.Time) {
 	// Collect under c.mu, act after: a dead letter takes a topic's lock.
 	c.mu.Lock()
