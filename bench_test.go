@@ -65,7 +65,7 @@ func BenchmarkFanOut(b *testing.B) {
 			var drained [][]byte
 			for b.Loop() {
 				t.mu.Lock()
-				broker.fanOut(t, m, m.Seq-1, nil)
+				broker.fanOut(t, m, nil)
 				t.mu.Unlock()
 				for _, c := range connections {
 					drained = c.outbox.Take(drained[:0])

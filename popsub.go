@@ -33,16 +33,12 @@
 // The broker's behaviour is this file, about 2,700 lines of code, 1,100
 // of them on the first reading, which takes about 4 hours at 150 words
 // of prose and 8 lines of code a minute, 5 where the code locks, starts
-// a goroutine or selects. You follow a message: options
-// and frames; the broker's tables; the log, and the contracts of the
-// machine room under it (the store, group commit, the socket: packages
-// of their own); connecting; subscribing; publishing and fan-out; the
-// outbox; acknowledgements; retries; replay; shutdown. Sections marked
-// "(detail)" may be skipped: the first reading calls one through a
-// hook it declares with its contract in a line (b.leaf, the rules and
-// kinds of frame), or says in a line beside the call what it does. The
-// page at /source folds them away, and shows the machine room's
-// packages after this file.
+// a goroutine or selects. You follow a message from the options and
+// frames to shutdown. Sections marked "(detail)" may be skipped: the
+// first reading calls one through a hook it declares with its contract
+// in a line (b.leaf, the rules and kinds of frame), or says in a line
+// beside the call what it does. The page at /source folds them away,
+// and shows the machine room's packages after this file.
 //
 // # Goroutines
 //
@@ -102,11 +98,10 @@ import (
 //
 // First, what a reader meets on the wire and in the configuration.
 // Every limit is an option with a named default (the Defaults detail
-// gives each one's unit and reason). The protocol is the
-// original's: one JSON object per text frame, with a "type"; PopSub adds
-// fields and frames and never changes one. Incoming frames decode into
-// one flat struct, the whole protocol in one place: package wire, which
-// Go clients decode with too.
+// gives each one's unit and reason). The protocol is the original's,
+// one JSON object per text frame with a "type"; PopSub adds fields and
+// frames and never changes one. Package wire declares it, for the
+// broker and for Go clients.
 
 // Limits that are not options: they protect the broker, not a policy.
 const (
@@ -244,15 +239,13 @@ func (m *Message) size() int {
 	return 2*(len(m.Payload)+len(m.ID)+len(m.Topic)) + 128
 }
 
-// frame is any frame a client sends: wire.Frame, one flat struct whose
-// "type" says which frame it is, declared once, in package wire, for the
-// broker and for every Go client. Pointers mark fields whose absence
-// means something other than their zero value: "after":0 asks for
-// everything after seq 0, a missing "after" for nothing special.
+// frame is any frame a client sends (wire.Frame): one flat struct whose
+// "type" says which. A pointer field's absence means something its zero
+// does not: "after":0 asks for everything after seq 0, a missing "after"
+// for nothing special.
 type frame = wire.Frame
 
-// reply is any frame the broker sends that is not a delivery: package
-// wire declares it (wire.Reply), beside what a client decodes it into.
+// reply is any frame the broker sends but a delivery (wire.Reply).
 // Deliveries have their own hand-written encoder (appendDelivery),
 // because they are the hot path and replies are not.
 type reply = wire.Reply
@@ -290,20 +283,17 @@ type Broker struct {
 	logger *slog.Logger
 	// store is the durable log and the cursors, behind the Store seam.
 	store Store
-	// appendShared, want and forget are the hooks a log that other
-	// brokers share comes in by (A log shared by several brokers, a
-	// detail at the end): appendShared hands it a publish and returns the
-	// outcome that brings the log's seq, nil on the broker's own log;
-	// want has it feed this broker the topics a filter covers, and forget
-	// undoes want (SharedLog.Forget): no-ops on the broker's own log.
+	// appendShared is the hook a log that other brokers share comes in by
+	// (A log shared by several brokers, a detail at the end): it hands
+	// the log a publish and returns the outcome that brings the log's
+	// seq. nil: the broker's own log.
 	appendShared func(*Message) *outcome
-	want, forget func(filter string)
 	// log is the committer, the one goroutine that writes to store (a
 	// commitLog, in the machine room).
 	log *commitLog
 
-	// mu guards the tables below. It is held for look-ups and small
-	// changes, never across a socket write or a disk access.
+	// mu guards the tables below, never across a socket write or a disk
+	// access.
 	mu sync.RWMutex
 	// topics maps every exact topic name to its topic. One that never had
 	// a message is forgotten when its last subscription ends (Retention).
@@ -323,8 +313,7 @@ type Broker struct {
 	// registered counts connections still registered.
 	registered sync.WaitGroup
 	// writers runs each connection's writer while its outbox holds
-	// frames, on goroutines it keeps a moment for the next writer, whose
-	// stacks have grown already (queue.Workers); Shutdown ends them.
+	// frames (workers, in the machine room).
 	writers *workers
 	// shutdown makes Shutdown idempotent; shutdownErr is what the first
 	// call returned.
@@ -356,10 +345,7 @@ type observer interface {
 	subscription(kind string, s *subscription)
 }
 
-// leaves are the hooks by which the first reading calls the details
-// that limit and admit a client (Keepalives, limits and batches;
-// Publishing from Go; Tokens), keep the log (Retention; Seqs reserved
-// on disk) and time a retry (Naks, backoff and expiry).
+// leaves are the hooks by which the first reading calls the details;
 // b.startFeatures sets each to the detail's function of its name.
 type leaves struct {
 	// overCapacity counts a new connection, and refuses it, reporting
@@ -389,10 +375,10 @@ type leaves struct {
 	pinTopic func(name string) *topic
 	unpin    func(s *subscription)
 	// fanOutWildcards offers m, as fanOut does, to the wildcard
-	// subscriptions that cover t (Topic rules): without room, or after a
-	// gap, each is cut off, as it has no single log to fall back on.
-	fanOutWildcards func(t *topic, m *Message, gap bool,
-		deadline time.Time, wake *wakeups)
+	// subscriptions that cover t (Topic rules): without room, each is
+	// cut off, as it has no single log to fall back on.
+	fanOutWildcards func(t *topic, m *Message, deadline time.Time,
+		wake *wakeups)
 	// overtaken reports whether the log dropped what comes after *from,
 	// a replay's place (next: the first seq a read found, or 0), and if
 	// so moves *from past it and tells s's subscriber, who had all up to
@@ -412,8 +398,8 @@ type leaves struct {
 }
 
 // topic is one exact topic: its log's in-memory index and its subscribers.
-// The index holds no payloads (those stay on disk), so a topic costs a few
-// dozen bytes per retained message.
+// The index holds no payloads, so a topic costs a few dozen bytes per
+// retained message.
 type topic struct {
 	// name is the exact topic name; immutable.
 	name string
@@ -422,15 +408,13 @@ type topic struct {
 	// the topic: sequencing, fan-out, and the hand-over from replay.
 	mu sync.Mutex
 	// head is the newest seq given out, and fanned out; 0 before the
-	// first message. unsynced holds the messages not on disk yet, the
-	// batches the committer has not synced, in seq order, for replay to
-	// read on from.
+	// first message. unsynced holds the messages not on disk yet, in seq
+	// order, for replay to read on from.
 	head     uint64
 	unsynced []*Message
-	// reserved is the stored head: no seq past it is given out, so a
-	// broker that crashes starts there, past every seq a subscriber may
-	// have seen. asked is the highest head handed to the log, on disk or
-	// not. sealed is set at Shutdown: no seq is given out after it.
+	// reserved is the stored head: no seq past it is given out. asked is
+	// the highest head handed to the log, on disk or not. sealed is set
+	// at Shutdown: no seq is given out after it (Seqs reserved on disk).
 	reserved, asked uint64
 	sealed          bool
 	// lastTime is the newest timestamp given, in Unix milliseconds.
@@ -548,40 +532,36 @@ func (b *Broker) connectionList() []*connection {
 
 // # The log: seq first, sync second
 //
-// Every message, of any QoS, is appended to its topic's log, and the log
-// is the one thing that must survive a crash. The original wrote each
-// message to disk on the publisher's path; one sync per message caps a
-// broker near two thousand publishes a second. Here one goroutine, the
+// Every message, of any QoS, is appended to its topic's log, the one
+// thing that must survive a crash. The original wrote each message to
+// disk on the publisher's path, and one sync per message caps a broker
+// near two thousand publishes a second. Here one goroutine, the
 // committer, gathers everything queued since its last sync (appends,
 // trims, cursor moves) into one transaction and one sync: group commit.
-// A batch nobody waits for (no QoS 1 confirm, no barrier) waits up to 5
-// ms for company, so that a quiet broker syncs a few hundred times a
-// second, not once a message; a QoS 1 publish ends the wait.
-// The disk sits behind Store, five methods, so that another engine can
-// replace it without touching the broker (SharedLog adds three for a log
-// shared by several brokers).
+// A batch nobody waits for (no QoS 1 confirm) waits up to 5 ms for
+// company, so a quiet broker syncs a few hundred times a second, not
+// once a message. The disk sits behind Store, five methods, so that
+// another engine can replace it (SharedLog adds three for a log shared
+// by several brokers).
 //
 // Two moments in a message's life matter: it gets its seq, and its batch
 // is synced. Deliveries leave at the first, confirms at the second. A
 // crash, of the process or of the machine, can then cost a subscriber
 // only messages nobody confirmed: it may have seen one the log lost,
-// whose publisher sends it again (a duplicate, with a new seq) or, at QoS
-// 0, never will. What it must never see is one seq given to two
-// messages, or its "after" would skip the second. So seqs are reserved
-// on disk, in blocks, before they are used: a topic's stored head is the
-// end of the block it may give out, not its newest seq, and after a
-// crash the topic starts there, past any seq that can have been seen.
+// whose publisher sends it again (with a new seq) or, at QoS 0, never
+// will. What it must never see is one seq given to two messages, or its
+// "after" would skip the second. So seqs are reserved on disk in blocks
+// before they are used, and after a crash a topic starts past its last
+// block: past any seq that can have been seen.
 //
 // The alternatives cost more. Waiting for the sync put a millisecond or
-// two on every delivery; a log of its own, written before bbolt to mark a
-// batch "written" apart from "synced", buys kill -9 what a machine's
+// two on every delivery; a log of our own, written before bbolt to mark
+// a batch "written" apart from "synced", buys kill -9 what a machine's
 // power loss would still cost, for a second file and its recovery; and
 // bbolt's NoSync with a later sync is not safe at all, as its pages may
-// reach the disk in any order.
-//
-// The committer (b.log) and the store are machinery, whose contracts
-// are the next section; the reservations are a detail, called through
-// two hooks (leaves).
+// reach the disk in any order. The committer (b.log) and the store are
+// machinery, whose contracts are the next section; the reservations are
+// a detail, called through two hooks (leaves).
 
 // # The machine room
 //
@@ -666,9 +646,9 @@ type wakeups = queue.Wakeups
 // memory). newOutbox(limit, write, b.writers) makes one whose writer,
 // write, runs on b.writers. Push queues frames, all or none, and starts
 // the writer if none runs; PushWithin queues within a lower bound and
-// owes the start to a wakeups; Take hands the writer every frame queued,
-// in order, and none once it is to exit, when recycle(frames) takes its
-// array back.
+// owes the start to a wakeups; Take hands the writer every frame
+// queued, in order, and none once it is to exit, when recycle(frames)
+// takes its array back.
 type outbox = queue.Outbox
 
 // newOutbox and recycle make an outbox and take back a writer's array.
@@ -699,11 +679,10 @@ var notify = queue.Notify
 //   - b.log.Append(m) queues m and returns the outcome done once m is
 //     on disk, or failed. b.log.Barrier() returns the outcome of
 //     everything queued so far.
-//   - b.log.Trim(topic, seq), b.log.SaveCursor(key, position) and
-//     b.log.SetHead(topic, head) queue a trim, a durable cursor's move
-//     and a topic's new stored head, which b.log.Await(topic) waits
-//     for; b.log.Cursor(key) reads a cursor, newest first;
-//     b.log.Stop() commits what is queued and ends.
+//   - b.log.Stop() commits what is queued and ends.
+//
+// The details queue trims, cursor moves and stored heads the same way,
+// each saying so where it does.
 type commitLog = groupcommit.Log[*Message]
 
 // # Connecting and authenticating
@@ -713,10 +692,9 @@ type commitLog = groupcommit.Log[*Message]
 // WebSocket, so a frame is the one way every client can. Until then the
 // connection gets a small read limit and a deadline, so a stranger
 // cannot hold memory or a socket for long. The token also says what its
-// holder may do (Claims), and how long the session lasts (Tokens, a
-// detail). A cookie would have been simpler for browsers, and would let
-// any page a user visits ride their session. Then the connection reads
-// frames, one at a time, until the client leaves.
+// holder may do, and until when (Tokens, a detail). A cookie would have
+// been simpler for browsers, and would let any page a user visits ride
+// their session.
 
 // connection is one WebSocket client, from its upgrade until it leaves.
 // Fields above mu are set before the writer starts, or belong to one
@@ -742,7 +720,8 @@ type connection struct {
 	// subject is the token's subject, and client the name the client gave
 	// in its auth frame; both set at auth under mu, then read-only.
 	subject, client string
-	// claims are the token's grants; the reader goroutine's alone.
+	// claims are the token's grants (Claims, in Tokens); the reader
+	// goroutine's alone.
 	claims *Claims
 	// retries fires when the earliest of unacked is due, retryAt (Retries
 	// and dead letters); nil until the first QoS 1 delivery. Both are
@@ -983,14 +962,13 @@ func decodeFrame(data []byte) (frame, reply) {
 
 // # Subscribing
 //
-// A subscription to an exact topic starts with a replay of the topic's
-// log and then turns live; you will see the hand-over in Replay.
-// Wildcard subscriptions (MQTT's + and #) cannot replay, because they
-// span logs with separate seq counters, so they are live only: merging
-// logs would need a global order the broker does not keep. A durable
-// name ties a subscription to a cursor on disk, so that a client can
-// resume where it stopped, on another connection or after a restart
-// (Durable subscriptions, a detail, says how).
+// A subscription to an exact topic replays the topic's log and then
+// turns live (Replay). Wildcard subscriptions (MQTT's + and #) cannot
+// replay, because they span logs with separate seq counters, so they are
+// live only: merging logs would need a global order the broker does not
+// keep. A durable name ties a subscription to a cursor on disk, so that
+// a client can resume where it stopped, on another connection or after
+// a restart (Durable subscriptions, a detail).
 
 // subscription is one client's interest in one topic or filter.
 type subscription struct {
@@ -1128,14 +1106,13 @@ func (s *subscription) ended() bool {
 
 // subscribeTopic subscribes to an exact topic: reply, replay, then live.
 // The topic is pinned until the new subscription, s, ends
-// (leaves.pinTopic). The reply is
-// queued before the replayer starts, so the client hears "subscribed"
-// before any message of s; with nothing to replay, s.finishReplay turns
-// s live before the reader reads the next frame, so a publish that
-// follows on the same connection is delivered before it is confirmed.
-// A durable name's stored position wins over after: c.resume sets f.After,
-// or reports false when the store failed, the client told why (Durable
-// subscriptions).
+// (leaves.pinTopic). The reply is queued before the replayer starts, so
+// the client hears "subscribed" before any message of s; with nothing to
+// replay, s turns live before the reader reads the next frame, so a
+// publish that follows on the same connection is delivered before it is
+// confirmed. A durable name's stored position wins over after: c.resume
+// sets f.After, or reports false when the store failed, the client told
+// why (Durable subscriptions).
 func (c *connection) subscribeTopic(f frame) {
 	b, t := c.broker, c.broker.leaf.pinTopic(f.Topic)
 	s := c.newSubscription(f.Topic, t, f.Durable)
@@ -1143,9 +1120,6 @@ func (c *connection) subscribeTopic(f frame) {
 	if f.Durable != "" && !c.resume(s, &f) {
 		return
 	}
-	// A shared log catches up on the topic first (b.want).
-	b.want(f.Topic)
-
 	// One lock: the head in the reply is where live delivery begins.
 	t.mu.Lock()
 	start, recovered := t.startAfter(f.After, f.Last)
@@ -1277,9 +1251,8 @@ func (b *Broker) unsubscribe(s *subscription) {
 // seq, encode its delivery frame once, hand it to the committer, and
 // offer that one frame to every live subscriber's outbox. Only a QoS 1
 // publisher waits for the sync, on its connection's confirmer, before it
-// hears "published". Fanning out after the sync would put one or two
-// syncs (a millisecond or more here) between every publish and every
-// delivery; the log's section said why delivering first is safe.
+// hears "published" (the log's section said why delivering first is
+// safe, and what waiting would cost).
 
 // confirm is a QoS 1 publish waiting for its batch to reach the disk.
 type confirm struct {
@@ -1298,10 +1271,10 @@ var publishRules []func(c *connection, m *Message, f frame) reply
 // publish answers a publish frame. A refusal names the publisher's
 // message_id, so a client with many publishes in flight knows which one
 // it was. While the log's queue is full the reader waits, reading no
-// further frames: TCP pushes back on this publisher alone. It does not
-// wait for the disk: c.confirm hands the confirm to the confirmer
-// (Confirms, a detail), which sends it once the message is on disk, so
-// one connection can have many publishes in flight, sharing one sync.
+// further frames. It does not wait for the disk: c.confirm hands the
+// confirm to the confirmer (Confirms, a detail), which sends it once the
+// message is on disk, so one connection can have many publishes in
+// flight, sharing one sync.
 func (c *connection) publish(f frame) {
 	m, problem := newMessage(f, c.subject)
 	for _, rule := range publishRules {
@@ -1357,12 +1330,11 @@ func newMessage(f frame, publisher string) (*Message, reply) {
 // whether m repeated a QoS 1 message_id the topic still remembers, and
 // the outcome that says when m is durable; a nil outcome if done was
 // closed, or the broker stopped, before there was room: then nothing
-// happened. On a shared log b.appendShared hands m over instead, and
-// the outcome brings the log's seq. wake is the publishing reader's
-// wakeups, which the fan-out owes the writers it fills (nil, from
-// inside the process: start them at once). A message with no message_id
-// gets a random one. A publisher that lost its confirm may send again:
-// same id, same seq, nothing stored or delivered twice.
+// happened. On a shared log b.appendShared hands m over instead. wake is
+// the publishing reader's wakeups (nil, from inside the process). A
+// message with no message_id gets a random one. A publisher that lost
+// its confirm may send again: same id, same seq, nothing stored or
+// delivered twice.
 func (b *Broker) publish(m *Message, done <-chan struct{},
 	wake *wakeups) (uint64, bool, *outcome) {
 	m.ID = cmp.Or(m.ID, wire.NewMessageID())
@@ -1396,43 +1368,36 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 	m.delivery = appendDelivery(nil, m, 1)
 	stored := b.log.Append(m)
 	t.unsynced = append(t.unsynced, m)
-	b.sequenced(t, m, m.Seq-1, wake)
+	b.sequenced(t, m, wake)
 	return m.Seq, false, stored
 }
 
-// sequenced indexes m, which has its seq and its frame, and fans it out
-// to those who have had everything up to last, owing their writers to
-// wake. The caps are applied here, as messages arrive (leaves.retain).
-// The caller holds t.mu.
-func (b *Broker) sequenced(t *topic, m *Message, last uint64, wake *wakeups) {
+// sequenced indexes m, which has its seq and its frame, and fans it out,
+// owing the writers it fills to wake. The caps are applied here, as
+// messages arrive (leaves.retain). The caller holds t.mu.
+func (b *Broker) sequenced(t *topic, m *Message, wake *wakeups) {
 	b.leaf.retain(t, m)
 	b.xray.message("published", nil, m, nil)
-	b.fanOut(t, m, last, wake)
+	b.fanOut(t, m, wake)
 }
 
 // fanOut offers a new message to every live subscriber of t and, through
-// leaves.fanOutWildcards, every wildcard subscription that covers t,
-// which have had everything up to last; s.to.deliver queues it to each
-// subscription's receiver if there is room. Replaying subscriptions are
-// skipped: their replayer reads the message from the store, or from
-// t.unsynced. One encoding serves every subscriber, as the bytes are
-// never changed, and one clock read, none at QoS 0 (one costs 60 to 80 ns
-// here). The writers it fills are owed to wake (see Outbox.PushWithin).
-// The caller holds t.mu, which keeps seq order.
-func (b *Broker) fanOut(t *topic, m *Message, last uint64, wake *wakeups) {
+// leaves.fanOutWildcards, every wildcard subscription that covers t, all
+// of which have had every seq before m's. Replaying subscriptions are
+// skipped: their replayer reads the message from the log. One encoding
+// serves every subscriber, and one clock read, none at QoS 0 (one costs
+// 60 to 80 ns here). The caller holds t.mu, which keeps seq order.
+func (b *Broker) fanOut(t *topic, m *Message, wake *wakeups) {
 	var deadline time.Time
 	if m.QoS == 1 {
 		deadline = time.Now().Add(b.opts.AckTimeout)
 	}
-	// After a gap (a shared log's feed) each subscriber reads the log.
-	gap := m.Seq > last+1
 	for s := range t.subscribers {
-		if s.live && (gap || !s.to.deliver(s, m, m.delivery, 1, deadline,
-			wake)) {
-			s.fallBehind(b, last)
+		if s.live && !s.to.deliver(s, m, m.delivery, 1, deadline, wake) {
+			s.fallBehind(b, m.Seq-1)
 		}
 	}
-	b.leaf.fanOutWildcards(t, m, gap, deadline, wake)
+	b.leaf.fanOutWildcards(t, m, deadline, wake)
 }
 
 // fallBehind turns a live subscription back into a replaying one, which
@@ -1460,33 +1425,27 @@ func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 // each bound says who waits when it is reached:
 //
 //   - the log's queue (b.log.Admit): a publisher's reader waits for
-//     room, so TCP pushes back on that publisher alone, at any QoS;
+//     room, so TCP pushes back on that publisher alone;
 //   - each connection's outbox, drained by its own writer: a reply to
 //     the client's own request waits for room; a live delivery never
-//     waits, because a publisher must not stall for one slow
-//     subscriber: a subscription with no room drops back to reading the
-//     log, and turns live again once it has caught up
-//     (subscription.fallBehind);
+//     waits, as a publisher must not stall for one slow subscriber: the
+//     subscription drops back to reading the log (fallBehind);
 //   - the socket: one write waits at most WriteTimeout for its peer.
 //
 // A subscriber is cut off with 4008 only for what it failed to drain: its
 // socket took nothing for WriteTimeout, or a wildcard subscription, which
-// has no single log to fall back on, found no room; one the log overtook
-// is told what it missed (Replay). Cutting off whoever filled a fixed
-// queue was simpler, and cut off fast readers too: any burst bigger than
-// the queue overflowed it, however fast they read.
+// has no single log to fall back on, found no room. Cutting off whoever
+// filled a fixed queue was simpler, and cut off fast readers too: any
+// burst bigger than the queue overflowed it, however fast they read.
 
 // writeLoop is the connection's only writer while frames are queued: it
 // writes until the outbox is empty, then exits. A writer that waited for
 // the next frame instead would be simpler, and would cost every idle
 // connection a parked goroutine, whose stack (8 KiB once it has written)
-// was the biggest single item in an idle connection's memory. It runs on
-// one of b.writers' kept goroutines, if one waits. The frames of each
-// Take go out in as few system calls as the socket can (c.ws.Send).
-// After a failed write the outbox stays marked as written, so no writer
-// starts again: the reader is about to see the socket closed. The
-// outbox and its writer trade arrays at each Take, and the writer's
-// goes back to a pool when it exits (recycle).
+// was the biggest single item in an idle connection's memory. The frames
+// of each Take go out in as few system calls as the socket can. After a
+// failed write the outbox stays marked as written, so no writer starts
+// again: the reader is about to see the socket closed.
 func (c *connection) writeLoop() {
 	var frames [][]byte
 	defer func() { recycle(frames) }()
@@ -1580,11 +1539,10 @@ func (c *connection) cutOff(why string) {
 // alone. The cost is one entry per subscriber per QoS 1 delivery,
 // bounded by the in-flight window; the gain is that "at least once" holds
 // for every subscriber. A connection that gets a message through two
-// subscriptions (a topic and a wildcard, or a group beside either) has
-// an entry for each, as it had a delivery for each, and owes one ack
-// for it: the ack clears both, and moves every cursor either holds back.
-// One entry for the two made one of them forget the message, and a
-// durable or group cursor behind it never moved.
+// subscriptions (a topic and a wildcard, say) has an entry for each, as
+// it had a delivery for each, and one ack clears both and moves every
+// cursor either holds back. One entry for the two made one of them
+// forget the message, and a durable cursor behind it never moved.
 //
 // The entries are kept per topic, in seq order, in a pendingQueue.
 // Deliveries mostly come in order and are acked in it, so adding one is
@@ -1635,17 +1593,16 @@ func (q *pendingQueue) find(p pending) int {
 }
 
 // deliver queues m's delivery frame to s if there is room, and records
-// it: a pending entry if m is QoS 1, due for retry at deadline, and its
-// cursor's progress. split divides each bound among its users:
-// 1 for live traffic, 2 for replay, which leaves half to live traffic on
-// the connection's other subscriptions. A writer the frame makes due is
-// owed to wake (Outbox.PushWithin). It reports true when s is done with
-// m: queued, expired, or no longer wanted because s ended; false,
-// having changed nothing, when there is no room. It never waits. The
-// frame and its pending entry are made under c.mu, so an ack cannot miss
-// the entry. A subscription that ended gets nothing more, as nobody
-// would clear its entries; one that shared its messages has no room, so
-// that another that shares them gets them.
+// it (c.record). split divides each bound among its users: 1 for live
+// traffic, 2 for replay, which leaves half to live traffic on the
+// connection's other subscriptions. A writer the frame makes due is owed
+// to wake. It reports true when s is done with m: queued, expired, or no
+// longer wanted because s ended; false, having changed nothing, when
+// there is no room. It never waits. The frame and its pending entry are
+// made under c.mu, so an ack cannot miss the entry. A subscription that
+// ended gets nothing more, as nobody would clear its entries; one that
+// shared its messages has no room, so that another that shares them
+// gets them.
 func (c *connection) deliver(s *subscription, m *Message, delivery []byte,
 	split int, deadline time.Time, wake *wakeups) bool {
 	c.mu.Lock()
@@ -1835,9 +1792,8 @@ func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 // connection has one timer, set for its earliest deadline: a retry is
 // at most RetryWindow late, and a connection owing nothing holds none. A
 // loop over every connection was up to a second late; a timer per
-// delivery would cost memory per message. Each retry waits longer than
-// the last (leaves.retryDelay), a nak hands a delivery back early, and a
-// message may expire (m.expired): the detail Naks, backoff and expiry.
+// delivery would cost memory per message. Backoff, naks and expiry are
+// a detail (Naks, backoff and expiry).
 
 // RetryWindow is how late a retry may be: a connection's timer fires at
 // most once a RetryWindow, however its deadlines fall.
@@ -2016,33 +1972,29 @@ func (c *connection) keepPending(p pending) {
 // Here replay is a contract: a message replays with its original
 // message_id, seq, timestamp and qos, and a QoS 1 replay is tracked and
 // retried like a live delivery. The replayer reads the store, then, past
-// the store's end, the messages not synced yet, which the topic keeps in
-// memory until they are. The hand-over to live rests on the topic's
-// head: fan-out happens under the topic's lock as each seq is given, and
-// the replayer turns live under that same lock once it has sent up to
-// the head, so nothing falls between the two and nothing comes twice.
-// Replay waits for room rather than overflowing: it uses at most half
-// the outbox and half the in-flight window, so a subscriber that reads
-// and acks is never cut off by its own history.
+// its end, the messages not synced yet, which the topic keeps in memory
+// until they are. The hand-over to live rests on the topic's head:
+// fan-out happens under the topic's lock as each seq is given, and the
+// replayer turns live under that same lock once it has sent up to the
+// head, so nothing falls between the two and nothing comes twice.
+// Replay waits for room rather than overflowing, in at most half the
+// outbox and half the in-flight window, so a subscriber that reads and
+// acks is never cut off by its own history.
 //
-// The same replay serves a live subscription that fell behind (you met
-// it in back-pressure). There a message the log no longer keeps is a
-// loss the subscriber must hear of: a burst larger than the log keeps
-// overtook it while it read. It is told, in a "skipped" frame that says
-// up to which seq the messages are gone and how many it missed, and goes
-// on from the oldest message kept, as a resume with "after" would, with
-// "recovered":false. Cutting such a reader off would treat one that
-// drains its socket, only not as fast as a burst, like one that stopped.
-// A QoS 1 message skipped this way is gone from the log, payload and
-// all, so it cannot be dead-lettered: the skipped frame counts it.
-
-// replay sends the log after seq after, then turns s live. It runs on its
-// own goroutine and ends early if s or its connection ends. behind says
-// that s was live, and may not skip a message unannounced: it hears
-// what the log dropped (leaves.overtaken). s.to.cutOff cuts the
-// subscriber off with 4008, if the log cannot be read. from is where
-// the next read starts: after, the last seq sent, or past what the log
-// dropped; stuck is the synced seq seen after the last empty read. A
+// The same replay serves a live subscription that fell behind. There a
+// message the log no longer keeps is a loss the subscriber must hear of:
+// a burst larger than the log keeps overtook it while it read. A
+// "skipped" frame says up to which seq the messages are gone and how
+// many it missed, and it goes on from the oldest message kept. Cutting
+// such a reader off would treat one that drains its socket, only not as
+// fast as a burst, like one that stopped. A QoS 1 message skipped this
+// way is gone from the log, payload and all, so it cannot be
+// dead-lettered: the skipped frame counts it.
+// replay sends the log after seq after, then turns s live, on its own
+// goroutine, ending early if s ends. behind says that s was live, and
+// hears what the log dropped (leaves.overtaken). A log that cannot be
+// read cuts the subscriber off (s.to.cutOff). from is where the next
+// read starts; stuck is the synced seq seen after the last empty read. A
 // read that finds nothing while newer seqs are given out means a seq
 // given a moment ago (read again) or one with nothing to read (a
 // corrupt record, or seqs skipped after a crash or a failed commit):
@@ -2133,10 +2085,9 @@ func (t *topic) synced() uint64 {
 
 // finishReplay turns s live if nothing after seq was given out, and
 // reports whether the replay is finished: s is live, or it ended
-// meanwhile; otherwise it returns the newest seq on disk. Under t.mu no
-// fan-out can run, so nothing falls between replay and live. With m,
-// seq's message, it is the hand-over: m goes out first, as live traffic,
-// if it has room, so that once the subscriber sees it, the next message
+// meanwhile; otherwise it returns the newest seq on disk. With m, seq's
+// message, it is the hand-over: m goes out first, as live traffic, if
+// it has room, so that once the subscriber sees it, the next message
 // comes by fan-out with the whole window.
 func (s *subscription) finishReplay(after uint64, m *Message, delivery []byte,
 	deadline time.Time) (finished bool, synced uint64) {
@@ -2156,14 +2107,13 @@ func (s *subscription) finishReplay(after uint64, m *Message, delivery []byte,
 
 // deliverReplay queues one replayed message once there is room, and
 // reports whether it sent it, and whether the replay should stop: m,
-// the newest, turned s live, or the subscription or the connection
-// ended first. For a subscription that fell behind, m is not sent if it
-// left the log while it waited, so that what the log no longer keeps is
-// skipped, and said to be, the same way whenever it left. Only the last
-// of a read may be the newest, so only it takes the topic's lock to look.
-// With no room it waits for the writer or an ack to make some, and polls
-// as well: another replayer on the connection may take the wake-up, and
-// a receiver may have no channel to wait on (a nil one never fires).
+// the newest, turned s live, or s ended first. For a subscription that
+// fell behind, m is not sent if it left the log while it waited, so that
+// it is skipped, and said to be, as if it had left before the read.
+// Only the last of a read may be the newest, so only it takes the
+// topic's lock to look. With no room it waits for the writer or an ack
+// to make some, and polls as well: another replayer on the connection
+// may take the wake-up, and a receiver may have no channel to wait on.
 func (s *subscription) deliverReplay(b *Broker, m *Message,
 	behind, last bool) (sent, stop bool) {
 	delivery := appendDelivery(nil, m, 1)
@@ -2288,6 +2238,10 @@ type features struct {
 	// handled, as many as largeFramesBytes holds frames of the full
 	// limit: 64 with the defaults (Keepalives, limits and batches).
 	largeFrames chan struct{}
+	// want has a shared log feed this broker the topics a filter covers
+	// (b.pinTopic and subscribeWildcard call it), and forget undoes want
+	// (SharedLog.Forget, from b.unpin): no-ops on the broker's own log.
+	want, forget func(filter string)
 }
 
 // FeatureOptions configure the features beyond the article's broker,
@@ -3051,14 +3005,15 @@ func subscribeWildcard(c *connection, f frame) bool {
 // t, as fanOut does to t's own (wire.Covers(filter, topic) is the
 // match). Wildcards live in one table, read-locked: subscribing to a
 // filter is rare, publishing is not. A wildcard spans logs, so it has
-// none to fall back on: without room, or after a gap, it is cut off.
-func (b *Broker) fanOutWildcards(t *topic, m *Message, gap bool,
-	deadline time.Time, wake *wakeups) {
+// none to fall back on: without room, it is cut off, and one cut off
+// gets nothing more.
+func (b *Broker) fanOutWildcards(t *topic, m *Message, deadline time.Time,
+	wake *wakeups) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	for s := range b.wildcards {
-		if wire.Covers(s.filter, t.name) &&
-			(gap || !s.conn.deliver(s, m, m.delivery, 1, deadline, wake)) {
+		if wire.Covers(s.filter, t.name) && !s.conn.closing.Load() &&
+			!s.conn.deliver(s, m, m.delivery, 1, deadline, wake) {
 			s.conn.cutOff("fell behind")
 		}
 	}
@@ -4463,16 +4418,18 @@ func (b *Broker) OutboxBytes() int {
 // (b.lockTopic).
 
 // pinTopic returns the topic called name, made on first use, pinned for a
-// subscription until b.unsubscribe unpins it.
+// subscription until b.unsubscribe unpins it. A shared log catches up on
+// the topic first (b.want), outside the lock, as it waits for the log.
 func (b *Broker) pinTopic(name string) *topic {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	t := b.topics[name]
 	if t == nil {
 		t = newTopic(name)
 		b.topics[name] = t
 	}
 	t.pins++
+	b.mu.Unlock()
+	b.want(name)
 	return t
 }
 
@@ -4986,9 +4943,7 @@ func appendTo(shared SharedLog) func(*Message) *outcome {
 // feed takes a message the shared log committed, from any broker, and
 // fans it out. A seq it already has (fed again after a reconnect) is
 // dropped. One past a gap means the log deleted messages before this
-// broker had them: the live subscribers missed them, so fan-out sends
-// them back to the log, where they find the gap and are told what is
-// gone (skipped), as any subscriber the log overtook.
+// broker had them: the subscribers missed them (b.missed).
 func (b *Broker) feed(m *Message) {
 	t := b.lockTopic(m.Topic)
 	defer t.mu.Unlock()
@@ -4996,7 +4951,31 @@ func (b *Broker) feed(m *Message) {
 		// The head first, as a publish here gives it: m is on the log.
 		t.head = m.Seq
 		m.delivery = appendDelivery(nil, m, 1)
-		b.sequenced(t, m, last, nil)
+		if m.Seq > last+1 {
+			b.missed(t, last)
+		}
+		b.sequenced(t, m, nil)
 		b.xray.message("committed", nil, m, nil)
+	}
+}
+
+// missed takes every subscriber of t off fan-out, as the log deleted
+// messages after last before this broker had them: a live subscription
+// goes back to the log, where it finds the gap and is told what is gone
+// (skipped), as any subscriber the log overtook; a wildcard that covers
+// t is cut off, as it has no single log to go back to. The caller holds
+// t.mu.
+func (b *Broker) missed(t *topic, last uint64) {
+	for s := range t.subscribers {
+		if s.live {
+			s.fallBehind(b, last)
+		}
+	}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	for s := range b.wildcards {
+		if wire.Covers(s.filter, t.name) {
+			s.conn.cutOff("fell behind")
+		}
 	}
 }
