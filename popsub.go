@@ -369,11 +369,13 @@ type leaves struct {
 	// from the log. The caller holds t.mu.
 	retain func(t *topic, m *Message)
 	// pinTopic returns the topic called name, made on first use, held
-	// for a subscription until unpin(s) lets go of what s held: its
+	// for a subscription until it ends. letGo(s, left) lets go of what
+	// the details keep for s, ended with left unacked: its durable name,
+	// its place in a work queue, whose other members take left, and its
 	// topic, then forgotten if it never had a message, or a wildcard's
 	// place among the filters fan-out covers.
 	pinTopic func(name string) *topic
-	unpin    func(s *subscription)
+	letGo    func(s *subscription, left []pending)
 	// fanOutWildcards offers m, as fanOut does, to the wildcard
 	// subscriptions that cover t (Topic rules): without room, each is
 	// cut off, as it has no single log to fall back on.
@@ -994,8 +996,10 @@ type subscription struct {
 	// each message to one of them: a work queue's member. nil: s keeps
 	// every message it is sent.
 	shares sharing
-	// owed counts s's QoS 1 deliveries not yet acked. Guarded by conn.mu.
-	owed int
+	// owed counts s's QoS 1 deliveries not yet acked, and window, if
+	// not 0, is the most it may reach (a work queue's member's). Guarded
+	// by conn.mu.
+	owed, window int
 	// notice is a skipped frame that goes out with the next delivery,
 	// or nil (Replay). Guarded by conn.mu.
 	notice []byte
@@ -1032,13 +1036,8 @@ type cursor interface {
 }
 
 // sharing is what a subscription that shares its messages does beyond
-// one that keeps them: a work queue's member (Work queues). The calls
-// marked c.mu are made with the member's connection locked.
+// one that keeps them: a work queue's member (Work queues).
 type sharing interface {
-	// full reports whether s owes as many acks as it may (c.mu).
-	full(s *subscription) bool
-	// leave takes s out: no new messages go to it.
-	leave(s *subscription)
 	// handOn gives list, deliveries a member will not finish, to the
 	// others as their next attempts: to any but avoid, if it is set.
 	handOn(list []pending, avoid *connection)
@@ -1194,23 +1193,16 @@ func (c *connection) unsubscribeFrame(f frame) {
 
 // unsubscribe ends s: no more deliveries, and its unacked ones are no
 // longer retried. A durable cursor stays on disk for the next subscribe.
-// Every step is idempotent, so a takeover may race a disconnect. A
-// wildcard leaves its table only as it lets go (leaves.unpin, last);
-// meanwhile deliver gives it nothing, as it has ended.
+// Every step is idempotent, so a takeover may race a disconnect. What
+// the details keep for s they let go of last (leaves.letGo); meanwhile
+// deliver gives s nothing, as it has ended.
 func (b *Broker) unsubscribe(s *subscription) {
-	// First no new deliveries: out of the topic, and its sharing.
-	if s.shares != nil {
-		s.shares.leave(s)
-	}
+	// First no new deliveries from fan-out.
 	if s.topic != nil {
 		s.topic.mu.Lock()
 		delete(s.topic.subscribers, s)
 		s.topic.mu.Unlock()
 	}
-	// b.releaseDurable gives its durable name up (Durable subscriptions).
-	b.mu.Lock()
-	b.releaseDurable(s)
-	b.mu.Unlock()
 
 	// Then no retries: cancel s; drop its entries under c.mu, as record.
 	c := s.conn
@@ -1233,12 +1225,8 @@ func (b *Broker) unsubscribe(s *subscription) {
 		})
 	}
 	c.mu.Unlock()
-	// A member's deliveries go to the others at once; then let go.
-	if s.shares != nil {
-		s.shares.handOn(left, nil)
-	}
 	if first {
-		b.leaf.unpin(s)
+		b.leaf.letGo(s, left)
 	}
 }
 
@@ -1644,11 +1632,11 @@ func (c *connection) push(s *subscription, delivery []byte, split int,
 
 // windowHas reports whether 1/split of the in-flight window has room for
 // m, by count and by bytes, if it is QoS 1, and s may owe one more ack
-// (its sharing may say not). An empty window takes one message, however
-// large. The caller holds c.mu.
+// (s.window). An empty window takes one message, however large. The
+// caller holds c.mu.
 func (c *connection) windowHas(s *subscription, m *Message, split int) bool {
 	o := c.broker.opts
-	if m.QoS == 0 || s.shares != nil && s.shares.full(s) {
+	if m.QoS == 0 || s.window > 0 && s.owed >= s.window {
 		return m.QoS == 0
 	}
 	return c.inflight == 0 || c.inflight < max(o.MaxInflight/split, 1) &&
@@ -2430,7 +2418,7 @@ func (b *Broker) startFeatures() {
 		endSession:      (*connection).endSession,
 		retain:          b.retain,
 		pinTopic:        b.pinTopic,
-		unpin:           b.unpin,
+		letGo:           b.letGo,
 		fanOutWildcards: b.fanOutWildcards,
 		overtaken:       b.overtaken,
 		waitForSeq:      b.waitForSeq,
@@ -3363,17 +3351,17 @@ func (cf confirm) answer() []byte {
 // full because it does not ack) is skipped anyway, so the slow get less
 // without anyone measuring them.
 //
-// The member that took a QoS 1 message owes its ack. Each member's
-// subscription has the group as its sharing, which the first reading asks
-// whether the member is full, and hands what the member will not finish:
-// a retry goes to another member with room, as the next attempt; a member
-// that leaves, or is cut off, hands its unacked deliveries to the others
-// at once. The group keeps one cursor on disk, not one per member: the
-// highest seq with everything up to it acked, by whichever member, as a
-// durable subscription's. A cursor per member would have a restarted
-// member redo what another acked. Groups need the broker's own log: on a
-// shared log each broker would hand the same message to a member of its
-// own.
+// The member that took a QoS 1 message owes its ack, at most GroupWindow
+// of them (its subscription's window). Each member's subscription has the
+// group as its sharing, which the first reading hands what the member
+// will not finish: a retry goes to another member with room, as the next
+// attempt. A member that leaves, or is cut off, hands its unacked
+// deliveries to the others at once (b.letGo). The group keeps one
+// cursor on disk, not one per member: the highest seq with everything up
+// to it acked, by whichever member, as a durable subscription's. A
+// cursor per member would have a restarted member redo what another
+// acked. Groups need the broker's own log: on a shared log each broker
+// would hand the same message to a member of its own.
 
 // group is a work queue: one topic's messages shared by its members. It
 // is its own subscription's receiver, and each member's sharing.
@@ -3448,7 +3436,7 @@ func (b *Broker) prepareJoin(s *subscription,
 		b.groups[key] = g
 	}
 	g.joining++
-	s.shares, s.cursor = g, &g.cursor
+	s.shares, s.cursor, s.window = g, &g.cursor, b.opts.GroupWindow
 	b.mu.Unlock()
 
 	// The cursor, read through the committer, wins over after and last.
@@ -3549,12 +3537,6 @@ func (g *group) cutOff(why string) {
 	for _, member := range g.list() {
 		member.conn.cutOff(why)
 	}
-}
-
-// full reports whether member s holds GroupWindow jobs, or more: then
-// the group offers the next to another. The caller holds s.conn.mu.
-func (g *group) full(s *subscription) bool {
-	return s.owed >= g.broker.opts.GroupWindow
 }
 
 // handOn gives each of list, as its next attempt, to another member than
@@ -4431,6 +4413,20 @@ func (b *Broker) pinTopic(name string) *topic {
 	b.mu.Unlock()
 	b.want(name)
 	return t
+}
+
+// letGo is leaves.letGo: it gives s's durable name up, takes a work
+// queue's member out of its group, whose other members take left at
+// once, and unpins s.
+func (b *Broker) letGo(s *subscription, left []pending) {
+	b.mu.Lock()
+	b.releaseDurable(s)
+	b.mu.Unlock()
+	if g, ok := s.shares.(*group); ok {
+		g.leave(s)
+		g.handOn(left, nil)
+	}
+	b.unpin(s)
 }
 
 // unpin lets go of s's hold on its topic t, and forgets t if nothing
