@@ -611,12 +611,15 @@ type outcome = groupcommit.Outcome
 // and frames what the broker sends; a test, or a page, may keep the same
 // contract another way.
 type Socket interface {
-	// Read returns the next text frame, valid UTF-8 and valid until the
-	// next Read, or nil once the client is quiet (Idle). One over 64 KiB
+	// Read returns the next text frame, valid UTF-8 (encoding/json would
+	// silently replace bad bytes, and a payload would not be what its
+	// publisher sent) and valid until the next Read, or nil once the
+	// client is quiet (Idle). An error means the socket is done, and has
+	// sent whatever close it needs. One over 64 KiB
 	// first takes a place among b.largeFrames, held until the next Read
-	// or a close. An error means the socket is done: closed, reset, or
-	// closed for a binary frame (1003), invalid UTF-8 (1007), or one over
-	// the read limit (1009).
+	// or a close. The socket is done once closed, reset, or closed for a
+	// binary frame (1003), invalid UTF-8 (1007), or one over the read
+	// limit (1009).
 	Read() ([]byte, error)
 	// SetReadLimit caps the frames Read returns, in bytes.
 	SetReadLimit(n int64)
@@ -801,7 +804,8 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // newConnection prepares the state of a freshly upgraded connection. Its
 // outbox is the one buffer of its own that grows with load, from empty
-// up to its bound.
+// up to its bound. Its frames may have 8 KiB until the session starts
+// and raises the limit to MaxFrameBytes (Tokens).
 func (b *Broker) newConnection(ws Socket, remote string) *connection {
 	c := &connection{broker: b, ws: ws, remote: remote,
 		id:   connectionIDs.Add(1),
@@ -809,6 +813,7 @@ func (b *Broker) newConnection(ws Socket, remote string) *connection {
 		subscriptions: map[string]*subscription{},
 		unacked:       map[string]*pendingQueue{}}
 	c.outbox = newOutbox(b.opts.OutboxBytes, c.writeLoop, b.writers)
+	ws.SetReadLimit(authReadLimit)
 	return c
 }
 
@@ -888,8 +893,8 @@ func (c *connection) serve() {
 	c.ws.Idle(c.serve)
 	for {
 		// A failed read ends the connection; nil, only this goroutine.
-		data, ok := c.read()
-		if !ok {
+		data, err := c.ws.Read()
+		if err != nil {
 			c.broker.unregister(c)
 		}
 		if data == nil {
@@ -900,24 +905,6 @@ func (c *connection) serve() {
 			c.handle(object)
 		}
 	}
-}
-
-// read returns the next text frame, as Socket.Read does, and false once
-// the connection has ended. Invalid UTF-8 is refused because
-// encoding/json would silently replace bad bytes, and a payload would
-// not be what its publisher sent. The read limit is set each frame, an
-// atomic store, to keep it in one place.
-func (c *connection) read() ([]byte, bool) {
-	// 8 KiB until auth has set c.claims, then MaxFrameBytes.
-	limit := int64(authReadLimit)
-	if c.claims != nil {
-		limit = c.broker.opts.MaxFrameBytes
-	}
-	c.ws.SetReadLimit(limit)
-
-	// The socket has sent whatever close an error needs.
-	data, err := c.ws.Read()
-	return data, err == nil
 }
 
 // handle decodes one frame and answers it. A bad frame costs the client
@@ -2545,8 +2532,8 @@ func (c *connection) authenticate() bool {
 	deadline, stop := c.authTimer()
 	defer stop()
 	for {
-		data, ok := c.read()
-		if !ok {
+		data, err := c.ws.Read()
+		if err != nil {
 			return false
 		}
 		f, problem := decodeFrame(data)
@@ -2563,8 +2550,8 @@ func (c *connection) authenticate() bool {
 }
 
 // accept checks the auth frame's token and, if it is good, starts the
-// session: the subject, the grants, and its timers. It reports whether
-// it did.
+// session: the subject, the grants, its timers, and frames up to
+// MaxFrameBytes. It reports whether it did.
 // c.broker.Verify checks the token (below); c.startTimers ends the session
 // when the token runs out, plus the leeway Verify allowed, so that a token
 // accepted is never closed at once, and pings the peer every interval
@@ -2581,6 +2568,7 @@ func (c *connection) accept(f frame) bool {
 	c.subject, c.client = claims.Subject, f.Client
 	c.mu.Unlock()
 	c.claims, c.batch = claims, f.Batch
+	c.ws.SetReadLimit(c.broker.opts.MaxFrameBytes)
 	c.startTimers(claims)
 	c.broker.logger.Info("connected", "sub", c.subject, "remote", c.remote)
 	c.broker.xray.connection("connected", c, "")
