@@ -348,54 +348,42 @@ type observer interface {
 // leaves are the hooks by which the first reading calls the details;
 // b.startFeatures sets each to the detail's function of its name.
 type leaves struct {
-	// overCapacity counts a new connection, and refuses it, reporting
-	// true, with one HTTP response if it is past MaxConnections.
+	// overCapacity counts a new connection and reports true, having
+	// answered 503, if it is past MaxConnections.
 	overCapacity func(w http.ResponseWriter) bool
-	// acceptSocket upgrades r to a WebSocket (package socket), or opens
-	// the one WithSocket put in r; beforeRead runs before each read.
+	// acceptSocket upgrades r to a WebSocket; beforeRead runs before
+	// each read.
 	acceptSocket func(w http.ResponseWriter, r *http.Request,
 		beforeRead func()) (Socket, error)
-	// authenticate reads the auth frame (login frames may come first)
-	// and reports whether its token started the session (c.claims set,
-	// "authenticated" sent); anything else, or nothing within
-	// AuthTimeout, closes c with 4001. recoverPanic, deferred by c's
-	// reader, logs a panic and takes c apart.
+	// authenticate reports whether c's auth frame started a session
+	// (c.claims set); if not, c is closed with 4001.
 	authenticate func(c *connection) bool
-	recoverPanic func(c *connection)
-	// endSession stops the timers c's session started, if it has one.
-	endSession func(c *connection)
-	// retain indexes m, just sequenced, and drops the oldest messages
-	// past MaxMessages or MaxLogBytes from the index and, in m's batch,
-	// from the log. The caller holds t.mu.
+	// recoverPanic, deferred by c's reader, logs a panic and takes c
+	// apart; endSession stops the timers c's session started.
+	recoverPanic, endSession func(c *connection)
+	// retain indexes m, just sequenced, and trims the log to
+	// MaxMessages and MaxLogBytes. The caller holds t.mu.
 	retain func(t *topic, m *Message)
-	// pinTopic returns the topic called name, made on first use, held
-	// for a subscription until it ends. letGo(s, left) lets go of what
-	// the details keep for s, ended with left unacked: its durable name,
-	// its place in a work queue, whose other members take left, and its
-	// topic, then forgotten if it never had a message, or a wildcard's
-	// place among the filters fan-out covers.
+	// pinTopic returns the topic called name, made on first use and kept
+	// while a subscription holds it; letGo lets go of what the details
+	// keep for s, which ended with left unacked, its topic among them.
 	pinTopic func(name string) *topic
 	letGo    func(s *subscription, left []pending)
 	// fanOutWildcards offers m, as fanOut does, to the wildcard
-	// subscriptions that cover t (Topic rules): without room, each is
-	// cut off, as it has no single log to fall back on.
+	// subscriptions that cover t, and cuts off any without room.
 	fanOutWildcards func(t *topic, m *Message, deadline time.Time,
 		wake *wakeups)
-	// overtaken reports whether the log dropped what comes after *from,
-	// a replay's place (next: the first seq a read found, or 0), and if
-	// so moves *from past it and tells s's subscriber, who had all up to
-	// after, what it missed.
+	// overtaken reports whether the log dropped seqs after *from, a
+	// replay's place (next: the first seq a read found, or 0), and if so
+	// moves *from past them and tells s, which had all up to after.
 	overtaken func(s *subscription, after uint64, from *uint64,
 		next uint64) bool
-	// waitForSeq returns once the stored head covers t's next seq,
-	// releasing t.mu while it waits: false, with a nil outcome, if done
-	// closed first, or a failed one if the disk or Shutdown refused.
-	// The caller holds t.mu. seal gives back, at Shutdown, the seqs
-	// reserved and never given out.
+	// waitForSeq waits, releasing t.mu, until t's next seq is reserved
+	// on disk: false, with a nil outcome, if done closed first, or a
+	// failed one. seal gives back, at Shutdown, the seqs never used.
 	waitForSeq func(t *topic, done <-chan struct{}) (*outcome, bool)
 	seal       func()
-	// retryDelay is how long p, at its attempt, waits for its ack: a
-	// backoff up to MaxRetryDelay, less a jitter of up to a fifth.
+	// retryDelay is how long p, at its attempt, waits for its ack.
 	retryDelay func(p *pending) time.Duration
 }
 
@@ -919,10 +907,9 @@ func (c *connection) handle(data []byte) {
 }
 
 // handlers answer each frame type, one each; each validates its own
-// fields, so that its error names exactly what was wrong. A feature's
-// frames come in by this hook: each adds its handler in its section
-// (a fresh auth: Tokens; login: Logins and passwords; nak: Naks,
-// backoff and expiry).
+// fields, so that its error names exactly what was wrong. A feature
+// adds its frames' handlers in its section (a fresh auth: Tokens; login:
+// Logins and passwords; nak: Naks, backoff and expiry).
 var handlers = map[string]func(*connection, frame){
 	"subscribe":   (*connection).subscribe,
 	"unsubscribe": (*connection).unsubscribeFrame,
@@ -992,10 +979,10 @@ type subscription struct {
 	notice []byte
 }
 
-// A receiver takes a subscription's messages. There are two: the
-// subscriber's connection (connection.deliver, in Acknowledgements), and
-// a work queue's group, which hands each message to one member with room
-// (Work queues, a detail). Fan-out and replay know only this.
+// A receiver takes a subscription's messages: the subscriber's
+// connection (connection.deliver, in Acknowledgements), or a work
+// queue's group, which hands each message to one member with room (Work
+// queues, a detail). Fan-out and replay know only this.
 type receiver interface {
 	// deliver queues m to s if there is room, and reports whether s is
 	// done with m; connection.deliver says how.
@@ -1030,16 +1017,13 @@ type sharing interface {
 	handOn(list []pending, avoid *connection)
 }
 
-// subscribeKinds take the subscribe frames of the kinds of subscription
-// beyond a topic's, the hook for the features that have one (a filter
-// with + or #: Topic rules; a work queue's member: Work queues): each
-// answers f and returns true if f is of its kind.
+// subscribeKinds answer the subscribe frames of the kinds beyond a
+// topic's (a filter with + or #: Topic rules; a work queue's member: Work
+// queues): each reports whether f was of its kind.
 var subscribeKinds []func(c *connection, f frame) bool
 
-// subscribeRules rule on each subscribe frame in turn, as publishRules
-// do on publishes: the filter's syntax, the token's grants and the cap
-// on subscriptions (Topic rules, a detail). Each refuses f with a reply,
-// or passes it with a zero one.
+// subscribeRules rule on each subscribe frame in turn (Topic rules, a
+// detail): each refuses f with a reply, or passes it with a zero one.
 var subscribeRules []func(c *connection, f frame) reply
 
 // subscribe answers a subscribe frame.
@@ -1237,10 +1221,9 @@ type confirm struct {
 	duplicate bool     // the message_id was already in the log
 }
 
-// publishRules rule on each well-formed publish in turn, the hook for
-// the features that do (Defaults and start-up lists them in order):
-// each refuses m with a reply, or passes it with a zero one, and may set
-// when m is delivered and until when.
+// publishRules rule on each well-formed publish in turn (Defaults and
+// start-up lists them): each refuses m with a reply, or passes it with a
+// zero one, and may set when m is delivered and until when.
 var publishRules []func(c *connection, m *Message, f frame) reply
 
 // publish answers a publish frame. A refusal names the publisher's
@@ -2512,9 +2495,10 @@ func (c *connection) closeWith(last reply, code websocket.StatusCode,
 }
 
 // authenticate reads frames until a valid auth frame, and reports whether
-// the session started. Login frames may come first, to trade a password
-// for a token; anything else is refused. Replies here are written
-// directly: the writer has not started yet.
+// the session started (c.claims set, "authenticated" sent). Login frames
+// may come first, to trade a password for a token; anything else, or
+// nothing within AuthTimeout, closes c with 4001. Replies here are
+// written directly: the writer has not started yet.
 // The deadline is a timer, not a context: a cancelled Read drops the socket
 // without a close frame, and the client deserves to hear 4001. c.authTimer
 // starts it; c.login answers a login frame, pausing the timer while the
@@ -3620,7 +3604,8 @@ func (c *connection) assign(s *subscription, p pending, must bool) bool {
 const maxDelayMS = 365 * 24 * 3600 * 1000
 
 // retryDelay is how long p, at its attempt, waits for its ack before the
-// next attempt: the backoff, with its jitter.
+// next attempt: AckTimeout, times RetryBackoff for each attempt before,
+// up to MaxRetryDelay, less a jitter of up to a fifth.
 func (b *Broker) retryDelay(p *pending) time.Duration {
 	wait := min(float64(b.opts.AckTimeout)*
 		math.Pow(b.opts.RetryBackoff, float64(p.attempt-1)),
