@@ -374,10 +374,10 @@ type leaves struct {
 	fanOutWildcards func(t *topic, m *Message, deadline time.Time,
 		wake *wakeups)
 	// overtaken reports whether the log dropped seqs after *from, a
-	// replay's place (next: the first seq a read found, or 0), and if so
+	// replay's place (read: what a read from there found), and if so
 	// moves *from past them and tells s, which had all up to after.
 	overtaken func(s *subscription, after uint64, from *uint64,
-		next uint64) bool
+		read []*Message) bool
 	// waitForSeq waits, releasing t.mu, until t's next seq is reserved
 	// on disk: false, with a nil outcome, if done closed first, or a
 	// failed one. seal gives back, at Shutdown, the seqs never used.
@@ -1962,11 +1962,6 @@ func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 	var stuck uint64
 	from := after
 	for {
-		// The index leaves a message before the store: a gap shows here.
-		if behind && b.leaf.overtaken(s, after, &from, 0) {
-			continue
-		}
-
 		// The store first; past its end, the messages not on disk yet.
 		msgs, err := b.store.Read(s.topic.name, from, replayChunk,
 			b.opts.OutboxBytes/2)
@@ -1978,8 +1973,8 @@ func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 		if len(msgs) == 0 {
 			msgs = s.topic.unsyncedAfter(from)
 		}
-		if behind && len(msgs) > 0 && msgs[0].Seq > from+1 &&
-			b.leaf.overtaken(s, after, &from, msgs[0].Seq) {
+		// The index leaves a message before the store: a gap shows here.
+		if behind && b.leaf.overtaken(s, after, &from, msgs) {
 			continue
 		}
 		for i, m := range msgs {
@@ -4558,18 +4553,18 @@ func (b *Broker) trimExpired(now time.Time) {
 
 // overtaken reports whether the log has dropped what comes after *from,
 // and if so moves *from past it, and has s.skipped tell the subscriber,
-// who had everything up to after. next is the first seq a read found
-// after *from, or 0. On the broker's own log a gap above the oldest
-// message kept is not a loss (seqs skipped after a crash hold no
-// message), and is not said; on a shared log, whose seqs are dense,
-// every gap is one (A log shared by several brokers).
-// A work queue's members hear each gap at once, so from the read's place; a
+// who had everything up to after. read is what a read after *from
+// found, whose first seq may be past a gap. On the broker's own log a
+// gap above the oldest message kept is not a loss (seqs skipped after a
+// crash hold no message), and is not said; on a shared log, whose seqs
+// are dense, every gap is one (A log shared by several brokers). A work
+// queue's members hear each gap at once, so from the read's place; a
 // subscriber hears it all with its next message.
 func (b *Broker) overtaken(s *subscription, after uint64,
-	from *uint64, next uint64) bool {
+	from *uint64, read []*Message) bool {
 	first := s.topic.firstKept()
-	if b.appendShared != nil && next > first {
-		first = next
+	if b.appendShared != nil && len(read) > 0 && read[0].Seq > first {
+		first = read[0].Seq
 	}
 	if *from+1 >= first {
 		return false
