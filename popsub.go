@@ -599,15 +599,13 @@ type outcome = groupcommit.Outcome
 // and frames what the broker sends; a test, or a page, may keep the same
 // contract another way.
 type Socket interface {
-	// Read returns the next text frame, valid UTF-8 (encoding/json would
-	// silently replace bad bytes, and a payload would not be what its
-	// publisher sent) and valid until the next Read, or nil once the
-	// client is quiet (Idle). An error means the socket is done, and has
-	// sent whatever close it needs. One over 64 KiB
-	// first takes a place among b.largeFrames, held until the next Read
-	// or a close. The socket is done once closed, reset, or closed for a
-	// binary frame (1003), invalid UTF-8 (1007), or one over the read
-	// limit (1009).
+	// Read returns the next text frame, valid until the next Read, or nil
+	// once the client is quiet (Idle). An error means the socket is done
+	// and has sent whatever close it needs: closed, reset, or closed for
+	// a binary frame (1003), invalid UTF-8 (1007: encoding/json would
+	// replace bad bytes, and a payload would not be what its publisher
+	// sent), or one over the read limit (1009). A frame over 64 KiB holds
+	// a place among b.largeFrames until the next Read or a close.
 	Read() ([]byte, error)
 	// SetReadLimit caps the frames Read returns, in bytes.
 	SetReadLimit(n int64)
