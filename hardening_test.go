@@ -691,6 +691,13 @@ func TestBroker_BearerTokenAtTheUpgrade(t *testing.T) {
 	alice.subscribe("news", nil)
 	alice.publish("news", 1, 0, "n-1")
 	alice.expect("message")
+	// The session lifts the 8 KiB limit a stranger's frames have, as an
+	// auth frame's does.
+	large := strings.Repeat("x", 16<<10)
+	alice.publish("news", large, 0, "n-2")
+	if g := alice.expect("message"); g.MessageID != "n-2" {
+		t.Fatalf("got %+v, want the 16 KiB message n-2", g)
+	}
 
 	mallory := dialRawWith(t, ts.url, "mallory", header("not-a-token"))
 	mallory.expectError("auth_failed")
