@@ -1,8 +1,13 @@
 package popsub
 
 import (
+	"context"
+	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/coder/websocket"
 )
 
 // sharedMemory is a SharedLog kept in memory, for tests of the seam: it
@@ -67,7 +72,20 @@ func TestBroker_AGapInASharedLogIsSaid(t *testing.T) {
 	if g := alice.expect("message"); g.Seq != 3 {
 		t.Fatalf("alice got %+v, want seq 3", g)
 	}
-	bob.expectClose(CloseSlowConsumer)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for {
+		_, data, err := bob.ws.Read(ctx)
+		if err != nil {
+			if code := websocket.CloseStatus(err); code != CloseSlowConsumer {
+				t.Fatalf("bob closed with %d, want 4008", code)
+			}
+			break
+		}
+		if strings.Contains(string(data), `"n-3"`) {
+			t.Fatalf("bob's wildcard got the message past the gap: %s", data)
+		}
+	}
 
 	// A subscriber resuming after 1 reads on from what the log kept.
 	carol.subscribe("news", map[string]any{"after": 1})
