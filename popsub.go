@@ -4366,7 +4366,7 @@ func (b *Broker) OutboxBytes() int {
 // (b.lockTopic).
 
 // pinTopic returns the topic called name, made on first use, pinned for a
-// subscription until b.unsubscribe unpins it. A shared log catches up on
+// subscription until b.letGo unpins it. A shared log catches up on
 // the topic first (b.want), outside the lock, as it waits for the log.
 func (b *Broker) pinTopic(name string) *topic {
 	b.mu.Lock()
