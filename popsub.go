@@ -528,9 +528,9 @@ func (b *Broker) connectionList() []*connection {
 // near two thousand publishes a second. Here one goroutine, the
 // committer, gathers everything queued since its last sync (appends,
 // trims, cursor moves) into one transaction and one sync: group commit.
-// A batch nobody waits for (no QoS 1 confirm) waits up to 5 ms for
-// company, so a quiet broker syncs a few hundred times a second, not
-// once a message. The disk sits behind Store, five methods, so that
+// A batch nobody waits for (no QoS 1 confirm, no barrier) waits up to 5
+// ms for company, so a quiet broker syncs a few hundred times a second,
+// not once a message. The disk sits behind Store, five methods, so that
 // another engine can replace it (SharedLog adds three for a log shared
 // by several brokers).
 //
@@ -1946,6 +1946,7 @@ func (c *connection) keepPending(p pending) {
 // fast as a burst, like one that stopped. A QoS 1 message skipped this
 // way is gone from the log, payload and all, so it cannot be
 // dead-lettered: the skipped frame counts it.
+
 // replay sends the log after seq after, then turns s live, on its own
 // goroutine, ending early if s ends. behind says that s was live, and
 // hears what the log dropped (leaves.overtaken). A log that cannot be
