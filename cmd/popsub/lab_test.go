@@ -170,6 +170,15 @@ func TestLab_EveryScenarioHoldsInThePage(t *testing.T) {
 		if !wide {
 			t.Errorf("at %dpx the page scrolls sideways", size[0])
 		}
+		// A row's label reads on one line; its buttons scroll past it.
+		if !evaluate[bool](t, ctx, `(() => {
+			const label = document.querySelector(".scenarios .group");
+			return label.getBoundingClientRect().height <=
+				label.nextElementSibling.getBoundingClientRect().height;
+		})()`) {
+			t.Errorf("at %dpx the article's row label is squeezed onto "+
+				"several lines", size[0])
+		}
 	}
 	if p := problems(); len(p) > 0 {
 		t.Errorf("console errors: %v", p)
