@@ -3232,8 +3232,8 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 // reader must not wait for the disk itself: it would then read one
 // publish per sync, and a connection could never have two in flight. So
 // a confirmer goroutine, started on a connection's first QoS 1 publish,
-// waits for each message's batch in publish order and queues the
-// confirms one sync made ready in one push. A confirm is a reply, so it
+// waits for each message's batch in publish order and queues its
+// confirm once the batch is synced. A confirm is a reply, so it
 // waits for room in the outbox; a publisher that never reads its confirms
 // fills its outbox, then its confirm queue, and then its reader stops
 // reading: it is pushed back like any publisher.
