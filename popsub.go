@@ -1468,10 +1468,10 @@ func (c *connection) enqueue(frames ...[]byte) bool {
 	return true
 }
 
-// waitForRoom waits for a signal on room, that a writer or an ack made
-// some, and reports false if stop closed first. It polls every 10 ms as
-// well: a signal wakes one waiter, and another on the connection may
-// take it, and a receiver may have no channel to wait on (nil).
+// waitForRoom waits until a writer or an ack may have made room: a
+// signal on room, or 10 ms, as one signal wakes one waiter, which may be
+// another on the connection, and a receiver may have no channel (nil).
+// It reports false if stop closed first.
 func waitForRoom(room, stop <-chan struct{}) bool {
 	select {
 	case <-room:
