@@ -77,6 +77,7 @@ import (
 	"github.com/popsub/popsub"
 	"github.com/popsub/popsub/wire"
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // Errors that Open's and a Store's errors wrap.
@@ -137,7 +138,7 @@ func Open(path string, logger *slog.Logger) (_ *Store, err error) {
 	// bbolt locks the file; without a timeout, a second broker on the
 	// same file would wait for the lock for ever, saying nothing.
 	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, bolterrors.ErrTimeout) {
 		return nil, fmt.Errorf("open %s: %w", path, ErrInUse)
 	}
 	if err != nil {
