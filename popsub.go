@@ -171,8 +171,9 @@ type Options struct {
 	// MaxInflightBytes bounds the sizes of those deliveries, in bytes.
 	// Zero: DefaultMaxInflightBytes, 16 MiB.
 	MaxInflightBytes int
-	// WriteTimeout is how long one socket write may wait for the peer
-	// before it is cut off. Zero: DefaultWriteTimeout, 10 s.
+	// WriteTimeout is how long a socket write may wait for a peer that
+	// takes none of it before it is cut off. Zero: DefaultWriteTimeout,
+	// 10 s.
 	WriteTimeout time.Duration
 	// AuthTimeout is how long a new connection has to authenticate.
 	// Zero: DefaultAuthTimeout, 5 s.
@@ -610,9 +611,9 @@ type Socket interface {
 	// SetReadLimit caps the frames Read returns, in bytes.
 	SetReadLimit(n int64)
 	// Send writes frames in order, each a WebSocket frame, or, joined,
-	// runs of them joined by newlines in one frame; each write waits at
-	// most WriteTimeout for the peer. A message frame whose expires_at
-	// has passed when its turn comes is dropped (wire.Expired).
+	// runs of them joined by newlines in one frame; a write fails once
+	// the peer took none of it for WriteTimeout. A message frame whose
+	// expires_at has passed when its turn comes is dropped (wire.Expired).
 	Send(frames [][]byte, joined bool) error
 	// Ping pings the peer and waits for its pong, or for ctx to end.
 	Ping(ctx context.Context) error
@@ -1386,7 +1387,8 @@ func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 //     the client's own request waits for room; a live delivery never
 //     waits, as a publisher must not stall for one slow subscriber: the
 //     subscription drops back to reading the log (fallBehind);
-//   - the socket: one write waits at most WriteTimeout for its peer.
+//   - the socket: a write waits for its peer, WriteTimeout at most while
+//     the peer takes none of it.
 //
 // A subscriber is cut off with 4008 only for what it failed to drain: its
 // socket took nothing for WriteTimeout, or a wildcard subscription, which

@@ -67,6 +67,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path"
 	"slices"
 	"strings"
@@ -89,8 +90,8 @@ const (
 	// whole 4 MiB outbox held that much per writer; smaller runs cost a
 	// burst more CPU and cut off more of its readers (performance.md).
 	MaxJoined = 512 << 10
-	// writeChunk is what one write to the socket carries at most, each
-	// with a deadline of its own.
+	// writeChunk is how many framed bytes Send gathers before it writes
+	// them, unless one frame is more.
 	writeChunk = 64 << 10
 	// closeTimeout is how long a close waits for the peer's close frame
 	// before it closes the socket anyway.
@@ -401,13 +402,13 @@ func (c *Conn) Send(frames [][]byte, joined bool) error {
 var writeBufferPool = sync.Pool{New: func() any { return new([]byte) }}
 
 // write writes framed, frames whole, unless a close frame went out
-// before; closing says framed is one. Each write waits for the peer at
-// most WriteTimeout, and not past until unless it is zero. A run longer
-// than writeChunk goes
-// out a chunk at a time, each with a deadline of its own, so that
-// WriteTimeout means what it says: the peer took nothing (less than a
-// chunk) for that long. One deadline for a run of 512 KiB cut off a
-// reader that was reading, only slower than the run was long.
+// before; closing says framed is one. It gives up on a peer that took
+// nothing for WriteTimeout, or at until unless it is zero: a peer that
+// took part of framed meanwhile is reading, only slower than framed is
+// long, and gets WriteTimeout again for the rest. One deadline for a
+// whole run cut off a reader that was reading; so did one for each 64
+// KiB of it, on a link slower than 64 KiB a WriteTimeout, or a reader
+// kept from its CPU for a moment.
 func (c *Conn) write(framed []byte, closing bool, until time.Time) error {
 	c.writing <- struct{}{}
 	defer func() { <-c.writing }()
@@ -416,16 +417,17 @@ func (c *Conn) write(framed []byte, closing bool, until time.Time) error {
 	}
 	c.closeSent = closing
 	for len(framed) > 0 {
-		chunk := framed[:min(len(framed), writeChunk)]
 		deadline := time.Now().Add(c.opts.WriteTimeout)
 		if !until.IsZero() && until.Before(deadline) {
 			deadline = until
 		}
 		c.conn.SetWriteDeadline(deadline)
-		if _, err := c.conn.Write(chunk); err != nil {
+		n, err := c.conn.Write(framed)
+		framed = framed[n:]
+		if err != nil && (n == 0 || deadline.Equal(until) ||
+			!errors.Is(err, os.ErrDeadlineExceeded)) {
 			return err
 		}
-		framed = framed[len(chunk):]
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -35,6 +36,69 @@ func (r *recordingConn) Write(p []byte) (int, error) {
 }
 
 func (r *recordingConn) SetWriteDeadline(time.Time) error { return nil }
+
+// slowPeer is a socket whose peer takes at most took bytes before each
+// write deadline passes: none, a peer that stopped reading; a few, one
+// that reads slower than it is sent to. It keeps the deadlines set.
+type slowPeer struct {
+	recordingConn
+	took      int
+	deadlines []time.Time
+}
+
+func (s *slowPeer) Write(p []byte) (int, error) {
+	if len(p) <= s.took {
+		return s.recordingConn.Write(p)
+	}
+	n, _ := s.recordingConn.Write(p[:s.took])
+	return n, os.ErrDeadlineExceeded
+}
+
+func (s *slowPeer) SetWriteDeadline(at time.Time) error {
+	s.deadlines = append(s.deadlines, at)
+	return nil
+}
+
+// A peer that reads, however slowly, gets all it is sent: each wait for
+// it is WriteTimeout from its last progress, not from the write's start.
+// One that took nothing for WriteTimeout is given up on, and so is one
+// still taking its close frame at the close's own deadline.
+func TestSend_GivesUpOnlyOnAPeerThatTookNothing(t *testing.T) {
+	frames := [][]byte{bytes.Repeat([]byte("x"), 200<<10), []byte("last")}
+	slow := &slowPeer{took: 1000}
+	c := &Conn{conn: slow, opts: Options{WriteTimeout: time.Second},
+		writing: make(chan struct{}, 1)}
+	if err := c.Send(frames, false); err != nil {
+		t.Fatalf("Send to a slow reader: %v", err)
+	}
+	if got, want := slow.written.Len(), 200<<10+10+4+2; got != want {
+		t.Fatalf("the slow reader got %d bytes, want %d", got, want)
+	}
+	if len(slow.deadlines) < 200 {
+		t.Fatalf("%d deadlines, want one a kilobyte", len(slow.deadlines))
+	}
+
+	stopped := &slowPeer{}
+	c = &Conn{conn: stopped, opts: Options{WriteTimeout: time.Second},
+		writing: make(chan struct{}, 1)}
+	if err := c.Send(frames, false); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("Send to a peer that stopped reading: %v", err)
+	}
+	if len(stopped.deadlines) != 1 {
+		t.Fatalf("%d deadlines, want the one", len(stopped.deadlines))
+	}
+
+	closing := &slowPeer{took: 1}
+	c = &Conn{conn: closing, opts: Options{WriteTimeout: time.Second},
+		writing: make(chan struct{}, 1)}
+	until := time.Now().Add(time.Millisecond)
+	if err := c.writeControl(opClose, []byte("bye"), until); err == nil {
+		t.Fatal("a close frame written past its deadline")
+	}
+	if !closing.deadlines[0].Equal(until) || len(closing.deadlines) != 1 {
+		t.Fatalf("deadlines %v, want %v alone", closing.deadlines, until)
+	}
+}
 
 // TestSend_JoinsRunsStrictlyUnderMaxJoined: frames of 2 bytes,
 // joined by newlines, fill MaxJoined exactly at 174,763 of them, one
