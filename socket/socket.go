@@ -87,8 +87,8 @@ const (
 	// Options.LargeFrames.
 	LargeFrame = 64 << 10
 	// MaxJoined bounds a run of frames joined by newlines: a frame of a
-	// whole 4 MiB outbox held that much per writer; smaller runs cost a
-	// burst more CPU and cut off more of its readers (performance.md).
+	// whole 4 MiB outbox held that much per writer (performance.md, what
+	// was tried); smaller runs cost a burst more CPU.
 	MaxJoined = 512 << 10
 	// writeChunk is how many framed bytes Send gathers before it writes
 	// them, unless one frame is more.
