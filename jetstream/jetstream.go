@@ -299,8 +299,14 @@ func (l *Log) openBuckets() error {
 			return fmt.Errorf("%s has no JetStream: start nats-server "+
 				"with -js", l.opts.URL)
 		}
-		if err == nil {
-			err = answering(ctx, *kv)
+		if err == nil { // the bucket answers reads
+			err = l.untilAnswered(ctx, (*kv).Bucket(), func() error {
+				_, err := (*kv).Get(ctx, "answering")
+				if errors.Is(err, jetstream.ErrKeyNotFound) {
+					return nil
+				}
+				return err
+			})
 		}
 		if err != nil {
 			return fmt.Errorf("jetstream bucket %s_%s: %w", l.opts.Prefix,
@@ -335,18 +341,22 @@ func whileForming(ctx context.Context, create func() error) error {
 // placement".
 const noPeersCode = 10005
 
-// answering waits until a bucket answers reads. A replicated bucket just
-// made, or one whose cluster is electing, has no leader for a moment,
-// and its reads hear no responders: a broker that started then failed
-// to load its topics.
-func answering(ctx context.Context, kv jetstream.KeyValue) error {
-	for {
-		_, err := kv.Get(ctx, "answering")
+// untilAnswered calls ask until it hears something other than "no
+// responders", 20 ms apart, for as long as ctx lasts, and warns once
+// that a read of the stream or bucket called name waits. A stream or
+// bucket just made, or one whose cluster is electing after a node went
+// away, has nobody serving its reads for a moment: a broker that took
+// that for an answer failed to start, or cut off a subscriber whose
+// replay read then.
+func (l *Log) untilAnswered(ctx context.Context, name string,
+	ask func() error) error {
+	for tries := 0; ; tries++ {
+		err := ask()
 		if !errors.Is(err, nats.ErrNoResponders) {
-			if errors.Is(err, jetstream.ErrKeyNotFound) {
-				return nil
-			}
 			return err
+		}
+		if tries == 0 {
+			l.opts.Logger.Warn("nobody serves the reads; waiting", "of", name)
 		}
 		select {
 		case <-ctx.Done():
@@ -723,11 +733,16 @@ func cursorKey(key string) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(key))
 }
 
-// Cursor returns a durable cursor's position, if one is stored.
+// Cursor returns a durable cursor's position, if one is stored. Like
+// Read, it waits out a bucket with nobody serving its reads.
 func (l *Log) Cursor(key string) (uint64, bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
-	entry, err := l.cursors.Get(ctx, cursorKey(key))
+	var entry jetstream.KeyValueEntry
+	err := l.untilAnswered(ctx, l.cursors.Bucket(), func() (err error) {
+		entry, err = l.cursors.Get(ctx, cursorKey(key))
+		return err
+	})
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return 0, false, nil
 	}
@@ -794,7 +809,8 @@ func (l *Log) listTopics(ctx context.Context) ([]string, error) {
 // so a replay chunk, or a topic's index at start, costs one round trip,
 // not one per message (a hundred topics of a thousand messages took a
 // broker 15 s to start that way), and the gaps retention leaves cost
-// nothing.
+// nothing. A stream with nobody serving direct gets for a moment (its
+// cluster electing) is asked again until a request's timeout.
 func (l *Log) Read(topic string, after uint64, limit,
 	maxBytes int) ([]*popsub.Message, error) {
 	if msgs, ok := l.readLocal(topic, after, limit); ok {
@@ -807,23 +823,38 @@ func (l *Log) Read(topic string, after uint64, limit,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
+	request, _ := json.Marshal(map[string]any{"seq": after + 1,
+		"batch": limit, "max_bytes": max(maxBytes, 1), "up_to_seq": fed})
+	var msgs []*popsub.Message
+	err := l.untilAnswered(ctx, s.name, func() (err error) {
+		msgs, err = l.directGet(ctx, s, request, fed)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read %q after %d: %w", topic, after, err)
+	}
+	return msgs, nil
+}
+
+// directGet sends one batched direct get of s and gathers the answers,
+// skipping any past fed.
+func (l *Log) directGet(ctx context.Context, s *stream, request []byte,
+	fed uint64) ([]*popsub.Message, error) {
 	answers, err := l.nc.SubscribeSync(l.nc.NewRespInbox())
 	if err != nil {
 		return nil, err
 	}
 	defer answers.Unsubscribe()
-	request, _ := json.Marshal(map[string]any{"seq": after + 1,
-		"batch": limit, "max_bytes": max(maxBytes, 1), "up_to_seq": fed})
 	err = l.nc.PublishRequest("$JS.API.DIRECT.GET."+s.name, answers.Subject,
 		request)
 	if err != nil {
-		return nil, fmt.Errorf("read %q: %w", topic, err)
+		return nil, err
 	}
 	var msgs []*popsub.Message
 	for {
 		answer, err := answers.NextMsgWithContext(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("read %q after %d: %w", topic, after, err)
+			return nil, err
 		}
 		// The end of the batch, or "no messages" (404), is a status
 		// with no body; every message has one.
@@ -837,7 +868,7 @@ func (l *Log) Read(topic string, after uint64, limit,
 		}
 		m, err := decode(answer.Data, answer.Header, seq)
 		if err != nil {
-			l.opts.Logger.Error("corrupt message skipped", "topic", topic,
+			l.opts.Logger.Error("corrupt message skipped", "stream", s.name,
 				"seq", seq, "err", err)
 			continue
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -310,6 +311,107 @@ func TestJetStream_ReadsAChunkInOneBatch(t *testing.T) {
 	if err != nil || len(got) != 0 {
 		t.Fatalf("read past the head: %v %v, want nothing", got, err)
 	}
+}
+
+// TestJetStream_AReadWaitsWhileNobodyServesTheStream is the regression
+// test for a subscriber cut off (4008) while its cluster elected: with
+// a NATS node killed, the stream's replicas served no direct gets for
+// a moment, the replay's read heard "no responders" and failed. Here
+// a stream stops serving direct gets until a read has asked once; the
+// read must wait and then answer. A durable's cursor is read the same
+// way, from its bucket.
+func TestJetStream_AReadWaitsWhileNobodyServesTheStream(t *testing.T) {
+	ns := startNATS(t)
+	b := startBroker(t, ns.ClientURL(), popsub.Options{})
+	publisher := b.dial("pat")
+	for i := range 3 {
+		publisher.publish("ledger", "", i)
+	}
+	asked := make(chan struct{}, 1)
+	log, err := Open(Options{URL: ns.ClientURL(),
+		Logger: slog.New(signalOn("nobody serves", asked))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	if heads, err := log.Topics(); err != nil || heads["ledger"] != 3 {
+		t.Fatalf("topics: %v %v, want ledger at 3", heads, err)
+	}
+
+	whileNobodyServes(t, log, log.stream("ledger").name, asked, func() error {
+		msgs, err := log.Read("ledger", 0, 10, 1<<20)
+		if err == nil && len(msgs) != 3 {
+			err = fmt.Errorf("read %d messages, want 3", len(msgs))
+		}
+		return err
+	})
+	cursors := "KV_" + log.cursors.Bucket()
+	whileNobodyServes(t, log, cursors, asked, func() error {
+		_, found, err := log.Cursor("nobody")
+		if err == nil && found {
+			err = errors.New("found a cursor nobody stored")
+		}
+		return err
+	})
+}
+
+// whileNobodyServes runs read while the stream called name serves no
+// direct gets, and serves them again once asked signals that read asked
+// and heard nobody. read must then succeed.
+func whileNobodyServes(t *testing.T, log *Log, name string,
+	asked <-chan struct{}, read func() error) {
+	t.Helper()
+	serve := func(on bool) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s, err := log.js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		config := s.CachedInfo().Config
+		config.AllowDirect = on
+		if _, err := log.js.UpdateStream(ctx, config); err != nil {
+			t.Fatal(err)
+		}
+	}
+	serve(false)
+	done := make(chan error, 1)
+	go func() { done <- read() }()
+	select {
+	case err := <-done:
+		t.Fatalf("%s, nobody serving it, answered at once (%v); want "+
+			"a wait", name, err)
+	case <-asked:
+	}
+	serve(true)
+	if err := <-done; err != nil {
+		t.Fatalf("%s, served again: %v", name, err)
+	}
+}
+
+// signalOn is a log handler that signals on ch each record whose message
+// starts with prefix, and drops every record.
+func signalOn(prefix string, ch chan<- struct{}) slog.Handler {
+	return signalHandler{prefix, ch}
+}
+
+type signalHandler struct {
+	prefix string
+	ch     chan<- struct{}
+}
+
+func (h signalHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h signalHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h signalHandler) WithGroup(string) slog.Handler            { return h }
+func (h signalHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, h.prefix) {
+		select {
+		case h.ch <- struct{}{}:
+		default:
+		}
+	}
+	return nil
 }
 
 // TestJetStream_APublishIsAnsweredWhenItsTopicCannotBeFollowed is the
