@@ -123,7 +123,9 @@ const (
 	CloseAuthFailed websocket.StatusCode = 4001
 	// CloseTokenExpired: the token expired and no fresh one came.
 	CloseTokenExpired websocket.StatusCode = 4003
-	// CloseSlowConsumer: the outbox or the in-flight window was full.
+	// CloseSlowConsumer: the subscriber failed to drain what it was sent
+	// (The outbox and back-pressure), or its replay could not read the
+	// log; the client reconnects and resumes either way.
 	CloseSlowConsumer websocket.StatusCode = 4008
 )
 
