@@ -342,7 +342,7 @@ func whileForming(ctx context.Context, create func() error) error {
 const noPeersCode = 10005
 
 // untilAnswered calls ask until it hears something other than "no
-// responders", 20 ms apart, for as long as ctx lasts, and warns once
+// responders", 20 ms apart, for as long as ctx lasts, and logs once
 // that a read of the stream or bucket called name waits. A stream or
 // bucket just made, or one whose cluster is electing after a node went
 // away, has nobody serving its reads for a moment: a broker that took
@@ -356,7 +356,7 @@ func (l *Log) untilAnswered(ctx context.Context, name string,
 			return err
 		}
 		if tries == 0 {
-			l.opts.Logger.Warn("nobody serves the reads; waiting", "of", name)
+			l.opts.Logger.Info("nobody serves the reads; waiting", "of", name)
 		}
 		select {
 		case <-ctx.Done():
