@@ -7,8 +7,9 @@
 // declaration is anchored by its name (#Broker.Publish), so that links
 // survive edits, and identifiers in the code link to their declarations.
 // Only the standard library is used: go/parser for the declarations,
-// go/doc/comment for the prose, go/scanner for the highlighting and
-// html/template for the page. Budget (budget.go) measures the same file.
+// go/types for what each name refers to, go/doc/comment for the prose,
+// go/scanner for the highlighting and html/template for the page.
+// Budget (budget.go) measures the same file.
 package source
 
 import (
@@ -19,6 +20,7 @@ import (
 	"go/parser"
 	"go/scanner"
 	"go/token"
+	"go/types"
 	"html/template"
 	"os"
 	"path/filepath"
@@ -312,40 +314,58 @@ func (r *renderer) anchored(html template.HTML, first int,
 type link struct{ line, column int }
 
 // links finds the identifiers that name the file's own declarations, and
-// the anchor of each: a reference to a top-level name, as the parser
-// resolved it, or a method called through a selector when its name is
-// unexported, one method's alone and no field's.
+// the anchor of each: a reference to a top-level name, or a method called
+// through a selector when its name is unexported, one method's alone and
+// no field's. The type checker says what a name refers to, so that a
+// struct literal's field links nowhere; it sees this file alone, without
+// its imports, and where that leaves a use unrecorded (a type argument
+// of an imported generic type) the name is looked up in the scopes
+// around it, unless it follows a dot.
 func links(fset *token.FileSet, file *ast.File) map[link]string {
-	declared := map[*ast.Object]string{}
+	info := &types.Info{Defs: map[*ast.Ident]types.Object{},
+		Uses: map[*ast.Ident]types.Object{}}
+	config := types.Config{Importer: noImports{}, Error: func(error) {}}
+	pkg, _ := config.Check(file.Name.Name, fset, []*ast.File{file}, info)
+
+	declared := map[types.Object]string{}
 	methods := map[string][]string{}
 	fields := map[string]bool{}
 	for _, decl := range file.Decls {
 		switch d := decl.(type) {
 		case *ast.FuncDecl:
-			if d.Recv == nil && d.Name.Obj != nil { // init has none
-				declared[d.Name.Obj] = d.Name.Name
-			} else {
+			if d.Recv == nil && info.Defs[d.Name] != nil { // init has none
+				declared[info.Defs[d.Name]] = d.Name.Name
+			} else if d.Recv != nil {
 				methods[d.Name.Name] = append(methods[d.Name.Name],
 					funcName(d))
 			}
 		case *ast.GenDecl:
 			for _, spec := range d.Specs {
-				noteSpec(spec, declared, fields)
+				noteSpec(spec, info, declared, fields)
 			}
 		}
 	}
+	delete(declared, nil) // the blank name's
 	found := map[link]string{}
 	at := func(ident *ast.Ident, anchor string) {
 		p := fset.Position(ident.Pos())
 		found[link{p.Line, p.Column}] = anchor
 	}
+	afterDot := map[*ast.Ident]bool{}
 	ast.Inspect(file, func(n ast.Node) bool {
 		switch n := n.(type) {
 		case *ast.Ident:
-			if anchor, ok := declared[n.Obj]; ok && n.Obj.Pos() != n.Pos() {
+			obj, used := info.Uses[n]
+			_, defined := info.Defs[n]
+			scope := pkg.Scope().Innermost(n.Pos())
+			if !used && !defined && !afterDot[n] && scope != nil {
+				_, obj = scope.LookupParent(n.Name, n.Pos())
+			}
+			if anchor, ok := declared[obj]; ok {
 				at(n, anchor)
 			}
 		case *ast.SelectorExpr:
+			afterDot[n.Sel] = true
 			// Only an unexported name is surely ours: Close may be
 			// bbolt's or the WebSocket library's.
 			name := n.Sel.Name
@@ -359,13 +379,21 @@ func links(fset *token.FileSet, file *ast.File) map[link]string {
 	return found
 }
 
+// noImports refuses every import, so that checking a file needs nothing
+// built: links asks only where the file's own names are used.
+type noImports struct{}
+
+func (noImports) Import(path string) (*types.Package, error) {
+	return nil, fmt.Errorf("%s: not loaded", path)
+}
+
 // noteSpec records the names a spec declares at the top level, and the
 // fields of a struct type.
-func noteSpec(spec ast.Spec, declared map[*ast.Object]string,
-	fields map[string]bool) {
+func noteSpec(spec ast.Spec, info *types.Info,
+	declared map[types.Object]string, fields map[string]bool) {
 	switch s := spec.(type) {
 	case *ast.TypeSpec:
-		declared[s.Name.Obj] = s.Name.Name
+		declared[info.Defs[s.Name]] = s.Name.Name
 		if st, ok := s.Type.(*ast.StructType); ok {
 			for _, field := range st.Fields.List {
 				for _, name := range field.Names {
@@ -375,7 +403,7 @@ func noteSpec(spec ast.Spec, declared map[*ast.Object]string,
 		}
 	case *ast.ValueSpec:
 		for _, name := range s.Names {
-			declared[name.Obj] = name.Name
+			declared[info.Defs[name]] = name.Name
 		}
 	}
 }

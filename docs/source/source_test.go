@@ -60,6 +60,45 @@ func init() { var x Thing; x.Do() }
 	}
 }
 
+// TestRender_LinksWhatANameRefersTo: a name links to a top-level
+// declaration only where it refers to it, as the type checker sees the
+// file without its imports: not as a struct literal's field, nor as a
+// local that shares the name, but as a type argument of an imported
+// generic type.
+func TestRender_LinksWhatANameRefersTo(t *testing.T) {
+	src := []byte(`// Package p is a test.
+package p
+
+import "example.com/box"
+
+// Item is a thing.
+type Item struct{ name string }
+
+// Pair holds an item.
+type Pair struct{ Item Item }
+
+// name is a top-level name a field and a local share.
+const name = "n"
+
+// Make makes a pair and a box.
+func Make() (Pair, box.Of[Item]) {
+	name := "local"
+	return Pair{Item: Item{name: name}}, box.Of[Item]{}
+}
+`)
+	page, err := Render([]File{{"p.go", src}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`<a href="#Pair">Pair</a>{Item: <a href="#Item">Item</a>{name: name}}`,
+		`box.Of[<a href="#Item">Item</a>]{}`} {
+		if !strings.Contains(string(page), want) {
+			t.Errorf("page lacks %s", want)
+		}
+	}
+}
+
 func TestQuotesInTheDocsAreCurrent(t *testing.T) {
 	files, err := Load("../..")
 	if err != nil {
