@@ -333,9 +333,9 @@ func links(fset *token.FileSet, file *ast.File) map[link]string {
 	for _, decl := range file.Decls {
 		switch d := decl.(type) {
 		case *ast.FuncDecl:
-			if d.Recv == nil && info.Defs[d.Name] != nil { // init has none
+			if d.Recv == nil { // init too, which nothing can name
 				declared[info.Defs[d.Name]] = d.Name.Name
-			} else if d.Recv != nil {
+			} else {
 				methods[d.Name.Name] = append(methods[d.Name.Name],
 					funcName(d))
 			}
@@ -356,10 +356,10 @@ func links(fset *token.FileSet, file *ast.File) map[link]string {
 		switch n := n.(type) {
 		case *ast.Ident:
 			obj, used := info.Uses[n]
-			_, defined := info.Defs[n]
-			scope := pkg.Scope().Innermost(n.Pos())
-			if !used && !defined && !afterDot[n] && scope != nil {
-				_, obj = scope.LookupParent(n.Name, n.Pos())
+			if _, defined := info.Defs[n]; !used && !defined && !afterDot[n] {
+				if scope := pkg.Scope().Innermost(n.Pos()); scope != nil {
+					_, obj = scope.LookupParent(n.Name, n.Pos())
+				}
 			}
 			if anchor, ok := declared[obj]; ok {
 				at(n, anchor)
