@@ -79,9 +79,9 @@ const (
 	// balancers commonly drop a silent response.
 	DefaultKeepalive = 15 * time.Second
 	// DefaultWriteTimeout bounds one event's write to a stream's reader:
-	// twice the broker's own default for a socket's (see
+	// three times the broker's own default for a socket's (see
 	// Options.WriteTimeout).
-	DefaultWriteTimeout = 2 * popsub.DefaultWriteTimeout
+	DefaultWriteTimeout = 3 * popsub.DefaultWriteTimeout
 	// DefaultIdle is how long a publisher's session stays open after its
 	// last request.
 	DefaultIdle = 30 * time.Second
@@ -126,10 +126,12 @@ type Options struct {
 	// Keepalive is how often an idle stream gets a ": keepalive" comment.
 	Keepalive time.Duration
 	// WriteTimeout bounds each write to a stream's reader; a reader that
-	// takes longer loses the stream. Make it longer than the broker's,
-	// so that the broker, which sees the session stop reading, cuts a
-	// slow reader off (4008) as it does any slow consumer, and says so
-	// in $sys/events.
+	// takes longer loses the stream. Make it more than twice the
+	// broker's, so that the broker, which sees the session stop reading,
+	// cuts a slow reader off (4008) as it does any slow consumer, and
+	// says so in $sys/events: a broker's write that took part of a frame
+	// before the session stopped gets the broker's timeout again, so the
+	// broker may take up to twice it.
 	WriteTimeout time.Duration
 	// Idle is how long a publisher's session stays open between requests.
 	Idle time.Duration

@@ -132,7 +132,7 @@ func serve(ctx context.Context, args []string, stdout,
 	topics := gateway.New(broker, gateway.Options{Logger: logger,
 		MaxBody: cmp.Or(cfg.options.MaxFrameBytes,
 			popsub.DefaultMaxFrameBytes) - 1024,
-		WriteTimeout: 2 * cmp.Or(cfg.options.WriteTimeout,
+		WriteTimeout: 3 * cmp.Or(cfg.options.WriteTimeout,
 			popsub.DefaultWriteTimeout),
 		Origins: cfg.options.OriginPatterns})
 	handler := routes(broker, topics, page, ops)
