@@ -33,22 +33,22 @@ import (
 // leaves and the rules, by which the first reading calls a dozen
 // details' functions), and the first reading, priced as a reader pays
 // it (5 lines a minute where code takes or lets go of a lock, starts a
-// goroutine or selects), takes about 239 minutes against a goal of 180.
+// goroutine or selects), takes about 224 minutes against a goal of 180.
 // Making room is the restructure that makes every feature a leaf
 // (STYLE.md, "The first reading stands alone"); until it lands, these
 // caps hold the line where the file is now, and the test's log prints
 // each one's slack.
 const (
-	budgetFirstReading  = 1117 // code lines in first-reading sections
-	budgetMinutes       = 228  // the first reading, priced; the goal is 180
-	budgetCode          = 2694 // code lines in the file; STYLE.md's 2,200
+	budgetFirstReading  = 1098 // code lines in first-reading sections
+	budgetMinutes       = 224  // the first reading, priced; the goal is 180
+	budgetCode          = 2700 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function
 	budgetMedian        = 15   // lines in the median function
 	budgetDocumentedPct = 95   // declarations with a doc comment
-	budgetDetailNames   = 11   // detail declarations the first reading uses; the goal is 25
-	budgetDetailUsers   = 7    // first-reading declarations that use them; the goal is 10
+	budgetDetailNames   = 12   // detail declarations the first reading uses; the goal is 25
+	budgetDetailUsers   = 8    // first-reading declarations that use them; the goal is 10
 	budgetOneLinePct    = 85   // in-function comments of one line, percent
 )
 

@@ -996,6 +996,22 @@ func TestBroker_Batches(t *testing.T) {
 			}
 			plain.messages(200)
 		})
+	t.Run("a payload that spans lines reaches a batch on one line",
+		func(t *testing.T) {
+			// The publisher did not opt in: its frame is one object.
+			plain.sendRaw(websocket.MessageText, []byte(
+				`{"type":"publish","topic":"news","payload":{`+"\r\n"+
+					`  "a": [1,`+"\n"+`2]}}`))
+			list, frames := batched.objects(1)
+			if frames != 1 || string(list[0].Payload) != `{"a":[1,2]}` {
+				t.Fatalf("%d frames, payload %s; want one, compacted",
+					frames, list[0].Payload)
+			}
+			if g := plain.expect("message"); string(g.Payload) !=
+				`{"a":[1,2]}` {
+				t.Fatalf("plain subscriber got payload %s", g.Payload)
+			}
+		})
 	t.Run("a run of deliveries stops short of maxJoined", func(t *testing.T) {
 		// One read's worth of publishes reaches the writer at once: 900
 		// of 1 KiB were one frame of 990 KiB, held by the writer whole.
