@@ -79,9 +79,8 @@ const (
 	// balancers commonly drop a silent response.
 	DefaultKeepalive = 15 * time.Second
 	// DefaultWriteTimeout bounds one event's write to a stream's reader:
-	// three times the broker's own default for a socket's (see
-	// Options.WriteTimeout).
-	DefaultWriteTimeout = 3 * popsub.DefaultWriteTimeout
+	// WriteTimeoutFor the broker's own default for a socket's.
+	DefaultWriteTimeout = brokerTimeouts * popsub.DefaultWriteTimeout
 	// DefaultIdle is how long a publisher's session stays open after its
 	// last request.
 	DefaultIdle = 30 * time.Second
@@ -126,12 +125,9 @@ type Options struct {
 	// Keepalive is how often an idle stream gets a ": keepalive" comment.
 	Keepalive time.Duration
 	// WriteTimeout bounds each write to a stream's reader; a reader that
-	// takes longer loses the stream. Make it more than twice the
-	// broker's, so that the broker, which sees the session stop reading,
-	// cuts a slow reader off (4008) as it does any slow consumer, and
-	// says so in $sys/events: a broker's write that took part of a frame
-	// before the session stopped gets the broker's timeout again, so the
-	// broker may take up to twice it.
+	// takes longer loses the stream. Zero: DefaultWriteTimeout; in front
+	// of a broker whose write timeout is not its default, WriteTimeoutFor
+	// that one.
 	WriteTimeout time.Duration
 	// Idle is how long a publisher's session stays open between requests.
 	Idle time.Duration
@@ -177,6 +173,21 @@ type Gateway struct {
 	takenOver map[string]time.Time
 	closed    bool
 }
+
+// WriteTimeoutFor is the write timeout for a stream's reader in front of
+// a broker whose sockets have brokers: three times it, so that the
+// broker, which sees the session stop reading, cuts a slow reader off
+// (4008) as it does any slow consumer, and says so in $sys/events. A
+// broker's write that took part of a frame before the session stopped
+// gets the broker's timeout again, so the broker may take up to twice
+// it; three times leaves the broker a whole timeout's margin.
+func WriteTimeoutFor(brokers time.Duration) time.Duration {
+	return brokerTimeouts * brokers
+}
+
+// brokerTimeouts is how many of the broker's write timeouts a stream's
+// reader is given (WriteTimeoutFor).
+const brokerTimeouts = 3
 
 // New returns a gateway to broker.
 func New(broker Broker, opts Options) *Gateway {

@@ -132,8 +132,8 @@ func serve(ctx context.Context, args []string, stdout,
 	topics := gateway.New(broker, gateway.Options{Logger: logger,
 		MaxBody: cmp.Or(cfg.options.MaxFrameBytes,
 			popsub.DefaultMaxFrameBytes) - 1024,
-		WriteTimeout: 3 * cmp.Or(cfg.options.WriteTimeout,
-			popsub.DefaultWriteTimeout),
+		WriteTimeout: gateway.WriteTimeoutFor(cmp.Or(
+			cfg.options.WriteTimeout, popsub.DefaultWriteTimeout)),
 		Origins: cfg.options.OriginPatterns})
 	handler := routes(broker, topics, page, ops)
 	go reportPageBuilds(logger)
