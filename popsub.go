@@ -2341,15 +2341,15 @@ func (o Options) ready() (Options, error) {
 
 // init puts the publish rules in the order they are asked: a token's
 // grants (mayPublish, Topic rules), then ttl_ms and a delay, and no
-// publish to a $delayed log (times, Delayed delivery), then the bound
-// on what waits (waitingRoom), the publisher's rate (withinRate), and
-// last a payload's lines joined (oneLine, Keepalives, limits and
-// batches), so that a refused publish costs none of it; the
-// subscribe rules; and the subscribe kinds, a wildcard's (which may
-// have no group) first.
+// publish to a $delayed log (times, Delayed delivery), then a payload's
+// lines joined (oneLine, Keepalives, limits and batches), so that the
+// bound on what waits (waitingRoom) counts the bytes it will keep, and
+// last the publisher's rate (withinRate), so that a refused publish
+// costs none of it; the subscribe rules; and the subscribe kinds, a
+// wildcard's (which may have no group) first.
 func init() {
-	publishRules = append(publishRules, mayPublish, times, waitingRoom,
-		withinRate, oneLine)
+	publishRules = append(publishRules, mayPublish, times, oneLine,
+		waitingRoom, withinRate)
 	subscribeRules = append(subscribeRules, (*connection).subscribeProblem)
 	subscribeKinds = append(subscribeKinds, subscribeWildcard, subscribeGroup)
 }
