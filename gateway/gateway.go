@@ -175,10 +175,10 @@ type Gateway struct {
 }
 
 // WriteTimeoutFor is the write timeout for a stream's reader in front of
-// a broker whose sockets have brokers: three times it, so that the
-// broker, which sees the session stop reading, cuts a slow reader off
-// (4008) as it does any slow consumer, and says so in $sys/events. A
-// broker's write that took part of a frame before the session stopped
+// a broker whose own write timeout is brokers: three times it, so that
+// the broker, which sees the session stop reading, cuts a slow reader
+// off (4008) as it does any slow consumer, and says so in $sys/events.
+// A broker's write that took part of a frame before the session stopped
 // gets the broker's timeout again, so the broker may take up to twice
 // it; three times leaves the broker a whole timeout's margin.
 func WriteTimeoutFor(brokers time.Duration) time.Duration {
