@@ -541,25 +541,77 @@ func (l *Log) deletingAfter(log string, seq uint64,
 	done func(uint64, bool, error)) func(uint64, bool, error) {
 	return func(sent uint64, duplicate bool, err error) {
 		if err == nil {
-			go l.deleteMsg(l.stream(log), seq)
+			go l.deleteSent(l.stream(log), seq)
 		}
 		done(sent, duplicate, err)
 	}
 }
 
-// deleteMsg deletes seq from s's stream, logging a failure other than
-// its being gone already.
-func (l *Log) deleteMsg(s *stream, seq uint64) {
+// deleteSent deletes seq, a sent message's record, from s's stream,
+// and tries again until it is gone or the log closes. A record left
+// behind is sent again by the next broker to start, and JetStream
+// drops that copy as a duplicate only within the dedup window (MaxAge,
+// or two minutes): a record whose delete failed once must not wait for
+// a restart.
+func (l *Log) deleteSent(s *stream, seq uint64) {
+	if err := l.deleteMsg(s, seq); err != nil {
+		l.deleteAgain(s, seq, err)
+	}
+}
+
+// deleteAgain tries seq's delete again after err, waiting longer each
+// time, from a tenth of a second up to a request's timeout, until it is
+// gone or the log closes.
+func (l *Log) deleteAgain(s *stream, seq uint64, err error) {
+	for wait := time.Second / 10; err != nil; wait = min(2*wait,
+		requestTimeout) {
+		l.opts.Logger.Warn("delete a sent delayed message", "stream", s.name,
+			"seq", seq, "err", err, "again_in", wait)
+		select {
+		case <-time.After(wait):
+		case <-l.stop:
+			return
+		}
+		err = l.deleteMsg(s, seq)
+	}
+}
+
+// deleteMsg deletes seq from s's stream, or finds it gone already. It
+// asks JetStream's API itself, in one request: the client library's
+// Stream.DeleteMsg needs a Stream, which costs a STREAM.INFO first, and
+// it does not tell "gone" from a failure.
+func (l *Log) deleteMsg(s *stream, seq uint64) error {
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
-	js, err := l.js.Stream(ctx, s.name)
-	if err == nil {
-		err = js.DeleteMsg(ctx, seq)
+	request, _ := json.Marshal(map[string]any{"seq": seq, "no_erase": true})
+	answer, err := l.nc.RequestWithContext(ctx,
+		"$JS.API.STREAM.MSG.DELETE."+s.name, request)
+	if err != nil {
+		return err
 	}
-	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		l.opts.Logger.Warn("delete a sent delayed message", "stream", s.name,
-			"seq", seq, "err", err)
+	var response struct {
+		Success bool                `json:"success"`
+		Error   *jetstream.APIError `json:"error"`
 	}
+	switch err := json.Unmarshal(answer.Data, &response); {
+	case err != nil:
+		return fmt.Errorf("delete answered %q: %w", answer.Data, err)
+	case response.Success || gone(response.Error):
+		return nil
+	case response.Error != nil:
+		return response.Error
+	}
+	return fmt.Errorf("delete answered %q", answer.Data)
+}
+
+// gone reports whether a delete failed because there was nothing to
+// delete: the stream is gone (10059), or the message is (10057, with
+// the store's "no message found", or "stream store EOF" past its end).
+func gone(e *jetstream.APIError) bool {
+	return e != nil && (e.ErrorCode == jetstream.JSErrCodeStreamNotFound ||
+		e.ErrorCode == jetstream.JSErrCodeMessageNotFound ||
+		strings.Contains(e.Description, "no message found") ||
+		strings.Contains(e.Description, "stream store EOF"))
 }
 
 // msgID is m's Nats-Msg-Id: its publisher and message_id, hashed.
@@ -676,13 +728,17 @@ func answerNow(p pendingAck) {
 
 // Commit keeps a batch's cursor moves in the cursors bucket, and its
 // messages, which only the broker's own topics send here, in memory; it
-// deletes the single messages it names. Shared topics' messages come
+// deletes the single messages it names, and tries a failed delete again
+// on a goroutine of its own (deleteAgain). Shared topics' messages come
 // through Append, and their trims are each stream's own limits.
 func (l *Log) Commit(batch *popsub.Batch) error {
 	l.keepLocal(batch)
 	for topic, seqs := range batch.Deletes {
+		s := l.stream(topic)
 		for _, seq := range seqs {
-			l.deleteMsg(l.stream(topic), seq)
+			if err := l.deleteMsg(s, seq); err != nil {
+				go l.deleteAgain(s, seq, err)
+			}
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)

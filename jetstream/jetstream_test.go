@@ -500,6 +500,72 @@ func TestJetStream_ADelayedMessageOutlivesItsBroker(t *testing.T) {
 	}
 }
 
+// A sent delayed message's record whose delete fails (here NATS is down
+// for a moment) is deleted once NATS is back, not left for the next
+// broker to start, which would send it again past the dedup window. A
+// delete of what is gone already warns of nothing.
+func TestJetStream_AFailedDeleteOfASentRecordIsTriedAgain(t *testing.T) {
+	port, dir := natstest.FreePort(t), t.TempDir()
+	options := func() *server.Options {
+		return &server.Options{Host: "127.0.0.1", Port: port,
+			JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true}
+	}
+	ns := natstest.Run(t, options())
+	warned := make(chan struct{}, 1)
+	log, err := Open(Options{URL: ns.ClientURL(),
+		Logger: slog.New(signalOn("delete a sent", warned))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	ctx := context.Background()
+	s := log.stream(popsub.DelayedPrefix + "jobs")
+	stream, err := log.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: s.name, Subjects: []string{s.subject}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := log.js.Publish(ctx, s.subject, []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	deleted := make(chan struct{})
+	go func() {
+		log.deleteSent(s, 1)
+		close(deleted)
+	}()
+	<-warned // the first try failed
+	natstest.Run(t, options())
+	select {
+	case <-deleted:
+	case <-time.After(4 * requestTimeout):
+		t.Fatal("the record was not deleted once NATS was back")
+	}
+	select { // a try made before NATS was back warned too
+	case <-warned:
+	default:
+	}
+	if _, err := stream.GetMsg(ctx, 1); !errors.Is(err,
+		jetstream.ErrMsgNotFound) {
+		t.Fatalf("seq 1 after its delete: %v, want it not found", err)
+	}
+
+	log.deleteSent(s, 1)                                    // gone already
+	log.deleteSent(log.stream(popsub.DelayedPrefix+"x"), 1) // no stream
+	select {
+	case <-warned:
+		t.Fatal("a delete of what was gone warned")
+	default:
+	}
+	if _, err := stream.GetMsg(ctx, 2); err != nil {
+		t.Fatalf("seq 2, never deleted: %v", err)
+	}
+}
+
 // A cluster still forming refuses a replicated stream with "no suitable
 // peers for placement" for a moment: creating waits it out, and gives
 // up on any other error at once.
