@@ -132,6 +132,10 @@ type Log struct {
 	// stop ends the loops; loops waits for them.
 	stop  chan struct{}
 	loops sync.WaitGroup
+	// background waits for the answers that wait for the feed, and the
+	// deletes of sent records: Close lets go of NATS after them, so that
+	// a broker stopped just after a send leaves no record to send again.
+	background sync.WaitGroup
 	// rewatch is signalled when the connection to NATS comes back: the
 	// bucket's watch is made again at once (watchTopics).
 	rewatch chan struct{}
@@ -541,7 +545,7 @@ func (l *Log) deletingAfter(log string, seq uint64,
 	done func(uint64, bool, error)) func(uint64, bool, error) {
 	return func(sent uint64, duplicate bool, err error) {
 		if err == nil {
-			go l.deleteSent(l.stream(log), seq)
+			l.background.Go(func() { l.deleteSent(l.stream(log), seq) })
 		}
 		done(sent, duplicate, err)
 	}
@@ -663,10 +667,10 @@ func (l *Log) answerWhenFed(p pendingAck, ack *jetstream.PubAck) {
 		p.done(ack.Sequence, ack.Duplicate, nil)
 		return
 	}
-	go func() {
+	l.background.Go(func() {
 		l.awaitFed(p.stream, ack.Sequence)
 		p.done(ack.Sequence, ack.Duplicate, nil)
-	}()
+	})
 }
 
 // advance records that the broker has been fed seq, and wakes whoever
@@ -737,7 +741,7 @@ func (l *Log) Commit(batch *popsub.Batch) error {
 		s := l.stream(topic)
 		for _, seq := range seqs {
 			if err := l.deleteMsg(s, seq); err != nil {
-				go l.deleteAgain(s, seq, err)
+				l.background.Go(func() { l.deleteAgain(s, seq, err) })
 			}
 		}
 	}
@@ -1226,8 +1230,9 @@ func (l *Log) retryFollow(topic string, err error) {
 	time.AfterFunc(time.Second, func() { l.follow(topic) })
 }
 
-// Close stops following, waits for publishes in flight to be answered
-// (a few seconds at most), and closes the connection.
+// Close stops following, waits for publishes in flight to be answered,
+// and for the deletes of what they sent (a few seconds at most, each),
+// and closes the connection.
 func (l *Log) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -1251,12 +1256,15 @@ func (l *Log) Close() error {
 	close(l.stop)
 	l.loops.Wait()
 
-	// What ackLoop left is answered here.
+	// What ackLoop left is answered here; then the deletes those answers
+	// started, and any under way, finish (one try each, as stop is
+	// closed) before the connection closes.
 	for {
 		select {
 		case p := <-l.acks:
 			answerNow(p)
 		default:
+			l.background.Wait()
 			l.nc.Close()
 			return nil
 		}

@@ -566,6 +566,40 @@ func TestJetStream_AFailedDeleteOfASentRecordIsTriedAgain(t *testing.T) {
 	}
 }
 
+// A broker stopped as SIGTERM stops it, just after it sent a delayed
+// message, deletes the message's record before it lets go of NATS: a
+// record left behind would be sent again by the next broker to start,
+// past the dedup window.
+func TestJetStream_ABrokerStoppingDeletesWhatItJustSent(t *testing.T) {
+	url := startNATS(t).ClientURL()
+	b := startBroker(t, url, popsub.Options{})
+	worker, publisher := b.dial("worker"), b.dial("alice")
+	worker.subscribe("jobs", nil)
+	publisher.send(map[string]any{"type": "publish", "topic": "jobs",
+		"qos": 1, "message_id": "job", "payload": 1, "delay_ms": 10})
+	publisher.expect("published")
+	worker.messages(1)
+	// The clients leave first, so that the stop does not wait for them.
+	worker.ws.CloseNow()
+	publisher.ws.CloseNow()
+	b.stop()
+
+	log, err := Open(Options{URL: url, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	stream, err := log.js.Stream(context.Background(),
+		log.stream(popsub.DelayedPrefix+"jobs").name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := stream.CachedInfo().State.Msgs; left != 0 {
+		t.Fatalf("$delayed/jobs holds %d records after the stop, want none",
+			left)
+	}
+}
+
 // A cluster still forming refuses a replicated stream with "no suitable
 // peers for placement" for a moment: creating waits it out, and gives
 // up on any other error at once.
