@@ -104,6 +104,17 @@ func startBroker(t *testing.T, url string, opts popsub.Options) *broker {
 	return br
 }
 
+// restartable returns the options of a NATS server on a port and in a
+// folder of its own: one started again with them is the same server to
+// its clients, which reconnect, and its streams are still there.
+func restartable(t *testing.T) func() *server.Options {
+	port, dir := natstest.FreePort(t), t.TempDir()
+	return func() *server.Options {
+		return &server.Options{Host: "127.0.0.1", Port: port,
+			JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true}
+	}
+}
+
 // replicasFor is 3 for a cluster's URL list, else 1.
 func replicasFor(url string) int {
 	if strings.Contains(url, ",") {

@@ -505,11 +505,7 @@ func TestJetStream_ADelayedMessageOutlivesItsBroker(t *testing.T) {
 // broker to start, which would send it again past the dedup window. A
 // delete of what is gone already warns of nothing.
 func TestJetStream_AFailedDeleteOfASentRecordIsTriedAgain(t *testing.T) {
-	port, dir := natstest.FreePort(t), t.TempDir()
-	options := func() *server.Options {
-		return &server.Options{Host: "127.0.0.1", Port: port,
-			JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true}
-	}
+	options := restartable(t)
 	ns := natstest.Run(t, options())
 	warned := make(chan struct{}, 1)
 	log, err := Open(Options{URL: ns.ClientURL(),
@@ -634,11 +630,7 @@ func TestWhileForming_WaitsOutAClusterStillForming(t *testing.T) {
 // noticed that the old watch had gone quiet.
 func TestJetStream_ATopicMadeAfterNATSRestartsReachesItsSubscriber(
 	t *testing.T) {
-	port, dir := natstest.FreePort(t), t.TempDir()
-	options := func() *server.Options {
-		return &server.Options{Host: "127.0.0.1", Port: port,
-			JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true}
-	}
+	options := restartable(t)
 	ns := natstest.Run(t, options())
 	a, b := startBroker(t, ns.ClientURL(), popsub.Options{}),
 		startBroker(t, ns.ClientURL(), popsub.Options{})
