@@ -534,7 +534,11 @@ func TestJetStream_AFailedDeleteOfASentRecordIsTriedAgain(t *testing.T) {
 		log.deleteSent(s, 1)
 		close(deleted)
 	}()
-	<-warned // the first try failed
+	select {
+	case <-warned:
+	case <-time.After(4 * requestTimeout):
+		t.Fatal("no try failed while NATS was down")
+	}
 	natstest.Run(t, options())
 	select {
 	case <-deleted:
