@@ -79,7 +79,8 @@ const (
 	// balancers commonly drop a silent response.
 	DefaultKeepalive = 15 * time.Second
 	// DefaultWriteTimeout bounds one event's write to a stream's reader:
-	// WriteTimeoutFor the broker's own default for a socket's.
+	// WriteTimeoutFor(popsub.DefaultWriteTimeout), which a constant
+	// cannot call.
 	DefaultWriteTimeout = brokerTimeouts * popsub.DefaultWriteTimeout
 	// DefaultIdle is how long a publisher's session stays open after its
 	// last request.

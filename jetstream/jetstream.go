@@ -609,8 +609,9 @@ func (l *Log) deleteMsg(s *stream, seq uint64) error {
 }
 
 // gone reports whether a delete failed because there was nothing to
-// delete: the stream is gone (10059), or the message is (10057, with
-// the store's "no message found", or "stream store EOF" past its end).
+// delete: the stream is gone (10059), or the message is (10037; or
+// 10057, the code nats-server gives it, with the store's "no message
+// found", or "stream store EOF" past the stream's end).
 func gone(e *jetstream.APIError) bool {
 	return e != nil && (e.ErrorCode == jetstream.JSErrCodeStreamNotFound ||
 		e.ErrorCode == jetstream.JSErrCodeMessageNotFound ||

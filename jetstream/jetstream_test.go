@@ -327,13 +327,7 @@ func TestJetStream_AReadWaitsWhileNobodyServesTheStream(t *testing.T) {
 	for i := range 3 {
 		publisher.publish("ledger", "", i)
 	}
-	asked := make(chan struct{}, 1)
-	log, err := Open(Options{URL: ns.ClientURL(),
-		Logger: slog.New(signalOn("nobody serves", asked))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
+	log, asked := openSignalling(t, ns.ClientURL(), "nobody serves")
 	if heads, err := log.Topics(); err != nil || heads["ledger"] != 3 {
 		t.Fatalf("topics: %v %v, want ledger at 3", heads, err)
 	}
@@ -392,6 +386,22 @@ func whileNobodyServes(t *testing.T, log *Log, name string,
 	if err := <-done; err != nil {
 		t.Fatalf("%s, served again: %v", name, err)
 	}
+}
+
+// openSignalling opens a Log on url whose logger signals on the channel
+// it returns each record whose message starts with prefix; the test
+// closes it.
+func openSignalling(t *testing.T, url, prefix string) (*Log,
+	<-chan struct{}) {
+	t.Helper()
+	signals := make(chan struct{}, 1)
+	log, err := Open(Options{URL: url,
+		Logger: slog.New(signalOn(prefix, signals))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { log.Close() })
+	return log, signals
 }
 
 // signalOn is a log handler that signals on ch each record whose message
@@ -507,13 +517,7 @@ func TestJetStream_ADelayedMessageOutlivesItsBroker(t *testing.T) {
 func TestJetStream_AFailedDeleteOfASentRecordIsTriedAgain(t *testing.T) {
 	options := restartable(t)
 	ns := natstest.Run(t, options())
-	warned := make(chan struct{}, 1)
-	log, err := Open(Options{URL: ns.ClientURL(),
-		Logger: slog.New(signalOn("delete a sent", warned))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
+	log, warned := openSignalling(t, ns.ClientURL(), "delete a sent")
 	ctx := context.Background()
 	s := log.stream(popsub.DelayedPrefix + "jobs")
 	stream, err := log.js.CreateStream(ctx, jetstream.StreamConfig{
