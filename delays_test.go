@@ -3,12 +3,16 @@ package popsub
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/popsub/popsub/internal/logbuf"
 )
 
 func TestDelay_DeliveredWhenDueWithTheSeqThen(t *testing.T) {
@@ -628,6 +632,166 @@ func TestDelay_ARepeatReadAsItsFirstIsSentLeavesNoID(t *testing.T) {
 		worker.handle([]byte(`{"type":"ping"}`))
 		if g := nextFrame(t, worker, wake); g.Type != "pong" {
 			t.Fatalf("got %+v after m, want only a pong: m sent twice", g)
+		}
+	})
+}
+
+// Messages due at the same millisecond take their seqs in the order they
+// were stored: an exact subscriber and a wildcard one beside it see them
+// so, and so does a replay after a restart that came before they were
+// due. One due later sits among them in the log: the release reads past
+// it, and it waits.
+func TestDelay_DueTogetherTheyGoInTheOrderStored(t *testing.T) {
+	ts := startBroker(t, Options{})
+	exact, wild, pub := ts.dial("exact"), ts.dial("wild"), ts.dial("pub")
+	exact.subscribe("jobs/a", nil)
+	wild.subscribe("jobs/#", nil)
+	const n = 100
+	// batch publishes n messages due together, from m<first> on, the
+	// middle one due half an hour later, and returns the ids in order due.
+	// A second ahead: one stored past its time would be sent at once,
+	// before those stored earlier.
+	batch := func(first int, due time.Time) []string {
+		var ids []string
+		for i := first; i < first+n; i++ {
+			at, id := due, fmt.Sprint("m", i)
+			if i == first+n/2 {
+				at = due.Add(30 * time.Minute)
+			} else {
+				ids = append(ids, id)
+			}
+			pub.send(map[string]any{"type": "publish", "topic": "jobs/a",
+				"payload": i, "qos": 1, "message_id": id,
+				"deliver_at": at.UnixMilli()})
+		}
+		for range n {
+			pub.expect("published")
+		}
+		return ids
+	}
+	inOrder := func(c *client, want []string) {
+		t.Helper()
+		for _, id := range want {
+			if g := c.expect("message"); g.MessageID != id {
+				t.Fatalf("%s got %s (seq %d), want %s: due together, they "+
+					"go in the order stored", c.name, g.MessageID, g.Seq, id)
+			}
+		}
+	}
+	first := batch(0, time.Now().Add(time.Second))
+	inOrder(exact, first)
+	inOrder(wild, first)
+
+	second := batch(n, time.Now().Add(time.Second))
+	ts = ts.restart()
+	sub := ts.dial("sub")
+	sub.subscribe("jobs/a", map[string]any{"after": len(first)})
+	inOrder(sub, second)
+}
+
+// readsOfOne is a memoryStore that counts the reads of one log, and
+// fails the first fail of them.
+type readsOfOne struct {
+	*memoryStore
+	log   string
+	fail  int64
+	reads atomic.Int64
+}
+
+// Read counts a read of s.log, and fails it if it is among the first
+// s.fail.
+func (s *readsOfOne) Read(log string, after uint64, limit,
+	maxBytes int) ([]*Message, error) {
+	if log == s.log && s.reads.Add(1) <= s.fail {
+		return nil, errors.New("disk read error")
+	}
+	return s.memoryStore.Read(log, after, limit, maxBytes)
+}
+
+// A release reads the records it sends from their log a span of seqs at
+// a time, not one by one: on a log shared through NATS each read is a
+// round trip, and a release of 600 would wait for 600 of them. Each
+// record is still sent once, in publish order, as records it reads
+// beside them that are not due yet wait.
+func TestDelay_AReleaseReadsItsRecordsASpanAtATime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &readsOfOne{memoryStore: newMemoryStore(),
+			log: DelayedPrefix + "jobs"}
+		ps := startPipeBroker(t, Options{Store: store})
+		defer ps.stop()
+		pub := ps.dialAs("pub")
+		now := time.Now()
+		const n = 600
+		for i := range n + 1 {
+			at := now.Add(time.Second)
+			if i == n/2 { // beside the others in the log, due later
+				at = now.Add(time.Hour)
+			}
+			pub.send(map[string]any{"type": "publish", "topic": "jobs",
+				"payload": i, "qos": 1, "message_id": fmt.Sprint("m", i),
+				"deliver_at": at.UnixMilli()})
+			pub.expect("published")
+		}
+		store.reads.Store(0)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+
+		if reads := store.reads.Load(); reads > n/readSpan+1 {
+			t.Errorf("the release read %s %d times, want at most %d",
+				store.log, reads, n/readSpan+1)
+		}
+		msgs, _ := store.Read("jobs", 0, 2*n, 1<<30)
+		var want []string
+		for i := range n + 1 {
+			if i != n/2 {
+				want = append(want, fmt.Sprint("m", i))
+			}
+		}
+		var got []string
+		for _, m := range msgs {
+			got = append(got, m.ID)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("jobs holds %d messages (%.3q…), want the %d due, "+
+				"once each, in publish order", len(got), got[:min(3,
+				len(got))], len(want))
+		}
+	})
+}
+
+// A record the store fails to read is not taken for gone: the failure
+// is logged, and the message sent a second later.
+func TestDelay_ARecordTheStoreFailedToReadIsSentASecondLater(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs logbuf.Buffer
+		store := &readsOfOne{memoryStore: newMemoryStore(),
+			log: DelayedPrefix + "jobs", fail: 1}
+		ps := startPipeBroker(t, Options{Store: store,
+			Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		defer ps.stop()
+		pub := ps.dialAs("pub")
+		due := time.Now().Add(time.Second)
+		pub.send(map[string]any{"type": "publish", "topic": "jobs",
+			"payload": 1, "qos": 1, "message_id": "late",
+			"deliver_at": due.UnixMilli()})
+		pub.expect("published")
+		store.reads.Store(0)
+
+		time.Sleep(time.Until(due) + 100*time.Millisecond)
+		synctest.Wait()
+		if msgs, _ := store.Read("jobs", 0, 10, 1<<20); len(msgs) != 0 {
+			t.Fatalf("jobs holds %d messages after the failed read, want 0",
+				len(msgs))
+		}
+		if !strings.Contains(logs.String(), "read delayed messages due") {
+			t.Errorf("the failed read was not logged; logs:\n%s", logs.String())
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		msgs, _ := store.Read("jobs", 0, 10, 1<<20)
+		if len(msgs) != 1 || msgs[0].ID != "late" {
+			t.Fatalf("jobs holds %d messages a second later, want late once",
+				len(msgs))
 		}
 	})
 }

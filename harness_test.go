@@ -218,6 +218,7 @@ var Behaviour = map[string]func(*testing.T){
 	"TestDelay_WhatWaitsStaysOnDiskThroughARestart":                        TestDelay_WhatWaitsStaysOnDiskThroughARestart,
 	"TestDelay_WhatWaitsIsBoundedForATopicAndAToken":                       TestDelay_WhatWaitsIsBoundedForATopicAndAToken,
 	"TestDelay_ADeliverAtKeepsItsMilliseconds":                             TestDelay_ADeliverAtKeepsItsMilliseconds,
+	"TestDelay_DueTogetherTheyGoInTheOrderStored":                          TestDelay_DueTogetherTheyGoInTheOrderStored,
 	"TestOverlap_AWildcardSaysSubscribedBeforeItsFirstMessage":             TestOverlap_AWildcardSaysSubscribedBeforeItsFirstMessage,
 	"TestTopics_OneNeverPublishedToIsForgottenWhenItsLastSubscriptionEnds": TestTopics_OneNeverPublishedToIsForgottenWhenItsLastSubscriptionEnds,
 	"TestTopics_AForgottenTopicBeginsAgainAndOneWithAMessageGoesOn":        TestTopics_AForgottenTopicBeginsAgainAndOneWithAMessageGoesOn,

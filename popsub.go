@@ -3703,9 +3703,12 @@ func (c *connection) nak(f frame) {
 // the next minute, at most 1,024 at a time, read from that index as the
 // minute passes. A shared log keeps no such index: there the broker's
 // heap holds them all, and the $delayed logs' index their ids, about
-// 190 bytes each. When one falls due, it is
-// published to its topic, under its own message_id and publisher, with
-// its deliver_at, which its deliveries carry. That message names its
+// 190 bytes each. Those due at the same time go in the order their
+// records synced. When one falls due, it is published to its topic,
+// under its own message_id and publisher, with its deliver_at, which its
+// deliveries carry. A release reads its records a span of the log at a
+// time (readSpan): on a shared log a read is a round trip, and records
+// published together sit side by side. That message names its
 // record in the $delayed log (Message.Releases), and the store deletes
 // the record as it stores the message: in the same transaction, on the
 // broker's own log, so that a crash or a restart can never send it
@@ -4108,17 +4111,18 @@ func (b *Broker) release(due []waiting) {
 	var sent []*outcome
 	var sending, later []waiting
 	// done maps each one sent or gone to its record (nil: gone).
-	done, records := map[waiting]*Message{}, map[waiting]*Message{}
+	done, records := map[waiting]*Message{}, b.readDelayed(due)
 	for _, w := range due {
-		record, m, gone := b.readDelayed(w)
+		record, read := records[w]
 		switch {
-		case gone:
-			done[w] = nil
-		case m == nil:
+		case !read:
 			later = append(later, w)
+		case record == nil:
+			done[w] = nil
 		default:
 			// A duplicate stores nothing to delete the record with.
-			_, duplicate, stored := b.publish(m, b.stop, nil)
+			_, duplicate, stored := b.publish(released(w, record), b.stop,
+				nil)
 			if stored == nil {
 				return // Shutdown: the record waits on disk
 			}
@@ -4128,7 +4132,6 @@ func (b *Broker) release(due []waiting) {
 				stored = b.log.Barrier()
 			}
 			sent, sending = append(sent, stored), append(sending, w)
-			records[w] = record
 		}
 	}
 	for i, stored := range sent {
@@ -4145,24 +4148,63 @@ func (b *Broker) release(due []waiting) {
 	}
 }
 
-// readDelayed reads w's record from its $delayed log and returns it,
-// with the copy to publish to its topic; nils if the store failed to
-// read it, or nils and true if the log no longer has it.
-// The message is a copy, as the store's own may be shared: it keeps its
-// message_id, publisher, payload and times, and names its record.
-func (b *Broker) readDelayed(w waiting) (record, m *Message, gone bool) {
-	msgs, err := b.store.Read(w.log.name, w.seq-1, 1, maxQueueBytes)
-	switch {
-	case err != nil:
-		return nil, nil, false
-	case len(msgs) == 0 || msgs[0].Seq != w.seq:
-		return nil, nil, true
+// readSpan is how many seqs of a $delayed log one read of a release
+// covers at most: due records published together sit side by side, and
+// a release of a thousand is a few reads (a few round trips to a shared
+// log), not a thousand.
+const readSpan = 256
+
+// readDelayed reads the records of due from their $delayed logs, a read
+// for each run of one log's seqs within readSpan of its first. It maps
+// each one read to its record, and each the log no longer has to nil;
+// one the store failed to read is not in the map.
+func (b *Broker) readDelayed(due []waiting) map[waiting]*Message {
+	due = slices.SortedFunc(slices.Values(due), func(v, w waiting) int {
+		return cmp.Or(strings.Compare(v.log.name, w.log.name),
+			cmp.Compare(v.seq, w.seq))
+	})
+	records := map[waiting]*Message{}
+	for i := 0; i < len(due); {
+		first, j := due[i], i+1
+		for j < len(due) && due[j].log == first.log &&
+			due[j].seq < first.seq+readSpan {
+			j++
+		}
+		msgs, err := b.store.Read(first.log.name, first.seq-1,
+			int(due[j-1].seq-first.seq+1), maxQueueBytes)
+		if err != nil {
+			b.logger.Warn("read delayed messages due, to try in a second",
+				"log", first.log.name, "seq", first.seq, "err", err)
+			i = j
+			continue
+		}
+		for _, m := range msgs {
+			records[waiting{first.log, m.Seq}] = m
+		}
+		// Those the read spans but lacks are gone; a read cut short by
+		// its bytes leaves the rest to the next.
+		last := due[j-1].seq
+		if len(msgs) > 0 && len(msgs) < int(last-first.seq+1) {
+			last = msgs[len(msgs)-1].Seq
+		}
+		for ; i < j && due[i].seq <= last; i++ {
+			if _, read := records[due[i]]; !read {
+				records[due[i]] = nil
+			}
+		}
 	}
-	copied := *msgs[0]
-	copied.Topic = strings.TrimPrefix(w.log.name, DelayedPrefix)
-	copied.Seq, copied.Timestamp, copied.delivery = 0, 0, nil
-	copied.released = w.seq
-	return msgs[0], &copied, false
+	return records
+}
+
+// released is the message that w's record sends to its topic: a copy,
+// as the store's own may be shared, that keeps its message_id,
+// publisher, payload and times, and names its record.
+func released(w waiting, record *Message) *Message {
+	m := *record
+	m.Topic = strings.TrimPrefix(w.log.name, DelayedPrefix)
+	m.Seq, m.Timestamp, m.delivery = 0, 0, nil
+	m.released = w.seq
+	return &m
 }
 
 // forgetDelayed drops done, messages sent or gone, from what their

@@ -11,24 +11,31 @@ import "container/heap"
 //
 // popsub.go relies on it for this: Add adds an item due at a time (Unix
 // milliseconds), and reports whether it is now the earliest; Due takes
-// out every item due by a time, earliest first; Next says when the
-// earliest is due. The zero Schedule is empty and ready; the caller
-// locks it.
-type Schedule[T any] struct{ items timed[T] }
+// out every item due by a time, earliest first, and of those due at the
+// same time the first added first; Next says when the earliest is due.
+// The zero Schedule is empty and ready; the caller locks it.
+type Schedule[T any] struct {
+	items timed[T]
+	added uint64 // items added so far, which orders those due together
+}
 
-// dated is one item of a Schedule and when it is due.
+// dated is one item of a Schedule, when it is due, and how many were
+// added before it.
 type dated[T any] struct {
-	due  int64
-	item T
+	due   int64
+	order uint64
+	item  T
 }
 
 // timed is a Schedule's heap, for container/heap.
 type timed[T any] []dated[T]
 
-func (h timed[T]) Len() int           { return len(h) }
-func (h timed[T]) Less(i, j int) bool { return h[i].due < h[j].due }
-func (h timed[T]) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *timed[T]) Push(x any)        { *h = append(*h, x.(dated[T])) }
+func (h timed[T]) Len() int { return len(h) }
+func (h timed[T]) Less(i, j int) bool {
+	return h[i].due < h[j].due || h[i].due == h[j].due && h[i].order < h[j].order
+}
+func (h timed[T]) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *timed[T]) Push(x any)   { *h = append(*h, x.(dated[T])) }
 func (h *timed[T]) Pop() any {
 	last := (*h)[len(*h)-1]
 	*h = (*h)[:len(*h)-1]
@@ -37,11 +44,13 @@ func (h *timed[T]) Pop() any {
 
 // Add adds item, due at due, and reports whether it is now the earliest.
 func (s *Schedule[T]) Add(due int64, item T) bool {
-	heap.Push(&s.items, dated[T]{due, item})
+	heap.Push(&s.items, dated[T]{due, s.added, item})
+	s.added++
 	return s.items[0].due == due
 }
 
-// Due takes out every item due at or before now, earliest first.
+// Due takes out every item due at or before now, earliest first, and
+// of those due at the same time the first added first.
 func (s *Schedule[T]) Due(now int64) []T {
 	var due []T
 	for len(s.items) > 0 && s.items[0].due <= now {

@@ -49,18 +49,19 @@ func TestQueue_KeepsOrderAndBoundsItsArray(t *testing.T) {
 }
 
 // A schedule hands back, at each time, exactly the items due by then,
-// earliest first, whatever order they were added in.
+// earliest first, whatever order they were added in, and those due at
+// the same time in the order they were added.
 func TestSchedule_HandsBackWhatIsDueEarliestFirst(t *testing.T) {
 	random := rand.New(rand.NewPCG(3, 4))
 	var s Schedule[int]
-	var want []int
+	var want []int // each item is its due time, then its order added
 	for i := range 1000 {
 		due := random.IntN(100)
-		earliest := len(want) == 0 || due <= slices.Min(want)
-		if s.Add(int64(due), due) != earliest {
+		earliest := len(want) == 0 || due <= slices.Min(want)/10000
+		if s.Add(int64(due), due*10000+i) != earliest {
 			t.Fatalf("add %d: earliest %v, want %v", i, !earliest, earliest)
 		}
-		want = append(want, due)
+		want = append(want, due*10000+i)
 	}
 	slices.Sort(want)
 	var got []int
