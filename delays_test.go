@@ -636,10 +636,10 @@ func TestDelay_ARepeatReadAsItsFirstIsSentLeavesNoID(t *testing.T) {
 	})
 }
 
-// Messages due at the same millisecond take their seqs in the order they
-// were stored: an exact subscriber and a wildcard one beside it see them
-// so, and so does a replay after a restart that came before they were
-// due. One due later sits among them in the log: the release reads past
+// Messages due at the same millisecond, none of whose sends fails, take
+// their seqs in the order they were stored: an exact subscriber and a
+// wildcard one beside it see them so, and so does a replay after a
+// restart that came before they were due. One due later sits among them in the log: the release reads past
 // it, and it waits.
 func TestDelay_DueTogetherTheyGoInTheOrderStored(t *testing.T) {
 	ts := startBroker(t, Options{})

@@ -3703,19 +3703,20 @@ func (c *connection) nak(f frame) {
 // the next minute, at most 1,024 at a time, read from that index as the
 // minute passes. A shared log keeps no such index: there the broker's
 // heap holds them all, and the $delayed logs' index their ids, about
-// 190 bytes each. Those due at the same time go in the order their
-// records synced. When one falls due, it is published to its topic,
-// under its own message_id and publisher, with its deliver_at, which its
-// deliveries carry. A release reads its records a span of the log at a
-// time (readSpan): on a shared log a read is a round trip, and records
-// published together sit side by side. That message names its
-// record in the $delayed log (Message.Releases), and the store deletes
-// the record as it stores the message: in the same transaction, on the
-// broker's own log, so that a crash or a restart can never send it
-// twice; on a shared log right after, where the log's dedup of its
-// message_id covers a crash between the two. Trimming the $delayed log
-// from its front, as others are, left every message sent out of order
-// behind one due later, to be sent again at the next start.
+// 190 bytes each. The heap hands back those due at the same time in the
+// order it got them: as a rule, the order their records synced. When one
+// falls due, it is published to its topic, under its own message_id and
+// publisher, with its deliver_at, which its deliveries carry. That
+// message names its record in the $delayed log (Message.Releases), and
+// the store deletes the record as it stores the message: in the same
+// transaction, on the broker's own log, so that a crash or a restart can
+// never send it twice; on a shared log right after, where the log's
+// dedup of its message_id covers a crash between the two. Trimming the
+// $delayed log from its front, as others are, left every message sent
+// out of order behind one due later, to be sent again at the next start.
+// A release reads its records a span of the log at a time (readSpan),
+// not one by one: on a shared log each read is a round trip, and records
+// published together sit side by side.
 //
 // What waits is bounded, by MaxDelayed messages and MaxDelayedBytes for
 // each topic and for each token's subject: past either a delayed
