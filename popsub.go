@@ -4122,8 +4122,8 @@ func (b *Broker) release(due []waiting) {
 			done[w] = nil
 		default:
 			// A duplicate stores nothing to delete the record with.
-			_, duplicate, stored := b.publish(released(w, record), b.stop,
-				nil)
+			_, duplicate, stored := b.publish(copyToSend(w, record),
+				b.stop, nil)
 			if stored == nil {
 				return // Shutdown: the record waits on disk
 			}
@@ -4197,10 +4197,10 @@ func (b *Broker) readDelayed(due []waiting) map[waiting]*Message {
 	return records
 }
 
-// released is the message that w's record sends to its topic: a copy,
+// copyToSend is the message that w's record sends to its topic: a copy,
 // as the store's own may be shared, that keeps its message_id,
 // publisher, payload and times, and names its record.
-func released(w waiting, record *Message) *Message {
+func copyToSend(w waiting, record *Message) *Message {
 	m := *record
 	m.Topic = strings.TrimPrefix(w.log.name, DelayedPrefix)
 	m.Seq, m.Timestamp, m.delivery = 0, 0, nil

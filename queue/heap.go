@@ -32,7 +32,10 @@ type timed[T any] []dated[T]
 
 func (h timed[T]) Len() int { return len(h) }
 func (h timed[T]) Less(i, j int) bool {
-	return h[i].due < h[j].due || h[i].due == h[j].due && h[i].order < h[j].order
+	if h[i].due != h[j].due {
+		return h[i].due < h[j].due
+	}
+	return h[i].order < h[j].order
 }
 func (h timed[T]) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
 func (h *timed[T]) Push(x any)   { *h = append(*h, x.(dated[T])) }
