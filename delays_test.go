@@ -644,8 +644,8 @@ func TestDelay_ARepeatReadAsItsFirstIsSentLeavesNoID(t *testing.T) {
 // Messages due at the same millisecond, none of whose sends fails, take
 // their seqs in the order they were stored: an exact subscriber and a
 // wildcard one beside it see them so, and so does a replay after a
-// restart that came before they were due. One due later sits among them in the log: the release reads past
-// it, and it waits.
+// restart that came before they were due. One due later sits among them
+// in the log: the release reads past it, and it waits.
 func TestDelay_DueTogetherTheyGoInTheOrderStored(t *testing.T) {
 	ts := startBroker(t, Options{})
 	exact, wild, pub := ts.dial("exact"), ts.dial("wild"), ts.dial("pub")
@@ -654,8 +654,8 @@ func TestDelay_DueTogetherTheyGoInTheOrderStored(t *testing.T) {
 	const n = 100
 	// batch publishes n messages due together, from m<first> on, the
 	// middle one due half an hour later, and returns the ids in order due.
-	// A second ahead: one stored past its time would be sent at once,
-	// before those stored earlier.
+	// A second ahead: one the broker got past its time would be sent at
+	// once, before those stored earlier.
 	batch := func(first int, due time.Time) []string {
 		var ids []string
 		for i := first; i < first+n; i++ {
@@ -757,7 +757,7 @@ func TestDelay_AReleaseReadsItsRecordsASpanAtATime(t *testing.T) {
 			got = append(got, m.ID)
 		}
 		if !slices.Equal(got, want) {
-			t.Fatalf("jobs holds %d messages (%.3q…), want the %d due, "+
+			t.Fatalf("jobs holds %d messages (%q…), want the %d due, "+
 				"once each, in publish order", len(got), got[:min(3,
 				len(got))], len(want))
 		}
