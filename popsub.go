@@ -3806,7 +3806,7 @@ type delays struct {
 	due    queue.Schedule[waiting]
 	logs   map[*topic]load
 	tokens map[string]load
-	// sooner is signalled when a message is due before any other: the
+	// sooner is signalled when none is due sooner than a new message: the
 	// release loop sets its timer again. b.startFeatures makes it.
 	sooner chan struct{}
 	// disk is the store's DueIndex, or nil: then due holds every waiting
@@ -3961,7 +3961,7 @@ func (b *Broker) unpark(t *topic, m *Message) {
 }
 
 // schedule has w, on disk in its $delayed log, wait until due, in Unix
-// ms, and wakes the release loop if it is due before any other. On a
+// ms, and wakes the release loop if none is due sooner. On a
 // DueIndex, w is left on disk if it is due past the horizon, and held
 // otherwise.
 func (d *delays) schedule(w waiting, due int64) {

@@ -10,7 +10,7 @@ import "container/heap"
 // due 6 to 9 % of a core.
 //
 // popsub.go relies on it for this: Add adds an item due at a time (Unix
-// milliseconds), and reports whether it is now the earliest; Due takes
+// milliseconds), and reports whether none is due sooner; Due takes
 // out every item due by a time, earliest first, and of those due at the
 // same time the first added first; Next says when the earliest is due.
 // The zero Schedule is empty and ready; the caller locks it.
@@ -45,7 +45,8 @@ func (h *timed[T]) Pop() any {
 	return last
 }
 
-// Add adds item, due at due, and reports whether it is now the earliest.
+// Add adds item, due at due, and reports whether none is due sooner (a
+// caller's timer set for the earliest needs no change if one is).
 func (s *Schedule[T]) Add(due int64, item T) bool {
 	heap.Push(&s.items, dated[T]{due, s.added, item})
 	s.added++
