@@ -34,14 +34,14 @@ import (
 // and the rules, by which the first reading calls a dozen details'
 // functions), and the first reading, priced as a reader pays it (5
 // lines a minute where code takes or lets go of a lock, starts a
-// goroutine or selects), takes about 224 minutes against a goal of 180.
+// goroutine or selects), takes about 220 minutes against a goal of 180.
 // Making room is the restructure that makes every feature a leaf
 // (STYLE.md, "The first reading stands alone"); until it lands, these
 // caps hold the line where the file is now, and the test's log prints
 // each one's slack.
 const (
-	budgetFirstReading  = 1098 // code lines in first-reading sections
-	budgetMinutes       = 224  // the first reading, priced; the goal is 180
+	budgetFirstReading  = 1079 // code lines in first-reading sections
+	budgetMinutes       = 220  // the first reading, priced; the goal is 180
 	budgetCode          = 2729 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section

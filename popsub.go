@@ -298,8 +298,9 @@ type Broker struct {
 	// mu guards the tables below, never across a socket write or a disk
 	// access.
 	mu sync.RWMutex
-	// topics maps every exact topic name to its topic. One that never had
-	// a message is forgotten when its last subscription ends (Retention).
+	// topics maps every exact topic name to its topic, made on first use.
+	// One that never had a message is forgotten when its last
+	// subscription ends (Retention).
 	topics map[string]*topic
 	// connections holds every registered connection, for Shutdown, the
 	// x-ray's snapshot and the outbox total /metrics reports.
@@ -412,8 +413,6 @@ type topic struct {
 	// a fifo (index.Live lists them), taken from the front as messages
 	// leave.
 	index fifo[entry]
-	// bytes adds up the index's sizes, against MaxLogBytes.
-	bytes int
 	// ids maps the key of each retained QoS 1 message to its seq.
 	ids map[messageKey]uint64
 	// subscribers are the exact-topic subscriptions, replaying or live.
@@ -454,31 +453,6 @@ func New(opts Options) (*Broker, error) {
 	b.log = b.startLog()
 	b.startFeatures()
 	return b, nil
-}
-
-// newTopic returns an empty topic called name.
-func newTopic(name string) *topic {
-	return &topic{name: name, ids: map[messageKey]uint64{},
-		subscribers: map[*subscription]struct{}{}}
-}
-
-// topic returns the topic called name, creating it on first use. Most
-// calls find it under the read lock; only a new topic takes the write
-// lock, and checks again in case another goroutine made it meanwhile.
-func (b *Broker) topic(name string) *topic {
-	b.mu.RLock()
-	t := b.topics[name]
-	b.mu.RUnlock()
-	if t != nil {
-		return t
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if t = b.topics[name]; t == nil {
-		t = newTopic(name)
-		b.topics[name] = t
-	}
-	return t
 }
 
 // firstSeq is the oldest retained seq, or head+1 when the log is empty.
@@ -2188,6 +2162,9 @@ type topicFeatures struct {
 	// by the broker's lock.
 	gone bool
 	pins int
+	// bytes adds up the sizes in the topic's index, against MaxLogBytes
+	// (Retention).
+	bytes int
 }
 
 // FeatureOptions configure the features beyond the article's broker,
@@ -4407,14 +4384,39 @@ func (b *Broker) OutboxBytes() int {
 // subscriber reading from the log that a trim overtakes is told what it
 // missed, with its next message (skipped).
 //
-// A topic that never had a message is forgotten when its last
-// subscription ends: kept, every name anyone subscribed to (a reply
-// topic per request, say) would stay in memory until a restart. One that
-// had a message stays, with its head, as its seqs must go on. Each
-// subscription pins its topic, from the look-up (b.pinTopic) to its end
-// (b.unpin), so that no topic is forgotten while one is on its way in; a
-// publisher that finds its topic forgotten looks it up again
+// A topic is made on first use (b.topic), and one that never had a message
+// is forgotten when its last subscription ends: kept, every name anyone
+// subscribed to (a reply topic per request, say) would stay in memory until
+// a restart. One that had a message stays, with its head, as its seqs must
+// go on. Each subscription pins its topic, from the look-up (b.pinTopic) to
+// its end (b.unpin), so that no topic is forgotten while one is on its way
+// in; a publisher that finds its topic forgotten looks it up again
 // (b.lockTopic).
+
+// newTopic returns an empty topic called name.
+func newTopic(name string) *topic {
+	return &topic{name: name, ids: map[messageKey]uint64{},
+		subscribers: map[*subscription]struct{}{}}
+}
+
+// topic returns the topic called name, creating it on first use. Most
+// calls find it under the read lock; only a new topic takes the write
+// lock, and checks again in case another goroutine made it meanwhile.
+func (b *Broker) topic(name string) *topic {
+	b.mu.RLock()
+	t := b.topics[name]
+	b.mu.RUnlock()
+	if t != nil {
+		return t
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if t = b.topics[name]; t == nil {
+		t = newTopic(name)
+		b.topics[name] = t
+	}
+	return t
+}
 
 // pinTopic returns the topic called name, made on first use, pinned for a
 // subscription until b.letGo unpins it. A shared log catches up on
