@@ -135,11 +135,12 @@ func serve(ctx context.Context, args []string, stdout,
 		WriteTimeout: gateway.WriteTimeoutFor(cmp.Or(
 			cfg.options.WriteTimeout, popsub.DefaultWriteTimeout)),
 		Origins: cfg.options.OriginPatterns})
-	handler := routes(broker, topics, page, ops)
+	handler := routes(broker, page, ops)
 	go reportPageBuilds(logger)
 	if pages != nil {
 		handler = withPages(handler, pages)
 	}
+	handler = withTopics(handler, topics)
 	return serveUntilDone(ctx, listener, handler, broker, ops, logger,
 		topics.Close)
 }
@@ -405,19 +406,18 @@ func serveUntilDone(ctx context.Context, listener net.Listener,
 const shutdownStuck = 20 * time.Second
 
 // routes serves the WebSocket at /ws, and at / for upgrade requests as
-// the original's clients expect; HTTP publish and Server-Sent Events at
-// /topics/{topic}; the JavaScript client at /popsub.js; popsub.go as a
-// page at /source; the lab at /lab/; the protocol, machine-readable, at
-// /asyncapi.json; the tutorials and references as pages under /docs/;
-// /metrics, /healthz and /readyz for an operator's tools; other
-// requests get the playground.
-func routes(broker *popsub.Broker, topics *gateway.Gateway,
-	settings playground.Settings, ops *operations) http.Handler {
+// the original's clients expect; the JavaScript client at /popsub.js;
+// popsub.go as a page at /source; the lab at /lab/; the protocol,
+// machine-readable, at /asyncapi.json; the tutorials and references as
+// pages under /docs/; /metrics, /healthz and /readyz for an operator's
+// tools; other requests get the playground. HTTP publish and Server-Sent
+// Events at /topics/{topic} come before it (withTopics).
+func routes(broker *popsub.Broker, settings playground.Settings,
+	ops *operations) http.Handler {
 	page := playground.Handler(settings)
 	mux := http.NewServeMux()
 	ops.register(mux)
 	mux.Handle("/ws", broker)
-	mux.Handle("/topics/{topic...}", topics)
 	mux.Handle("GET /popsub.js", javascriptClient())
 	mux.Handle("GET /source", playground.Document("text/html; charset=utf-8",
 		docs.SourcePage))
@@ -458,6 +458,22 @@ func reportPageBuilds(logger *slog.Logger) {
 var pageKinds = map[string]bool{".html": true, ".js": true, ".mjs": true,
 	".css": true, ".svg": true, ".png": true, ".jpg": true, ".ico": true,
 	".webp": true, ".woff2": true}
+
+// withTopics serves HTTP publish and Server-Sent Events at
+// /topics/{topic} with topics, the path as sent, and everything else
+// with handler. A ServeMux would first redirect a path it cleans, such as
+// /topics/a//b or /topics/a/./b, to the clean one, and a client that
+// follows the redirect, as fetch and EventSource do, would publish to,
+// or read, another topic: a//b is a topic of its own, as on a socket.
+func withTopics(handler, topics http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/topics/") {
+			topics.ServeHTTP(w, r)
+			return
+		}
+		handler.ServeHTTP(w, r)
+	})
+}
 
 // withPages serves the pages in folder at /pages/, beside handler. The
 // pages share the broker's origin, so their sockets need no --origins.

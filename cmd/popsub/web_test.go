@@ -265,3 +265,54 @@ func TestServe_TLSFromTheConfigFileAndTheEnvironment(t *testing.T) {
 		}
 	})
 }
+
+// A topic's path is the one sent: a//b and a/./b are topics of their
+// own, as on a socket, not a redirect to a/b, which fetch and
+// EventSource would follow to publish to, or read, another topic. With
+// --pages a second router stands in front, and the same holds.
+func TestServe_TopicsAreTheirPathsAsSent(t *testing.T) {
+	for _, pages := range []bool{false, true} {
+		var extra []string
+		if pages {
+			extra = []string{"--pages", t.TempDir()}
+		}
+		url, token, _ := startServe(t, extra...)
+		base := "http" + strings.TrimPrefix(url, "ws") + "/topics/"
+		// A stream that lacks the message ends at the client's timeout.
+		web := &http.Client{Timeout: 10 * time.Second,
+			CheckRedirect: func(*http.Request, []*http.Request) error {
+				return http.ErrUseLastResponse
+			}}
+		for _, topic := range []string{"a//b", "a/./b", "/c", "d/"} {
+			req, _ := http.NewRequest("POST", base+topic+"?message_id=m",
+				strings.NewReader(`"here"`))
+			req.Header.Set("Authorization", "Bearer "+token)
+			res, err := web.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if want := `"topic":"` + topic + `"`; res.StatusCode != 200 ||
+				!strings.Contains(string(body), want) {
+				t.Errorf("pages %v: POST /topics/%s: %s %s, want 200 and %s",
+					pages, topic, res.Status, body, want)
+			}
+		}
+		res, err := web.Get(base + "a//b?after=0&access_token=" + token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := bufio.NewScanner(res.Body)
+		found := false
+		for !found && lines.Scan() {
+			found = strings.Contains(lines.Text(),
+				`"topic":"a//b","payload":"here"`)
+		}
+		res.Body.Close()
+		if !found {
+			t.Errorf("pages %v: GET /topics/a//b: %s, without the message "+
+				"published there", pages, res.Status)
+		}
+	}
+}
