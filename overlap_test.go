@@ -159,3 +159,72 @@ func TestOverlap_AWildcardSaysSubscribedBeforeItsFirstMessage(t *testing.T) {
 		}
 	}
 }
+
+// A burst larger than a topic's log keeps, published faster than a shared
+// log feeds it back to the broker, leaves seqs the broker never had
+// (A log shared by several brokers): on JetStream the stream deletes
+// them before its consumer reads them. A connection with the topic and
+// a wildcard over it must hear of every such seq through each
+// subscription, and keep its connection: the wildcard, which has no
+// log to read on from, is told in a skipped frame naming it as filter.
+// On bbolt nothing is missed, and every seq comes through both. The
+// same holds after a restart, on the seqs the log goes on with.
+func TestOverlap_ABurstPastTheCapIsSaidToTheTopicAndTheWildcard(
+	t *testing.T) {
+	ts := startBroker(t, Options{MaxMessages: 5})
+	burstPastTheCap(t, ts)
+	ts = ts.restart()
+	burstPastTheCap(t, ts)
+}
+
+// burstPastTheCap subscribes a connection to b/x and b/+, publishes a
+// burst of QoS 0 messages to b/x from another, and a QoS 1 one last, and
+// checks that every seq of the burst came through each subscription or
+// was said to be gone through it.
+func burstPastTheCap(t *testing.T, ts *testServer) {
+	t.Helper()
+	const burst = 400
+	sub, pub := ts.dial("sub"), ts.dial("pub")
+	head := sub.subscribe("b/x", map[string]any{"last": 0}).Seq
+	sub.subscribe("b/+", nil)
+	for i := range burst {
+		pub.send(map[string]any{"type": "publish", "topic": "b/x",
+			"payload": i})
+	}
+	pub.publish("b/x", "last", 1, fmt.Sprint("last", head))
+
+	// Each seq comes twice, once through each subscription, unless a
+	// skipped frame said it was gone: through the topic (no filter) or
+	// through the wildcard (filter b/+).
+	comes, told := map[uint64]int{}, map[uint64]int{}
+	var said []string
+	for ends := 0; ends < 2; {
+		switch g := sub.next(); g.Type {
+		case "message":
+			comes[g.Seq]++
+			if g.QoS == 1 {
+				ends++
+			}
+		case "skipped":
+			if g.Topic != "b/x" || g.Filter != "" && g.Filter != "b/+" {
+				t.Fatalf("skipped %+v: want b/x, for b/x or b/+", g)
+			}
+			for seq := g.Seq - g.Missed + 1; seq <= g.Seq; seq++ {
+				told[seq]++
+			}
+			said = append(said, fmt.Sprintf("%d-%d for %q",
+				g.Seq-g.Missed+1, g.Seq, g.Filter))
+		default:
+			t.Fatalf("sub got %+v", g)
+		}
+	}
+	for seq := head + 1; seq <= head+burst+1; seq++ {
+		if comes[seq]+told[seq] != 2 {
+			t.Fatalf("seq %d came %d times, and was said to be gone %d "+
+				"times, want 2 in all (said gone: %v)", seq, comes[seq],
+				told[seq], said)
+		}
+	}
+	t.Logf("after seq %d, said gone: %v", head, said)
+	sub.quiet()
+}

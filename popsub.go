@@ -4981,7 +4981,7 @@ func (b *Broker) feed(m *Message) {
 		t.head = m.Seq
 		m.delivery = appendDelivery(nil, m, 1)
 		if m.Seq > last+1 {
-			b.missed(t, last)
+			b.missed(t, last, m.Seq-1)
 		}
 		b.sequenced(t, m, nil)
 		b.xray.message("committed", nil, m, nil)
@@ -4989,12 +4989,16 @@ func (b *Broker) feed(m *Message) {
 }
 
 // missed takes every subscriber of t off fan-out, as the log deleted
-// messages after last before this broker had them: a live subscription
-// goes back to the log, where it finds the gap and is told what is gone
-// (skipped), as any subscriber the log overtook; a wildcard that covers
-// t is cut off, as it has no single log to go back to. The caller holds
-// t.mu.
-func (b *Broker) missed(t *topic, last uint64) {
+// the messages after last, up to seq, before this broker had them: a
+// live subscription goes back to the log, where it finds the gap and is
+// told what is gone (skipped), as any subscriber the log overtook. A
+// wildcard that covers t has no single log to go back to, and needs
+// none: it is told at once, in a skipped frame that names t and, as its
+// filter, the wildcard, and goes on with the next message. Cutting it
+// off told it less, and lost it what came while it subscribed again. One
+// without room for the frame is cut off, as fan-out would cut it off.
+// The caller holds t.mu.
+func (b *Broker) missed(t *topic, last, seq uint64) {
 	for s := range t.subscribers {
 		if s.live {
 			s.fallBehind(b, last)
@@ -5003,7 +5007,12 @@ func (b *Broker) missed(t *topic, last uint64) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	for s := range b.wildcards {
-		if wire.Covers(s.filter, t.name) {
+		if !wire.Covers(s.filter, t.name) {
+			continue
+		}
+		gap, _ := json.Marshal(reply{Type: "skipped", Topic: t.name,
+			Seq: &seq, Missed: seq - last, Filter: s.filter})
+		if !s.conn.outbox.Push(gap) {
 			s.conn.cutOff("fell behind")
 		}
 	}

@@ -415,6 +415,11 @@ func (c *Client) read(ctx context.Context, ws *websocket.Conn,
 			// come back with Token.
 			return false, newest
 		case "skipped":
+			// The overlap's own (f.Filter) says the same gap of the
+			// topic as s's, which s hears from its replay.
+			if f.Filter != "" {
+				continue
+			}
 			c.History.Skipped(s, f.Seq)
 			newest = max(newest, f.Seq)
 		case "message":

@@ -450,7 +450,10 @@ export class Client {
       case "unsubscribed":
         return this.#subscriptions.get(frame.topic)?._reply(frame);
       case "skipped":
-        return this.#subscriptions.get(frame.topic)?._skipped(frame);
+        // A wildcard's names it as its filter; the topic is the one
+        // whose messages are gone.
+        return this.#subscriptions.get(frame.filter ?? frame.topic)
+          ?._skipped(frame);
       case "error":
         return this.#refused(frame);
     }
@@ -722,13 +725,14 @@ export class Subscription {
     this.#pendingReply = null;
   }
 
-  // The log overtook this subscription: what came up to frame.seq is
-  // gone, and delivery goes on after it.
+  // The log overtook this subscription: what came up to frame.seq on
+  // frame.topic (one a wildcard covers) is gone, and delivery goes on
+  // after it.
   _skipped(frame) {
     if (!this.#live) return;
     const seen = this.#seen.get(frame.topic) || 0;
     this.#seen.set(frame.topic, Math.max(seen, frame.seq));
-    this.#emit("gap", {topic: this.topic, after: frame.seq - frame.missed,
+    this.#emit("gap", {topic: frame.topic, after: frame.seq - frame.missed,
       seq: frame.seq, missed: frame.missed});
   }
 

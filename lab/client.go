@@ -351,6 +351,10 @@ func (c *client) handle(f wire.Received) {
 		c.lab.record(Event{Kind: "subscribed", From: "broker", To: c.name,
 			Label: label, Topic: f.Topic})
 	case "skipped":
+		// A wildcard's frame names the wildcard as its filter.
+		if f.Filter != "" {
+			s = c.current[f.Filter]
+		}
 		if s != nil {
 			h.Skipped(s, f.Seq)
 		}

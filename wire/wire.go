@@ -89,8 +89,11 @@ type Received struct {
 	Recovered *bool `json:"recovered"`
 	Duplicate bool  `json:"duplicate"`
 	// Missed counts, in a "skipped" frame, the messages up to Seq that
-	// left the log before a subscriber the log overtook had them.
+	// left the log before a subscriber the log overtook had them. Filter
+	// names the wildcard subscription such a frame is for, when Topic is
+	// one the wildcard covers; "" for the subscription to Topic.
 	Missed uint64 `json:"missed"`
+	Filter string `json:"filter"`
 }
 
 // Reply is a frame the broker sends that is not a delivery, as it
@@ -109,6 +112,7 @@ type Reply struct {
 	Duplicate bool    `json:"duplicate,omitempty"`
 	Reason    string  `json:"reason,omitempty"`
 	Missed    uint64  `json:"missed,omitempty"` // skipped: messages gone
+	Filter    string  `json:"filter,omitempty"` // skipped: a wildcard's
 }
 
 // DeadLetter is the payload of a message on $dead/<topic>: a delivery
