@@ -124,20 +124,12 @@ func TestServe_TLS(t *testing.T) {
 			}
 		})
 	t.Run("HTTP publish and a stream are https", func(t *testing.T) {
-		req, _ := http.NewRequest("POST", page+"/topics/chat",
-			strings.NewReader(`"by curl"`))
-		req.Header.Set("Authorization", "Bearer "+token)
-		res, err := web.Do(req)
-		if err != nil {
-			t.Fatal(err)
+		status, body := post(t, web, page+"/topics/chat", token,
+			`"by curl"`)
+		if status != 200 || !strings.Contains(body, `"seq":2`) {
+			t.Fatalf("POST: %d %s", status, body)
 		}
-		body, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		if res.StatusCode != 200 || !strings.Contains(string(body),
-			`"seq":2`) {
-			t.Fatalf("POST: %s %s", res.Status, body)
-		}
-		res, err = web.Get(page + "/topics/chat?after=1&access_token=" +
+		res, err := web.Get(page + "/topics/chat?after=1&access_token=" +
 			token)
 		if err != nil {
 			t.Fatal(err)
@@ -284,19 +276,12 @@ func TestServe_TopicsAreTheirPathsAsSent(t *testing.T) {
 				return http.ErrUseLastResponse
 			}}
 		for _, topic := range []string{"a//b", "a/./b", "/c", "d/"} {
-			req, _ := http.NewRequest("POST", base+topic+"?message_id=m",
-				strings.NewReader(`"here"`))
-			req.Header.Set("Authorization", "Bearer "+token)
-			res, err := web.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(res.Body)
-			res.Body.Close()
-			if want := `"topic":"` + topic + `"`; res.StatusCode != 200 ||
-				!strings.Contains(string(body), want) {
-				t.Errorf("pages %v: POST /topics/%s: %s %s, want 200 and %s",
-					pages, topic, res.Status, body, want)
+			status, body := post(t, web, base+topic+"?message_id=m",
+				token, `"here"`)
+			if want := `"topic":"` + topic + `"`; status != 200 ||
+				!strings.Contains(body, want) {
+				t.Errorf("pages %v: POST /topics/%s: %d %s, want 200 and %s",
+					pages, topic, status, body, want)
 			}
 		}
 		res, err := web.Get(base + "a//b?after=0&access_token=" + token)
@@ -315,4 +300,20 @@ func TestServe_TopicsAreTheirPathsAsSent(t *testing.T) {
 				"published there", pages, res.Status)
 		}
 	}
+}
+
+// post publishes body with token's bearer on web, and returns the
+// answer's status and body.
+func post(t *testing.T, web *http.Client, url, token,
+	body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	res, err := web.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	return res.StatusCode, string(answer)
 }
