@@ -4999,6 +4999,8 @@ func (b *Broker) feed(m *Message) {
 // without room for the frame is cut off, as fan-out would cut it off.
 // The caller holds t.mu.
 func (b *Broker) missed(t *topic, last, seq uint64) {
+	b.logger.Warn("the shared log deleted messages before this broker "+
+		"read them", "topic", t.name, "after", last, "last", seq)
 	for s := range t.subscribers {
 		if s.live {
 			s.fallBehind(b, last)
