@@ -822,6 +822,11 @@ export class Subscription {
 export function follow(base, topic, options) {
   const {getToken, onMessage, onGap = () => {}, onClose = () => {}} =
     options;
+  // A wildcard is live only: it has no seq to go on after. Each level
+  // goes into the path escaped, a wildcard's # above all, which would
+  // otherwise end the path.
+  const wildcard = /[+#]/.test(topic);
+  const path = topic.split("/").map(encodeURIComponent).join("/");
   let after = options.after;
   let source = null;
   let stopped = false;
@@ -830,10 +835,10 @@ export function follow(base, topic, options) {
     if (stopped) return;
     const query = new URLSearchParams({access_token: token});
     if (after !== undefined) query.set("after", String(after));
-    source = new EventSource(`${base}/topics/${topic}?${query}`);
+    source = new EventSource(`${base}/topics/${path}?${query}`);
     source.addEventListener("message", (e) => {
       const m = JSON.parse(e.data);
-      if (m.seq) after = m.seq;
+      if (m.seq && !wildcard) after = m.seq;
       onMessage(m);
     });
     source.addEventListener("subscribed", (e) => {
@@ -842,7 +847,7 @@ export function follow(base, topic, options) {
     });
     source.addEventListener("skipped", (e) => {
       const f = JSON.parse(e.data);
-      after = Math.max(after ?? 0, f.seq);
+      if (!wildcard) after = Math.max(after ?? 0, f.seq);
       onGap(f);
     });
     source.addEventListener("closed", (e) => {

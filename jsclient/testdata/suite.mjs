@@ -450,31 +450,58 @@ test("follow renews an expired token and goes on after the last seq",
     const base = ws.replace(/^ws/, "http").replace(/\/ws$/, "");
     const writer = env.track(await env.lib.connect(ws,
       {token: await tokenFor(env, "alice")}));
+    // An exact topic, and a wildcard, which is live only and whose #
+    // must not end the URL's path.
     const t = topic("follow");
-    await writer.publish(t, 1, {qos: 1});
-    // A token of one second: with the broker's leeway of five, the
+    const w = topic("followall");
+    // A token of one second: with the broker's leeway of five, each
     // stream ends with token_expired six seconds in.
-    const tokens = [];
-    const got = [];
-    const closes = [];
-    const stop = env.lib.follow(base, t, {after: 0,
-      getToken: async () => {
-        const token = await tokenFor(env, "alice", {ttl: tokens.length ? 3600 : 1});
-        tokens.push(token);
-        return token;
-      },
-      onMessage: (m) => got.push(m.payload),
-      onClose: (f) => closes.push(f.code)});
+    const follow = (name, options) => {
+      const f = {tokens: [], got: [], closes: []};
+      f.stop = env.lib.follow(base, name, {...options,
+        getToken: async () => {
+          const token = await tokenFor(env, "alice",
+            {ttl: f.tokens.length ? 3600 : 1});
+          f.tokens.push(token);
+          return token;
+        },
+        onMessage: (m) => f.got.push(m.payload),
+        onClose: (e) => f.closes.push(e.code)});
+      return f;
+    };
+    // The wildcard gets only what is published once its stream is
+    // open: publish to it until it has the value.
+    const reach = (value, what) => {
+      let sent = 0;
+      return waitUntil(async () => {
+        if (all.got.includes(value)) return true;
+        if (Date.now() - sent > 250) {
+          sent = Date.now();
+          await writer.publish(`${w}/${value}`, value, {qos: 1});
+        }
+        return false;
+      }, what);
+    };
+    await writer.publish(t, 1, {qos: 1});
+    const exact = follow(t, {after: 0});
+    const all = follow(`${w}/#`, {});
     try {
-      await waitUntil(() => got.length === 1, "the first message");
+      await waitUntil(() => exact.got.length === 1, "the first message");
+      await reach(1, "the wildcard's first message");
       await new Promise((r) => setTimeout(r, 7000));
       await writer.publish(t, 2, {qos: 1});
-      await waitUntil(() => got.length === 2, "the message after renewal");
-      equal(got, [1, 2], "each message once, in order");
-      equal(closes[0], "token_expired", "why the first stream ended");
-      equal(tokens.length, 2, "tokens asked for");
+      await waitUntil(() => exact.got.length === 2,
+        "the message after renewal");
+      await reach(2, "the wildcard's message after renewal");
+      equal(exact.got, [1, 2], "the topic: each message once, in order");
+      equal([...new Set(all.got)], [1, 2], "the wildcard: in order");
+      for (const [f, what] of [[exact, "the topic"], [all, "the wildcard"]]) {
+        equal(f.closes[0], "token_expired", what + ": why its first ended");
+        equal(f.tokens.length, 2, what + ": tokens asked for");
+      }
     } finally {
-      stop();
+      exact.stop();
+      all.stop();
     }
   });
 
