@@ -4975,8 +4975,8 @@ func appendTo(shared SharedLog) func(*Message) *outcome {
 // broker had them: the subscribers missed them (b.missed).
 func (b *Broker) feed(m *Message) {
 	t := b.lockTopic(m.Topic)
-	defer t.mu.Unlock()
-	if last := t.head; m.Seq > last {
+	last := t.head
+	if m.Seq > last {
 		// The head first, as a publish here gives it: m is on the log.
 		t.head = m.Seq
 		m.delivery = appendDelivery(nil, m, 1)
@@ -4985,6 +4985,12 @@ func (b *Broker) feed(m *Message) {
 		}
 		b.sequenced(t, m, nil)
 		b.xray.message("committed", nil, m, nil)
+	}
+	t.mu.Unlock()
+	// Logged once the topic's lock is let go, as a burst makes many gaps.
+	if m.Seq > last+1 {
+		b.logger.Warn("the shared log deleted messages before this broker "+
+			"read them", "topic", t.name, "after", last, "last", m.Seq-1)
 	}
 }
 
@@ -4999,8 +5005,6 @@ func (b *Broker) feed(m *Message) {
 // without room for the frame is cut off, as fan-out would cut it off.
 // The caller holds t.mu.
 func (b *Broker) missed(t *topic, last, seq uint64) {
-	b.logger.Warn("the shared log deleted messages before this broker "+
-		"read them", "topic", t.name, "after", last, "last", seq)
 	for s := range t.subscribers {
 		if s.live {
 			s.fallBehind(b, last)

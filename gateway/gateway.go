@@ -154,7 +154,10 @@ type Broker interface {
 }
 
 // Gateway serves POST and GET on /topics/{topic}. It is an http.Handler
-// for those two paths only; Close ends its streams and sessions.
+// for those two paths only; Close ends its streams and sessions. The
+// topic is the path as sent, so serve it ahead of any ServeMux (as popsub
+// serve does): a ServeMux redirects a path it would clean, /topics/a//b
+// to /topics/a/b, and a client that follows would reach another topic.
 type Gateway struct {
 	opts     Options
 	broker   Broker
@@ -229,10 +232,7 @@ func cmpOr[T int64 | time.Duration](value, otherwise T) T {
 // ServeHTTP publishes on POST and streams on GET, and answers a CORS
 // preflight (OPTIONS) for the origins Options.Origins allows.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	topic := r.PathValue("topic")
-	if topic == "" {
-		topic = strings.TrimPrefix(r.URL.Path, "/topics/")
-	}
+	topic := strings.TrimPrefix(r.URL.Path, "/topics/")
 	if !g.crossOrigin(w, r) {
 		refuse(w, refusal("forbidden_origin", "pages from "+
 			r.Header.Get("Origin")+" may not use this broker; the "+
