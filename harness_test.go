@@ -220,6 +220,7 @@ var Behaviour = map[string]func(*testing.T){
 	"TestDelay_ADeliverAtKeepsItsMilliseconds":                             TestDelay_ADeliverAtKeepsItsMilliseconds,
 	"TestDelay_DueTogetherTheyGoInTheOrderStored":                          TestDelay_DueTogetherTheyGoInTheOrderStored,
 	"TestOverlap_AWildcardSaysSubscribedBeforeItsFirstMessage":             TestOverlap_AWildcardSaysSubscribedBeforeItsFirstMessage,
+	"TestBroker_ADurableNameStartsWhereItWasSubscribed":                    TestBroker_ADurableNameStartsWhereItWasSubscribed,
 	"TestOverlap_ABurstPastTheCapIsSaidToTheTopicAndTheWildcard":           TestOverlap_ABurstPastTheCapIsSaidToTheTopicAndTheWildcard,
 	"TestTopics_OneNeverPublishedToIsForgottenWhenItsLastSubscriptionEnds": TestTopics_OneNeverPublishedToIsForgottenWhenItsLastSubscriptionEnds,
 	"TestTopics_AForgottenTopicBeginsAgainAndOneWithAMessageGoesOn":        TestTopics_AForgottenTopicBeginsAgainAndOneWithAMessageGoesOn,

@@ -422,6 +422,47 @@ func TestBroker_DurableSubscriptions(t *testing.T) {
 	})
 }
 
+// A durable name is kept from its subscribe, not from its first
+// delivery: resumed before anything came, it starts where it began, and
+// hears what retention removed meanwhile, across a restart too.
+func TestBroker_ADurableNameStartsWhereItWasSubscribed(t *testing.T) {
+	const limit = 5
+	ts := startBroker(t, Options{MaxMessages: limit})
+	pub := ts.dial("pub")
+	for i := range 3 {
+		pub.publish("orders", i, 1, fmt.Sprint("before-", i))
+	}
+	first := ts.dial("worker")
+	first.subscribe("orders", map[string]any{"durable": "new", "last": 0})
+	first.subscribe("audit", map[string]any{"durable": "behind"})
+	first.quiet()
+	first.ws.CloseNow()
+
+	pub.publish("orders", "after", 1, "after")
+	again := ts.dial("worker")
+	again.subscribe("orders", map[string]any{"durable": "new"})
+	if g := again.expect("message"); g.MessageID != "after" {
+		t.Fatalf("resumed with %s, want only after: a name asked to "+
+			"skip the log replayed it", g.MessageID)
+	}
+	again.quiet()
+
+	// Past the cap and a restart, the name subscribed to an empty
+	// topic hears that its first messages are gone.
+	for i := range limit + 3 {
+		pub.publish("audit", i, 1, fmt.Sprint("a-", i))
+	}
+	ts = ts.restart()
+	behind := ts.dial("worker")
+	r := behind.subscribe("audit", map[string]any{"durable": "behind"})
+	if r.Recovered == nil || *r.Recovered {
+		t.Fatalf("resumed past the cap with %+v, want recovered:false", r)
+	}
+	if g := behind.expect("message"); g.MessageID != "a-3" {
+		t.Fatalf("resumed with %s, want a-3, the oldest kept", g.MessageID)
+	}
+}
+
 func TestBroker_IdempotentPublish(t *testing.T) {
 	ts := startBroker(t, Options{})
 	publisher, reader := ts.dial("publisher"), ts.dial("reader")
