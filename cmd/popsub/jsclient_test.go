@@ -339,7 +339,11 @@ func (s *jsServer) relay(w http.ResponseWriter, r *http.Request) {
 
 // fakeBroker answers any auth frame, then closes with the code in
 // ?close=, as the broker does for a slow consumer (4008) or an expired
-// token (4003).
+// token (4003). With ?skipped=T instead, it answers the next frame, a
+// subscribe to a wildcard, and says that the wildcard missed messages of
+// T, as a broker on a shared log does when its own feed missed them
+// (the suite's broker, on bbolt, never does); then it waits for the
+// client to go.
 func fakeBroker(w http.ResponseWriter, r *http.Request) {
 	ws, err := websocket.Accept(w, r, nil)
 	if err != nil {
@@ -353,6 +357,23 @@ func fakeBroker(w http.ResponseWriter, r *http.Request) {
 	}
 	ws.Write(ctx, websocket.MessageText,
 		[]byte(`{"type":"authenticated","sub":"any","conn":7}`))
+	if topic := r.URL.Query().Get("skipped"); topic != "" {
+		var f struct{ Topic string }
+		if _, data, err := ws.Read(ctx); err != nil ||
+			json.Unmarshal(data, &f) != nil {
+			return
+		}
+		for _, frame := range []map[string]any{
+			{"type": "subscribed", "topic": f.Topic},
+			{"type": "skipped", "topic": topic, "seq": 6, "missed": 2,
+				"filter": f.Topic},
+		} {
+			data, _ := json.Marshal(frame)
+			ws.Write(ctx, websocket.MessageText, data)
+		}
+		ws.Read(ctx)
+		return
+	}
 	code, _ := strconv.Atoi(r.URL.Query().Get("close"))
 	ws.Close(websocket.StatusCode(code), "scripted close")
 }

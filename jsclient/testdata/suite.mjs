@@ -316,6 +316,20 @@ test("a gap is said when the log no longer has what was asked for",
     equal(got.map((m) => m.seq), [1, 2, 3], "replayed from the oldest");
   });
 
+test("a wildcard hears the messages of a topic it covers that are gone",
+  async (env) => {
+    // Only a broker on a shared log sends this, so a scripted one does:
+    // the frame names the wildcard as its filter, and the topic whose
+    // messages went.
+    const c = env.track(await env.lib.connect(
+      env.base + "/fake/ws?skipped=w/a", {token: "any"}));
+    const gaps = [];
+    c.on("gap", (e) => gaps.push(e));
+    await c.subscribe("w/#", () => {});
+    await waitUntil(() => gaps.length > 0, "the gap");
+    equal(gaps, [{topic: "w/a", after: 4, seq: 6, missed: 2}], "the gap");
+  });
+
 // serve returns the URLs of the real `popsub serve` the Go test runs
 // beside the suite's server: {ws, closed}, closed being a port nothing
 // listens on.
