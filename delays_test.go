@@ -216,6 +216,35 @@ func TestDelay_WhatWaitsIsBoundedForATopicAndAToken(t *testing.T) {
 	alice.publish("jobs", "now", 1, "now")
 }
 
+// A burst of delayed publishes on one connection, none waiting for its
+// confirm, is held to the bound as exactly as one publish at a time: on
+// a shared log too, where each is counted only once the log has fed it
+// back, long after the next was let in.
+func TestDelay_ABurstIsBoundedAsOnePublishIs(t *testing.T) {
+	const limit, burst = 10, 40
+	ts := startBroker(t, Options{FeatureOptions: FeatureOptions{
+		MaxDelayed: limit}})
+	pub := ts.dial("pub")
+	for i := range burst {
+		pub.send(map[string]any{"type": "publish", "topic": "jobs",
+			"payload": i, "qos": 1, "message_id": fmt.Sprint("b", i),
+			"delay_ms": time.Hour.Milliseconds() / 2})
+	}
+	confirmed := 0
+	for range burst {
+		switch g := pub.next(); {
+		case g.Type == "published":
+			confirmed++
+		case g.Code != "delayed_limit":
+			t.Fatalf("got %+v, want published or delayed_limit", g)
+		}
+	}
+	if confirmed != limit {
+		t.Fatalf("%d of a burst of %d confirmed, want the bound, %d",
+			confirmed, burst, limit)
+	}
+}
+
 func TestDelay_AWaitThatEndsMakesRoom(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ps := startPipeBroker(t, Options{

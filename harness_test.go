@@ -216,6 +216,7 @@ var Behaviour = map[string]func(*testing.T){
 	"TestDeadLetters_EveryTopicHasRoomForItsDeadLetters":                   TestDeadLetters_EveryTopicHasRoomForItsDeadLetters,
 	"TestDelay_ARestartSendsNothingAgainPastTheTopicsCap":                  TestDelay_ARestartSendsNothingAgainPastTheTopicsCap,
 	"TestDelay_WhatWaitsStaysOnDiskThroughARestart":                        TestDelay_WhatWaitsStaysOnDiskThroughARestart,
+	"TestDelay_ABurstIsBoundedAsOnePublishIs":                              TestDelay_ABurstIsBoundedAsOnePublishIs,
 	"TestDelay_WhatWaitsIsBoundedForATopicAndAToken":                       TestDelay_WhatWaitsIsBoundedForATopicAndAToken,
 	"TestDelay_ADeliverAtKeepsItsMilliseconds":                             TestDelay_ADeliverAtKeepsItsMilliseconds,
 	"TestDelay_DueTogetherTheyGoInTheOrderStored":                          TestDelay_DueTogetherTheyGoInTheOrderStored,

@@ -2370,7 +2370,7 @@ func (b *Broker) startFeatures() {
 	b.startLogins()
 	b.want, b.forget = func(string) {}, func(string) {}
 	if shared, ok := b.store.(SharedLog); ok {
-		b.appendShared, b.want, b.forget = appendTo(shared), shared.Want,
+		b.appendShared, b.want, b.forget = b.appendTo(shared), shared.Want,
 			shared.Forget
 		shared.Follow(b.feed)
 	}
@@ -4984,12 +4984,25 @@ type SharedLog interface {
 
 // appendTo is b.appendShared on shared: it hands m to the log and
 // returns the outcome its confirm waits on, which the log's answer fills
-// in with the seq.
-func appendTo(shared SharedLog) func(*Message) *outcome {
+// in with the seq. A delayed message counts against what waits
+// (waitingRoom) from here until that answer, which comes once the feed
+// has brought it back and b.park counted it: counted only there, a burst
+// of delayed publishes would pass the bound by as many as the log had in
+// flight. For the moment between the two it counts twice.
+func (b *Broker) appendTo(shared SharedLog) func(*Message) *outcome {
 	return func(m *Message) *outcome {
 		f := groupcommit.NewOutcome()
 		m.Timestamp = time.Now().UnixMilli()
-		shared.Append(m, f.Resolve)
+		done := f.Resolve
+		if strings.HasPrefix(m.Topic, DelayedPrefix) {
+			t, size := b.topic(m.Topic), m.size()
+			b.delays.count(t, m.publisher, 1, size)
+			done = func(seq uint64, duplicate bool, err error) {
+				b.delays.count(t, m.publisher, -1, -size)
+				f.Resolve(seq, duplicate, err)
+			}
+		}
+		shared.Append(m, done)
 		return f
 	}
 }
