@@ -84,7 +84,8 @@ func startBroker(t *testing.T, url string, opts popsub.Options) *broker {
 	err := context.DeadlineExceeded
 	for try := 0; try < 3 && errors.Is(err, context.DeadlineExceeded); try++ {
 		log, err = Open(Options{URL: url, MaxMessages: opts.MaxMessages,
-			Logger: quiet, Replicas: replicasFor(url)})
+			MaxBytes: int64(opts.MaxLogBytes), Logger: quiet,
+			Replicas: replicasFor(url)})
 	}
 	if err != nil {
 		t.Fatalf("open log: %v", err)

@@ -39,7 +39,9 @@
 // A stream per topic costs the server a little memory per topic (a
 // stream's state and, replicated, a Raft group), which suits PopSub's
 // scale: tens or hundreds of topics, not millions. Retention by count,
-// bytes and age is each stream's own limits.
+// bytes and age is each stream's own limits; the bytes one reserves its
+// whole MaxBytes of the server's storage, so the topics a server holds
+// are its max_file_store divided by MaxBytes (storageExceededCode).
 //
 // Topics are listed in a key-value bucket (stream name to topic name),
 // which every broker watches: a topic created on one broker is known to
@@ -345,6 +347,13 @@ func whileForming(ctx context.Context, create func() error) error {
 // placement".
 const noPeersCode = 10005
 
+// storageExceededCode is JetStream's err_code for "insufficient storage
+// resources available": a file stream with a MaxBytes reserves that much
+// of the server's max_file_store (by default three quarters of the free
+// disk) when it is made, so the topics that fit are that divided by
+// MaxBytes, a hundred or so on a small disk with the default 64 MiB.
+const storageExceededCode jetstream.ErrorCode = 10047
+
 // untilAnswered calls ask until it hears something other than "no
 // responders", 20 ms apart, for as long as ctx lasts, and logs once
 // that a read of the stream or bucket called name waits. A stream or
@@ -471,6 +480,12 @@ func (l *Log) create(topic string, s *stream) error {
 		_, err := l.js.CreateOrUpdateStream(ctx, config)
 		return err
 	})
+	var api *jetstream.APIError
+	if errors.As(err, &api) && api.ErrorCode == storageExceededCode {
+		err = fmt.Errorf("%w: each topic's stream reserves its MaxBytes "+
+			"(--max-log-bytes, %d) of NATS's storage; lower it, or raise "+
+			"NATS's max_file_store", err, l.opts.MaxBytes)
+	}
 	if err != nil {
 		return fmt.Errorf("create stream for %q: %w", topic, err)
 	}

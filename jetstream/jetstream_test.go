@@ -475,6 +475,28 @@ func TestJetStream_APublishIsAnsweredWhenItsTopicCannotBeFollowed(t *testing.T) 
 	}
 }
 
+// Each topic's stream reserves its MaxBytes of the server's storage, so
+// a server holds only so many topics: the publish that finds no room
+// for its topic's stream is refused with store_failed, saying what to
+// change, and a topic already made takes publishes as before.
+func TestJetStream_ATopicPastNATSStorageSaysWhatToChange(t *testing.T) {
+	ns := natstest.Run(t, &server.Options{Host: "127.0.0.1", Port: -1,
+		JetStream: true, JetStreamMaxStore: 100 << 20,
+		StoreDir: t.TempDir(), NoSigs: true, NoLog: true})
+	b := startBroker(t, ns.ClientURL(), popsub.Options{MaxLogBytes: 64 << 20})
+	alice := b.dial("alice")
+	alice.publish("first", "f-1", 1)
+
+	alice.send(map[string]any{"type": "publish", "topic": "second",
+		"message_id": "s-1", "payload": 1, "qos": 1})
+	if f := alice.next(); f.Code != "store_failed" ||
+		!strings.Contains(f.Message, "max_file_store") {
+		t.Fatalf("a topic past NATS's storage got %+v, want store_failed "+
+			"naming max_file_store", f)
+	}
+	alice.publish("first", "f-2", 2)
+}
+
 // A delayed message waits in the shared log, not in its broker: killed
 // before the messages fall due, its broker sends nothing, and a broker
 // started later sends each once, under its own publisher, so that two
