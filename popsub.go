@@ -3045,7 +3045,7 @@ func (c *connection) resume(s *subscription, f *frame) bool {
 	return true
 }
 
-// firstCursor saves the cursor of a durable name never seen at once, at
+// firstCursor saves the cursor of a durable name never seen, at once, at
 // the seq its replay starts after, as f asks: resumed before its first
 // delivery, the name would otherwise replay the whole log, what it was
 // subscribed to skip too, and miss without a word what retention removed
@@ -4986,7 +4986,8 @@ type SharedLog interface {
 // returns the outcome its confirm waits on, which the log's answer fills
 // in with the seq. A delayed message counts against what waits
 // (waitingRoom) from here until that answer, which comes once the feed
-// has brought it back and b.park counted it: counted only there, a burst
+// has brought it back and b.park counted it (unless the feed is slower
+// than the log's bound on waiting for it): counted only there, a burst
 // of delayed publishes would pass the bound by as many as the log had in
 // flight. For the moment between the two it counts twice.
 func (b *Broker) appendTo(shared SharedLog) func(*Message) *outcome {
