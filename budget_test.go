@@ -26,24 +26,24 @@ import (
 )
 
 // The budget of popsub.go, from STYLE.md. Two of them are over STYLE.md's, and
-// say by how much: the file is about 560 code lines over its 2,200 (136 of them
+// say by how much: the file is about 570 code lines over its 2,200 (136 of them
 // the delayed messages' horizon over a DueIndex, a detail, 29 a release's reads
 // of its records a span at a time, 60 the forgetting of unused topics and
 // filters, on the broker's log and a shared one, and the cap on subscriptions,
 // about 50 the hooks, leaves and the rules, by which the first reading calls a
 // dozen details' functions, 10 a wildcard told of a shared log's gap, not cut
 // off, and the gap logged outside the lock, 17 a durable name's cursor saved at
-// its subscribe, 9 a shared log's delayed publishes counted from their append),
-// and the first reading, priced as a reader pays it (5 lines a minute where
-// code takes or lets go of a lock, starts a goroutine or selects), takes about
-// 220 minutes against a goal of 180. Making room is the restructure that makes
-// every feature a leaf (STYLE.md, "The first reading stands alone"); until it
-// lands, these caps hold the line where the file is now, and the test's log
-// prints each one's slack.
+// its subscribe, 9 a shared log's delayed publishes counted from their append,
+// 4 a failed commit's reason told to the operator), and the first reading,
+// priced as a reader pays it (5 lines a minute where code takes or lets go of a
+// lock, starts a goroutine or selects), takes about 220 minutes against a goal
+// of 180. Making room is the restructure that makes every feature a leaf
+// (STYLE.md, "The first reading stands alone"); until it lands, these caps hold
+// the line where the file is now, and the test's log prints each one's slack.
 const (
 	budgetFirstReading  = 1078 // code lines in first-reading sections
 	budgetMinutes       = 220  // the first reading, priced; the goal is 180
-	budgetCode          = 2765 // code lines in the file; STYLE.md's 2,200
+	budgetCode          = 2769 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function

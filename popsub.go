@@ -4855,8 +4855,12 @@ func (b *Broker) committed(batch *Batch, took time.Duration, err error) {
 		b.markCommitted(batch.Messages)
 	}
 	b.storedHeads(batch.Heads, err == nil)
-	b.xray.(*events).Tell(wire.Event{Kind: "commit",
-		Messages: len(batch.Messages), Micros: took.Microseconds()})
+	e := wire.Event{Kind: "commit", Messages: len(batch.Messages),
+		Micros: took.Microseconds()}
+	if err != nil {
+		e.Reason = err.Error()
+	}
+	b.xray.(*events).Tell(e)
 }
 
 // markCommitted drops a synced batch's messages from their topics'

@@ -28,7 +28,8 @@ type Event struct {
 	// entry: which attempt went out, and when the next retry is due.
 	Attempt  int   `json:"attempt,omitempty"`
 	Deadline int64 `json:"deadline,omitempty"`
-	// Reason explains a disconnection or a dead letter.
+	// Reason explains a disconnection, a dead letter, or a commit that
+	// failed.
 	Reason string `json:"reason,omitempty"`
 	// Messages and Micros describe a "commit" event: how many messages
 	// one batch of the log held, and how long its commit took. Such

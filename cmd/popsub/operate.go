@@ -3,6 +3,7 @@ package main
 import (
 	"net/http"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -36,7 +37,24 @@ type operations struct {
 
 	store    popsub.Store // asked by /readyz whether the log answers
 	stopping atomic.Bool  // set once a shutdown begins
+	// commitFailed is the last commit's failure, while no commit has
+	// succeeded since; now is the clock, which a test may set.
+	commitFailed atomic.Pointer[commitFailure]
+	now          func() time.Time
 }
+
+// commitFailure is why a commit of the log failed, and when.
+type commitFailure struct {
+	why string
+	at  time.Time
+}
+
+// failureShown is how long /readyz answers 503 after a commit failed,
+// unless one succeeds first. Only traffic commits: a balancer that sends
+// none to a broker that is not ready would never see its log recover (a
+// full disk freed), so after this the broker says it is ready again, and
+// the next publish tells.
+const failureShown = 30 * time.Second
 
 // counted are the events counted, with their metrics' names and help.
 var counted = []struct{ kind, name, help string }{
@@ -57,7 +75,7 @@ var counted = []struct{ kind, name, help string }{
 // its options need observe before New.
 func newOperations(store popsub.Store) *operations {
 	o := &operations{registry: prometheus.NewRegistry(), store: store,
-		counters: map[string]prometheus.Counter{}}
+		counters: map[string]prometheus.Counter{}, now: time.Now}
 	for _, c := range counted {
 		o.counters[c.kind] = prometheus.NewCounter(prometheus.CounterOpts{
 			Name: c.name, Help: c.help})
@@ -102,6 +120,11 @@ func (o *operations) observe(e wire.Event) {
 	case "commit":
 		o.commitTime.Observe(float64(e.Micros) / 1e6)
 		o.commitSize.Observe(float64(e.Messages))
+		if e.Reason != "" {
+			o.commitFailed.Store(&commitFailure{e.Reason, o.now()})
+		} else if o.commitFailed.Load() != nil {
+			o.commitFailed.Store(nil)
+		}
 	}
 }
 
@@ -145,10 +168,18 @@ func (o *operations) register(mux *http.ServeMux) {
 }
 
 // ready answers 200 while the broker takes clients and its log answers a
-// read; 503, with the reason, while it shuts down or the log fails.
+// read and takes writes; 503, with the reason, while it shuts down or the
+// log fails: a read fails, or the last commit failed (a full disk), for
+// failureShown.
 func (o *operations) ready(w http.ResponseWriter, _ *http.Request) {
 	if o.stopping.Load() {
 		http.Error(w, "shutting down", http.StatusServiceUnavailable)
+		return
+	}
+	if f := o.commitFailed.Load(); f != nil &&
+		o.now().Sub(f.at) < failureShown {
+		http.Error(w, "log refuses writes: "+f.why,
+			http.StatusServiceUnavailable)
 		return
 	}
 	if _, _, err := o.store.Cursor("readyz"); err != nil {

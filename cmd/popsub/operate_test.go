@@ -3,18 +3,21 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
 	"github.com/coder/websocket/wsjson"
 
+	"github.com/popsub/popsub"
 	"github.com/popsub/popsub/boltstore"
 )
 
@@ -126,6 +129,87 @@ func TestOperations_ReadyOnlyWhenTheLogAnswers(t *testing.T) {
 		"log unreadable") {
 		t.Fatalf("a closed log: %d %q", code, body)
 	}
+}
+
+// refusing is a log whose commits fail while refuse is set, as on a
+// full disk.
+type refusing struct {
+	popsub.Store
+	refuse atomic.Bool
+}
+
+// Commit fails while refuse is set.
+func (r *refusing) Commit(batch *popsub.Batch) error {
+	if r.refuse.Load() {
+		return errors.New("no space left on device")
+	}
+	return r.Store.Commit(batch)
+}
+
+// /readyz says 503 while the log refuses writes, a full disk, though it
+// still answers reads: from the failed commit until one succeeds, or
+// failureShown has passed, after which only traffic could tell.
+func TestOperations_NotReadyWhileTheLogRefusesWrites(t *testing.T) {
+	bolt, err := boltstore.Open(filepath.Join(t.TempDir(), "popsub.db"),
+		nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &refusing{Store: bolt}
+	ops := newOperations(store)
+	clock := time.Now()
+	ops.now = func() time.Time { return clock }
+	options := popsub.Options{Store: store,
+		Secret: []byte(strings.Repeat("s", 32)), Logger: quietLog()}
+	options.OnEvent = ops.observe
+	broker, err := popsub.New(options)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer broker.Shutdown(context.Background())
+	mux := http.NewServeMux()
+	ops.register(mux)
+	ready := func(want int, says string) {
+		t.Helper()
+		// The event comes through the x-ray's queue: wait for it.
+		var code int
+		var body string
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			recorder := httptest.NewRecorder()
+			mux.ServeHTTP(recorder, httptest.NewRequest("GET", "/readyz", nil))
+			code, body = recorder.Code, recorder.Body.String()
+			if code == want && strings.Contains(body, says) ||
+				time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if code != want || !strings.Contains(body, says) {
+			t.Fatalf("/readyz: %d %q, want %d saying %q", code, body, want,
+				says)
+		}
+	}
+	publish := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := broker.Publish(ctx, "jobs", "x", 1)
+		return err
+	}
+
+	store.refuse.Store(true)
+	if publish() == nil {
+		t.Fatal("a publish the log refused was confirmed")
+	}
+	ready(503, "log refuses writes: no space left on device")
+	clock = clock.Add(failureShown)
+	ready(200, "ready")
+	clock = clock.Add(-failureShown)
+	ready(503, "log refuses writes")
+	store.refuse.Store(false)
+	if err := publish(); err != nil {
+		t.Fatal(err)
+	}
+	ready(200, "ready")
 }
 
 // fetch GETs url and returns the status and body.
