@@ -3858,7 +3858,8 @@ type load struct{ messages, bytes int }
 // would pass a bound on what waits for its topic or its publisher, or
 // returns a zero reply; a repeat of one waiting (b.recall) takes no
 // room, and passes. Delayed publishes to one topic at the same moment
-// may pass it by one each.
+// may pass it by one each; on a shared log, those of brokers that have
+// not yet heard of each other's, by what each has in flight (appendTo).
 func waitingRoom(c *connection, m *Message, _ frame) reply {
 	if m.DeliverAt == 0 {
 		return reply{}
