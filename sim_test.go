@@ -26,8 +26,9 @@ import (
 // for longer than the write timeout. The workload mixes delayed,
 // expiring and nakked values; durable, plain and group subscribers,
 // one durable subscriber and one member with a wildcard beside their
-// topic on the same connection, and members whose sessions are narrowed
-// to fewer grants while they hold a job. The
+// topic on the same connection, members whose sessions are narrowed to
+// fewer grants while they hold a job, and a durable name begun for new
+// messages only and resumed before its first delivery. The
 // clients and the checker are package chaos's, which `popsub chaos`
 // runs against real processes: a schedule that breaks a promise here
 // breaks the same invariant there. Each schedule is one seed:
@@ -154,6 +155,14 @@ func simulate(t *testing.T, seed uint64) (chaos.Report, error) {
 			})
 		}
 	}
+
+	// A durable name begun with new messages only, a second in, and left
+	// before anything came: resumed, it starts where it began.
+	begin := w.client("b-chat")
+	subscribers.Go(func() {
+		time.Sleep(time.Second)
+		begin.Begin(ctx, "chat", "b-chat", "end-chat")
+	})
 
 	// The nemesis, then the drain: publishers finish what they sent, a
 	// marker goes behind everything, and every subscriber reads up to

@@ -167,6 +167,7 @@ func Check(h *History) Report {
 		checkOrder(h),
 		checkGaps(h),
 		checkDurables(h, confirmed),
+		checkBegun(h),
 		checkGroups(h, confirmed),
 		checkRedone(h),
 		checkNakked(h),
@@ -440,6 +441,10 @@ func checkDurables(h *History, confirmed map[key]uint64) Line {
 		if s.Unrecovered && len(s.Deliveries) > 0 {
 			excused[d] = max(excused[d], s.Deliveries[0].Seq)
 		}
+		// A name begun with new messages only owes none before.
+		if s.Begun && s.Replied {
+			excused[d] = max(excused[d], s.Head)
+		}
 		for _, skip := range s.Skips {
 			excused[d] = max(excused[d], skip.Seq)
 		}
@@ -461,6 +466,50 @@ func checkDurables(h *History, confirmed map[key]uint64) Line {
 		}
 	}
 	return l
+}
+
+// checkBegun: a durable name begun with new messages only ("last":0),
+// and resumed before anything came, resumes where it began: none of its
+// deliveries, on any connection, is of a seq at or before its first
+// reply's head. A kill within beginMargin of that reply excuses it: the
+// name's cursor reaches the disk with the next commit, a few
+// milliseconds later, and a kill before then forgets the name.
+func checkBegun(h *History) Line {
+	l := Line{Invariant: "a durable name resumes where it began"}
+	type durable struct{ subscriber, name, topic string }
+	began := map[durable]uint64{}
+	for _, s := range h.Subscriptions {
+		if s.Begun && s.Replied && !killedWithin(h, s.RepliedAt, beginMargin) {
+			began[durable{s.Subscriber, s.Durable, s.Topic}] = s.Head
+		}
+	}
+	for _, s := range h.Subscriptions {
+		head, ok := began[durable{s.Subscriber, s.Durable, s.Topic}]
+		for _, d := range s.Deliveries {
+			if ok && d.Seq <= head {
+				l.markFor(s.Subscriber, s.Topic, d.ID, d.Seq)
+				l.violation("%s (durable %q, begun at seq %d) on %s: given "+
+					"seq %d (%s), from before it began", s.Subscriber,
+					s.Durable, head, s.Topic, d.Seq, d.ID)
+			}
+		}
+	}
+	return l
+}
+
+// beginMargin is how long after a durable name's first reply a kill may
+// have forgotten the name: its cursor's commit waits at most 5 ms for
+// company, and a loaded machine adds to that.
+const beginMargin = time.Second
+
+// killedWithin reports whether a broker was killed (a fault whose kind
+// begins "kill": the simulation's and popsub chaos's kills of a broker or
+// of NATS) in the span of length after from.
+func killedWithin(h *History, from time.Time, span time.Duration) bool {
+	return slices.ContainsFunc(h.Faults, func(f *Fault) bool {
+		return strings.HasPrefix(f.Kind, "kill") && !f.Start.Before(from) &&
+			f.Start.Before(from.Add(span))
+	})
 }
 
 // checkGroups: after the drain, the members of each group together have

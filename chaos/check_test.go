@@ -117,6 +117,15 @@ func TestCheck_FindsEachViolation(t *testing.T) {
 			s.Deliveries = append(s.Deliveries, Delivery{Seq: 2, ID: "a-2", Value: "v2", Attempt: 2},
 				Delivery{Seq: 1, ID: "a-1", Value: "v1", Attempt: 1})
 		}, "each subscription's seqs come in order"},
+		{"a durable name begun after a seq, resumed from before it",
+			func(h *History) {
+				s := h.Subscribed(&Subscription{Subscriber: "erin",
+					Topic: "jobs", Durable: "e-1", Begun: true})
+				h.Replied(s, 1, true)
+				s.RepliedAt = s.RepliedAt.Add(time.Hour) // long after the kill
+				h.Closed(s)
+				resumed(h, "erin", "e-1")
+			}, "a durable name resumes where it began"},
 		{"a fault left in place", func(h *History) {
 			h.Fault("pause", "broker-1")
 		}, "every fault was healed"},
@@ -152,6 +161,15 @@ func TestCheck_FindsEachViolation(t *testing.T) {
 	}
 }
 
+// resumed records name resumed by subscriber on jobs, given both values.
+func resumed(h *History, subscriber, name string) {
+	s := h.Subscribed(&Subscription{Subscriber: subscriber, Topic: "jobs",
+		Durable: name})
+	h.Replied(s, 2, true)
+	h.Delivered(s, Delivery{Seq: 1, ID: "a-1", Value: "v1", Attempt: 1})
+	h.Delivered(s, Delivery{Seq: 2, ID: "a-2", Value: "v2", Attempt: 1})
+}
+
 func TestCheck_ExcusesWhatItWasTold(t *testing.T) {
 	t.Run("a gap announced with recovered false", func(t *testing.T) {
 		h := clean()
@@ -160,6 +178,19 @@ func TestCheck_ExcusesWhatItWasTold(t *testing.T) {
 		h.Delivered(s, Delivery{Seq: 2, ID: "a-2", Value: "v2", Attempt: 1})
 		if r := Check(h); !r.OK() || r.Announced != 1 {
 			t.Fatalf("an announced gap was refused:\n%s", r)
+		}
+	})
+	t.Run("a durable name begun just before a kill", func(t *testing.T) {
+		h := clean()
+		s := h.Subscribed(&Subscription{Subscriber: "erin", Topic: "jobs",
+			Durable: "e-1", Begun: true})
+		h.Replied(s, 1, true)
+		h.Closed(s)
+		h.Fault("kill", "broker-1")()
+		resumed(h, "erin", "e-1")
+		if r := Check(h); !r.OK() {
+			t.Fatalf("a name the kill may have forgotten was held to its "+
+				"start:\n%s", r)
 		}
 	})
 	t.Run("a gap announced with skipped, and only that gap",

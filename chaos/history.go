@@ -111,9 +111,13 @@ type Subscription struct {
 	// After is the "after" it sent, or nil: a plain subscription's
 	// first, from the oldest message kept, or a durable one's.
 	After *uint64
-	// Replied is set once "subscribed" came; Head is its seq, and
-	// Unrecovered says it carried "recovered":false.
+	// Begun is set on a durable name's first subscribe, which asked for
+	// new messages only ("last":0): the name begins at Head.
+	Begun bool
+	// Replied is set once "subscribed" came, at RepliedAt; Head is its
+	// seq, and Unrecovered says it carried "recovered":false.
 	Replied     bool
+	RepliedAt   time.Time
 	Head        uint64
 	Unrecovered bool
 	// Deliveries are the messages it got, in order.
@@ -230,7 +234,8 @@ func (h *History) Subscribed(s *Subscription) *Subscription {
 func (h *History) Replied(s *Subscription, head uint64, recovered bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	s.Replied, s.Head, s.Unrecovered = true, head, !recovered
+	s.Replied, s.RepliedAt = true, time.Now()
+	s.Head, s.Unrecovered = head, !recovered
 }
 
 // Delivered records a message frame of s.

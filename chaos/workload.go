@@ -299,6 +299,40 @@ func (c *Client) Subscribe(ctx context.Context, topic, durable,
 	}
 }
 
+// Begin subscribes to topic under a new durable name, for new messages
+// only ("last":0), and leaves as soon as the reply comes, before
+// anything else can; then it reads topic as Subscribe does, resuming the
+// name, until the message until comes. A name resumed before its first
+// delivery must start where it began, not at the log's start. The name
+// is durable, "-", and the attempt: one whose reply never came (a fault
+// took it) may have begun anyway, where the client cannot tell, so the
+// next attempt begins another, and only the name that replied is
+// recorded.
+func (c *Client) Begin(ctx context.Context, topic, durable,
+	until string) error {
+	for attempt := 1; ; attempt++ {
+		ws, err := c.connect(ctx)
+		if err != nil {
+			return fmt.Errorf("begin %s: %w", topic, err)
+		}
+		name := fmt.Sprint(durable, "-", attempt)
+		err = send(ctx, ws, map[string]any{"type": "subscribe",
+			"topic": topic, "durable": name, "last": 0})
+		f := frame{}
+		for err == nil && f.Type != "subscribed" && f.Type != "error" {
+			f, err = read(ctx, ws)
+		}
+		ws.CloseNow()
+		if err == nil && f.Type == "subscribed" {
+			s := c.History.Subscribed(&Subscription{Subscriber: c.Name,
+				Topic: topic, Durable: name, Begun: true})
+			c.History.Replied(s, f.Seq, f.Recovered == nil || *f.Recovered)
+			c.History.Closed(s)
+			return c.Subscribe(ctx, topic, name, until)
+		}
+	}
+}
+
 // Churn subscribes to each of topics and unsubscribes again, in turn, a
 // Pace apart, until stop is closed or ctx ends, dialing again after a
 // dropped connection: a client whose topics come and go as reply topics

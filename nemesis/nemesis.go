@@ -510,6 +510,20 @@ func (r *chaosRun) workload(ctx context.Context) (chaos.Report, error) {
 			r.join(ctx, &members, topic)
 		}
 	}
+	// A durable name begun for new messages only, two seconds in, and
+	// left before anything came: resumed, it starts where it began. It
+	// stays on one broker: brokers on a shared log do not hand a durable
+	// name over between them (tutorial 7).
+	begin := r.pinned("b-"+topics[0], 0)
+	subscribers.Go(func() {
+		defer r.running(begin.Name)()
+		select {
+		case <-time.After(2 * time.Second):
+		case <-ctx.Done():
+			return
+		}
+		begin.Begin(ctx, topics[0], begin.Name, "end-"+topics[0])
+	})
 	// A client whose topics come and go, as reply topics do: a topic, a
 	// wildcard over it, a name nobody publishes to and names the nemesis
 	// makes later. The brokers, and a shared log, forget each name and
