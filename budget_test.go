@@ -32,7 +32,7 @@ import (
 // filters, on the broker's log and a shared one, and the cap on subscriptions,
 // about 50 the hooks, leaves and the rules, by which the first reading calls a
 // dozen details' functions, 10 a wildcard told of a shared log's gap, not cut
-// off, and the gap logged outside the lock, 17 a durable name's cursor saved at
+// off, and the gap logged outside the lock, 19 a durable name's cursor saved at
 // its subscribe, 9 a shared log's delayed publishes counted from their append,
 // 4 a failed commit's reason told to the operator), and the first reading,
 // priced as a reader pays it (5 lines a minute where code takes or lets go of a
@@ -43,7 +43,7 @@ import (
 const (
 	budgetFirstReading  = 1078 // code lines in first-reading sections
 	budgetMinutes       = 220  // the first reading, priced; the goal is 180
-	budgetCode          = 2769 // code lines in the file; STYLE.md's 2,200
+	budgetCode          = 2771 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function

@@ -3057,9 +3057,8 @@ func (b *Broker) firstCursor(s *subscription, f frame) *uint64 {
 	start, recovered := t.startAfter(f.After, f.Last)
 	t.mu.Unlock()
 	s.conn.mu.Lock()
-	d.sent, d.saved = start, start
+	d.begin(b, start)
 	s.conn.mu.Unlock()
-	b.log.SaveCursor(d.key, start)
 	if !recovered {
 		return nil
 	}
@@ -3140,6 +3139,15 @@ func (d *durableCursor) settled(b *Broker, seq uint64) {
 func (d *durableCursor) deadID(seq uint64) string {
 	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d", d.key, seq))
 	return fmt.Sprintf("dead-%x", sum[:16])
+}
+
+// begin places a cursor never stored at start, and stores it there at
+// once: a durable name (firstCursor) or a group (b.prepareJoin) exists
+// from its first subscribe, not from its first delivery. The caller
+// holds what guards d's fields.
+func (d *durableCursor) begin(b *Broker, start uint64) {
+	d.sent, d.saved = start, start
+	b.log.SaveCursor(d.key, start)
 }
 
 // save hands a durable cursor to the log if it moved. The position is
@@ -3439,8 +3447,7 @@ func (b *Broker) prepareJoin(s *subscription,
 		r.Recovered = &recovered
 	}
 	// Saved now: members all gone before a delivery resume here.
-	g.cursor.sent, g.cursor.saved = start, start
-	b.log.SaveCursor(key, start)
+	g.cursor.begin(b, start)
 	t.subscribers[g.sub] = struct{}{}
 	return g, r, &start, true
 }
