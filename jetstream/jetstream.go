@@ -174,7 +174,10 @@ type stream struct {
 	// replay never runs ahead of fan-out. While anyone waits for it to
 	// grow (waiters, under waitMu), fedMore is closed and replaced each
 	// time it does.
-	fed     atomic.Uint64
+	fed atomic.Uint64
+	// feeding is the seq being fed now: the broker may act on it (a
+	// delayed record it schedules may fall due) before fed reaches it.
+	feeding atomic.Uint64
 	waitMu  sync.Mutex
 	waiters int
 	fedMore chan struct{}
@@ -893,6 +896,14 @@ func (l *Log) Read(topic string, after uint64, limit,
 		return msgs, nil
 	}
 	s := l.stream(topic)
+	// A message being fed is the broker's already, and what it does with
+	// it may read it back before fed moves: a delayed record its feed
+	// scheduled, falling due at once, was read as gone. Wait for the
+	// feed rather than answer that it is not there.
+	if feeding := s.feeding.Load(); after < feeding &&
+		s.fed.Load() < feeding {
+		l.awaitFed(s, feeding)
+	}
 	fed := s.fed.Load()
 	if after >= fed || limit <= 0 {
 		return nil, nil
@@ -1195,6 +1206,7 @@ func (l *Log) follow(topic string) {
 				"seq", meta.Sequence.Stream, "err", err)
 			return
 		}
+		s.feeding.Store(m.Seq)
 		feed(m)
 		s.advance(m.Seq)
 	}, jetstream.PullExpiry(2*time.Second),
