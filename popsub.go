@@ -517,10 +517,9 @@ func (b *Broker) connectionList() []*connection {
 // group commit (groupcommit), the WebSocket (socket, and poller for a
 // quiet one), passwords and tokens (login), the x-ray's queue (xray) and
 // our tables' queues (queue). The first reading reaches them only
-// through the declarations below, each with its contract in a line; a
-// package that only a detail uses (the x-ray's queue, the logins' gate)
-// is declared there. This file imports no storage engine, and builds
-// for a browser (GOOS=js).
+// through the declarations below, each with its contract; one that only
+// a detail uses is declared there. This file imports no storage engine,
+// and builds for a browser (GOOS=js).
 
 // Store keeps topic logs and durable cursors, safe for concurrent use;
 // a Commit is durable when it returns.
@@ -550,24 +549,20 @@ type Batch = groupcommit.Batch[*Message]
 // and outcome.Duplicate bring the log's answer for its one message.
 type outcome = groupcommit.Outcome
 
-// Socket is one client's WebSocket: package socket accepts one over HTTP
-// and frames what the broker sends; a test, or a page, may keep the same
-// contract another way.
+// Socket is one client's WebSocket, accepted and framed by package
+// socket, or kept another way by a test or a page.
 type Socket interface {
 	// Read returns the next text frame, valid until the next Read, or nil
 	// once the client is quiet (Idle). An error means the socket is done
-	// and has sent whatever close it needs: closed, reset, or closed for
-	// a binary frame (1003), invalid UTF-8 (1007: encoding/json would
-	// replace bad bytes, and a payload would not be what its publisher
-	// sent), or one over the read limit (1009). A frame over 64 KiB holds
-	// a place among b.largeFrames until the next Read or a close.
+	// and has sent whatever close it needs, such as 1003 for a binary
+	// frame, 1007 for invalid UTF-8 or 1009 past the read limit.
 	Read() ([]byte, error)
 	// SetReadLimit caps the frames Read returns, in bytes.
 	SetReadLimit(n int64)
-	// Send writes frames in order, each a WebSocket frame, or, joined,
-	// runs of them joined by newlines in one frame; a write fails once
-	// the peer took none of it for WriteTimeout. A message frame whose
-	// expires_at has passed when its turn comes is dropped (wire.Expired).
+	// Send writes frames in order, each a WebSocket frame or, joined,
+	// runs of them joined by newlines in one; it fails once the peer
+	// took none of it for WriteTimeout. It drops a message frame whose
+	// expires_at has passed (wire.Expired).
 	Send(frames [][]byte, joined bool) error
 	// Ping pings the peer and waits for its pong, or for ctx to end.
 	Ping(ctx context.Context) error
@@ -581,19 +576,17 @@ type Socket interface {
 }
 
 // wakeups are the writers a connection's reader owes a start
-// (queue.Wakeups): wake.Owe(outbox) owes its writer one (a nil wakeups
-// starts it at once), and wake.Start starts them all, as the reader does
-// before it reads its socket: a burst of publishes reaches each
-// subscriber in one write.
+// (queue.Wakeups): wake.Owe(outbox) owes one (a nil wakeups starts it at
+// once), and wake.Start, which the reader calls before it reads, starts
+// them all: a burst of publishes reaches each subscriber in one write.
 type wakeups = queue.Wakeups
 
 // outbox is a connection's frames for its writer, at most a bound of
-// bytes (queue.Outbox; The queues, a detail, says how it keeps its
-// memory). newOutbox(limit, write, b.writers) makes one whose writer,
-// write, runs on b.writers. Push queues frames, all or none, and starts
-// the writer if none runs; PushWithin queues within a lower bound and
-// owes the start to a wakeups; Take hands the writer every frame
-// queued, in order, and none once it is to exit, when recycle(frames)
+// bytes (queue.Outbox). newOutbox(limit, write, b.writers) makes one
+// whose writer, write, runs on b.writers. Push queues frames, all or
+// none, and starts the writer if none runs; PushWithin queues within a
+// lower bound and owes the start to a wakeups; Take hands the writer
+// every frame queued, and none once it is to exit; recycle(frames)
 // takes its array back.
 type outbox = queue.Outbox
 
@@ -606,29 +599,24 @@ type workers = queue.Workers
 
 // fifo is a queue of Ts (queue.Queue), taken from the front without
 // copying: Live lists the items, oldest first; Insert puts one at a
-// place, at the back usually; Remove drops a run of them, and Drop those
-// that match.
+// place; Remove drops a run of them, and Drop those that match.
 type fifo[T any] = queue.Queue[T]
 
 // notify signals ch, a channel of capacity one, without waiting: a
 // signal already pending says the same (queue.Notify).
 var notify = queue.Notify
 
-// commitLog is the committer, b.log (package groupcommit): one goroutine
-// that writes what is queued in one transaction and one sync, taking a
-// batch at once when someone waits for it, or after 5 ms of company.
+// commitLog is the committer, b.log (package groupcommit):
 //
 //   - b.log.Admit(size, urgent, done, beforeWait) waits for room in the
-//     queue, which holds at most 8,192 messages and 2 MiB (an eighth
-//     more if urgent: QoS 1), and takes it; b.log.GiveBack returns
-//     unused room.
+//     queue, at most 8,192 messages and 2 MiB (an eighth more if urgent:
+//     QoS 1), and takes it; b.log.GiveBack returns unused room.
 //   - b.log.Append(m) queues m and returns the outcome done once m is
 //     on disk, or failed. b.log.Barrier() returns the outcome of
 //     everything queued so far.
 //   - b.log.Stop() commits what is queued and ends.
 //
-// The details queue trims, cursor moves and stored heads the same way,
-// each saying so where it does.
+// The details queue trims, cursor moves and stored heads the same way.
 type commitLog = groupcommit.Log[*Message]
 
 // # Connecting and authenticating
@@ -647,66 +635,55 @@ type commitLog = groupcommit.Log[*Message]
 // goroutine as noted; those below are shared and guarded by mu.
 type connection struct {
 	broker *Broker
-	// ws is the client's WebSocket (Socket, in the machine room).
-	ws Socket
-	// wake owes the writers that this reader's publishes filled a start,
-	// once it is about to read or wait (see wakeups).
+	ws     Socket
+	// wake owes the writers that this reader's publishes filled a start.
 	wake wakeups
 	// remote is the peer's address, for logs; id numbers the connection
-	// in x-ray events. bearer is a token from the upgrade request's
-	// Authorization header, which stands for the auth frame.
+	// for the x-ray. bearer is a token from the upgrade's Authorization
+	// header, which stands for the auth frame.
 	remote string
 	id     uint64
 	bearer string
-	// session is what the session keeps beyond the token's claims: the
-	// token's and the pings' timers, and the publish rate's limiter
-	// (Tokens, a detail).
+	// session is what the Tokens detail keeps: timers and a rate limiter.
 	session
 
-	// subject is the token's subject, and client the name the client gave
-	// in its auth frame; both set at auth under mu, then read-only.
+	// subject is the token's subject and client the name given in the
+	// auth frame, set at auth; claims are the token's grants (Claims,
+	// in Tokens), the reader's alone.
 	subject, client string
-	// claims are the token's grants (Claims, in Tokens); the reader
-	// goroutine's alone.
-	claims *Claims
-	// retries fires when the earliest of unacked is due, retryAt (Retries
-	// and dead letters); nil until the first QoS 1 delivery. Both are
-	// guarded by mu.
+	claims          *Claims
+	// retries fires when the earliest unacked delivery is due, at
+	// retryAt; nil until the first QoS 1 delivery; guarded by mu.
 	retries *time.Timer
 	retryAt time.Time
-	// batch is set when the client opted into several objects a frame;
-	// the reader's alone.
+	// batch is set when the client opted into several objects a frame.
 	batch bool
 	// outbox queues frames for the writer, at most OutboxBytes. A nil
-	// frame, which c.closeWith queues (Tokens), tells the writer to close
-	// with closeCode and closeWhy.
+	// frame (c.closeWith, Tokens) tells the writer to close with
+	// closeCode and closeWhy.
 	outbox    *outbox
 	closeCode websocket.StatusCode
 	closeWhy  string
-	// room is signalled when the writer takes the outbox's frames or an
-	// ack frees part of the in-flight window; a waiting replayer, or a
-	// reply, takes it.
+	// room is signalled when the writer takes frames or an ack frees
+	// part of the in-flight window: a waiting replayer or reply takes it.
 	room chan struct{}
 	// done is closed, by end, when the reader returns or the writer
-	// fails: every goroutine working for the connection ends with it,
-	// the reader too if it was waiting to queue a confirm or a publish.
+	// fails: every goroutine working for the connection ends with it.
 	done  chan struct{}
 	ended sync.Once
 	// confirms carries QoS 1 confirms, in publish order, to the
-	// confirmer; nil until the first QoS 1 publish.
+	// confirmer (Confirms); nil until the first QoS 1 publish.
 	confirms chan confirm
-	// closing is set by the first close of any kind, so that the first
-	// reason wins and later ones are quiet.
+	// closing is set by the first close of any kind: its reason wins.
 	closing atomic.Bool
 
 	// mu guards the tables below. It is never held while writing.
 	mu sync.Mutex
 	// subscriptions maps each filter to the connection's subscription.
 	subscriptions map[string]*subscription
-	// unacked holds the QoS 1 deliveries this connection owes acks for,
-	// by topic, each topic's in seq order; inflight counts them all,
-	// against MaxInflight, and inflightBytes their sizes, against
-	// MaxInflightBytes.
+	// unacked holds the QoS 1 deliveries owed acks, by topic, each in
+	// seq order; inflight counts them, against MaxInflight, and
+	// inflightBytes their sizes, against MaxInflightBytes.
 	unacked                 map[string]*pendingQueue
 	inflight, inflightBytes int
 }

@@ -28,8 +28,9 @@ package socket
 // is answered with 1002, and one whose reason is not UTF-8 with 1007
 // (sections 5.5.1, 7.1.5 and 7.4). Anything else wrong closes the
 // socket with the code the RFC names: 1002 for a broken frame, 1003 for
-// a binary one, 1007 for text that is not UTF-8, 1009 for one over the
-// limit.
+// a binary one, 1007 for text that is not UTF-8 (encoding/json would
+// replace the bad bytes, and a payload would not be what its publisher
+// sent), 1009 for one over the limit.
 
 import (
 	"encoding/binary"
