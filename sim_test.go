@@ -57,10 +57,19 @@ func TestSimulation_PromisesHoldUnderFaults(t *testing.T) {
 			seeds = append(seeds, seed+1)
 		}
 	}
+	// The bursts past the bound must have been refused somewhere, or the
+	// check of the bound judged nothing.
+	pastBound := 0
+	defer func() {
+		if !t.Failed() && pastBound == 0 {
+			t.Error("no delayed burst was refused past its bound")
+		}
+	}()
 	for _, seed := range seeds {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				report, err := simulate(t, seed)
+				pastBound += report.Refused["delayed_limit"]
 				if *simSeed != 0 {
 					t.Logf("seed %d:\n%s", seed, report)
 				}
@@ -79,7 +88,16 @@ const simRun = 20 * time.Second
 // simOptions are the simulated broker's: retries within the run, and a
 // log that keeps every message, so that the final log is the whole run.
 var simOptions = Options{AckTimeout: time.Second, MaxMessages: 1 << 20,
-	TTL: 24 * time.Hour}
+	TTL: 24 * time.Hour, FeatureOptions: FeatureOptions{
+		MaxDelayed: simMaxDelayed}}
+
+// simMaxDelayed bounds the delayed messages waiting for each topic and
+// each token: about three times what a topic's publishers have waiting,
+// and less than a burst (simBurst).
+const simMaxDelayed = 64
+
+// simBurst is how many delayed values one burst sends at once.
+const simBurst = 80
 
 // world is one schedule's broker, disk and network.
 type world struct {
@@ -110,10 +128,11 @@ func simulate(t *testing.T, seed uint64) (chaos.Report, error) {
 	// The workload: two topics, three publishers, and on each topic a
 	// durable subscriber (with a wildcard beside), a plain one, and a
 	// work queue of two members (one with a wildcard beside), whose
-	// sessions are narrowed now and then; and a client that subscribes
-	// and unsubscribes in turn to jobs and to the new topics the nemesis
+	// sessions are narrowed now and then; a client that subscribes and
+	// unsubscribes in turn to jobs and to the new topics the nemesis
 	// will make, so that the broker forgets them and makes them again
-	// beside their first publishes.
+	// beside their first publishes; and bursts of delayed values past
+	// the bound on what waits, to a third topic.
 	topics := []string{"jobs", "chat"}
 	stop := make(chan struct{})
 	var publishers, subscribers sync.WaitGroup
@@ -156,6 +175,13 @@ func simulate(t *testing.T, seed uint64) (chaos.Report, error) {
 		}
 	}
 
+	// Bursts of delayed values past the bound, on a topic of their own:
+	// each is confirmed up to the bound, and refused past it.
+	burst := w.client("burst")
+	publishers.Go(func() {
+		burst.Burst(ctx, stop, "later", simBurst, simMaxDelayed)
+	})
+
 	// A durable name begun with new messages only, a second in, and left
 	// before anything came: resumed, it starts where it began.
 	begin := w.client("b-chat")
@@ -172,13 +198,14 @@ func simulate(t *testing.T, seed uint64) (chaos.Report, error) {
 	publishers.Wait()
 	drain := w.client("drain")
 	drain.Token = w.operatorToken()
-	for _, topic := range append(topics, fresh...) {
+	read := append([]string{"later"}, append(topics, fresh...)...)
+	for _, topic := range read {
 		if err := drain.Mark(ctx, topic, "end-"+topic); err != nil {
 			return chaos.Report{}, err
 		}
 	}
 	subscribers.Wait()
-	for _, topic := range append(topics, fresh...) {
+	for _, topic := range read {
 		if err := drain.ReadLog(ctx, topic, "end-"+topic); err != nil {
 			return chaos.Report{}, err
 		}

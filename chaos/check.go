@@ -23,8 +23,9 @@ type Report struct {
 	// DeadLettered counts the dead letters read after the run; Nakked
 	// the deliveries handed back with a nak.
 	DeadLettered, Nakked int
-	// Faults counts the faults by kind.
-	Faults map[string]int
+	// Faults counts the faults by kind; Refused the refused publishes by
+	// error code.
+	Faults, Refused map[string]int
 }
 
 // Line is one invariant: how often it was broken, and a few examples.
@@ -71,6 +72,13 @@ func (r Report) String() string {
 	}
 	fmt.Fprintf(&b, "faults: %s\n", cmp.Or(strings.Join(faults, ", "),
 		"none"))
+	if len(r.Refused) > 0 {
+		var refused []string
+		for _, code := range slices.Sorted(maps.Keys(r.Refused)) {
+			refused = append(refused, fmt.Sprint(code, " ", r.Refused[code]))
+		}
+		fmt.Fprintf(&b, "refused: %s\n", strings.Join(refused, ", "))
+	}
 	for _, l := range r.Lines {
 		verdict := "ok"
 		if l.Violations > 0 {
@@ -116,7 +124,7 @@ type place struct {
 // topics ($dead/…) are not the workload's: only their dead letters
 // count, for the durable subscribers they name.
 func Check(h *History) Report {
-	r := Report{Faults: map[string]int{}}
+	r := Report{Faults: map[string]int{}, Refused: map[string]int{}}
 	h = h.workload()
 	attempted := map[key]string{}
 	for _, a := range h.Attempts {
@@ -158,6 +166,9 @@ func Check(h *History) Report {
 	for _, f := range h.Faults {
 		r.Faults[f.Kind]++
 	}
+	for _, refusal := range h.Refusals {
+		r.Refused[refusal.Code]++
+	}
 	r.Lines = []Line{
 		checkConfirmed(h, stored),
 		checkConfirmedSeqs(h, stored),
@@ -174,6 +185,7 @@ func Check(h *History) Report {
 		checkDeadOnce(h),
 		checkExpired(h),
 		checkDue(h),
+		checkBounded(h),
 		checkAnswered(h),
 		checkHealed(h),
 	}
@@ -810,6 +822,64 @@ func checkDue(h *History) Line {
 	return l
 }
 
+// checkBounded: a delayed publish to a topic with a bound (History.Bounds, the
+// broker's --max-delayed) is refused, not confirmed, while the bound is waiting
+// there. The checker cannot see what waits, only what surely did: a value
+// confirmed waits, from when the broker took it, until it is due, no sooner
+// than delay after it was first sent (less the millisecond the broker's clock
+// drops, as due times are in ms). The broker took a value after it was first
+// sent and before its confirm, and took the values of one run (Attempt.Run) in
+// the order they were sent. So a value confirmed while the bound, or more, of
+// those taken before it (confirmed before it was first sent, or sent before it
+// in its run) were not yet due at its confirm was taken past the bound. A
+// repeat (confirmed as a duplicate) takes no room, and is not held to it.
+func checkBounded(h *History) Line {
+	l := Line{Invariant: "a topic's delayed messages wait within its bound"}
+	type sending struct {
+		at       time.Time // first sent
+		run, nth int       // its run, and its place among the attempts
+	}
+	first := map[key]sending{}
+	for i, a := range h.Attempts {
+		k := key{a.Topic, a.ID}
+		if _, seen := first[k]; a.Delayed && !seen && h.Bounds[a.Topic] > 0 {
+			first[k] = sending{a.At, a.Run, i}
+		}
+	}
+	// Each topic's first confirms, in the order they came.
+	confirms, seen := map[string][]Confirm{}, map[key]bool{}
+	for _, c := range h.Confirms {
+		k := key{c.Topic, c.ID}
+		if _, held := first[k]; held && c.Delayed && !c.Duplicate && !seen[k] {
+			confirms[c.Topic] = append(confirms[c.Topic], c)
+		}
+		seen[k] = true
+	}
+	wait := time.Duration(delay) * time.Millisecond
+	for _, topic := range slices.Sorted(maps.Keys(confirms)) {
+		list, bound := confirms[topic], h.Bounds[topic]
+		for i, x := range list {
+			sx, waiting := first[key{topic, x.ID}], 0
+			// Only one confirmed within delay before x's may still wait.
+			for j := i - 1; j >= 0 && list[j].At.Add(wait).After(x.At); j-- {
+				sy := first[key{topic, list[j].ID}]
+				before := list[j].At.Before(sx.at) ||
+					sx.run != 0 && sy.run == sx.run && sy.nth < sx.nth
+				if before && sy.at.Add(wait-time.Millisecond).After(x.At) {
+					waiting++
+				}
+			}
+			if waiting >= bound {
+				l.mark(topic, x.ID, 0)
+				l.violation("%s %s: confirmed at %s while %d delayed values "+
+					"taken before it were not yet due: bound %d", topic,
+					x.ID, x.At.Format("15:04:05.000"), waiting, bound)
+			}
+		}
+	}
+	return l
+}
+
 // slowedBetween reports whether a fault that delays without ending a
 // connection (a paused broker, a stalled network, a client that stopped
 // reading) was in force at some moment from start to end.
@@ -938,7 +1008,8 @@ func (h *History) workload() *History {
 	own := func(topic string) bool { return strings.HasPrefix(topic, "$") }
 	w := &History{Subscriptions: h.Subscriptions, Faults: h.Faults,
 		Final: h.Final, DeadLetters: h.DeadLetters, Refusals: h.Refusals,
-		Stalls: h.Stalls, Acks: h.Acks, FinalReads: h.FinalReads}
+		Stalls: h.Stalls, Acks: h.Acks, FinalReads: h.FinalReads,
+		Bounds: h.Bounds}
 	for _, a := range h.Attempts {
 		if !own(a.Topic) {
 			w.Attempts = append(w.Attempts, a)

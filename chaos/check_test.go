@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -527,5 +528,72 @@ func TestCheck_ADelayedValueComesWhenDueAtItsOwnPlace(t *testing.T) {
 	got := violated(Check(h))
 	if len(got) == 0 || got[0] != "every confirmed value is in the final log" {
 		t.Fatalf("a delayed value never sent: broken %v", got)
+	}
+}
+
+func TestCheck_ADelayedBurstPastItsBoundIsCaught(t *testing.T) {
+	const bounded = "a topic's delayed messages wait within its bound"
+	// later holds two delayed values at most; each is confirmed 10 ms
+	// after it is sent, and sent 10 ms after the last confirm.
+	burst := func(n int, gap time.Duration) *History {
+		h := &History{}
+		h.Bounded("later", 2)
+		at := time.UnixMilli(1_000_000)
+		for i := range n {
+			id := fmt.Sprint("b-", i+1)
+			h.Attempts = append(h.Attempts, Attempt{Publisher: "b",
+				Topic: "later", ID: id, Value: id, Delayed: true, At: at})
+			at = at.Add(10 * time.Millisecond)
+			h.Confirms = append(h.Confirms, Confirm{Publisher: "b",
+				Topic: "later", ID: id, Seq: uint64(i + 1), Delayed: true,
+				At: at})
+			at = at.Add(gap)
+		}
+		return h
+	}
+	if got := violated(Check(burst(2, 10*time.Millisecond))); slices.Contains(
+		got, bounded) {
+		t.Fatalf("two delayed values under a bound of two: broken %v", got)
+	}
+	r := Check(burst(3, 10*time.Millisecond))
+	if got := violated(r); !slices.Contains(got, bounded) {
+		t.Fatalf("a third confirmed while two waited: broken %v", got)
+	}
+	if l := r.Lines[slices.IndexFunc(r.Lines, func(l Line) bool {
+		return l.Invariant == bounded
+	})]; l.Violations != 1 || !strings.Contains(l.Examples[0], "b-3") {
+		t.Fatalf("want b-3 alone:\n%s", r)
+	}
+
+	// The first two fell due before the third was confirmed.
+	if got := violated(Check(burst(3, delay*time.Millisecond))); slices.
+		Contains(got, bounded) {
+		t.Fatalf("a third sent once the first two were due: broken %v", got)
+	}
+
+	// A repeat of one that waits takes no room.
+	h := burst(3, 10*time.Millisecond)
+	h.Confirms[2].Duplicate = true
+	if got := violated(Check(h)); slices.Contains(got, bounded) {
+		t.Fatalf("a repeat held to the bound: broken %v", got)
+	}
+
+	// Three sent at once, then confirmed: in one run the broker took the
+	// third after the first two; on three connections it may have taken
+	// them side by side.
+	h = burst(3, 10*time.Millisecond)
+	for i := range h.Attempts {
+		h.Attempts[i].At = h.Attempts[0].At
+		h.Confirms[i].At = h.Attempts[0].At.Add(
+			time.Duration(i+1) * time.Millisecond)
+	}
+	if got := violated(Check(h)); slices.Contains(got, bounded) {
+		t.Fatalf("sent at once, not in a run: broken %v", got)
+	}
+	for i := range h.Attempts {
+		h.Attempts[i].Run = 1
+	}
+	if got := violated(Check(h)); !slices.Contains(got, bounded) {
+		t.Fatalf("a run's third confirmed while two waited: broken %v", got)
 	}
 }

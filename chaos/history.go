@@ -51,6 +51,9 @@ type History struct {
 	// Acks lists every ack sent, for the checks of a run still going
 	// (Promises).
 	Acks []Ack
+	// Bounds are the topics whose delayed messages a client held to a
+	// bound (Client.Burst), and the bound: the broker's --max-delayed.
+	Bounds map[string]int
 }
 
 // Ack is one ack frame sent for one delivery.
@@ -73,6 +76,10 @@ type Attempt struct {
 	// subscriber, or the final read, gets it. Delayed is set when it
 	// carried a delay_ms: it is due no sooner than that after At.
 	Expiring, Delayed bool
+	// Run, if not 0, numbers the run of publishes it was sent in, all at
+	// once on one connection (Client.Burst): the broker takes a run's
+	// publishes one by one, in the order they were sent.
+	Run int
 }
 
 // Confirm is one "published" reply.
@@ -211,6 +218,16 @@ func (h *History) Refused(r Refusal) {
 	defer h.mu.Unlock()
 	r.At = time.Now()
 	h.Refusals = append(h.Refusals, r)
+}
+
+// Bounded records that topic's delayed messages are held to bound.
+func (h *History) Bounded(topic string, bound int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.Bounds == nil {
+		h.Bounds = map[string]int{}
+	}
+	h.Bounds[topic] = bound
 }
 
 // Stalled records that a probe of the run waited in vain, while nothing

@@ -253,6 +253,8 @@ func (p *publisher) confirmed(f frame) {
 // once it is confirmed: a marker behind everything published before. It
 // waits markerDelay, so that it is sent after every delayed value
 // published before it, even one whose send failed and is tried again.
+// A marker refused (the topic's delayed messages at their bound, say) is
+// sent again a tenth of a second later.
 func (c *Client) Mark(ctx context.Context, topic, id string) error {
 	p := &publisher{Client: c, topic: topic, window: 1,
 		stop: closed, unconfirmed: []string{id}, marker: true}
@@ -263,6 +265,9 @@ func (c *Client) Mark(ctx context.Context, topic, id string) error {
 		}
 		p.session(ctx, ws)
 		ws.CloseNow()
+		if !p.finished() {
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
 	return nil
 }
@@ -331,6 +336,80 @@ func (c *Client) Begin(ctx context.Context, topic, durable,
 			return c.Subscribe(ctx, topic, name, until)
 		}
 	}
+}
+
+// Burst publishes bursts of n values to topic at QoS 1, each delayed by
+// delay and all sent at once on one connection, then waits for their
+// answers and for half a delay more, so that each burst finds the last
+// one's fallen due. Under a bound of fewer than n delayed messages a
+// topic (the broker's --max-delayed, which it records as the topic's
+// bound), each burst is confirmed up to the bound and refused past it
+// (delayed_limit). Values a dropped connection left unanswered are not
+// sent again: the final read says whether they were stored. Once stop
+// is closed it returns, after the last burst's wait, or when ctx ends.
+func (c *Client) Burst(ctx context.Context, stop <-chan struct{},
+	topic string, n, bound int) {
+	c.History.Bounded(topic, bound)
+	made, run := 0, 0
+	for {
+		ws, err := c.connect(ctx)
+		if err != nil {
+			return
+		}
+		run++
+		sent := c.burst(ctx, ws, topic, n, run, &made)
+		ws.CloseNow()
+		if sent {
+			select {
+			case <-time.After(delay * time.Millisecond * 3 / 2):
+			case <-ctx.Done():
+			}
+		}
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		default:
+		}
+	}
+}
+
+// burst sends one burst of n delayed values, the run numbered run,
+// counting them in made, and reads their answers; it reports false if
+// the connection dropped.
+func (c *Client) burst(ctx context.Context, ws *websocket.Conn,
+	topic string, n, run int, made *int) bool {
+	for range n {
+		*made++
+		id := fmt.Sprintf("%s-%d", c.Name, *made)
+		c.History.Sent(Attempt{Publisher: c.Name, Topic: topic, ID: id,
+			Value: id, Delayed: true, Run: run})
+		if send(ctx, ws, map[string]any{"type": "publish", "topic": topic,
+			"payload": id, "qos": 1, "message_id": id,
+			"delay_ms": delay}) != nil {
+			return false
+		}
+	}
+	for answered := 0; answered < n; {
+		f, err := read(ctx, ws)
+		if err != nil {
+			return false
+		}
+		name := strings.TrimPrefix(f.Topic, delayedPrefix)
+		switch {
+		case f.Type == "published":
+			c.History.Confirmed(Confirm{Publisher: c.Name, Topic: name,
+				ID: f.MessageID, Seq: f.Seq, Duplicate: f.Duplicate,
+				Delayed: name != f.Topic})
+			answered++
+		case f.Type == "error" && f.MessageID != "":
+			c.History.Refused(Refusal{c.Name, name, f.MessageID, f.Code,
+				time.Time{}})
+			answered++
+		}
+	}
+	return true
 }
 
 // Churn subscribes to each of topics and unsubscribes again, in turn, a
