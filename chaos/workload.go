@@ -340,8 +340,8 @@ func (c *Client) Begin(ctx context.Context, topic, durable,
 
 // Burst publishes bursts of n values to topic at QoS 1, each delayed by
 // delay and all sent at once on one connection, then waits for their
-// answers and for half a delay more, so that each burst finds the last
-// one's fallen due. Under a bound of fewer than n delayed messages a
+// answers and for a delay and a half more, so that each burst finds the
+// last one's fallen due. Under a bound of fewer than n delayed messages a
 // topic (the broker's --max-delayed, which it records as the topic's
 // bound), each burst is confirmed up to the bound and refused past it
 // (delayed_limit). Values a dropped connection left unanswered are not
