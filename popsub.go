@@ -582,12 +582,13 @@ type Socket interface {
 type wakeups = queue.Wakeups
 
 // outbox is a connection's frames for its writer, at most a bound of
-// bytes (queue.Outbox). newOutbox(limit, write, b.writers) makes one
-// whose writer, write, runs on b.writers. Push queues frames, all or
-// none, and starts the writer if none runs; PushWithin queues within a
-// lower bound and owes the start to a wakeups; Take hands the writer
-// every frame queued, and none once it is to exit; recycle(frames)
-// takes its array back.
+// bytes (queue.Outbox; The queues, a detail, says how it keeps its
+// memory). newOutbox(limit, write, b.writers) makes one whose writer,
+// write, runs on b.writers. Push queues frames, all or none, and starts
+// the writer if none runs; PushWithin queues within a lower bound and
+// owes the start to a wakeups; Take hands the writer every frame
+// queued, and none once it is to exit; recycle(frames) takes its array
+// back.
 type outbox = queue.Outbox
 
 // newOutbox and recycle make an outbox and take back a writer's array.
@@ -648,8 +649,8 @@ type connection struct {
 	session
 
 	// subject is the token's subject and client the name given in the
-	// auth frame, set at auth; claims are the token's grants (Claims,
-	// in Tokens), the reader's alone.
+	// auth frame, set at auth under mu, then read-only; claims are the
+	// token's grants (Claims, in Tokens), the reader's alone.
 	subject, client string
 	claims          *Claims
 	// retries fires when the earliest unacked delivery is due, at
