@@ -657,7 +657,8 @@ type connection struct {
 	// retryAt; nil until the first QoS 1 delivery; guarded by mu.
 	retries *time.Timer
 	retryAt time.Time
-	// batch is set when the client opted into several objects a frame.
+	// batch is set when the client opted into several objects a frame;
+	// the reader's alone.
 	batch bool
 	// outbox queues frames for the writer, at most OutboxBytes. A nil
 	// frame (c.closeWith, Tokens) tells the writer to close with
@@ -669,7 +670,8 @@ type connection struct {
 	// part of the in-flight window: a waiting replayer or reply takes it.
 	room chan struct{}
 	// done is closed, by end, when the reader returns or the writer
-	// fails: every goroutine working for the connection ends with it.
+	// fails: every goroutine working for the connection ends with it,
+	// the reader too if it was waiting to queue a confirm or a publish.
 	done  chan struct{}
 	ended sync.Once
 	// confirms carries QoS 1 confirms, in publish order, to the
