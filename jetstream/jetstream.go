@@ -898,10 +898,12 @@ func (l *Log) Read(topic string, after uint64, limit,
 	s := l.stream(topic)
 	// A message being fed is the broker's already, and what it does with
 	// it may read it back before fed moves: a delayed record its feed
-	// scheduled, falling due at once, was read as gone. Wait for the
-	// feed rather than answer that it is not there.
-	if feeding := s.feeding.Load(); after < feeding &&
-		s.fed.Load() < feeding {
+	// scheduled, falling due at once, was read as gone. A read that would
+	// find nothing short of it waits for the feed rather than answer that
+	// it is not there; one that finds messages before it returns them, as
+	// a replay catching up does while the feed runs.
+	if feeding := s.feeding.Load(); after >= s.fed.Load() &&
+		after < feeding {
 		l.awaitFed(s, feeding)
 	}
 	fed := s.fed.Load()
