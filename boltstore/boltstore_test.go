@@ -328,3 +328,45 @@ func TestBoltStore_IndexesWhatWaits(t *testing.T) {
 		t.Fatalf("Waiting after the index was made again = %d %v", seq, ok)
 	}
 }
+
+// BenchmarkCursors_DiskPerName reports what a durable name keeps on disk
+// once its subscription has ended: the file's growth for 20,000 names'
+// cursors (subject, name and topic, as a durable key joins them),
+// committed a hundred at a time as a busy committer would, divided by
+// 20,000. Nothing deletes a cursor (docs/security.md).
+func BenchmarkCursors_DiskPerName(b *testing.B) {
+	const names = 20000
+	for b.Loop() {
+		path := filepath.Join(b.TempDir(), "log.db")
+		store, err := Open(path, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		store.db.NoSync = true
+		before := fileSize(b, path)
+		for i := 0; i < names; i += 100 {
+			batch := &popsub.Batch{Cursors: map[string]uint64{}}
+			for j := i; j < i+100; j++ {
+				key := "alice\x00name-" + strconv.Itoa(j) + "\x00dur/t"
+				batch.Cursors[key] = uint64(j)
+			}
+			if err := store.Commit(batch); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := store.Close(); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(fileSize(b, path)-before)/names,
+			"file-B/name")
+	}
+}
+
+// fileSize is the size of the file at path.
+func fileSize(b *testing.B, path string) int64 {
+	info, err := os.Stat(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return info.Size()
+}
