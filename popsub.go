@@ -484,10 +484,10 @@ func (b *Broker) connectionList() []*connection {
 // committer, gathers everything queued since its last sync (appends,
 // trims, cursor moves) into one transaction and one sync: group commit. A
 // batch nobody waits for (no QoS 1 confirm, no barrier) waits up to 20 ms
-// for company, so QoS 0 traffic costs at most some fifty syncs a second,
-// not one a message. The disk sits behind Store, five methods, so that
-// another engine can replace it (SharedLog adds three for a log shared by
-// several brokers).
+// for company, so a trickle of QoS 0 costs some fifty syncs a second at
+// most, not one a message. The disk sits behind Store, five methods, so
+// that another engine can replace it (SharedLog adds three for a log
+// shared by several brokers).
 //
 // Two moments in a message's life matter: it gets its seq, and its batch
 // is synced. Deliveries leave at the first, confirms at the second. A
