@@ -1,6 +1,6 @@
 // Package popsub is a small publish/subscribe broker that speaks JSON over
-// WebSocket: its first reading is the article's broker done right, and it
-// is careful enough to run for demos and small deployments at the edge.
+// WebSocket: the article's broker done right, careful enough to run for
+// demos and small deployments at the edge.
 //
 // It rebuilds the original PopSub (written in Rust) and goes further where
 // that one stopped: per-subscriber acks and retries, topics as logs with
@@ -9,46 +9,39 @@
 //
 // # What it promises
 //
-//   - QoS 0 is at most once; QoS 1 is at least once, per subscriber, for as
-//     long as the subscriber stays connected (or, with a durable name,
-//     across reconnects and restarts). Subscribers must tolerate duplicates.
+//   - QoS 0 is at most once; QoS 1 is at least once, per subscriber, while
+//     it stays connected (with a durable name, across reconnects and
+//     restarts). Subscribers must tolerate duplicates.
 //   - Within a topic, every subscriber sees messages in seq order, replay
 //     first and live after, with no gap and no duplicate at the hand-over.
-//   - A message is delivered as soon as it has its seq, before the disk
-//     has it; a QoS 1 publish is confirmed once it is on disk, so a
-//     confirmed message survives kill -9 and power loss. After a crash,
-//     seqs go on past any a subscriber may have seen: none is reused.
+//   - A message is delivered once it has its seq; a QoS 1 publish is
+//     confirmed once it is on disk, so it survives kill -9 and power
+//     loss. No seq is reused after a crash.
 //   - Memory is bounded under any burst. A subscriber is cut off (4008)
-//     only when it fails to drain: its socket takes nothing for a write
-//     timeout. One that reads, but is overtaken by more than the log
-//     keeps, is told what it missed ("skipped") and goes on.
+//     only when its socket takes nothing for a write timeout; one that
+//     reads but is overtaken by more than the log keeps is told what it
+//     missed ("skipped").
 //
-// On its own it does not replicate, order messages across topics, or
-// speak TLS. Several brokers can share one log on NATS JetStream (the
-// SharedLog seam; package jetstream), so that clients reach any of them;
-// docs/ says where to go beyond that.
+// It does not replicate, order messages across topics, or speak TLS.
+// Several brokers can share one log on NATS JetStream (SharedLog).
 //
 // # Reading path
 //
 // The broker's behaviour is this file, about 2,800 lines of code, 1,100
 // of them on the first reading, which takes about 3.5 hours at 150 words
 // of prose and 8 lines of code a minute, 5 where the code locks, starts
-// a goroutine or selects. You follow a message from the options and
-// frames to shutdown. Sections marked "(detail)" may be skipped: the
-// first reading calls one through a hook it declares with its contract
-// in a line (b.leaf, the rules and kinds of frame), or says in a line
-// beside the call what it does. The page at /source folds them away,
-// and shows the machine room's packages after this file.
+// a goroutine or selects. It follows a message from the options to
+// shutdown. Sections marked "(detail)" may be skipped: the first reading
+// calls each through a hook it declares, with its contract in a line.
 //
 // # Goroutines
 //
 // Per connection: the reader; a writer while frames are queued; a
 // confirmer once it publishes at QoS 1; a replayer per subscription
-// while it catches up; and, for a moment when one of its timers fires
-// (its retries, its pings, its token's expiry), that timer's work. Per
-// broker: the delayed-delivery and retention loops, the x-ray's events
-// loop and the log's committer, and up to 64 writers' goroutines kept a
-// second after their writer finished, for the next (queue.Workers).
+// while it catches up; and a timer's work while it runs. Per broker: the
+// delayed-delivery and retention loops, the x-ray's loop, the committer,
+// and up to 64 writers' goroutines kept a second for the next writer
+// (queue.Workers).
 //
 // # A session
 //
@@ -260,9 +253,9 @@ func errorReply(code, text string) reply {
 
 // # The broker and its topics
 //
-// The original kept all its state in one struct behind one mutex, so a
-// slow operation anywhere held up every client. Here the state is a few
-// tables, each behind its own lock:
+// The original kept all its state behind one mutex, so a slow operation
+// anywhere held up every client. Here the state is a few tables, each
+// behind its own lock:
 //
 //	Broker.topics      name → topic: head seq, index of the log, subscribers
 //	Broker.wildcards   the + and # subscriptions, live only (Topic rules)
@@ -271,11 +264,11 @@ func errorReply(code, text string) reply {
 //	                   in seq order: the retry timer's table
 //	connection.outbox  the frames its writer has yet to send
 //
-// The broker's lock guards its maps, and only for look-ups, never across
-// I/O; each topic's lock guards its seq counter and its subscribers, and
-// each connection's the acks it owes, so publishers to different topics
-// never wait for each other. When two locks are held, the order is topic,
-// then broker or connection, then the log committer's.
+// The broker's lock guards its maps, for look-ups, never across I/O; each
+// topic's lock guards its seq counter and subscribers, and each
+// connection's the acks it owes, so publishers to different topics never
+// wait for each other. Lock order: topic, then broker or connection, then
+// the committer's.
 
 // Broker routes messages between WebSocket clients. Create one with New,
 // serve it as an http.Handler, and stop it with Shutdown.
@@ -479,47 +472,38 @@ func (b *Broker) connectionList() []*connection {
 //
 // Every message, of any QoS, is appended to its topic's log, the one
 // thing that must survive a crash. The original wrote each message to
-// disk on the publisher's path, and one sync per message caps a broker
-// near two thousand publishes a second. Here one goroutine, the
-// committer, gathers everything queued since its last sync (appends,
-// trims, cursor moves) into one transaction and one sync: group commit. A
-// batch nobody waits for (no QoS 1 confirm, no barrier) waits up to 20 ms
-// for company, so a trickle of QoS 0 costs some fifty syncs a second at
-// most, not one a message. The disk sits behind Store, five methods, so
-// that another engine can replace it (SharedLog adds three for a log
-// shared by several brokers).
+// disk on the publisher's path: one sync per message caps a broker near
+// two thousand publishes a second. Here one goroutine, the committer,
+// gathers everything queued since its last sync (appends, trims, cursor
+// moves) into one transaction and one sync: group commit. A batch nobody
+// waits for (no QoS 1 confirm) waits up to 20 ms for company, so a
+// trickle of QoS 0 costs some fifty syncs a second, not one a message.
 //
 // Two moments in a message's life matter: it gets its seq, and its batch
 // is synced. Deliveries leave at the first, confirms at the second. A
-// crash, of the process or of the machine, can then cost a subscriber
-// only messages nobody confirmed: it may have seen one the log lost,
-// whose publisher sends it again (with a new seq) or, at QoS 0, never
-// will. What it must never see is one seq given to two messages, or its
-// "after" would skip the second. So seqs are reserved on disk in blocks
-// before they are used, and after a crash a topic starts past its last
-// block: past any seq that can have been seen.
+// crash can then cost a subscriber only messages nobody confirmed. What
+// it must never see is one seq given to two messages, or its "after"
+// would skip the second. So seqs are reserved on disk in blocks before
+// they are used, and after a crash a topic starts past its last block.
 //
-// The alternatives cost more. Waiting for the sync put a millisecond or
-// two on every delivery; a log of our own, written before bbolt to mark
-// a batch "written" apart from "synced", buys kill -9 what a machine's
-// power loss would still cost, for a second file and its recovery; and
-// bbolt's NoSync with a later sync is not safe at all, as its pages may
-// reach the disk in any order. The committer (b.log) and the store are
-// machinery, whose contracts are the next section; the reservations are
-// a detail, called through two hooks (leaves).
+// Waiting for the sync before delivering put a millisecond or two on
+// every delivery; a write-ahead file of our own would add a second file
+// and its recovery; bbolt's NoSync with a later sync is not safe, as its
+// pages may reach the disk in any order. The committer (b.log) and the
+// store are machinery, whose contracts are the next section; the
+// reservations are a detail, called through two hooks (leaves).
 
 // # The machine room
 //
 // The broker's behaviour is this file; the machinery under it is not. As
-// the original PopSub split its transport, broker and persistence into
+// the original PopSub split transport, broker and persistence into
 // crates, the parts whose work is how, not what, live in packages: the
-// disk (boltstore, or jetstream for a log shared by several brokers),
-// group commit (groupcommit), the WebSocket (socket, and poller for a
-// quiet one), passwords and tokens (login), the x-ray's queue (xray) and
-// our tables' queues (queue). The first reading reaches them only
-// through the declarations below, each with its contract; one that only
-// a detail uses is declared there. This file imports no storage engine,
-// and builds for a browser (GOOS=js).
+// disk (boltstore; jetstream for a shared log), group commit
+// (groupcommit), the WebSocket (socket, poller), passwords and tokens
+// (login), the x-ray's queue (xray) and our tables' queues (queue). The
+// first reading reaches them only through the declarations below, each
+// with its contract. This file imports no storage engine, and builds for
+// a browser (GOOS=js).
 
 // Store keeps topic logs and durable cursors, safe for concurrent use;
 // a Commit is durable when it returns.
@@ -582,13 +566,12 @@ type Socket interface {
 type wakeups = queue.Wakeups
 
 // outbox is a connection's frames for its writer, at most a bound of
-// bytes (queue.Outbox; The queues, a detail, says how it keeps its
-// memory). newOutbox(limit, write, b.writers) makes one whose writer,
-// write, runs on b.writers. Push queues frames, all or none, and starts
-// the writer if none runs; PushWithin queues within a lower bound and
-// owes the start to a wakeups; Take hands the writer every frame
-// queued, and none once it is to exit; recycle(frames) takes its array
-// back.
+// bytes (queue.Outbox). newOutbox(limit, write, b.writers) makes one
+// whose writer, write, runs on b.writers. Push queues frames, all or
+// none, and starts the writer if none runs; PushWithin queues within a
+// lower bound and owes the start to a wakeups; Take hands the writer
+// every frame queued, and none once it is to exit; recycle(frames) takes
+// its array back.
 type outbox = queue.Outbox
 
 // newOutbox and recycle make an outbox and take back a writer's array.
@@ -752,12 +735,10 @@ func (b *Broker) register(c *connection) bool {
 	return true
 }
 
-// unregister takes c apart once its client has left: it removes c and
-// everything it subscribed to, and closes its socket. Its unacked
-// deliveries go with it: a durable subscription replays them on resume,
-// an ordinary one has nobody left to deliver them to. Closing done first
-// stops the confirmer before the subscriptions it works for are taken
-// apart, and each replayer stops as b.unsubscribe cancels its own.
+// unregister takes c apart once its client has left: its subscriptions,
+// its entry and its socket. Its unacked deliveries go with it: a durable
+// subscription replays them on resume. Closing done first stops the
+// confirmer before the subscriptions it works for are taken apart.
 func (b *Broker) unregister(c *connection) {
 	// Start the writers c owes; stop its timers, which hold c alive.
 	c.wake.Start()
@@ -1008,14 +989,12 @@ func (s *subscription) ended() bool {
 }
 
 // subscribeTopic subscribes to an exact topic: reply, replay, then live.
-// The topic is pinned until the new subscription, s, ends
-// (leaves.pinTopic). The reply is queued before the replayer starts, so
-// the client hears "subscribed" before any message of s; with nothing to
-// replay, s turns live before the reader reads the next frame, so a
-// publish that follows on the same connection is delivered before it is
-// confirmed. A durable name's stored position wins over after: c.resume
-// sets f.After, or reports false when the store failed, the client told
-// why (Durable subscriptions).
+// The topic is pinned until s ends (leaves.pinTopic). The client hears
+// "subscribed" before any message of s; with nothing to replay, s turns
+// live before the reader reads on, so a publish that follows on the same
+// connection is delivered before it is confirmed. A durable name's stored
+// position wins over after: c.resume sets f.After, or reports false when
+// the store failed, the client told why (Durable subscriptions).
 func (c *connection) subscribeTopic(f frame) {
 	b, t := c.broker, c.broker.leaf.pinTopic(f.Topic)
 	s := c.newSubscription(f.Topic, t, f.Durable)
@@ -1161,11 +1140,9 @@ var publishRules []func(c *connection, m *Message, f frame) reply
 
 // publish answers a publish frame. A refusal names the publisher's
 // message_id, so a client with many publishes in flight knows which one
-// it was. While the log's queue is full the reader waits, reading no
-// further frames. It does not wait for the disk: c.confirm hands the
-// confirm to the confirmer (Confirms, a detail), which sends it once the
-// message is on disk, so one connection can have many publishes in
-// flight, sharing one sync.
+// it was. It does not wait for the disk: c.confirm hands the confirm to
+// the confirmer (Confirms, a detail), which sends it once the message is
+// on disk, so one connection's publishes in flight share one sync.
 func (c *connection) publish(f frame) {
 	m, problem := newMessage(f, c.subject)
 	for _, rule := range publishRules {
@@ -1209,15 +1186,12 @@ func newMessage(f frame, publisher string) (*Message, reply) {
 }
 
 // publish waits for room in the log's queue, then sequences m, queues it
-// for the log and fans it out to live subscribers. It returns m's seq,
-// whether m repeated a QoS 1 message_id the topic still remembers, and
-// the outcome that says when m is durable; a nil outcome if done was
-// closed, or the broker stopped, before there was room: then nothing
+// for the log and fans it out. It returns m's seq, whether m repeated a
+// QoS 1 message_id the topic remembers (a publisher that lost its
+// confirm sends again: same seq, nothing stored twice), and the outcome
+// that says when m is durable; nil if done closed first: then nothing
 // happened. On a shared log b.appendShared hands m over instead. wake is
-// the publishing reader's wakeups (nil, from inside the process). A
-// message with no message_id gets a random one. A publisher that lost
-// its confirm may send again: same id, same seq, nothing stored or
-// delivered twice.
+// the publishing reader's wakeups (nil, from inside the process).
 func (b *Broker) publish(m *Message, done <-chan struct{},
 	wake *wakeups) (uint64, bool, *outcome) {
 	m.ID = cmp.Or(m.ID, wire.NewMessageID())
@@ -1265,11 +1239,10 @@ func (b *Broker) sequenced(t *topic, m *Message, wake *wakeups) {
 }
 
 // fanOut offers a new message to every live subscriber of t and, through
-// leaves.fanOutWildcards, every wildcard subscription that covers t, all
-// of which have had every seq before m's. Replaying subscriptions are
-// skipped: their replayer reads the message from the log. One encoding
-// serves every subscriber, and one clock read, none at QoS 0 (one costs
-// 60 to 80 ns here). The caller holds t.mu, which keeps seq order.
+// leaves.fanOutWildcards, every wildcard subscription that covers t.
+// Replaying subscriptions are skipped: their replayer reads the message
+// from the log. One encoding and one clock read (none at QoS 0) serve
+// every subscriber. The caller holds t.mu, which keeps seq order.
 func (b *Broker) fanOut(t *topic, m *Message, wake *wakeups) {
 	var deadline time.Time
 	if m.QoS == 1 {
@@ -1304,32 +1277,27 @@ func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 // # The outbox and back-pressure
 //
 // The original had no back-pressure: a slow subscriber's channel simply
-// filled. Here every queue has a bound, in bytes as well as in count, and
-// each bound says who waits when it is reached:
+// filled. Here every queue has a bound, in bytes and in count, and each
+// bound says who waits when it is reached:
 //
-//   - the log's queue (b.log.Admit): a publisher's reader waits for
-//     room, so TCP pushes back on that publisher alone;
-//   - each connection's outbox, drained by its own writer: a reply to
-//     the client's own request waits for room; a live delivery never
-//     waits, as a publisher must not stall for one slow subscriber: the
-//     subscription drops back to reading the log (fallBehind);
-//   - the socket: a write waits for its peer, WriteTimeout at most while
-//     the peer takes none of it.
+//   - the log's queue (b.log.Admit): a publisher's reader waits, so TCP
+//     pushes back on that publisher alone;
+//   - each connection's outbox: a reply to the client's own request
+//     waits; a live delivery never does, as a publisher must not stall
+//     for one slow subscriber: the subscription drops back to reading
+//     the log (fallBehind);
+//   - the socket: a write waits for its peer, WriteTimeout at most.
 //
-// A subscriber is cut off with 4008 only for what it failed to drain: its
-// socket took nothing for WriteTimeout, or a wildcard subscription, which
-// has no single log to fall back on, found no room. Cutting off whoever
-// filled a fixed queue was simpler, and cut off fast readers too: any
-// burst bigger than the queue overflowed it, however fast they read.
+// A subscriber is cut off with 4008 only when its socket took nothing for
+// WriteTimeout, or when a wildcard subscription, which has no single log
+// to fall back on, found no room. Cutting off whoever filled a fixed
+// queue cut off fast readers too, at any burst bigger than the queue.
 
 // writeLoop is the connection's only writer while frames are queued: it
 // writes until the outbox is empty, then exits. A writer that waited for
-// the next frame instead would be simpler, and would cost every idle
-// connection a parked goroutine, whose stack (8 KiB once it has written)
-// was the biggest single item in an idle connection's memory. The frames
-// of each Take go out in as few system calls as the socket can. After a
-// failed write the outbox stays marked as written, so no writer starts
-// again: the reader is about to see the socket closed.
+// the next frame would cost every idle connection a parked goroutine and
+// its stack, 8 KiB. After a failed write the outbox stays marked as
+// written, so no writer starts again: the reader sees the socket closed.
 func (c *connection) writeLoop() {
 	var frames [][]byte
 	defer func() { recycle(frames) }()
@@ -1432,16 +1400,14 @@ func (c *connection) cutOff(why string) {
 // own pending deliveries: an ack clears the acking connection's entry
 // alone. The cost is one entry per subscriber per QoS 1 delivery,
 // bounded by the in-flight window; the gain is that "at least once" holds
-// for every subscriber. A connection that gets a message through two
-// subscriptions (a topic and a wildcard, say) has an entry for each, as
-// it had a delivery for each, and one ack clears both and moves every
-// cursor either holds back. One entry for the two made one of them
-// forget the message, and a durable cursor behind it never moved.
+// for every subscriber. A message that reaches a connection through two
+// subscriptions (a topic and a wildcard) has an entry for each, and one
+// ack clears both: one entry for the two left a durable cursor behind.
 //
-// The entries are kept per topic, in seq order, in a pendingQueue.
-// Deliveries mostly come in order and are acked in it, so adding one is
+// The entries are kept per topic, in seq order, in a pendingQueue:
+// deliveries mostly come in order and are acked in it, so adding one is
 // an append and an ack "up to seq" a binary search. A map keyed by
-// message id made each such ack walk the whole table: QoS 1 to 100
+// message id made each such ack walk the table: QoS 1 to 100
 // subscribers cost 3.8 times QoS 0.
 
 // pending is one QoS 1 delivery the subscriber has not acknowledged.
@@ -1487,16 +1453,13 @@ func (q *pendingQueue) find(p pending) int {
 }
 
 // deliver queues m's delivery frame to s if there is room, and records
-// it (c.record). split divides each bound among its users: 1 for live
-// traffic, 2 for replay, which leaves half to live traffic on the
-// connection's other subscriptions. A writer the frame makes due is owed
-// to wake. It reports true when s is done with m: queued, expired, or no
-// longer wanted because s ended; false, having changed nothing, when
-// there is no room. It never waits. The frame and its pending entry are
-// made under c.mu, so an ack cannot miss the entry. A subscription that
-// ended gets nothing more, as nobody would clear its entries; one that
-// shared its messages has no room, so that another that shares them
-// gets them.
+// it (c.record), under c.mu, so an ack cannot miss the entry. It never
+// waits. split divides each bound: 1 for live traffic, 2 for replay,
+// which leaves half to live traffic. A writer the frame makes due is
+// owed to wake. It reports true when s is done with m: queued, expired,
+// or s ended (nobody would clear its entries); false, having changed
+// nothing, when there is no room, as for an ended s that shared its
+// messages, so that another that shares them gets them.
 func (c *connection) deliver(s *subscription, m *Message, delivery []byte,
 	split int, deadline time.Time, wake *wakeups) bool {
 	c.mu.Lock()
@@ -1655,10 +1618,9 @@ func (c *connection) settleOne(p pending, kind string) {
 // settle removes the live entries i to j of q, acked, dead_lettered or
 // moved (the kind). An ack moves their cursors past them, and the x-ray
 // hears of it; a dead letter does both once it is on disk (b.deadLetter);
-// a move, to another that shares them, does neither. Acks for what this
-// connection does not owe find nothing and change nothing. An emptied
-// table stays, for overdue to drop: a busy topic's table empties and
-// refills many times a second. The caller holds c.mu.
+// a move, to another that shares them, does neither. An emptied table
+// stays, for overdue to drop: a busy topic's empties many times a second.
+// The caller holds c.mu.
 func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 	live := q.Live()
 	for k := i; k < j; k++ {
@@ -1714,10 +1676,9 @@ func (c *connection) retryBy(deadline time.Time) {
 
 // redeliver retries c's overdue deliveries and dead-letters exhausted
 // ones; c's timer runs it. A retry never waits: one that finds the
-// outbox full is not sent, and counts as an attempt all the same, as a
-// subscriber that has not drained its outbox for an ack timeout is not
-// reading it. A retry of a delivery whose subscription shares its
-// messages goes to another that shares them.
+// outbox full counts as an attempt all the same, as a subscriber that
+// has not drained its outbox for an ack timeout is not reading it. A
+// delivery whose subscription shares its messages goes to another.
 func (c *connection) redeliver(now time.Time) {
 	// Collect under c.mu, act after: a dead letter takes a topic's lock.
 	c.mu.Lock()
@@ -1865,35 +1826,30 @@ func (c *connection) keepPending(p pending) {
 // The original replayed stored messages with fresh ids and no guarantee.
 // Here replay is a contract: a message replays with its original
 // message_id, seq, timestamp and qos, and a QoS 1 replay is tracked and
-// retried like a live delivery. The replayer reads the store, then, past
-// its end, the messages not synced yet, which the topic keeps in memory
-// until they are. The hand-over to live rests on the topic's head:
-// fan-out happens under the topic's lock as each seq is given, and the
-// replayer turns live under that same lock once it has sent up to the
-// head, so nothing falls between the two and nothing comes twice.
-// Replay waits for room rather than overflowing, in at most half the
-// outbox and half the in-flight window, so a subscriber that reads and
-// acks is never cut off by its own history.
+// retried like a live delivery. The replayer reads the store, then the
+// messages not synced yet, which the topic keeps in memory. The
+// hand-over rests on the topic's head: fan-out happens under the topic's
+// lock as each seq is given, and the replayer turns live under that lock
+// once it has sent up to the head, so nothing falls between the two and
+// nothing comes twice. Replay waits for room, in half the outbox and
+// half the in-flight window, so a subscriber that reads and acks is never
+// cut off by its own history.
 //
 // The same replay serves a live subscription that fell behind. There a
-// message the log no longer keeps is a loss the subscriber must hear of:
-// a burst larger than the log keeps overtook it while it read. A
-// "skipped" frame says up to which seq the messages are gone and how
-// many it missed, and it goes on from the oldest message kept. Cutting
-// such a reader off would treat one that drains its socket, only not as
-// fast as a burst, like one that stopped. A QoS 1 message skipped this
-// way is gone from the log, payload and all, so it cannot be
+// message the log no longer keeps is a loss the subscriber hears of: a
+// "skipped" frame says up to which seq messages are gone and how many,
+// and it goes on from the oldest kept. Cutting it off instead would treat
+// a reader slower than a burst like one that stopped. A QoS 1 message
+// skipped this way is gone, payload and all, so it cannot be
 // dead-lettered: the skipped frame counts it.
 
 // replay sends the log after seq after, then turns s live, on its own
 // goroutine, ending early if s ends. behind says that s was live, and
 // hears what the log dropped (leaves.overtaken). A log that cannot be
-// read cuts the subscriber off (s.to.cutOff). from is where the next
-// read starts; stuck is the synced seq seen after the last empty read. A
-// read that finds nothing while newer seqs are given out means a seq
-// given a moment ago (read again) or one with nothing to read (a
-// corrupt record, or seqs skipped after a crash or a failed commit):
-// the same synced seq seen twice means the second, and is skipped. A
+// read cuts the subscriber off (s.to.cutOff). An empty read while newer
+// seqs exist means a seq given a moment ago (read again) or one with
+// nothing to read (seqs skipped after a crash or a failed commit): the
+// same synced seq seen twice (stuck) means the second, and is skipped. A
 // shared log reads nothing only until its feed catches up (SharedLog).
 func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 	var stuck uint64
@@ -1974,11 +1930,10 @@ func (t *topic) synced() uint64 {
 }
 
 // finishReplay turns s live if nothing after seq was given out, and
-// reports whether the replay is finished: s is live, or it ended
-// meanwhile; otherwise it returns the newest seq on disk. With m, seq's
-// message, it is the hand-over: m goes out first, as live traffic, if
-// it has room, so that once the subscriber sees it, the next message
-// comes by fan-out with the whole window.
+// reports whether the replay is finished (s is live, or ended);
+// otherwise it returns the newest seq on disk. With m, seq's message, m
+// goes out first as live traffic, if it has room: what follows comes by
+// fan-out.
 func (s *subscription) finishReplay(after uint64, m *Message, delivery []byte,
 	deadline time.Time) (finished bool, synced uint64) {
 	t := s.topic
@@ -1998,11 +1953,9 @@ func (s *subscription) finishReplay(after uint64, m *Message, delivery []byte,
 // deliverReplay queues one replayed message once there is room, and
 // reports whether it sent it, and whether the replay should stop: m,
 // the newest, turned s live, or s ended first. For a subscription that
-// fell behind, m is not sent if it left the log while it waited, so that
-// it is skipped, and said to be, as if it had left before the read.
-// Only the last of a read may be the newest, so only it takes the
-// topic's lock to look. With no room it waits for the writer or an ack
-// to make some (waitForRoom).
+// fell behind, m is not sent if it left the log while it waited: it is
+// skipped, and said to be, as if it had left before the read. Only the
+// last of a read may be the newest, so only it takes the topic's lock.
 func (s *subscription) deliverReplay(b *Broker, m *Message,
 	behind, last bool) (sent, stop bool) {
 	delivery := appendDelivery(nil, m, 1)
@@ -2033,14 +1986,11 @@ func (s *subscription) deliverReplay(b *Broker, m *Message,
 //
 // A graceful stop closes every client with 1001 so it knows to come back
 // later, stops the loops, gives back the seqs each topic reserved and
-// did not use, commits whatever the log still holds and closes the
-// store. Durable cursors are written as they move, so nothing a client
-// acked is forgotten; unacked deliveries replay on resume. A crash skips
-// all of this, and loses nothing confirmed: confirms and cursors never
-// run ahead of the disk, and the next start goes on past every seq a
-// topic had reserved. The alternative, draining every outbox before
-// closing, would let one stuck client hold the whole broker open; the
-// context bounds the wait instead.
+// did not use, commits what the log still holds and closes the store.
+// A crash skips all of this and loses nothing confirmed: confirms and
+// cursors never run ahead of the disk. Draining every outbox before
+// closing would let one stuck client hold the broker open; the context
+// bounds the wait instead.
 
 // Shutdown closes every connection with 1001, waits for them to leave
 // (or ctx), flushes the log and closes the store. It is idempotent.
