@@ -106,7 +106,7 @@ const (
 	deadPrefix        = "$dead/" // dead letters of T go to $dead/T
 	// commitLinger is the longest a batch nobody waits for waits for
 	// company (groupcommit): QoS 0's crash window.
-	commitLinger = 20 * time.Millisecond
+	commitLinger = 100 * time.Millisecond
 )
 
 // Close codes the broker uses, beside the WebSocket standard ones (1001
@@ -476,8 +476,8 @@ func (b *Broker) connectionList() []*connection {
 // two thousand publishes a second. Here one goroutine, the committer,
 // gathers everything queued since its last sync (appends, trims, cursor
 // moves) into one transaction and one sync: group commit. A batch nobody
-// waits for (no QoS 1 confirm) waits up to 20 ms for company, so a
-// trickle of QoS 0 costs some fifty syncs a second, not one a message.
+// waits for (no QoS 1 confirm) waits up to 100 ms for company, so a
+// trickle of QoS 0 costs some ten syncs a second, not one a message.
 //
 // Two moments in a message's life matter: it gets its seq, and its batch
 // is synced. Deliveries leave at the first, confirms at the second. A

@@ -72,6 +72,28 @@ func TestProse_TheReservationBlockIsTheCodes(t *testing.T) {
 	}
 }
 
+// QoS 0's crash window: what popsub.go's log section and protocol.md say
+// a batch nobody waits for waits, and what docs/compare's NATS setup of
+// the same durability syncs at, is commitLinger.
+func TestProse_TheCrashWindowIsTheCodes(t *testing.T) {
+	ms := commitLinger.Milliseconds()
+	said := fmt.Sprintf("waits up to %d ms for company", ms)
+	for _, c := range []struct{ path, want string }{
+		{"popsub.go", said},
+		{"docs/protocol.md", said},
+		{"docs/compare/run.go", fmt.Sprintf("synced every %d ms", ms)},
+		{"docs/compare/run.go", fmt.Sprintf(`"sync=%dms"`, ms)},
+	} {
+		text, err := os.ReadFile(c.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(prose(string(text)), c.want) {
+			t.Errorf("%s does not say %q", c.path, c.want)
+		}
+	}
+}
+
 // The package doc's list of goroutines, and performance.md, give the
 // writers' goroutines the broker keeps as queue.Workers keeps them.
 func TestProse_TheKeptWritersAreTheCodes(t *testing.T) {

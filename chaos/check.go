@@ -510,7 +510,7 @@ func checkBegun(h *History) Line {
 }
 
 // beginMargin is how long after a durable name's first reply a kill may
-// have forgotten the name: its cursor's commit waits at most 20 ms for
+// have forgotten the name: its cursor's commit waits at most 100 ms for
 // company, and a loaded machine adds to that.
 const beginMargin = time.Second
 

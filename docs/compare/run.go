@@ -127,14 +127,14 @@ func allSetups(popsub, self string) []setup {
 				&natsTarget{url: "ws://" + websocket, plain: true,
 					unacked: true}, err
 		}},
-		{"NATS over WebSocket, JetStream file storage synced every 20 ms, " +
+		{"NATS over WebSocket, JetStream file storage synced every 100 ms, " +
 			"plain subscribers, unacked publishes", func(addr, dir string) (
 			*exec.Cmd, target, error) {
 			// PopSub's crash window for QoS 0 (groupcommit's window):
 			// the same durability, where NATS's default is two minutes.
 			websocket, err := freeAddress()
 			return exec.Command(self, "nats-server", addr, dir,
-					"ws="+websocket, "sync=20ms"),
+					"ws="+websocket, "sync=100ms"),
 				&natsTarget{url: "ws://" + websocket, plain: true,
 					unacked: true}, err
 		}},
