@@ -53,10 +53,10 @@
 //
 //	trick                              buys
 //	one sync per batch, not per message  64 publishers share each sync
-//	a lingering batch (20 ms)          a quiet broker: a third of its CPU;
-//	                                   20 ms, not 5: 12-23 % less CPU a
+//	a lingering batch (100 ms)         a quiet broker: a third of its CPU;
+//	                                   100 ms, not 20: 10-20 % less CPU a
 //	                                   delivery at 1,000 msg/s, p99 no
-//	                                   worse, 47 syncs a second, not 154
+//	                                   worse, 10 syncs a second, not 47
 //	room given back before the sync    the next batch fills while one syncs
 //	waited-for topics commit first,    a QoS 1 confirm behind a flood on
 //	with room kept for them            another topic: p99 within 28-52 ms
