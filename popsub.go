@@ -487,9 +487,10 @@ func (b *Broker) connectionList() []*connection {
 // they are used, and after a crash a topic starts past its last block.
 //
 // Waiting for the sync before delivering put a millisecond or two on
-// every delivery; a write-ahead file of our own would add a second file
-// and its recovery; bbolt's NoSync with a later sync is not safe, as its
-// pages may reach the disk in any order. The committer (b.log) and the
+// every delivery; a write-ahead file of our own would save a batch from
+// kill -9 but not from a power loss, for a second file and its recovery;
+// bbolt's NoSync with a later sync is not safe, as its pages may reach
+// the disk in any order. The committer (b.log) and the
 // store are machinery, whose contracts are the next section; the
 // reservations are a detail, called through two hooks (leaves).
 
