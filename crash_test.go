@@ -178,3 +178,50 @@ func TestBroker_ADelayedMessageSurvivesACrash(t *testing.T) {
 		})
 	}
 }
+
+// QoS 0's crash window: a QoS 0 message nobody waits for lingers up to
+// commitLinger for company before its sync. A crash within the window may
+// lose it, as at most once allows; one after the window may not. The
+// topic's first message is a confirmed one, so that the QoS 0 message
+// is not carried to disk by the topic's reserved seqs, which are waited
+// for.
+func TestBroker_AQoS0MessageIsOnDiskOnceItsCrashWindowPasses(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		crash time.Duration // after the QoS 0 publish
+		kept  bool
+	}{
+		{"a crash within the window loses it", commitLinger / 2, false},
+		// The disk takes a millisecond to commit.
+		{"a crash after the window keeps it", commitLinger +
+			2*time.Millisecond, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				d := newDisk()
+				ps := startPipeBroker(t, Options{Store: d})
+				pub := ps.dialAs("pub")
+				pub.publish("window", "confirmed", 1, "confirmed")
+				pub.publish("window", "trickle", 0, "trickle")
+				pub.quiet()
+				time.Sleep(c.crash)
+				synctest.Wait()
+				d = ps.crash(d)
+
+				// The first message after the confirmed one is the QoS
+				// 0 one if the disk kept it, else the next publish.
+				ps = startPipeBroker(t, Options{Store: d})
+				defer ps.stop()
+				sub, pub := ps.dialAs("sub"), ps.dialAs("pub")
+				sub.subscribe("window", map[string]any{"after": 1})
+				pub.publish("window", "marker", 1, "marker")
+				want := map[bool]string{true: "trickle", false: "marker"}
+				if g := sub.expect("message"); g.MessageID != want[c.kept] {
+					t.Fatalf("crashed %v after a QoS 0 publish, then "+
+						"replayed %q (seq %d), want %q", c.crash,
+						g.MessageID, g.Seq, want[c.kept])
+				}
+			})
+		})
+	}
+}
