@@ -1459,8 +1459,8 @@ func (q *pendingQueue) find(p pending) int {
 // which leaves half to live traffic. A writer the frame makes due is
 // owed to wake. It reports true when s is done with m: queued, expired,
 // or s ended (nobody would clear its entries); false, having changed
-// nothing, when there is no room, as for an ended s that shared its
-// messages, so that another that shares them gets them.
+// nothing, when there is no room (an ended s that shared its messages
+// has none, so that another that shares them gets them).
 func (c *connection) deliver(s *subscription, m *Message, delivery []byte,
 	split int, deadline time.Time, wake *wakeups) bool {
 	c.mu.Lock()
