@@ -73,14 +73,17 @@ func TestProse_TheReservationBlockIsTheCodes(t *testing.T) {
 }
 
 // QoS 0's crash window: what popsub.go's log section and protocol.md say
-// a batch nobody waits for waits, and what docs/compare's NATS setup of
-// the same durability syncs at, is commitLinger.
+// a batch nobody waits for waits, what tutorial 9 says a crash may cost
+// a group's cursor, and what docs/compare's NATS setup of the same
+// durability syncs at, is commitLinger.
 func TestProse_TheCrashWindowIsTheCodes(t *testing.T) {
 	ms := commitLinger.Milliseconds()
 	said := fmt.Sprintf("waits up to %d ms for company", ms)
 	for _, c := range []struct{ path, want string }{
 		{"popsub.go", said},
 		{"docs/protocol.md", said},
+		{"docs/9-work-queues.md", fmt.Sprintf("the acks of the last %d ms",
+			ms)},
 		{"docs/compare/run.go", fmt.Sprintf("synced every %d ms", ms)},
 		{"docs/compare/run.go", fmt.Sprintf(`"sync=%dms"`, ms)},
 	} {
