@@ -1,11 +1,6 @@
 // Package popsub is a small publish/subscribe broker that speaks JSON over
-// WebSocket: the article's broker done right, careful enough to run for
-// demos and small deployments at the edge.
-//
-// It rebuilds the original PopSub (written in Rust) and goes further where
-// that one stopped: per-subscriber acks and retries, topics as logs with
-// dense seqs that replay as a contract, no global lock, bounded queues,
-// and durable subscriptions whose cursors survive a crash.
+// WebSocket: the article's PopSub (written in Rust) done right, careful
+// enough to run for demos and small deployments at the edge.
 //
 // # What it promises
 //
@@ -18,16 +13,15 @@
 //     confirmed once it is on disk, so it survives kill -9 and power
 //     loss. No seq is reused after a crash.
 //   - Memory is bounded under any burst. A subscriber is cut off (4008)
-//     only when its socket takes nothing for a write timeout; one that
-//     reads but is overtaken by more than the log keeps is told what it
-//     missed ("skipped").
+//     only when its socket takes nothing for a write timeout; one
+//     overtaken by more than the log keeps is told what it missed.
 //
 // It does not replicate, order messages across topics, or speak TLS.
 // Several brokers can share one log on NATS JetStream (SharedLog).
 //
 // # Reading path
 //
-// The broker's behaviour is this file, about 2,800 lines of code, 1,100
+// This file is the broker's behaviour, about 2,800 lines of code, 1,100
 // of them on the first reading, which takes about 3.5 hours at 150 words
 // of prose and 8 lines of code a minute, 5 where the code locks, starts
 // a goroutine or selects. It follows a message from the options to
@@ -38,7 +32,7 @@
 //
 // Per connection: the reader; a writer while frames are queued; a
 // confirmer once it publishes at QoS 1; a replayer per subscription
-// while it catches up; and a timer's work while it runs. Per broker: the
+// while it catches up; a timer's work while it runs. Per broker: the
 // delayed-delivery and retention loops, the x-ray's loop, the committer,
 // and up to 64 writers' goroutines kept a second for the next writer
 // (queue.Workers).
@@ -89,12 +83,11 @@ import (
 
 // # Options, messages and frames
 //
-// First, what a reader meets on the wire and in the configuration.
-// Every limit is an option with a named default (the Defaults detail
-// gives each one's unit and reason). The protocol is the original's,
-// one JSON object per text frame with a "type"; PopSub adds fields and
-// frames and never changes one. Package wire declares it, for the
-// broker and for Go clients.
+// First, what a reader meets in the configuration and on the wire. Every
+// limit is an option with a named default (Defaults and start-up gives
+// each one's reason). The protocol is the original's, one JSON object per
+// text frame with a "type"; PopSub adds fields and frames, never changes
+// one. Package wire declares it, for the broker and for Go clients.
 
 // Limits that are not options: they protect the broker, not a policy.
 const (
@@ -130,9 +123,9 @@ var (
 	ErrNoSecret = errors.New("popsub: no token secret configured")
 )
 
-// Options configure a Broker. Only Secret and Store are required. For
+// Options configure a Broker; only Secret and Store are required. For
 // every limit, zero asks for its default and a negative value is refused
-// by New, but for MaxRetries, where a negative means no retries at all.
+// by New, but for MaxRetries, where a negative means no retries.
 type Options struct {
 	// Secret signs and verifies the HS256 tokens clients authenticate with.
 	Secret []byte
@@ -182,8 +175,8 @@ type Options struct {
 }
 
 // Message is one published message, as stored in a topic's log. Once it
-// has a seq it is shared by every goroutine that delivers it and is never
-// changed again.
+// has a seq it is shared by every goroutine that delivers it, and never
+// changed.
 type Message struct {
 	// Topic is the exact topic it was published to.
 	Topic string `json:"topic"`
@@ -203,13 +196,13 @@ type Message struct {
 	ExpiresAt int64 `json:"expires_at,omitempty"`
 	DeliverAt int64 `json:"deliver_at,omitempty"`
 
-	// delivery is the message's delivery frame at attempt 1, made once
-	// when it is sequenced: every subscriber is sent these bytes, and the
-	// log stores them.
+	// delivery is its delivery frame at attempt 1, made once when it is
+	// sequenced: every subscriber is sent these bytes, and the log stores
+	// them.
 	delivery []byte
-	// publisher is the token subject that published it, "" from inside
-	// the process: a repeated message_id is a duplicate only from the
-	// same publisher, as Kafka scopes idempotence to its producer.
+	// publisher is the publisher's token subject, "" from inside the
+	// process: a repeated message_id is a duplicate only from the same
+	// publisher, as Kafka scopes idempotence to its producer.
 	publisher string
 	// released is the seq, in $delayed/<Topic>, of the record a delayed
 	// message was sent from when due (Releases), or 0.
@@ -222,10 +215,10 @@ func (m *Message) key() messageKey { return messageKey{m.publisher, m.ID} }
 // messageKey is a QoS 1 message's identity for idempotent publishes.
 type messageKey struct{ publisher, id string }
 
-// expired reports whether m had a ttl_ms and it has run out: then it is
-// not delivered, replayed or retried, and a delivery owed an ack goes to
-// $dead as "expired" (Naks, backoff and expiry). The socket drops an
-// expired delivery by the same rule (wire.Past).
+// expired reports whether m's ttl_ms has run out: then it is not
+// delivered, replayed or retried, and a delivery owed an ack goes to
+// $dead as "expired" (Naks, backoff and expiry). The socket drops it by
+// the same rule (wire.Past).
 func (m *Message) expired() bool { return wire.Past(m.ExpiresAt) }
 
 // size is roughly what m costs in memory: its payload twice (as itself
@@ -241,14 +234,19 @@ func (m *Message) size() int {
 // for nothing special.
 type frame = wire.Frame
 
-// reply is any frame the broker sends but a delivery (wire.Reply).
-// Deliveries have their own hand-written encoder (appendDelivery),
-// because they are the hot path and replies are not.
+// reply is any frame the broker sends but a delivery (wire.Reply), which
+// has its own hand-written encoder (appendDelivery): deliveries are the
+// hot path, replies are not.
 type reply = wire.Reply
 
 // errorReply builds the error frame for code, with a human message.
 func errorReply(code, text string) reply {
 	return reply{Type: "error", Code: code, Message: text}
+}
+
+// topicError is an error frame about one topic.
+func topicError(code, text, topic string) reply {
+	return reply{Type: "error", Code: code, Message: text, Topic: topic}
 }
 
 // # The broker and its topics
@@ -2032,20 +2030,12 @@ func (b *Broker) shutdownOnce(ctx context.Context) error {
 	return nil
 }
 
-// # Helpers
-//
-// Small functions you have met above. The first reading ends here. After
-// it come the details it only named, in the order it reached them: from
-// tokens and logins to retention, the seqs reserved on disk, what a
-// commit changes and the shared log. The machinery under the broker is
-// in its packages, which /source shows after this file.
-
-// topicError is an error frame about one topic.
-func topicError(code, text, topic string) reply {
-	return reply{Type: "error", Code: code, Message: text, Topic: topic}
-}
-
 // # Defaults and start-up (detail)
+//
+// The first reading ends here. After it come the details it only named,
+// in the order it reached them, from the defaults, tokens and logins to
+// retention, the seqs reserved on disk, what a commit changes and the
+// shared log; /source shows the machinery's packages after this file.
 //
 // Every limit is a named default with its unit and its reason, so that a
 // zero Options works and the command's flags change each one. The timing

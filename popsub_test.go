@@ -61,9 +61,9 @@ import (
 //	A log shared by several brokers      shared_test.go engine_test.go
 //
 // The package doc's own sections (Reading path, Goroutines, A session),
-// Helpers, The queues and Messages at rest have no behaviour
-// of their own: their code is tested through the sections that use it,
-// and prose_test.go holds the numbers the prose quotes to the code.
+// The queues and Messages at rest have no behaviour of their own: their
+// code is tested through the sections that use it, and prose_test.go
+// holds the numbers the prose quotes to the code.
 
 func TestBroker_Authentication(t *testing.T) {
 	ts := startBroker(t, Options{})
