@@ -277,17 +277,15 @@ type Broker struct {
 	logger *slog.Logger
 	// store is the durable log and the cursors, behind the Store seam.
 	store Store
-	// appendShared is the hook a log that other brokers share comes in by
-	// (A log shared by several brokers, a detail at the end): it hands
-	// the log a publish and returns the outcome that brings the log's
-	// seq. nil: the broker's own log.
+	// appendShared hands a publish to a log that other brokers share (A
+	// log shared by several brokers, a detail at the end) and returns the
+	// outcome that brings its seq; nil: the broker's own log.
 	appendShared func(*Message) *outcome
 	// log is the committer, the one goroutine that writes to store (a
 	// commitLog, in the machine room).
 	log *commitLog
 
-	// mu guards the tables below, never across a socket write or a disk
-	// access.
+	// mu guards the tables below, never across I/O.
 	mu sync.RWMutex
 	// topics maps every exact topic name to its topic, made on first use.
 	// One that never had a message is forgotten when its last
@@ -469,28 +467,28 @@ func (b *Broker) connectionList() []*connection {
 // # The log: seq first, sync second
 //
 // Every message, of any QoS, is appended to its topic's log, the one
-// thing that must survive a crash. The original wrote each message to
-// disk on the publisher's path: one sync per message caps a broker near
-// two thousand publishes a second. Here one goroutine, the committer,
-// gathers everything queued since its last sync (appends, trims, cursor
-// moves) into one transaction and one sync: group commit. A batch nobody
-// waits for (no QoS 1 confirm) waits up to 100 ms for company, so a
-// trickle of QoS 0 costs some ten syncs a second, not one a message.
+// thing that must survive a crash. The original synced each message on
+// the publisher's path, which caps a broker near two thousand publishes a
+// second. Here one goroutine, the committer, gathers everything queued
+// since its last sync (appends, trims, cursor moves) into one transaction
+// and one sync: group commit. A batch nobody waits for (no QoS 1 confirm)
+// waits up to 100 ms for company, so a trickle of QoS 0 costs some ten
+// syncs a second.
 //
-// Two moments in a message's life matter: it gets its seq, and its batch
-// is synced. Deliveries leave at the first, confirms at the second. A
-// crash can then cost a subscriber only messages nobody confirmed. What
-// it must never see is one seq given to two messages, or its "after"
-// would skip the second. So seqs are reserved on disk in blocks before
-// they are used, and after a crash a topic starts past its last block.
+// A message is delivered once it has its seq and confirmed once its batch
+// is synced, so a crash can cost a subscriber only messages nobody
+// confirmed. What a crash must never do is give one seq to two messages,
+// or a subscriber's "after" would skip the second: seqs are reserved on
+// disk in blocks before they are used, and after a crash a topic starts
+// past its last block.
 //
-// Waiting for the sync before delivering put a millisecond or two on
-// every delivery; a write-ahead file of our own would save a batch from
-// kill -9 but not from a power loss, for a second file and its recovery;
-// bbolt's NoSync with a later sync is not safe, as its pages may reach
-// the disk in any order. The committer (b.log) and the
-// store are machinery, whose contracts are the next section; the
-// reservations are a detail, called through two hooks (leaves).
+// Delivering after the sync put a millisecond or two on every delivery; a
+// write-ahead file of our own would save a batch from kill -9 but not
+// from a power loss, for a second file and its recovery; bbolt's NoSync
+// with a later sync is unsafe, as its pages may reach the disk in any
+// order. The committer (b.log) and the store are machinery, whose
+// contracts follow; the reservations are a detail, reached through two
+// hooks (leaves).
 
 // # The machine room
 //
