@@ -14,7 +14,8 @@
 //     loss. No seq is reused after a crash.
 //   - Memory is bounded under any burst. A subscriber is cut off (4008)
 //     only when its socket takes nothing for a write timeout; one
-//     overtaken by more than the log keeps is told what it missed.
+//     overtaken by more than the log keeps is told what it missed
+//     ("skipped").
 //
 // It does not replicate, order messages across topics, or speak TLS.
 // Several brokers can share one log on NATS JetStream (SharedLog).
