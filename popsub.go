@@ -27,7 +27,8 @@
 // of prose and 8 lines of code a minute, 5 where the code locks, starts
 // a goroutine or selects. It follows a message from the options to
 // shutdown. Sections marked "(detail)" may be skipped: the first reading
-// calls each through a hook it declares, with its contract in a line.
+// calls each through a hook it declares, with its contract in a line, or
+// says beside the call what it does.
 //
 // # Goroutines
 //
@@ -472,9 +473,9 @@ func (b *Broker) connectionList() []*connection {
 // the publisher's path, which caps a broker near two thousand publishes a
 // second. Here one goroutine, the committer, gathers everything queued
 // since its last sync (appends, trims, cursor moves) into one transaction
-// and one sync: group commit. A batch nobody waits for (no QoS 1 confirm)
-// waits up to 100 ms for company, so a trickle of QoS 0 costs some ten
-// syncs a second.
+// and one sync: group commit. A batch nobody waits for (no QoS 1
+// confirm, no barrier) waits up to 100 ms for company, so a trickle of
+// QoS 0 costs some ten syncs a second.
 //
 // A message is delivered once it has its seq and confirmed once its batch
 // is synced, so a crash can cost a subscriber only messages nobody
@@ -1185,11 +1186,11 @@ func newMessage(f frame, publisher string) (*Message, reply) {
 
 // publish waits for room in the log's queue, then sequences m, queues it
 // for the log and fans it out. It returns m's seq, whether m repeated a
-// QoS 1 message_id the topic remembers (a publisher that lost its
-// confirm sends again: same seq, nothing stored twice), and the outcome
-// that says when m is durable; nil if done closed first: then nothing
-// happened. On a shared log b.appendShared hands m over instead. wake is
-// the publishing reader's wakeups (nil, from inside the process).
+// QoS 1 message_id the topic remembers (a publisher that lost its confirm
+// sends again: same seq, nothing stored twice), and the outcome that says
+// when m is durable; nil if done closed, or the log stopped, first: then
+// nothing happened. On a shared log b.appendShared hands m over instead.
+// wake is the publishing reader's wakeups (nil, from inside the process).
 func (b *Broker) publish(m *Message, done <-chan struct{},
 	wake *wakeups) (uint64, bool, *outcome) {
 	m.ID = cmp.Or(m.ID, wire.NewMessageID())
