@@ -4,21 +4,19 @@
 //
 // # What it promises
 //
-//   - QoS 0 is at most once; QoS 1 is at least once, per subscriber, while
-//     it stays connected (with a durable name, across reconnects and
-//     restarts). Subscribers must tolerate duplicates.
-//   - Within a topic, every subscriber sees messages in seq order, replay
-//     first and live after, with no gap and no duplicate at the hand-over.
-//   - A message is delivered once it has its seq; a QoS 1 publish is
-//     confirmed once it is on disk, so it survives kill -9 and power
-//     loss. No seq is reused after a crash.
+//   - QoS 0 is at most once; QoS 1 is at least once per subscriber while
+//     it stays connected, and across reconnects and restarts with a
+//     durable name. Subscribers must tolerate duplicates.
+//   - Within a topic every subscriber sees messages in seq order, replay
+//     first and live after, with no gap or duplicate at the hand-over.
+//   - A QoS 1 publish is confirmed once it is on disk, so it survives
+//     kill -9 and power loss. No seq is reused after a crash.
 //   - Memory is bounded under any burst. A subscriber is cut off (4008)
 //     only when its socket takes nothing for a write timeout; one
-//     overtaken by more than the log keeps is told what it missed
-//     ("skipped").
+//     overtaken by the log is told what it missed ("skipped").
 //
-// It does not replicate, order messages across topics, or speak TLS.
-// Several brokers can share one log on NATS JetStream (SharedLog).
+// It does not replicate, order across topics, or speak TLS. Several
+// brokers can share one log on NATS JetStream (SharedLog).
 //
 // # Reading path
 //
@@ -27,8 +25,7 @@
 // of prose and 8 lines of code a minute, 5 where the code locks, starts
 // a goroutine or selects. It follows a message from the options to
 // shutdown. Sections marked "(detail)" may be skipped: the first reading
-// calls each through a hook it declares, with its contract in a line, or
-// says beside the call what it does.
+// reaches each through a hook it declares, or names what it calls.
 //
 // # Goroutines
 //
@@ -86,10 +83,9 @@ import (
 // # Options, messages and frames
 //
 // First, what a reader meets in the configuration and on the wire. Every
-// limit is an option with a named default (Defaults and start-up gives
-// each one's reason). The protocol is the original's, one JSON object per
-// text frame with a "type"; PopSub adds fields and frames, never changes
-// one. Package wire declares it, for the broker and for Go clients.
+// limit is an option with a named default. The protocol is the
+// original's, one JSON object per text frame with a "type"; PopSub adds
+// fields and frames, never changes one. Package wire declares it.
 
 // Limits that are not options: they protect the broker, not a policy.
 const (
@@ -111,9 +107,8 @@ const (
 	CloseAuthFailed websocket.StatusCode = 4001
 	// CloseTokenExpired: the token expired and no fresh one came.
 	CloseTokenExpired websocket.StatusCode = 4003
-	// CloseSlowConsumer: the subscriber failed to drain what it was sent
-	// (The outbox and back-pressure), or its replay could not read the
-	// log; the client reconnects and resumes either way.
+	// CloseSlowConsumer: the subscriber did not drain what it was sent,
+	// or its replay could not read the log; it may reconnect and resume.
 	CloseSlowConsumer websocket.StatusCode = 4008
 )
 
@@ -137,48 +132,45 @@ type Options struct {
 	// is sent again. Zero: DefaultAckTimeout, 5 s.
 	AckTimeout time.Duration
 	// MaxRetries is how many retries follow the first delivery before it
-	// is dead-lettered. Zero: DefaultMaxRetries, 5; negative: none, so it
-	// goes to $dead at its first ack timeout.
+	// is dead-lettered. Zero: DefaultMaxRetries, 5.
 	MaxRetries int
 	// MaxMessages is how many messages each topic's log keeps. Zero:
 	// DefaultMaxMessages, 1,000.
 	MaxMessages int
-	// MaxLogBytes bounds each topic's log, in bytes as Message.size
-	// counts them. Zero: DefaultMaxLogBytes, 64 MiB.
+	// MaxLogBytes bounds each topic's log, as Message.size counts. Zero:
+	// DefaultMaxLogBytes, 64 MiB.
 	MaxLogBytes int
 	// TTL is how long a message stays in its topic's log. Zero:
 	// DefaultTTL, an hour.
 	TTL time.Duration
-	// MaxFrameBytes caps an incoming frame after auth, in bytes; larger
-	// ones close with 1009. Zero: DefaultMaxFrameBytes, 1 MiB.
+	// MaxFrameBytes caps an incoming frame after auth; larger ones close
+	// with 1009. Zero: DefaultMaxFrameBytes, 1 MiB.
 	MaxFrameBytes int64
-	// OutboxBytes bounds the frames queued for one connection's writer,
-	// in bytes. Zero: DefaultOutboxBytes, 4 MiB.
+	// OutboxBytes bounds the frames queued for one connection's writer.
+	// Zero: DefaultOutboxBytes, 4 MiB.
 	OutboxBytes int
 	// MaxInflight is how many unacked QoS 1 deliveries a connection may
 	// hold. Zero: DefaultMaxInflight, 1,000.
 	MaxInflight int
-	// MaxInflightBytes bounds the sizes of those deliveries, in bytes.
-	// Zero: DefaultMaxInflightBytes, 16 MiB.
+	// MaxInflightBytes bounds their sizes. Zero: DefaultMaxInflightBytes,
+	// 16 MiB.
 	MaxInflightBytes int
 	// WriteTimeout is how long a socket write may wait for a peer that
-	// takes none of it before it is cut off. Zero: DefaultWriteTimeout,
-	// 10 s.
+	// takes none of it. Zero: DefaultWriteTimeout, 10 s.
 	WriteTimeout time.Duration
 	// AuthTimeout is how long a new connection has to authenticate.
 	// Zero: DefaultAuthTimeout, 5 s.
 	AuthTimeout time.Duration
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
-	// FeatureOptions configure the features beyond the article's broker:
-	// retry backoff, logins, limits, work queues and the rest (Defaults
-	// and start-up, a detail, declares them).
+	// FeatureOptions configure the features beyond the article's broker
+	// (Defaults and start-up, a detail).
 	FeatureOptions
 }
 
-// Message is one published message, as stored in a topic's log. Once it
-// has a seq it is shared by every goroutine that delivers it, and never
-// changed.
+// Message is one published message, as stored in its topic's log. Once
+// it has a seq it is shared by every goroutine that delivers it, and
+// never changed.
 type Message struct {
 	// Topic is the exact topic it was published to.
 	Topic string `json:"topic"`
@@ -192,22 +184,17 @@ type Message struct {
 	QoS int `json:"qos"`
 	// Payload is any JSON value, compacted onto one line.
 	Payload json.RawMessage `json:"payload"`
-	// ExpiresAt is Unix ms after which it is not delivered (ttl_ms);
-	// DeliverAt when it is or was due (delay_ms, Delayed delivery); 0:
-	// none.
+	// ExpiresAt (ttl_ms) and DeliverAt (delay_ms) are Unix ms, or 0.
 	ExpiresAt int64 `json:"expires_at,omitempty"`
 	DeliverAt int64 `json:"deliver_at,omitempty"`
 
-	// delivery is its delivery frame at attempt 1, made once when it is
-	// sequenced: every subscriber is sent these bytes, and the log stores
-	// them.
+	// delivery is its message frame at attempt 1, made once: every
+	// subscriber is sent these bytes, and the log stores them.
 	delivery []byte
-	// publisher is the publisher's token subject, "" from inside the
-	// process: a repeated message_id is a duplicate only from the same
-	// publisher, as Kafka scopes idempotence to its producer.
+	// publisher is the publisher's token subject ("" in process): a
+	// message_id repeats only from the same publisher, as in Kafka.
 	publisher string
-	// released is the seq, in $delayed/<Topic>, of the record a delayed
-	// message was sent from when due (Releases), or 0.
+	// released is the seq in $delayed/<Topic> it was released from, or 0.
 	released uint64
 }
 
@@ -218,27 +205,22 @@ func (m *Message) key() messageKey { return messageKey{m.publisher, m.ID} }
 type messageKey struct{ publisher, id string }
 
 // expired reports whether m's ttl_ms has run out: then it is not
-// delivered, replayed or retried, and a delivery owed an ack goes to
-// $dead as "expired" (Naks, backoff and expiry). The socket drops it by
-// the same rule (wire.Past).
+// delivered, replayed or retried (Naks, backoff and expiry).
 func (m *Message) expired() bool { return wire.Past(m.ExpiresAt) }
 
-// size is roughly what m costs in memory: its payload twice (as itself
-// and in its frame), its names and the fields around them. The log's
-// queue and the in-flight window are bounded in these bytes.
+// size is roughly what m costs in memory, its payload twice (as itself
+// and in its frame): the log's queue and the window count these bytes.
 func (m *Message) size() int {
 	return 2*(len(m.Payload)+len(m.ID)+len(m.Topic)) + 128
 }
 
-// frame is any frame a client sends (wire.Frame): one flat struct whose
-// "type" says which. A pointer field's absence means something its zero
-// does not: "after":0 asks for everything after seq 0, a missing "after"
-// for nothing special.
+// frame is any frame a client sends (wire.Frame). A pointer field's
+// absence means something its zero does not: "after":0 asks for
+// everything after seq 0, a missing "after" for nothing special.
 type frame = wire.Frame
 
 // reply is any frame the broker sends but a delivery (wire.Reply), which
-// has its own hand-written encoder (appendDelivery): deliveries are the
-// hot path, replies are not.
+// has its own hand-written encoder, appendDelivery: the hot path.
 type reply = wire.Reply
 
 // errorReply builds the error frame for code, with a human message.
@@ -258,81 +240,64 @@ func topicError(code, text, topic string) reply {
 // behind its own lock:
 //
 //	Broker.topics      name → topic: head seq, index of the log, subscribers
-//	Broker.wildcards   the + and # subscriptions, live only (Topic rules)
 //	Broker.durables    durable key → the subscription that owns it
-//	connection.unacked topic → the QoS 1 deliveries it owes acks for,
-//	                   in seq order: the retry timer's table
+//	connection.unacked topic → the QoS 1 deliveries it owes acks for
 //	connection.outbox  the frames its writer has yet to send
 //
-// The broker's lock guards its maps, for look-ups, never across I/O; each
-// topic's lock guards its seq counter and subscribers, and each
-// connection's the acks it owes, so publishers to different topics never
-// wait for each other. Lock order: topic, then broker or connection, then
-// the committer's.
+// The broker's lock guards its maps, never across I/O; a topic's guards
+// its seq counter and subscribers, a connection's the acks it owes, so
+// publishers to different topics never wait for each other. Lock order:
+// topic, then broker or connection, then the committer's.
 
 // Broker routes messages between WebSocket clients. Create one with New,
 // serve it as an http.Handler, and stop it with Shutdown.
 type Broker struct {
 	// opts are the options with defaults applied; read-only after New.
-	opts Options
-	// logger is opts.Logger, at hand.
+	opts   Options
 	logger *slog.Logger
-	// store is the durable log and the cursors, behind the Store seam.
+	// store is the durable log and the cursors (Store).
 	store Store
-	// appendShared hands a publish to a log that other brokers share (A
-	// log shared by several brokers, a detail at the end) and returns the
-	// outcome that brings its seq; nil: the broker's own log.
+	// appendShared, if set, hands a publish to a log other brokers share
+	// and returns the outcome that brings its seq (a detail).
 	appendShared func(*Message) *outcome
-	// log is the committer, the one goroutine that writes to store (a
-	// commitLog, in the machine room).
+	// log is the committer, the one goroutine that writes to store.
 	log *commitLog
 
-	// mu guards the tables below, never across I/O.
+	// mu guards the tables below.
 	mu sync.RWMutex
-	// topics maps every exact topic name to its topic, made on first use.
-	// One that never had a message is forgotten when its last
-	// subscription ends (Retention).
-	topics map[string]*topic
-	// connections holds every registered connection, for Shutdown, the
-	// x-ray's snapshot and the outbox total /metrics reports.
+	// topics maps each exact topic name to its topic, made on first use.
+	topics      map[string]*topic
 	connections map[*connection]struct{}
 	// durables maps a durable key to the one subscription that owns it.
 	durables map[string]*subscription
 	// closing is set by Shutdown; no connection registers after it.
 	closing bool
 
-	// stop is closed by Shutdown, and the broker's loops return; loops
-	// waits for them.
-	stop  chan struct{}
-	loops sync.WaitGroup
-	// registered counts connections still registered.
+	// stop is closed by Shutdown; loops waits for the broker's loops,
+	// registered for the connections.
+	stop       chan struct{}
+	loops      sync.WaitGroup
 	registered sync.WaitGroup
-	// writers runs each connection's writer while its outbox holds
-	// frames (workers, in the machine room).
+	// writers runs each connection's writer while it has frames queued.
 	writers *workers
-	// shutdown makes Shutdown idempotent; shutdownErr is what the first
-	// call returned.
+	// shutdown makes Shutdown idempotent, returning shutdownErr.
 	shutdown    sync.Once
 	shutdownErr error
-	// open counts connections for MaxConnections, from before the
-	// upgrade until unregister.
+	// open counts connections for MaxConnections.
 	open atomic.Int64
-	// xray is told of every transition (an observer, below).
+	// xray is told of every transition; leaf holds the hooks to the
+	// details; features is what the features keep (all below).
 	xray observer
-	// leaf holds the hooks by which the first reading calls the
-	// details (leaves, below).
 	leaf leaves
-	// features is what the features beyond the article's broker keep
-	// (Defaults and start-up, a detail).
 	features
 }
 
-// observer is told of each transition, named in the protocol's words
-// ("delivered", "acked", "connected", …): the x-ray (a detail) is the
-// one, and publishes them on $sys/events. No call blocks.
+// observer is told of each transition, in the protocol's words
+// ("delivered", "acked", "connected", …): the x-ray, a detail, publishes
+// them on $sys/events. No call blocks.
 type observer interface {
-	// message: m published (c nil), or delivered, acked, retried and so
-	// on, to c with its pending entry p (nil for QoS 0).
+	// message: m published (c nil), or delivered, acked, retried… to c,
+	// with its pending entry p (nil for QoS 0).
 	message(kind string, c *connection, m *Message, p *pending)
 	// connection: c connected, disconnected or was cut off, and why.
 	connection(kind string, c *connection, why string)
@@ -343,8 +308,8 @@ type observer interface {
 // leaves are the hooks by which the first reading calls the details;
 // b.startFeatures sets each to the detail's function of its name.
 type leaves struct {
-	// overCapacity counts a new connection and reports true, having
-	// answered 503, if it is past MaxConnections.
+	// overCapacity counts a new connection, and answers 503 and reports
+	// true past MaxConnections.
 	overCapacity func(w http.ResponseWriter) bool
 	// acceptSocket upgrades r to a WebSocket; beforeRead runs before
 	// each read.
@@ -356,76 +321,69 @@ type leaves struct {
 	// recoverPanic, deferred by c's reader, logs a panic and takes c
 	// apart; endSession stops the timers c's session started.
 	recoverPanic, endSession func(c *connection)
-	// retain indexes m, just sequenced, and trims the log to
-	// MaxMessages and MaxLogBytes. The caller holds t.mu.
+	// retain indexes m, just sequenced, and trims the log to its caps,
+	// under t.mu.
 	retain func(t *topic, m *Message)
 	// pinTopic returns the topic called name, made on first use and kept
-	// while a subscription holds it; letGo lets go of what the details
-	// keep for s, which ended with left unacked, its topic among them.
-	// lockTopic returns the topic called name, made on first use, locked.
+	// while a subscription holds it; lockTopic returns it locked. letGo
+	// lets go of what the details keep for s, ended with left unacked.
 	pinTopic, lockTopic func(name string) *topic
 	letGo               func(s *subscription, left []pending)
 	// fanOutWildcards offers m, as fanOut does, to the wildcard
-	// subscriptions that cover t, and cuts off any without room.
+	// subscriptions that cover t.
 	fanOutWildcards func(t *topic, m *Message, deadline time.Time,
 		wake *wakeups)
 	// overtaken reports whether the log dropped seqs after *from, a
-	// replay's place (read: what a read from there found), and if so
-	// moves *from past them and tells s, which had all up to after.
+	// replay's place, given what a read from there found; if so it moves
+	// *from past them and tells s, which had all up to after.
 	overtaken func(s *subscription, after uint64, from *uint64,
 		read []*Message) bool
 	// waitForSeq waits, releasing t.mu, until t's next seq is reserved
-	// on disk: false, with a nil outcome, if done closed first, or a
-	// failed one. seal gives back, at Shutdown, the seqs never used.
+	// on disk: false, with a nil or failed outcome, if done closed first
+	// or the disk failed. seal gives back unused seqs at Shutdown.
 	waitForSeq func(t *topic, done <-chan struct{}) (*outcome, bool)
 	seal       func()
 	// retryDelay is how long p, at its attempt, waits for its ack.
 	retryDelay func(p *pending) time.Duration
 }
 
-// topic is one exact topic: its log's in-memory index and its subscribers.
-// The index holds no payloads, so a topic costs a few dozen bytes per
-// retained message.
+// topic is one exact topic: its log's in-memory index, without payloads,
+// and its subscribers.
 type topic struct {
-	// name is the exact topic name; immutable.
 	name string
 
-	// mu guards the fields below, and orders everything that happens to
-	// the topic: sequencing, fan-out, and the hand-over from replay.
+	// mu guards the fields below, and orders sequencing, fan-out and
+	// replay's hand-over.
 	mu sync.Mutex
-	// head is the newest seq given out, and fanned out; 0 before the
-	// first message. unsynced holds the messages not on disk yet, in seq
-	// order, for replay to read on from.
+	// head is the newest seq given out, and fanned out; unsynced holds
+	// the messages not on disk yet, in seq order, for replay.
 	head     uint64
 	unsynced []*Message
 	// lastTime is the newest timestamp given, in Unix milliseconds.
 	lastTime int64
-	// index lists the retained messages in seq order, without payloads:
-	// a fifo (index.Live lists them), taken from the front as messages
-	// leave.
+	// index lists the retained messages in seq order (index.Live).
 	index fifo[entry]
 	// ids maps the key of each retained QoS 1 message to its seq.
 	ids map[messageKey]uint64
 	// subscribers are the exact-topic subscriptions, replaying or live.
 	subscribers map[*subscription]struct{}
-	// topicFeatures is what the features keep in a topic (Defaults and
-	// start-up, a detail).
+	// topicFeatures is what the features keep in a topic.
 	topicFeatures
 }
 
-// entry is what the broker remembers of a retained message without its
-// payload: enough to apply retention and to recognise a repeated id.
+// entry is a retained message without its payload: enough to apply
+// retention and to recognise a repeated id.
 type entry struct {
-	seq       uint64     // the message's seq
-	timestamp int64      // Unix ms, for the time-to-live
-	key       messageKey // a QoS 1 message's, for idempotent publishes
-	size      int        // Message.size, for the byte cap
+	seq       uint64
+	timestamp int64 // Unix ms, for the time-to-live
+	key       messageKey
+	size      int // Message.size, for the byte cap
 }
 
-// New starts a broker over opts.Store, loading every topic's index from it
-// before the first client arrives, so that seqs go on where they stopped
-// and a publisher's retry of a message stored before a crash is still
-// recognised. The broker owns the store from here on: Shutdown closes it.
+// New starts a broker over opts.Store, loading every topic's index
+// first, so that seqs go on where they stopped and a publisher's retry
+// of a message stored before a crash is still recognised. Shutdown
+// closes the store.
 func New(opts Options) (*Broker, error) {
 	// Give zero fields their defaults (opts.ready, Defaults and start-up).
 	opts, err := opts.ready()
@@ -460,7 +418,6 @@ func (t *topic) firstSeq() uint64 {
 // connectionList snapshots the open connections, so that the broker's
 // lock is not held while each one is visited.
 func (b *Broker) connectionList() []*connection {
-	// One that leaves after the snapshot is visited, and has nothing.
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	return slices.Collect(maps.Keys(b.connections))
@@ -472,37 +429,30 @@ func (b *Broker) connectionList() []*connection {
 // thing that must survive a crash. The original synced each message on
 // the publisher's path, which caps a broker near two thousand publishes a
 // second. Here one goroutine, the committer, gathers everything queued
-// since its last sync (appends, trims, cursor moves) into one transaction
-// and one sync: group commit. A batch nobody waits for (no QoS 1
-// confirm, no barrier) waits up to 100 ms for company, so a trickle of
-// QoS 0 costs some ten syncs a second.
+// since its last sync into one transaction and one sync: group commit. A
+// batch nobody waits for (no QoS 1 confirm, no barrier) waits up to 100
+// ms for company, so a trickle of QoS 0 costs some ten syncs a second.
 //
 // A message is delivered once it has its seq and confirmed once its batch
 // is synced, so a crash can cost a subscriber only messages nobody
 // confirmed. What a crash must never do is give one seq to two messages,
 // or a subscriber's "after" would skip the second: seqs are reserved on
-// disk in blocks before they are used, and after a crash a topic starts
-// past its last block.
+// disk in blocks before they are used (a detail behind two hooks).
 //
 // Delivering after the sync put a millisecond or two on every delivery; a
-// write-ahead file of our own would save a batch from kill -9 but not
-// from a power loss, for a second file and its recovery; bbolt's NoSync
-// with a later sync is unsafe, as its pages may reach the disk in any
-// order. The committer (b.log) and the store are machinery, whose
-// contracts follow; the reservations are a detail, reached through two
-// hooks (leaves).
+// write-ahead file of our own would survive kill -9 but not a power
+// loss; bbolt's NoSync with a later sync is unsafe, as its pages may
+// reach the disk in any order.
 
 // # The machine room
 //
-// The broker's behaviour is this file; the machinery under it is not. As
-// the original PopSub split transport, broker and persistence into
-// crates, the parts whose work is how, not what, live in packages: the
-// disk (boltstore; jetstream for a shared log), group commit
-// (groupcommit), the WebSocket (socket, poller), passwords and tokens
-// (login), the x-ray's queue (xray) and our tables' queues (queue). The
-// first reading reaches them only through the declarations below, each
-// with its contract. This file imports no storage engine, and builds for
-// a browser (GOOS=js).
+// The machinery under the behaviour lives in packages, as the original
+// split transport, broker and persistence into crates: the disk
+// (boltstore; jetstream for a shared log), group commit (groupcommit),
+// the WebSocket (socket), logins (login), the x-ray's queue (xray) and
+// our tables' queues (queue). The first reading reaches them only
+// through the declarations below. This file imports no storage engine,
+// and builds for a browser (GOOS=js).
 
 // Store keeps topic logs and durable cursors, safe for concurrent use;
 // a Commit is durable when it returns.
@@ -510,11 +460,10 @@ type Store interface {
 	// Commit applies a batch atomically and durably.
 	Commit(batch *Batch) error
 	// Read returns up to limit messages of topic with seq > after, in
-	// seq order, and stops early once their payloads pass maxBytes.
+	// seq order, stopping once their payloads pass maxBytes.
 	Read(topic string, after uint64, limit, maxBytes int) ([]*Message, error)
-	// Topics returns every stored topic with its head: the greatest seq
-	// appended to it, or the last one Batch.Heads set, if later. A head
-	// must survive the topic's log being trimmed empty.
+	// Topics returns every stored topic with its head, the greatest seq
+	// appended or set by Batch.Heads; it survives a trim to empty.
 	Topics() (map[string]uint64, error)
 	// Cursor returns a durable cursor's position, if one is stored.
 	Cursor(key string) (uint64, bool, error)
@@ -522,84 +471,71 @@ type Store interface {
 	Close() error
 }
 
-// Batch is one atomic step of the log: appends first, then trims and
-// deletes, then heads, then cursor moves (groupcommit.Batch says each
-// field's rule).
+// Batch is one atomic step of the log (groupcommit.Batch): appends, then
+// trims and deletes, then heads, then cursor moves.
 type Batch = groupcommit.Batch[*Message]
 
-// outcome is what became of one batch: outcome.Done is closed once
-// outcome.Err says whether it is on disk; on a shared log outcome.Seq
-// and outcome.Duplicate bring the log's answer for its one message.
+// outcome is what became of one batch: Done is closed once Err says
+// whether it is on disk; on a shared log Seq and Duplicate bring the
+// log's answer for its one message.
 type outcome = groupcommit.Outcome
 
-// Socket is one client's WebSocket, accepted and framed by package
-// socket, or kept another way by a test or a page.
+// Socket is one client's WebSocket, framed by package socket, or kept
+// another way by a test or a page.
 type Socket interface {
 	// Read returns the next text frame, valid until the next Read, or nil
-	// once the client is quiet (Idle). An error means the socket is done
-	// and has sent whatever close it needs, such as 1003 for a binary
-	// frame, 1007 for invalid UTF-8 or 1009 past the read limit.
+	// once the client is quiet (Idle). An error means the socket is done,
+	// and has sent any close it needs (1003, 1007, 1009).
 	Read() ([]byte, error)
 	// SetReadLimit caps the frames Read returns, in bytes.
 	SetReadLimit(n int64)
-	// Send writes frames in order, each a WebSocket frame or, joined,
-	// runs of them joined by newlines in one; it fails once the peer
-	// took none of it for WriteTimeout. It drops a message frame whose
-	// expires_at has passed (wire.Expired).
+	// Send writes frames in order, joined by newlines in one frame if
+	// joined; it fails once the peer took none of it for WriteTimeout,
+	// and drops a message frame whose expires_at has passed.
 	Send(frames [][]byte, joined bool) error
 	// Ping pings the peer and waits for its pong, or for ctx to end.
 	Ping(ctx context.Context) error
-	// Close sends a close frame and closes the socket; CloseNow closes
-	// it without one.
+	// Close sends a close frame and closes; CloseNow closes without one.
 	Close(code websocket.StatusCode, reason string) error
 	CloseNow() error
-	// Idle makes a quiet socket's Read return nil and start resume when
+	// Idle makes a quiet socket's Read return nil, and calls resume when
 	// the client speaks or the socket closes.
 	Idle(resume func())
 }
 
 // wakeups are the writers a connection's reader owes a start
-// (queue.Wakeups): wake.Owe(outbox) owes one (a nil wakeups starts it at
-// once), and wake.Start, which the reader calls before it reads, starts
-// them all: a burst of publishes reaches each subscriber in one write.
+// (queue.Wakeups): Owe(outbox) owes one (a nil wakeups starts it at
+// once), and Start, called before the reader reads, starts them all, so
+// a burst of publishes reaches each subscriber in one write.
 type wakeups = queue.Wakeups
 
 // outbox is a connection's frames for its writer, at most a bound of
-// bytes (queue.Outbox). newOutbox(limit, write, b.writers) makes one
-// whose writer, write, runs on b.writers. Push queues frames, all or
-// none, and starts the writer if none runs; PushWithin queues within a
-// lower bound and owes the start to a wakeups; Take hands the writer
-// every frame queued, and none once it is to exit; recycle(frames) takes
-// its array back.
+// bytes (queue.Outbox). Push queues frames, all or none, and starts the
+// writer if none runs; PushWithin queues within a lower bound and owes
+// the start to a wakeups; Take hands the writer every frame queued.
 type outbox = queue.Outbox
 
-// newOutbox and recycle make an outbox and take back a writer's array.
+// newOutbox(limit, write, b.writers) makes an outbox whose writer, write,
+// runs on b.writers; recycle takes back a writer's array.
 var newOutbox, recycle = queue.NewOutbox, queue.Recycle
 
-// workers keeps the goroutines of writers that finished a second, for
-// the next (queue.Workers); Stop ends them.
+// workers keeps finished writers' goroutines a second, for the next
+// (queue.Workers); Stop ends them.
 type workers = queue.Workers
 
-// fifo is a queue of Ts (queue.Queue), taken from the front without
-// copying: Live lists the items, oldest first; Insert puts one at a
-// place; Remove drops a run of them, and Drop those that match.
+// fifo is a queue of Ts (queue.Queue): Live lists the items, oldest
+// first; Insert puts one at a place; Remove drops a run, Drop those that
+// match.
 type fifo[T any] = queue.Queue[T]
 
-// notify signals ch, a channel of capacity one, without waiting: a
-// signal already pending says the same (queue.Notify).
+// notify signals ch, of capacity one, without waiting (queue.Notify).
 var notify = queue.Notify
 
-// commitLog is the committer, b.log (package groupcommit):
-//
-//   - b.log.Admit(size, urgent, done, beforeWait) waits for room in the
-//     queue, at most 8,192 messages and 2 MiB (an eighth more if urgent:
-//     QoS 1), and takes it; b.log.GiveBack returns unused room.
-//   - b.log.Append(m) queues m and returns the outcome done once m is
-//     on disk, or failed. b.log.Barrier() returns the outcome of
-//     everything queued so far.
-//   - b.log.Stop() commits what is queued and ends.
-//
-// The details queue trims, cursor moves and stored heads the same way.
+// commitLog is the committer, b.log (groupcommit.Log). Admit(size,
+// urgent, done, beforeWait) waits for room in its queue, 8,192 messages
+// and 2 MiB (an eighth more if urgent), and GiveBack returns unused room;
+// Append(m) queues m and returns the outcome of its batch; Barrier()
+// returns that of everything queued; Stop() commits the rest and ends.
 type commitLog = groupcommit.Log[*Message]
 
 // # Connecting and authenticating
@@ -607,68 +543,62 @@ type commitLog = groupcommit.Log[*Message]
 // Now a client arrives. It proves who it is with a signed token in its
 // first frame, as in the original: browsers cannot set headers on a
 // WebSocket, so a frame is the one way every client can. Until then the
-// connection gets a small read limit and a deadline, so a stranger
-// cannot hold memory or a socket for long. The token also says what its
-// holder may do, and until when (Tokens, a detail). A cookie would have
-// been simpler for browsers, and would let any page a user visits ride
-// their session.
+// connection gets a small read limit and a deadline, so a stranger cannot
+// hold memory or a socket for long. A cookie would have been simpler for
+// browsers, and would let any page a user visits ride their session.
 
 // connection is one WebSocket client, from its upgrade until it leaves.
 // Fields above mu are set before the writer starts, or belong to one
-// goroutine as noted; those below are shared and guarded by mu.
+// goroutine; those below are guarded by mu.
 type connection struct {
 	broker *Broker
 	ws     Socket
 	// wake owes the writers that this reader's publishes filled a start.
 	wake wakeups
-	// remote is the peer's address, for logs; id numbers the connection
-	// for the x-ray. bearer is a token from the upgrade's Authorization
-	// header, which stands for the auth frame.
+	// remote is the peer's address; id numbers the connection for the
+	// x-ray; bearer is a token from the Authorization header, standing
+	// for the auth frame.
 	remote string
 	id     uint64
 	bearer string
-	// session is what the Tokens detail keeps: timers and a rate limiter.
+	// session is what the Tokens detail keeps.
 	session
 
-	// subject is the token's subject and client the name given in the
-	// auth frame, set at auth under mu, then read-only; claims are the
-	// token's grants (Claims, in Tokens), the reader's alone.
+	// subject is the token's subject and client the name the auth frame
+	// gave, set at auth under mu; claims are the token's grants (Claims).
 	subject, client string
 	claims          *Claims
-	// retries fires when the earliest unacked delivery is due, at
-	// retryAt; nil until the first QoS 1 delivery; guarded by mu.
+	// retries fires at retryAt, when the earliest unacked delivery is
+	// due; guarded by mu.
 	retries *time.Timer
 	retryAt time.Time
-	// batch is set when the client opted into several objects a frame;
-	// the reader's alone.
+	// batch is set once the client opted into several objects a frame.
 	batch bool
-	// outbox queues frames for the writer, at most OutboxBytes. A nil
-	// frame (c.closeWith, Tokens) tells the writer to close with
-	// closeCode and closeWhy.
+	// outbox queues frames for the writer. A nil frame tells the writer
+	// to close with closeCode and closeWhy.
 	outbox    *outbox
 	closeCode websocket.StatusCode
 	closeWhy  string
-	// room is signalled when the writer takes frames or an ack frees
-	// part of the in-flight window: a waiting replayer or reply takes it.
+	// room is signalled when the writer takes frames or an ack frees part
+	// of the window.
 	room chan struct{}
 	// done is closed, by end, when the reader returns or the writer
-	// fails: every goroutine working for the connection ends with it,
-	// the reader too if it was waiting to queue a confirm or a publish.
+	// fails: every goroutine working for the connection ends with it.
 	done  chan struct{}
 	ended sync.Once
 	// confirms carries QoS 1 confirms, in publish order, to the
-	// confirmer (Confirms); nil until the first QoS 1 publish.
+	// confirmer; nil until the first.
 	confirms chan confirm
-	// closing is set by the first close of any kind: its reason wins.
+	// closing is set by the first close: its reason wins.
 	closing atomic.Bool
 
-	// mu guards the tables below. It is never held while writing.
+	// mu guards the tables below, never while writing.
 	mu sync.Mutex
 	// subscriptions maps each filter to the connection's subscription.
 	subscriptions map[string]*subscription
-	// unacked holds the QoS 1 deliveries owed acks, by topic, each in
-	// seq order; inflight counts them, against MaxInflight, and
-	// inflightBytes their sizes, against MaxInflightBytes.
+	// unacked holds the QoS 1 deliveries owed acks, by topic, in seq
+	// order; inflight counts them and inflightBytes their sizes, for the
+	// window.
 	unacked                 map[string]*pendingQueue
 	inflight, inflightBytes int
 }
@@ -676,11 +606,10 @@ type connection struct {
 // connectionIDs numbers connections for events, from 1.
 var connectionIDs atomic.Uint64
 
-// ServeHTTP upgrades a request to a WebSocket and starts serving its
-// client. It returns once the socket is upgraded: the connection runs on
-// a goroutine of its own. Blocking here for the connection's life would
-// be simpler, and would keep the HTTP server's request, context and stack
-// frames alive with it, a quarter of an idle connection's memory.
+// ServeHTTP upgrades a request to a WebSocket and returns, the connection
+// running on a goroutine of its own. Blocking here for the connection's
+// life would keep the HTTP server's request and stack alive with it, a
+// quarter of an idle connection's memory.
 func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if b.leaf.overCapacity(w) {
 		return
@@ -705,10 +634,8 @@ func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	go c.serve()
 }
 
-// newConnection prepares the state of a freshly upgraded connection. Its
-// outbox is the one buffer of its own that grows with load, from empty
-// up to its bound. Its frames may have 8 KiB until the session starts
-// and raises the limit to MaxFrameBytes (Tokens).
+// newConnection prepares a freshly upgraded connection. Its frames may
+// have 8 KiB until the session raises the limit.
 func (b *Broker) newConnection(ws Socket, remote string) *connection {
 	c := &connection{broker: b, ws: ws, remote: remote,
 		id:   connectionIDs.Add(1),
@@ -736,8 +663,7 @@ func (b *Broker) register(c *connection) bool {
 
 // unregister takes c apart once its client has left: its subscriptions,
 // its entry and its socket. Its unacked deliveries go with it: a durable
-// subscription replays them on resume. Closing done first stops the
-// confirmer before the subscriptions it works for are taken apart.
+// subscription replays them on resume.
 func (b *Broker) unregister(c *connection) {
 	// Start the writers c owes; stop its timers, which hold c alive.
 	c.wake.Start()
@@ -767,9 +693,8 @@ func (b *Broker) unregister(c *connection) {
 // end closes c.done, once.
 func (c *connection) end() { c.ended.Do(func() { close(c.done) }) }
 
-// closeSocket closes c's socket with a close frame that says code and
-// why, or, with code 0, at once: a peer that does not read would never
-// take a close frame.
+// closeSocket closes c's socket with code and why, or at once with code
+// 0: a peer that does not read never takes a close frame.
 func (c *connection) closeSocket(code websocket.StatusCode, why string) {
 	if code == 0 {
 		c.ws.CloseNow()
@@ -778,11 +703,10 @@ func (c *connection) closeSocket(code websocket.StatusCode, why string) {
 	c.ws.Close(code, why)
 }
 
-// serve authenticates the client, reads its frames until it leaves, and
-// then takes the connection apart, as the connection's only reader. A
-// client quiet for a second (socket.IdleAfter) holds no goroutine, a
-// third of an idle connection's memory: its read returns nil, serve
-// returns, and the socket starts serve again when the client speaks.
+// serve authenticates the client and reads its frames, as the only
+// reader, until it leaves. A client quiet for a second holds no
+// goroutine, a third of an idle connection's memory: Read returns nil,
+// serve returns, and Idle starts serve again when the client speaks.
 func (c *connection) serve() {
 	defer c.broker.leaf.recoverPanic(c)
 	if c.claims == nil && !c.broker.leaf.authenticate(c) {
@@ -808,8 +732,8 @@ func (c *connection) serve() {
 	}
 }
 
-// handle decodes one frame and answers it. A bad frame costs the client
-// an error frame, never its connection.
+// handle decodes one frame and answers it. A bad frame costs an error
+// frame, never the connection.
 func (c *connection) handle(data []byte) {
 	f, problem := decodeFrame(data)
 	if problem.Type != "" {
@@ -819,10 +743,9 @@ func (c *connection) handle(data []byte) {
 	handlers[f.Type](c, f)
 }
 
-// handlers answer each frame type, one each; each validates its own
-// fields, so that its error names exactly what was wrong. A feature
-// adds its frames' handlers in its section (a fresh auth: Tokens; login:
-// Logins and passwords; nak: Naks, backoff and expiry).
+// handlers answer each frame type; each validates its own fields, so that
+// its error names what was wrong. A feature adds its frames in its
+// section (auth, login, nak).
 var handlers = map[string]func(*connection, frame){
 	"subscribe":   (*connection).subscribe,
 	"unsubscribe": (*connection).unsubscribeFrame,
@@ -832,10 +755,8 @@ var handlers = map[string]func(*connection, frame){
 	"ping": func(c *connection, _ frame) { c.reply(reply{Type: "pong"}) },
 }
 
-// decodeFrame parses one frame of a type the broker knows, or explains
-// what is wrong with it. data is valid UTF-8, and is not kept: the caller
-// may reuse it. wire.Decode reads the common shape by hand, in one pass,
-// and says what is wrong in the protocol's words.
+// decodeFrame parses one frame of a known type, or explains what is wrong
+// with it. data is not kept.
 func decodeFrame(data []byte) (frame, reply) {
 	f, err := wire.Decode(data)
 	switch {
@@ -851,92 +772,83 @@ func decodeFrame(data []byte) (frame, reply) {
 
 // # Subscribing
 //
-// A subscription to an exact topic replays the topic's log and then
-// turns live (Replay). Wildcard subscriptions (MQTT's + and #) cannot
-// replay, because they span logs with separate seq counters, so they are
-// live only: merging logs would need a global order the broker does not
-// keep. A durable name ties a subscription to a cursor on disk, so that
-// a client can resume where it stopped, on another connection or after
-// a restart (Durable subscriptions, a detail).
+// A subscription to an exact topic replays the topic's log and then turns
+// live (Replay). Wildcard subscriptions (MQTT's + and #) span logs with
+// separate seq counters, so they are live only: merging logs would need a
+// global order the broker does not keep. A durable name ties a
+// subscription to a cursor on disk, so that a client can resume where it
+// stopped, on another connection or after a restart (a detail).
 
 // subscription is one client's interest in one topic or filter.
 type subscription struct {
 	// conn is the subscriber, which owes the acks; to is where fan-out
-	// and replay hand its messages: conn, or, for the subscription a
-	// work queue reads its topic with, which has no conn, the group.
+	// and replay hand its messages: conn, or the receiver a detail puts
+	// in its place.
 	conn *connection
 	to   receiver
 	// filter is the topic, or a filter with + or #.
 	filter string
 	// topic is the exact topic, or nil for a wildcard filter.
 	topic *topic
-	// live is set once replay has caught up, and from then on fan-out
+	// live is set once replay has caught up; from then on fan-out
 	// delivers to it. Guarded by topic.mu.
 	live bool
-	// cancel is closed, under conn.mu, when the subscription ends; a
-	// replayer waiting for room gives up on it.
+	// cancel is closed, under conn.mu, when the subscription ends.
 	cancel chan struct{}
-	// cursor keeps how far s has got, or is nil: s is neither durable
-	// nor a work queue's member.
+	// cursor keeps how far s has got on disk, or is nil.
 	cursor cursor
-	// shares is set when s shares its messages with other subscriptions,
-	// each message to one of them: a work queue's member. nil: s keeps
-	// every message it is sent.
-	shares sharing
-	// owed counts s's QoS 1 deliveries not yet acked, and window, if
-	// not 0, is the most it may reach (a work queue's member's). Guarded
-	// by conn.mu.
+	// shares is set when s shares its messages with others, each to one
+	// of them (sharing); owed counts s's unacked deliveries, and window,
+	// if not 0, caps them. Guarded by conn.mu.
+	shares       sharing
 	owed, window int
-	// notice is a skipped frame that goes out with the next delivery,
-	// or nil (Replay). Guarded by conn.mu.
+	// notice is a skipped frame that goes out with the next delivery, or
+	// nil (Replay). Guarded by conn.mu.
 	notice []byte
 }
 
-// A receiver takes a subscription's messages: the subscriber's
-// connection (connection.deliver, in Acknowledgements), or a work
-// queue's group, which hands each message to one member with room (Work
-// queues, a detail). Fan-out and replay know only this.
+// A receiver takes a subscription's messages: the subscriber's connection
+// (connection.deliver), or a detail's that hands them on. Fan-out and
+// replay know only this.
 type receiver interface {
 	// deliver queues m to s if there is room, and reports whether s is
-	// done with m; connection.deliver says how.
+	// done with m.
 	deliver(s *subscription, m *Message, delivery []byte, split int,
 		deadline time.Time, wake *wakeups) bool
-	// roomMade is signalled when deliver may find room it did not find;
-	// a nil channel: the caller polls.
+	// roomMade is signalled when deliver may find room it did not; a nil
+	// channel: the caller polls.
 	roomMade() <-chan struct{}
 	// cutOff disconnects whoever receives, with 4008 and why.
 	cutOff(why string)
 }
 
-// A cursor keeps on disk how far a subscription has got: a durable
-// subscription's (Durable subscriptions, a detail), or the one a work
-// queue's members share (Work queues). It guards itself: fan-out, acks
-// and dead letters call it from their own goroutines.
+// A cursor keeps on disk how far a subscription has got (Durable
+// subscriptions, a detail). It guards itself: fan-out, acks and dead
+// letters call it from their own goroutines.
 type cursor interface {
 	// delivered notes m, just queued to the subscriber.
 	delivered(b *Broker, m *Message)
 	// settled notes that the delivery of seq was acked or dead-lettered.
 	settled(b *Broker, seq uint64)
-	// deadID is the message_id of seq's dead letter, the same each time
-	// the cursor gives up on seq, so that $dead stores it once.
+	// deadID is the message_id of seq's dead letter, the same each time,
+	// so that $dead stores it once.
 	deadID(seq uint64) string
 }
 
-// sharing is what a subscription that shares its messages does beyond
-// one that keeps them: a work queue's member (Work queues).
+// sharing is the hook of a subscription that shares its messages (a
+// work queue's member, a detail).
 type sharing interface {
-	// handOn gives list, deliveries a member will not finish, to the
-	// others as their next attempts: to any but avoid, if it is set.
+	// handOn gives list, deliveries s's connection will not finish, to
+	// the others as their next attempts, to any but avoid, if set.
 	handOn(list []pending, avoid *connection)
 }
 
-// subscribeKinds answer the subscribe frames of the kinds beyond a
-// topic's (a filter with + or #: Topic rules; a work queue's member: Work
-// queues): each reports whether f was of its kind.
+// subscribeKinds answer the subscribe frames of kinds beyond a topic's (a
+// filter, a group; details): each reports whether f was its kind.
 var subscribeKinds []func(c *connection, f frame) bool
 
-// subscribeRules rule on each subscribe frame in turn (Topic rules, a
-// detail): each refuses f with a reply, or passes it with a zero one.
+// subscribeRules rule on each subscribe frame (a detail): each refuses f
+// with a reply, or passes it with a zero one.
 var subscribeRules []func(c *connection, f frame) reply
 
 // subscribe answers a subscribe frame.
@@ -955,9 +867,9 @@ func (c *connection) subscribe(f frame) {
 	c.subscribeTopic(f)
 }
 
-// newSubscription registers a subscription on c, replacing any earlier
-// one to the same filter so that new options take effect. A non-empty
-// durable name gives it a cursor, set here before anyone else can see s.
+// newSubscription registers a subscription on c, replacing any to the
+// same filter. A durable name gives it a cursor before anyone else can
+// see s.
 func (c *connection) newSubscription(filter string, t *topic,
 	durable string) *subscription {
 	s := &subscription{conn: c, to: c, filter: filter, topic: t,
@@ -988,12 +900,11 @@ func (s *subscription) ended() bool {
 }
 
 // subscribeTopic subscribes to an exact topic: reply, replay, then live.
-// The topic is pinned until s ends (leaves.pinTopic). The client hears
-// "subscribed" before any message of s; with nothing to replay, s turns
-// live before the reader reads on, so a publish that follows on the same
-// connection is delivered before it is confirmed. A durable name's stored
-// position wins over after: c.resume sets f.After, or reports false when
-// the store failed, the client told why (Durable subscriptions).
+// The client hears "subscribed" before any message; with nothing to
+// replay, s turns live before the reader reads on, so the connection's
+// next publish reaches it before its confirm. A durable name's stored
+// position wins over after (c.resume; false: the store failed, and the
+// client was told).
 func (c *connection) subscribeTopic(f frame) {
 	b, t := c.broker, c.broker.leaf.pinTopic(f.Topic)
 	s := c.newSubscription(f.Topic, t, f.Durable)
@@ -1019,11 +930,9 @@ func (c *connection) subscribeTopic(f frame) {
 	}
 }
 
-// startAfter turns after or last into the seq replay starts after
-// (first-1: everything retained), and reports whether everything asked
-// for is still retained. Asking for more is not an error: the client
-// gets what there is, and "recovered":false if a seq it named is gone.
-// The caller holds t.mu.
+// startAfter turns after or last into the seq replay starts after, and
+// reports whether all asked for is still retained: if not, the client
+// gets what there is and "recovered":false. The caller holds t.mu.
 func (t *topic) startAfter(after, last *uint64) (uint64, bool) {
 	first := t.firstSeq()
 	switch {
@@ -1056,8 +965,8 @@ func (c *connection) dropSubscription(s *subscription) {
 	c.broker.unsubscribe(s)
 }
 
-// unsubscribeFrame answers an unsubscribe frame. Unsubscribing from a
-// topic one is not subscribed to is not an error: the result is the same.
+// unsubscribeFrame answers an unsubscribe frame; to a topic one is not
+// subscribed to, too.
 func (c *connection) unsubscribeFrame(f frame) {
 	if msg := wire.ValidFilter(f.Topic); msg != "" {
 		c.reply(topicError("invalid_topic", msg, f.Topic))
@@ -1073,11 +982,9 @@ func (c *connection) unsubscribeFrame(f frame) {
 	c.reply(reply{Type: "unsubscribed", Topic: f.Topic})
 }
 
-// unsubscribe ends s: no more deliveries, and its unacked ones are no
-// longer retried. A durable cursor stays on disk for the next subscribe.
-// Every step is idempotent, so a takeover may race a disconnect. What
-// the details keep for s they let go of last (leaves.letGo); meanwhile
-// deliver gives s nothing, as it has ended.
+// unsubscribe ends s: no more deliveries or retries; a durable cursor
+// stays on disk. Each step is idempotent, so a takeover may race a
+// disconnect. The details let go of s last (leaves.letGo).
 func (b *Broker) unsubscribe(s *subscription) {
 	// First no new deliveries from fan-out.
 	if s.topic != nil {
@@ -1115,14 +1022,12 @@ func (b *Broker) unsubscribe(s *subscription) {
 // # Publishing and fan-out
 //
 // This is the heart of the broker. The original stamped, stored and then
-// sent each message under its one lock. Here a publish first waits for
-// room in the log's queue, then takes only its topic's lock, and only
-// for work that touches no socket and no disk: give the message the next
-// seq, encode its delivery frame once, hand it to the committer, and
-// offer that one frame to every live subscriber's outbox. Only a QoS 1
-// publisher waits for the sync, on its connection's confirmer, before it
-// hears "published" (the log's section said why delivering first is
-// safe, and what waiting would cost).
+// sent each message under its one lock. Here a publish waits for room in
+// the log's queue, then takes only its topic's lock, for work that
+// touches no socket and no disk: give the message the next seq, encode
+// its delivery frame once, hand it to the committer, and offer that frame
+// to every live subscriber's outbox. Only a QoS 1 publisher waits for the
+// sync, on its connection's confirmer, before it hears "published".
 
 // confirm is a QoS 1 publish waiting for its batch to reach the disk.
 type confirm struct {
@@ -1132,16 +1037,16 @@ type confirm struct {
 	duplicate bool     // the message_id was already in the log
 }
 
-// publishRules rule on each well-formed publish in turn (Defaults and
-// start-up lists them): each refuses m with a reply, or passes it with a
-// zero one, and may set when m is delivered and until when.
+// publishRules rule on each well-formed publish (details): each refuses m
+// with a reply, or passes it with a zero one, and may set when m is
+// delivered and until when.
 var publishRules []func(c *connection, m *Message, f frame) reply
 
 // publish answers a publish frame. A refusal names the publisher's
-// message_id, so a client with many publishes in flight knows which one
-// it was. It does not wait for the disk: c.confirm hands the confirm to
-// the confirmer (Confirms, a detail), which sends it once the message is
-// on disk, so one connection's publishes in flight share one sync.
+// message_id, so a client with many publishes in flight knows which. It
+// does not wait for the disk: c.confirm hands the confirm to the
+// confirmer (a detail), so one connection's publishes in flight share one
+// sync.
 func (c *connection) publish(f frame) {
 	m, problem := newMessage(f, c.subject)
 	for _, rule := range publishRules {
@@ -1164,9 +1069,7 @@ func (c *connection) publish(f frame) {
 }
 
 // newMessage validates a publish frame and builds its message, from
-// publisher (a token's subject; "" from inside the process).
-// wire.ValidTopic explains what is wrong with a topic to publish to, as
-// wire.ValidFilter does for a subscription's.
+// publisher, a token's subject.
 func newMessage(f frame, publisher string) (*Message, reply) {
 	switch problem := wire.ValidTopic(f.Topic); {
 	case problem != "":
@@ -1186,11 +1089,10 @@ func newMessage(f frame, publisher string) (*Message, reply) {
 
 // publish waits for room in the log's queue, then sequences m, queues it
 // for the log and fans it out. It returns m's seq, whether m repeated a
-// QoS 1 message_id the topic remembers (a publisher that lost its confirm
-// sends again: same seq, nothing stored twice), and the outcome that says
-// when m is durable; nil if done closed, or the log stopped, first: then
-// nothing happened. On a shared log b.appendShared hands m over instead.
-// wake is the publishing reader's wakeups (nil, from inside the process).
+// QoS 1 message_id the topic remembers (same seq, nothing stored twice),
+// and the outcome that says when m is durable: nil if done closed or the
+// log stopped first, and nothing happened. wake is the publishing
+// reader's (nil in process).
 func (b *Broker) publish(m *Message, done <-chan struct{},
 	wake *wakeups) (uint64, bool, *outcome) {
 	m.ID = cmp.Or(m.ID, wire.NewMessageID())
@@ -1228,20 +1130,18 @@ func (b *Broker) publish(m *Message, done <-chan struct{},
 	return m.Seq, false, stored
 }
 
-// sequenced indexes m, which has its seq and its frame, and fans it out,
-// owing the writers it fills to wake. The caps are applied here, as
-// messages arrive (leaves.retain). The caller holds t.mu.
+// sequenced indexes m, trimming the log to its caps (leaves.retain), and
+// fans it out. The caller holds t.mu.
 func (b *Broker) sequenced(t *topic, m *Message, wake *wakeups) {
 	b.leaf.retain(t, m)
 	b.xray.message("published", nil, m, nil)
 	b.fanOut(t, m, wake)
 }
 
-// fanOut offers a new message to every live subscriber of t and, through
-// leaves.fanOutWildcards, every wildcard subscription that covers t.
-// Replaying subscriptions are skipped: their replayer reads the message
-// from the log. One encoding and one clock read (none at QoS 0) serve
-// every subscriber. The caller holds t.mu, which keeps seq order.
+// fanOut offers a new message to every live subscriber of t, and through
+// leaves.fanOutWildcards to the wildcards that cover t. Replaying
+// subscriptions read it from the log. The caller holds t.mu, which keeps
+// seq order.
 func (b *Broker) fanOut(t *topic, m *Message, wake *wakeups) {
 	var deadline time.Time
 	if m.QoS == 1 {
@@ -1255,19 +1155,17 @@ func (b *Broker) fanOut(t *topic, m *Message, wake *wakeups) {
 	b.leaf.fanOutWildcards(t, m, deadline, wake)
 }
 
-// fallBehind turns a live subscription back into a replaying one, which
-// reads on from the log after seq: its outbox or its in-flight window
-// had no room for the newest message. The caller holds s.topic.mu, as
-// fan-out does.
+// fallBehind turns a live subscription that had no room for the newest
+// message back into a replaying one, which reads on from the log after
+// seq. The caller holds s.topic.mu.
 func (s *subscription) fallBehind(b *Broker, after uint64) {
 	// In seq order, s has all up to after, nothing past it.
 	s.live = false
 	go s.replay(b, after, true)
 }
 
-// appendDelivery makes m's message frame at attempt (wire.AppendMessage
-// writes it by hand: encoding/json cost several times as much, once per
-// message and once per retry).
+// appendDelivery makes m's message frame at attempt, by hand
+// (wire.AppendMessage): encoding/json cost several times as much.
 func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 	return wire.AppendMessage(buf, m.Topic, m.ID, m.Payload, m.Timestamp,
 		m.QoS, m.Seq, attempt, m.ExpiresAt, m.DeliverAt)
@@ -1283,20 +1181,18 @@ func appendDelivery(buf []byte, m *Message, attempt int) []byte {
 //     pushes back on that publisher alone;
 //   - each connection's outbox: a reply to the client's own request
 //     waits; a live delivery never does, as a publisher must not stall
-//     for one slow subscriber: the subscription drops back to reading
-//     the log (fallBehind);
+//     for one slow subscriber: the subscription falls back to the log;
 //   - the socket: a write waits for its peer, WriteTimeout at most.
 //
 // A subscriber is cut off with 4008 only when its socket took nothing for
-// WriteTimeout, or when a wildcard subscription, which has no single log
-// to fall back on, found no room. Cutting off whoever filled a fixed
-// queue cut off fast readers too, at any burst bigger than the queue.
+// WriteTimeout, or a wildcard, which has no log to fall back on, found no
+// room. Cutting off whoever filled a fixed queue cut off fast readers
+// too, at any burst bigger than the queue.
 
-// writeLoop is the connection's only writer while frames are queued: it
-// writes until the outbox is empty, then exits. A writer that waited for
-// the next frame would cost every idle connection a parked goroutine and
-// its stack, 8 KiB. After a failed write the outbox stays marked as
-// written, so no writer starts again: the reader sees the socket closed.
+// writeLoop is the connection's only writer while frames are queued; it
+// exits once the outbox is empty, as a writer waiting for the next frame
+// would cost every idle connection a parked goroutine. After a failed
+// write no writer starts again: the reader sees the socket closed.
 func (c *connection) writeLoop() {
 	var frames [][]byte
 	defer func() { recycle(frames) }()
@@ -1310,10 +1206,9 @@ func (c *connection) writeLoop() {
 	}
 }
 
-// writeFrames writes the frames one Take handed over, and reports false
-// once the socket is done with: a write failed, or a nil frame asked for
-// the close. A client that opted into batches gets runs of frames joined
-// by newlines in one WebSocket frame.
+// writeFrames writes the frames one Take handed over, joined if the
+// client opted into batches, and reports false once the socket is done
+// with: a write failed, or a nil frame asked for the close.
 func (c *connection) writeFrames(frames [][]byte) bool {
 	// What came before a close leaves first.
 	end := slices.IndexFunc(frames, func(f []byte) bool { return f == nil })
@@ -1330,9 +1225,8 @@ func (c *connection) writeFrames(frames [][]byte) bool {
 	return end < 0
 }
 
-// writeFailed ends a connection whose socket refused a write. A write
-// that timed out means the peer stopped reading: a slow consumer, cut off
-// as one, though its close frame cannot reach a peer that does not read.
+// writeFailed ends a connection whose socket refused a write: one that
+// timed out, a peer that stopped reading, as a slow consumer.
 func (c *connection) writeFailed(err error) {
 	// end wakes a reader waiting for room this writer will not make.
 	if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -1348,11 +1242,10 @@ func (c *connection) reply(r reply) {
 	c.enqueue(data)
 }
 
-// enqueue queues frames, waiting for room or for the connection to end,
-// and reports whether it queued them (false: the connection ended).
-// Before it waits, c.wake.Start() starts the writers this connection's
-// reader owes, its own among them perhaps: nothing waits for a writer
-// that nobody started.
+// enqueue queues frames, waiting for room, and reports false if the
+// connection ended first. Before it waits it starts the writers the
+// reader owes, perhaps its own: nothing waits for a writer nobody
+// started.
 func (c *connection) enqueue(frames ...[]byte) bool {
 	for !c.outbox.Push(frames...) {
 		c.wake.Start()
@@ -1363,10 +1256,9 @@ func (c *connection) enqueue(frames ...[]byte) bool {
 	return true
 }
 
-// waitForRoom waits until a writer or an ack may have made room: a
-// signal on room, or 10 ms, as one signal wakes one waiter, which may be
-// another on the connection, and a receiver may have no channel (nil).
-// It reports false if stop closed first.
+// waitForRoom waits for a signal on room, or 10 ms, as one signal wakes
+// one waiter and a receiver may have no channel; false if stop closed
+// first.
 func waitForRoom(room, stop <-chan struct{}) bool {
 	select {
 	case <-room:
@@ -1378,9 +1270,8 @@ func waitForRoom(room, stop <-chan struct{}) bool {
 }
 
 // cutOff disconnects a slow consumer with 4008. It never blocks and takes
-// no lock, so it is safe to call while fanning out under a topic's lock:
-// the close handshake, which may wait seconds for a stuck peer, runs on a
-// goroutine of its own.
+// no lock, so fan-out may call it under a topic's lock: the close
+// handshake runs on a goroutine of its own.
 func (c *connection) cutOff(why string) {
 	// One closing already keeps its reason.
 	if c.closing.Swap(true) {
@@ -1396,18 +1287,16 @@ func (c *connection) cutOff(why string) {
 //
 // The original kept one pending entry per message, so the first ack from
 // anyone cleared it for every subscriber. Here each connection keeps its
-// own pending deliveries: an ack clears the acking connection's entry
-// alone. The cost is one entry per subscriber per QoS 1 delivery,
-// bounded by the in-flight window; the gain is that "at least once" holds
-// for every subscriber. A message that reaches a connection through two
-// subscriptions (a topic and a wildcard) has an entry for each, and one
-// ack clears both: one entry for the two left a durable cursor behind.
+// own pending deliveries, and an ack clears the acking connection's
+// alone: one entry per subscriber per QoS 1 delivery, bounded by the
+// in-flight window, buys "at least once" for every subscriber. A message
+// that reaches a connection through two subscriptions (a topic and a
+// wildcard) has an entry for each, and one ack clears both.
 //
-// The entries are kept per topic, in seq order, in a pendingQueue:
-// deliveries mostly come in order and are acked in it, so adding one is
-// an append and an ack "up to seq" a binary search. A map keyed by
-// message id made each such ack walk the table: QoS 1 to 100
-// subscribers cost 3.8 times QoS 0.
+// The entries are kept per topic, in seq order: deliveries mostly come in
+// order and are acked in it, so adding one is an append and an ack "up to
+// seq" a binary search. A map keyed by message id made each such ack walk
+// the table: QoS 1 to 100 subscribers cost 3.8 times QoS 0.
 
 // pending is one QoS 1 delivery the subscriber has not acknowledged.
 type pending struct {
@@ -1417,15 +1306,14 @@ type pending struct {
 	// message is shared with the log and other subscribers; read only.
 	message *Message
 	// attempt is 1 on first delivery and grows with each retry; past
-	// 1+MaxRetries the delivery is dead-lettered.
-	attempt int
-	// deadline is when the next retry is due.
+	// 1+MaxRetries the delivery is dead-lettered. deadline is when the
+	// next retry is due.
+	attempt  int
 	deadline time.Time
 }
 
 // pendingQueue is one topic's pending deliveries on one connection, in
-// seq order: a fifo, acks taking from its front and new deliveries going
-// on its back.
+// seq order.
 type pendingQueue struct {
 	fifo[pending]
 }
@@ -1435,8 +1323,8 @@ func bySeq(p pending, seq uint64) int {
 	return cmp.Compare(p.message.Seq, seq)
 }
 
-// find returns where the entry of p's message for p's subscription is
-// among q's, or -1 if there is none (or no q).
+// find returns where q holds p's message for p's subscription, or -1
+// (also for no q).
 func (q *pendingQueue) find(p pending) int {
 	if q == nil {
 		return -1
@@ -1451,14 +1339,12 @@ func (q *pendingQueue) find(p pending) int {
 	return -1
 }
 
-// deliver queues m's delivery frame to s if there is room, and records
-// it (c.record), under c.mu, so an ack cannot miss the entry. It never
-// waits. split divides each bound: 1 for live traffic, 2 for replay,
-// which leaves half to live traffic. A writer the frame makes due is
-// owed to wake. It reports true when s is done with m: queued, expired,
-// or s ended (nobody would clear its entries); false, having changed
-// nothing, when there is no room (an ended s that shared its messages
-// has none, so that another that shares them gets them).
+// deliver queues m's delivery frame to s if there is room, and records it
+// under c.mu, so an ack cannot miss the entry. It never waits. split
+// divides each bound: 1 for live traffic, 2 for replay, which leaves half
+// to live traffic. It reports true when s is done with m: queued,
+// expired, or s ended; false, having changed nothing, when there is no
+// room (or s ended and shares its messages, so that another takes them).
 func (c *connection) deliver(s *subscription, m *Message, delivery []byte,
 	split int, deadline time.Time, wake *wakeups) bool {
 	c.mu.Lock()
@@ -1476,15 +1362,13 @@ func (c *connection) deliver(s *subscription, m *Message, delivery []byte,
 	return true
 }
 
-// roomMade is signalled when the writer takes c's frames, or an ack
-// frees part of its window.
+// roomMade is c.room.
 func (c *connection) roomMade() <-chan struct{} { return c.room }
 
-// push queues delivery to s's connection within 1/split of the outbox, with
-// the skipped frame s.notice before it, if the log overtook s (Replay):
-// both or neither, so that the subscriber hears of a gap as the next
-// message comes, never while it has no room for it. It reports whether
-// it queued them. The caller holds c.mu.
+// push queues delivery within 1/split of the outbox, with s.notice, the
+// skipped frame, before it if the log overtook s: both or neither, so the
+// subscriber hears of a gap as the next message comes. The caller holds
+// c.mu.
 func (c *connection) push(s *subscription, delivery []byte, split int,
 	wake *wakeups) bool {
 	limit := c.broker.opts.OutboxBytes / split
@@ -1499,9 +1383,8 @@ func (c *connection) push(s *subscription, delivery []byte, split int,
 }
 
 // windowHas reports whether 1/split of the in-flight window has room for
-// m, by count and by bytes, if it is QoS 1, and s may owe one more ack
-// (s.window). An empty window takes one message, however large. The
-// caller holds c.mu.
+// m, if it is QoS 1, and s may owe one more (s.window). An empty window
+// takes one message, however large. The caller holds c.mu.
 func (c *connection) windowHas(s *subscription, m *Message, split int) bool {
 	o := c.broker.opts
 	if m.QoS == 0 || s.window > 0 && s.owed >= s.window {
@@ -1512,8 +1395,7 @@ func (c *connection) windowHas(s *subscription, m *Message, split int) bool {
 }
 
 // record notes a delivery just queued to s: a pending entry if m is QoS
-// 1, retried at deadline, and its cursor's progress. The caller
-// holds c.mu.
+// 1, and its cursor's progress. The caller holds c.mu.
 func (c *connection) record(s *subscription, m *Message, deadline time.Time) {
 	var p *pending
 	if m.QoS == 1 {
@@ -1526,10 +1408,9 @@ func (c *connection) record(s *subscription, m *Message, deadline time.Time) {
 	}
 }
 
-// addPending adds p to c's pending deliveries, after those of its seq
-// and before any later one, and returns where it went: mostly at the
-// back. The same subscription's entry for the same message, which
-// q.find finds, is replaced. The caller holds c.mu.
+// addPending adds p after those of its seq, mostly at the back, replacing
+// the same subscription's entry for the message, and returns where it
+// went. The caller holds c.mu.
 func (c *connection) addPending(p pending) *pending {
 	q := c.unacked[p.message.Topic]
 	if q == nil {
@@ -1550,10 +1431,9 @@ func (c *connection) addPending(p pending) *pending {
 	return &q.Live()[i]
 }
 
-// ack answers an ack frame. Three forms clear this connection's pending
-// deliveries: one message_id (on any topic, or on "topic"), a list of
-// message_ids, or everything on a topic up to "seq". The last two save
-// a busy client an ack frame per delivery.
+// ack answers an ack frame, which clears this connection's deliveries of
+// one message_id (on "topic", or any), a list of them, or all on a topic
+// up to "seq": the last two save a busy client a frame per delivery.
 func (c *connection) ack(f frame) {
 	// The original's single message_id is one more id in the list.
 	ids := f.MessageIDs
@@ -1585,9 +1465,8 @@ func (c *connection) ack(f frame) {
 	}
 }
 
-// pendingOf returns copies of c's pending deliveries on topic, or on
-// every topic if it is "", of the message with seq (if not nil) or id.
-// The caller holds c.mu.
+// pendingOf returns copies of c's pending deliveries on topic ("": any)
+// of the message with seq (if not nil) or id. The caller holds c.mu.
 func (c *connection) pendingOf(topic string, seq *uint64,
 	id string) []pending {
 	var found []pending
@@ -1605,8 +1484,8 @@ func (c *connection) pendingOf(topic string, seq *uint64,
 	return found
 }
 
-// settleOne settles p, a copy of one of c's pending deliveries, if it is
-// still pending. The caller holds c.mu.
+// settleOne settles p, a copy of a pending delivery, if still pending.
+// The caller holds c.mu.
 func (c *connection) settleOne(p pending, kind string) {
 	q := c.unacked[p.message.Topic]
 	if i := q.find(p); i >= 0 {
@@ -1614,12 +1493,10 @@ func (c *connection) settleOne(p pending, kind string) {
 	}
 }
 
-// settle removes the live entries i to j of q, acked, dead_lettered or
-// moved (the kind). An ack moves their cursors past them, and the x-ray
-// hears of it; a dead letter does both once it is on disk (b.deadLetter);
-// a move, to another that shares them, does neither. An emptied table
-// stays, for overdue to drop: a busy topic's empties many times a second.
-// The caller holds c.mu.
+// settle removes q's entries i to j, acked, dead_lettered or moved (the
+// kind). An ack moves their cursors and tells the x-ray; a dead letter
+// does both once on disk; a move neither. An emptied table stays, for
+// overdue to drop. The caller holds c.mu.
 func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 	live := q.Live()
 	for k := i; k < j; k++ {
@@ -1643,21 +1520,20 @@ func (c *connection) settle(q *pendingQueue, i, j int, kind string) {
 // The original retried by sending the message to the whole topic again,
 // subscribers that had acked included. Here a retry goes only to the
 // subscriber that owes the ack, and after the last one the message goes
-// to $dead/<topic>, with the reason and the subscriber, not away. Each
-// connection has one timer, set for its earliest deadline: a retry is
-// at most RetryWindow late, and a connection owing nothing holds none. A
-// loop over every connection was up to a second late; a timer per
-// delivery would cost memory per message. Backoff, naks and expiry are
-// a detail (Naks, backoff and expiry).
+// to $dead/<topic> with the reason, not away. Each connection has one
+// timer, set for its earliest deadline, so a connection owing nothing
+// holds none: a loop over every connection was up to a second late, and a
+// timer per delivery costs memory per message. Backoff, naks and expiry
+// are a detail.
 
 // RetryWindow is how late a retry may be: a connection's timer fires at
-// most once a RetryWindow, however its deadlines fall.
+// most once a RetryWindow.
 const RetryWindow = 5 * time.Millisecond
 
-// retryBy makes sure c's timer fires by deadline, or a RetryWindow from
-// now if that is later, when c.redeliver retries what is due then. The
-// caller holds c.mu.
+// retryBy makes c's timer fire by deadline, or a RetryWindow from now if
+// later, to run c.redeliver. The caller holds c.mu.
 func (c *connection) retryBy(deadline time.Time) {
+	// Deadlines a RetryWindow apart or less share one firing.
 	if soonest := time.Now().Add(RetryWindow); deadline.Before(soonest) {
 		deadline = soonest
 	}
@@ -1674,16 +1550,17 @@ func (c *connection) retryBy(deadline time.Time) {
 }
 
 // redeliver retries c's overdue deliveries and dead-letters exhausted
-// ones; c's timer runs it. A retry never waits: one that finds the
-// outbox full counts as an attempt all the same, as a subscriber that
-// has not drained its outbox for an ack timeout is not reading it. A
-// delivery whose subscription shares its messages goes to another.
+// ones. A retry never waits: one that finds the outbox full counts as an
+// attempt all the same, as a subscriber that has not drained it for an
+// ack timeout is not reading. A delivery whose subscription shares its
+// messages goes to another (s.shares.handOn).
 func (c *connection) redeliver(now time.Time) {
 	// Collect under c.mu, act after: a dead letter takes a topic's lock.
 	c.mu.Lock()
 	retries, dead, moves := c.overdue(now)
 	c.mu.Unlock()
 
+	// A full outbox drops a retry: the next attempt sends it again.
 	for _, data := range retries {
 		c.outbox.Push(data)
 	}
@@ -1704,10 +1581,9 @@ func (m *Message) deadReason() string {
 }
 
 // overdue walks c's pending deliveries once. Each overdue one gets its
-// next attempt and a retry frame, or, if its subscription shares its
-// messages, is settled as moved and goes among moves, or, past its last
-// retry or expiry, is settled as dead_lettered and goes among dead. It
-// drops emptied tables, and sets c's timer for the earliest deadline
+// next attempt and a retry frame; or, past its last retry or expiry, goes
+// among dead; or, if its subscription shares its messages, among moves.
+// It drops emptied tables and sets c's timer for the earliest deadline
 // left. The caller holds c.mu.
 func (c *connection) overdue(now time.Time) (retries [][]byte,
 	dead, moves []pending) {
@@ -1735,10 +1611,12 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 			}
 		}
 	}
+	// Set the timer for the earliest deadline left, if any.
 	c.retryAt = time.Time{}
 	if next < math.MaxInt64 {
 		c.retryBy(time.Unix(0, next))
 	}
+	// Settle after the walk, as settling removes entries.
 	for _, p := range dead {
 		c.settleOne(p, "dead_lettered")
 	}
@@ -1748,10 +1626,9 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 	return retries, dead, moves
 }
 
-// deadLetter publishes an exhausted delivery to $dead/<topic>, with QoS 1
+// deadLetter publishes an exhausted delivery to $dead/<topic> at QoS 1,
 // so that whoever watches gets it at least once; a dead letter's own is
-// logged, not nested. The reason is a nak's, or m.deadReason. Every
-// topic has room for its dead letters' (wire.MaxTopicBytes).
+// logged, not nested. The reason is a nak's, or m.deadReason.
 func (b *Broker) deadLetter(p pending, c *connection, reason string) {
 	m := p.message
 	b.logger.Warn("dead letter", "topic", m.Topic, "message_id", m.ID,
@@ -1766,6 +1643,7 @@ func (b *Broker) deadLetter(p pending, c *connection, reason string) {
 	if d := p.subscription.cursor; d != nil {
 		id = d.deadID(m.Seq)
 	}
+	// The letter carries the message whole, and who failed it, and why.
 	payload, _ := json.Marshal(wire.DeadLetter{
 		Topic: m.Topic, MessageID: m.ID, Seq: m.Seq, Payload: m.Payload,
 		Reason: reason, Attempts: p.attempt,
@@ -1780,11 +1658,10 @@ func (b *Broker) deadLetter(p pending, c *connection, reason string) {
 	}
 }
 
-// deadLetterStored waits for p's dead letter to reach the disk: only
-// then is the delivery done with. A crash before that makes the letter
-// again, and a cursor's id makes it a duplicate: stored once, and said
-// once. A letter the log refused leaves the delivery pending, to be
-// tried again.
+// deadLetterStored waits for p's dead letter to reach the disk: only then
+// is the delivery done with. After a crash the cursor's id makes the
+// letter made again a duplicate, stored and said once. A refused letter
+// leaves the delivery pending.
 func (b *Broker) deadLetterStored(p pending, c *connection, stored *outcome,
 	duplicate bool) {
 	<-stored.Done()
@@ -1797,9 +1674,8 @@ func (b *Broker) deadLetterStored(p pending, c *connection, stored *outcome,
 	b.deadLettered(p, c, !duplicate && !stored.Duplicate())
 }
 
-// deadLettered settles p, whose dead letter is on disk: its cursor
-// moves past it, and, unless the letter was made before (said false),
-// the x-ray hears of it.
+// deadLettered settles p, whose dead letter is on disk, and tells the
+// x-ray if said.
 func (b *Broker) deadLettered(p pending, c *connection, said bool) {
 	if d := p.subscription.cursor; d != nil {
 		d.settled(b, p.message.Seq)
@@ -1809,8 +1685,8 @@ func (b *Broker) deadLettered(p pending, c *connection, said bool) {
 	}
 }
 
-// keepPending puts p back among c's pending deliveries, due again after
-// its backoff, unless its subscription has ended.
+// keepPending puts p back among c's pending deliveries, due after its
+// backoff, unless its subscription ended.
 func (c *connection) keepPending(p pending) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -1823,33 +1699,29 @@ func (c *connection) keepPending(p pending) {
 // # Replay
 //
 // The original replayed stored messages with fresh ids and no guarantee.
-// Here replay is a contract: a message replays with its original
-// message_id, seq, timestamp and qos, and a QoS 1 replay is tracked and
-// retried like a live delivery. The replayer reads the store, then the
-// messages not synced yet, which the topic keeps in memory. The
+// Here a message replays with its original message_id, seq, timestamp and
+// qos, and a QoS 1 replay is tracked and retried like a live delivery.
+// The replayer reads the store, then the messages not synced yet. The
 // hand-over rests on the topic's head: fan-out happens under the topic's
 // lock as each seq is given, and the replayer turns live under that lock
 // once it has sent up to the head, so nothing falls between the two and
-// nothing comes twice. Replay waits for room, in half the outbox and
-// half the in-flight window, so a subscriber that reads and acks is never
-// cut off by its own history.
+// nothing comes twice. Replay waits for room in half the outbox and half
+// the window, so a subscriber that reads and acks is never cut off by its
+// own history.
 //
 // The same replay serves a live subscription that fell behind. There a
-// message the log no longer keeps is a loss the subscriber hears of: a
-// "skipped" frame says up to which seq messages are gone and how many,
-// and it goes on from the oldest kept. Cutting it off instead would treat
-// a reader slower than a burst like one that stopped. A QoS 1 message
-// skipped this way is gone, payload and all, so it cannot be
-// dead-lettered: the skipped frame counts it.
+// message the log no longer keeps is a loss the subscriber hears of, not
+// a cut-off: a "skipped" frame says up to which seq messages are gone and
+// how many, and it goes on from the oldest kept. Such a message is gone,
+// payload and all, so it cannot be dead-lettered.
 
 // replay sends the log after seq after, then turns s live, on its own
 // goroutine, ending early if s ends. behind says that s was live, and
 // hears what the log dropped (leaves.overtaken). A log that cannot be
-// read cuts the subscriber off (s.to.cutOff). An empty read while newer
-// seqs exist means a seq given a moment ago (read again) or one with
-// nothing to read (seqs skipped after a crash or a failed commit): the
-// same synced seq seen twice (stuck) means the second, and is skipped. A
-// shared log reads nothing only until its feed catches up (SharedLog).
+// read cuts the subscriber off. An empty read while newer seqs exist is a
+// seq given a moment ago (read again), or one with nothing to read,
+// skipped after a crash: the same synced seq seen twice (stuck). A shared
+// log reads nothing until its feed catches up.
 func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 	var stuck uint64
 	from := after
@@ -1898,16 +1770,15 @@ func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 }
 
 // firstKept is the oldest seq the log keeps, or will after its next
-// commit: the index leaves a message first.
+// commit.
 func (t *topic) firstKept() uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.firstSeq()
 }
 
-// unsyncedAfter returns up to a chunk of the messages after seq that are
-// not on disk yet, or none if the disk holds some after seq: those come
-// first, from the store.
+// unsyncedAfter returns up to a chunk of the messages after seq not on
+// disk yet, or none if the disk holds some after seq.
 func (t *topic) unsyncedAfter(seq uint64) []*Message {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -1919,8 +1790,7 @@ func (t *topic) unsyncedAfter(seq uint64) []*Message {
 	return slices.Clone(t.unsynced[i:min(len(t.unsynced), i+replayChunk)])
 }
 
-// synced is the newest seq on disk: the one before the oldest message
-// that is not. The caller holds t.mu.
+// synced is the newest seq on disk. The caller holds t.mu.
 func (t *topic) synced() uint64 {
 	if len(t.unsynced) > 0 {
 		return t.unsynced[0].Seq - 1
@@ -1929,10 +1799,9 @@ func (t *topic) synced() uint64 {
 }
 
 // finishReplay turns s live if nothing after seq was given out, and
-// reports whether the replay is finished (s is live, or ended);
-// otherwise it returns the newest seq on disk. With m, seq's message, m
-// goes out first as live traffic, if it has room: what follows comes by
-// fan-out.
+// reports whether the replay is finished (s live, or ended); if not, it
+// returns the newest seq on disk. m, seq's message if not nil, goes out
+// first as live traffic, if it has room.
 func (s *subscription) finishReplay(after uint64, m *Message, delivery []byte,
 	deadline time.Time) (finished bool, synced uint64) {
 	t := s.topic
@@ -1950,11 +1819,10 @@ func (s *subscription) finishReplay(after uint64, m *Message, delivery []byte,
 }
 
 // deliverReplay queues one replayed message once there is room, and
-// reports whether it sent it, and whether the replay should stop: m,
-// the newest, turned s live, or s ended first. For a subscription that
-// fell behind, m is not sent if it left the log while it waited: it is
-// skipped, and said to be, as if it had left before the read. Only the
-// last of a read may be the newest, so only it takes the topic's lock.
+// reports whether it sent it, and whether the replay should stop: m, the
+// newest, turned s live, or s ended. For a subscription behind, m is
+// skipped if it left the log while it waited. Only the last of a read may
+// be the newest, so only it takes the topic's lock.
 func (s *subscription) deliverReplay(b *Broker, m *Message,
 	behind, last bool) (sent, stop bool) {
 	delivery := appendDelivery(nil, m, 1)
@@ -1984,15 +1852,14 @@ func (s *subscription) deliverReplay(b *Broker, m *Message,
 // # Shutdown
 //
 // A graceful stop closes every client with 1001 so it knows to come back
-// later, stops the loops, gives back the seqs each topic reserved and
-// did not use, commits what the log still holds and closes the store.
-// A crash skips all of this and loses nothing confirmed: confirms and
-// cursors never run ahead of the disk. Draining every outbox before
-// closing would let one stuck client hold the broker open; the context
-// bounds the wait instead.
+// later, stops the loops, gives back unused seqs, commits what the log
+// still holds and closes the store. A crash skips all of this and loses
+// nothing confirmed: confirms and cursors never run ahead of the disk.
+// Draining every outbox first would let one stuck client hold the broker
+// open; the context bounds the wait instead.
 
-// Shutdown closes every connection with 1001, waits for them to leave
-// (or ctx), flushes the log and closes the store. It is idempotent.
+// Shutdown closes every connection with 1001, waits for them to leave (or
+// ctx), flushes the log and closes the store. It is idempotent.
 func (b *Broker) Shutdown(ctx context.Context) error {
 	// A signal handler and a test's cleanup may both call it.
 	b.shutdown.Do(func() { b.shutdownErr = b.shutdownOnce(ctx) })
@@ -3255,17 +3122,17 @@ func (cf confirm) answer() []byte {
 // full because it does not ack) is skipped anyway, so the slow get less
 // without anyone measuring them.
 //
-// The member that took a QoS 1 message owes its ack, at most GroupWindow
-// of them (its subscription's window). Each member's subscription has the
-// group as its sharing, which the first reading hands what the member
-// will not finish: a retry goes to another member with room, as the next
-// attempt. A member that leaves, or is cut off, hands its unacked
-// deliveries to the others at once (b.letGo). The group keeps one
-// cursor on disk, not one per member: the highest seq with everything up
-// to it acked, by whichever member, as a durable subscription's. A
-// cursor per member would have a restarted member redo what another
-// acked. Groups need the broker's own log: on a shared log each broker
-// would hand the same message to a member of its own.
+// The member that took a QoS 1 message owes its ack, at most GroupWindow of
+// them (its subscription's window). Each member's subscription has the group
+// as its sharing, which the first reading hands what the member will not
+// finish: a retry goes to another member with room, as the next attempt. A
+// member that leaves, or is cut off, hands its unacked deliveries to the
+// others at once (b.letGo). The group keeps one cursor on disk, not one per
+// member: the highest seq with everything up to it acked, by whichever
+// member, as a durable subscription's. A cursor per member would have a
+// restarted member redo what another acked. Groups need the broker's own
+// log: on a shared log each broker would hand the same message to a member
+// of its own.
 
 // group is a work queue: one topic's messages shared by its members. It
 // is its own subscription's receiver, and each member's sharing.
