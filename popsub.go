@@ -489,9 +489,10 @@ type Socket interface {
 	Read() ([]byte, error)
 	// SetReadLimit caps the frames Read returns, in bytes.
 	SetReadLimit(n int64)
-	// Send writes frames in order, joined by newlines in one frame if
-	// joined; it fails once the peer took none of it for WriteTimeout,
-	// and drops a message frame whose expires_at has passed.
+	// Send writes frames in order, each a WebSocket frame or, if joined,
+	// runs of them joined by newlines; it fails once the peer took none
+	// of it for WriteTimeout, and drops a message frame whose expires_at
+	// has passed.
 	Send(frames [][]byte, joined bool) error
 	// Ping pings the peer and waits for its pong, or for ctx to end.
 	Ping(ctx context.Context) error
@@ -965,8 +966,8 @@ func (c *connection) dropSubscription(s *subscription) {
 	c.broker.unsubscribe(s)
 }
 
-// unsubscribeFrame answers an unsubscribe frame; to a topic one is not
-// subscribed to, too.
+// unsubscribeFrame answers an unsubscribe frame, also for a topic the
+// client is not subscribed to: the result is the same.
 func (c *connection) unsubscribeFrame(f frame) {
 	if msg := wire.ValidFilter(f.Topic); msg != "" {
 		c.reply(topicError("invalid_topic", msg, f.Topic))
@@ -1225,8 +1226,9 @@ func (c *connection) writeFrames(frames [][]byte) bool {
 	return end < 0
 }
 
-// writeFailed ends a connection whose socket refused a write: one that
-// timed out, a peer that stopped reading, as a slow consumer.
+// writeFailed ends a connection whose socket refused a write. A write
+// that timed out means a peer that stopped reading, cut off as a slow
+// consumer.
 func (c *connection) writeFailed(err error) {
 	// end wakes a reader waiting for room this writer will not make.
 	if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -1257,8 +1259,8 @@ func (c *connection) enqueue(frames ...[]byte) bool {
 }
 
 // waitForRoom waits for a signal on room, or 10 ms, as one signal wakes
-// one waiter and a receiver may have no channel; false if stop closed
-// first.
+// one waiter and a receiver may have no channel. It reports false if stop
+// closed first.
 func waitForRoom(room, stop <-chan struct{}) bool {
 	select {
 	case <-room:
@@ -1362,7 +1364,7 @@ func (c *connection) deliver(s *subscription, m *Message, delivery []byte,
 	return true
 }
 
-// roomMade is c.room.
+// roomMade returns c.room.
 func (c *connection) roomMade() <-chan struct{} { return c.room }
 
 // push queues delivery within 1/split of the outbox, with s.notice, the
@@ -1533,7 +1535,8 @@ const RetryWindow = 5 * time.Millisecond
 // retryBy makes c's timer fire by deadline, or a RetryWindow from now if
 // later, to run c.redeliver. The caller holds c.mu.
 func (c *connection) retryBy(deadline time.Time) {
-	// Deadlines a RetryWindow apart or less share one firing.
+	// Never sooner than a RetryWindow: the timer fires at most that
+	// often.
 	if soonest := time.Now().Add(RetryWindow); deadline.Before(soonest) {
 		deadline = soonest
 	}
@@ -1674,8 +1677,8 @@ func (b *Broker) deadLetterStored(p pending, c *connection, stored *outcome,
 	b.deadLettered(p, c, !duplicate && !stored.Duplicate())
 }
 
-// deadLettered settles p, whose dead letter is on disk, and tells the
-// x-ray if said.
+// deadLettered moves p's cursor past it, its dead letter on disk, and
+// tells the x-ray if said (false: the letter was made before).
 func (b *Broker) deadLettered(p pending, c *connection, said bool) {
 	if d := p.subscription.cursor; d != nil {
 		d.settled(b, p.message.Seq)
