@@ -1244,10 +1244,10 @@ func (c *connection) reply(r reply) {
 	c.enqueue(data)
 }
 
-// enqueue queues frames, waiting for room, and reports false if the
-// connection ended first. Before it waits it starts the writers the
-// reader owes, perhaps its own: nothing waits for a writer nobody
-// started.
+// enqueue queues frames, waiting for room, and reports whether it did:
+// false, the connection ended first. Before it waits it starts the
+// writers the reader owes, perhaps its own: nothing waits for a writer
+// nobody started.
 func (c *connection) enqueue(frames ...[]byte) bool {
 	for !c.outbox.Push(frames...) {
 		c.wake.Start()
@@ -1369,8 +1369,8 @@ func (c *connection) roomMade() <-chan struct{} { return c.room }
 
 // push queues delivery within 1/split of the outbox, with s.notice, the
 // skipped frame, before it if the log overtook s: both or neither, so the
-// subscriber hears of a gap as the next message comes. The caller holds
-// c.mu.
+// subscriber hears of a gap as the next message comes. It reports whether
+// it queued them. The caller holds c.mu.
 func (c *connection) push(s *subscription, delivery []byte, split int,
 	wake *wakeups) bool {
 	limit := c.broker.opts.OutboxBytes / split
