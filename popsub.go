@@ -184,7 +184,8 @@ type Message struct {
 	QoS int `json:"qos"`
 	// Payload is any JSON value, compacted onto one line.
 	Payload json.RawMessage `json:"payload"`
-	// ExpiresAt (ttl_ms) and DeliverAt (delay_ms) are Unix ms, or 0.
+	// ExpiresAt is when it stops being delivered (ttl_ms), DeliverAt when
+	// it is due (delay_ms): Unix ms, or 0.
 	ExpiresAt int64 `json:"expires_at,omitempty"`
 	DeliverAt int64 `json:"deliver_at,omitempty"`
 
