@@ -266,7 +266,8 @@ type Broker struct {
 
 	// mu guards the tables below.
 	mu sync.RWMutex
-	// topics maps each exact topic name to its topic, made on first use.
+	// topics maps each exact topic name to its topic, made on first use;
+	// connections are the registered connections, for Shutdown.
 	topics      map[string]*topic
 	connections map[*connection]struct{}
 	// durables maps a durable key to the one subscription that owns it.
@@ -274,8 +275,8 @@ type Broker struct {
 	// closing is set by Shutdown; no connection registers after it.
 	closing bool
 
-	// stop is closed by Shutdown; loops waits for the broker's loops,
-	// registered for the connections.
+	// stop is closed by Shutdown; loops waits for the broker's loops to
+	// return, registered for the connections to leave.
 	stop       chan struct{}
 	loops      sync.WaitGroup
 	registered sync.WaitGroup
@@ -438,7 +439,8 @@ func (b *Broker) connectionList() []*connection {
 // is synced, so a crash can cost a subscriber only messages nobody
 // confirmed. What a crash must never do is give one seq to two messages,
 // or a subscriber's "after" would skip the second: seqs are reserved on
-// disk in blocks before they are used (a detail behind two hooks).
+// disk in blocks before they are used, and after a crash a topic starts
+// past its last block (a detail, behind two hooks).
 //
 // Delivering after the sync put a millisecond or two on every delivery; a
 // write-ahead file of our own would survive kill -9 but not a power
