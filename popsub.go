@@ -82,10 +82,10 @@ import (
 
 // # Options, messages and frames
 //
-// First, what a reader meets in the configuration and on the wire. Every
-// limit is an option with a named default. The protocol is the
-// original's, one JSON object per text frame with a "type"; PopSub adds
-// fields and frames, never changes one. Package wire declares it.
+// First, the configuration and the wire. Every limit is an option with a
+// named default. The protocol is the original's, one JSON object per text
+// frame with a "type"; PopSub adds fields and frames, never changes one.
+// Package wire declares it.
 
 // Limits that are not options: they protect the broker, not a policy.
 const (
@@ -667,7 +667,8 @@ func (b *Broker) register(c *connection) bool {
 
 // unregister takes c apart once its client has left: its subscriptions,
 // its entry and its socket. Its unacked deliveries go with it: a durable
-// subscription replays them on resume.
+// subscription replays them on resume. Closing done first stops the
+// confirmer before the subscriptions it works for are taken apart.
 func (b *Broker) unregister(c *connection) {
 	// Start the writers c owes; stop its timers, which hold c alive.
 	c.wake.Start()
@@ -903,12 +904,12 @@ func (s *subscription) ended() bool {
 	}
 }
 
-// subscribeTopic subscribes to an exact topic: reply, replay, then live.
-// The client hears "subscribed" before any message; with nothing to
-// replay, s turns live before the reader reads on, so the connection's
-// next publish reaches it before its confirm. A durable name's stored
-// position wins over after (c.resume; false: the store failed, and the
-// client was told).
+// subscribeTopic subscribes to an exact topic, pinned until s ends
+// (leaves.pinTopic): reply, replay, then live. The client hears
+// "subscribed" before any message; with nothing to replay, s turns live
+// before the reader reads on, so the connection's next publish reaches it
+// before its confirm. A durable name's stored position wins over after
+// (c.resume; false: the store failed, and the client was told).
 func (c *connection) subscribeTopic(f frame) {
 	b, t := c.broker, c.broker.leaf.pinTopic(f.Topic)
 	s := c.newSubscription(f.Topic, t, f.Durable)
@@ -1276,7 +1277,8 @@ func waitForRoom(room, stop <-chan struct{}) bool {
 
 // cutOff disconnects a slow consumer with 4008. It never blocks and takes
 // no lock, so fan-out may call it under a topic's lock: the close
-// handshake runs on a goroutine of its own.
+// handshake, which may wait seconds for a stuck peer, runs on a goroutine
+// of its own.
 func (c *connection) cutOff(why string) {
 	// One closing already keeps its reason.
 	if c.closing.Swap(true) {
@@ -1296,7 +1298,8 @@ func (c *connection) cutOff(why string) {
 // alone: one entry per subscriber per QoS 1 delivery, bounded by the
 // in-flight window, buys "at least once" for every subscriber. A message
 // that reaches a connection through two subscriptions (a topic and a
-// wildcard) has an entry for each, and one ack clears both.
+// wildcard) has an entry for each, and one ack clears both: one entry for
+// the two left a durable cursor behind.
 //
 // The entries are kept per topic, in seq order: deliveries mostly come in
 // order and are acked in it, so adding one is an append and an ack "up to
@@ -1346,10 +1349,10 @@ func (q *pendingQueue) find(p pending) int {
 
 // deliver queues m's delivery frame to s if there is room, and records it
 // under c.mu, so an ack cannot miss the entry. It never waits. split
-// divides each bound: 1 for live traffic, 2 for replay, which leaves half
-// to live traffic. It reports true when s is done with m: queued,
-// expired, or s ended; false, having changed nothing, when there is no
-// room (or s ended and shares its messages, so that another takes them).
+// divides each bound: 1 for live traffic, 2 for replay. It reports true
+// when s is done with m: queued, expired, or s ended; false, having
+// changed nothing, when there is no room (or s ended and shares its
+// messages, so that another takes them).
 func (c *connection) deliver(s *subscription, m *Message, delivery []byte,
 	split int, deadline time.Time, wake *wakeups) bool {
 	c.mu.Lock()
