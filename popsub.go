@@ -267,7 +267,7 @@ type Broker struct {
 	// mu guards the tables below.
 	mu sync.RWMutex
 	// topics maps each exact topic name to its topic, made on first use;
-	// connections are the registered connections, for Shutdown.
+	// connections are the registered ones, for Shutdown and the x-ray.
 	topics      map[string]*topic
 	connections map[*connection]struct{}
 	// durables maps a durable key to the one subscription that owns it.
@@ -332,7 +332,7 @@ type leaves struct {
 	pinTopic, lockTopic func(name string) *topic
 	letGo               func(s *subscription, left []pending)
 	// fanOutWildcards offers m, as fanOut does, to the wildcard
-	// subscriptions that cover t.
+	// subscriptions that cover t, and cuts off any without room.
 	fanOutWildcards func(t *topic, m *Message, deadline time.Time,
 		wake *wakeups)
 	// overtaken reports whether the log dropped seqs after *from, a
@@ -1096,7 +1096,8 @@ func newMessage(f frame, publisher string) (*Message, reply) {
 // for the log and fans it out. It returns m's seq, whether m repeated a
 // QoS 1 message_id the topic remembers (same seq, nothing stored twice),
 // and the outcome that says when m is durable: nil if done closed or the
-// log stopped first, and nothing happened. wake is the publishing
+// log stopped first, and nothing happened. On a shared log b.appendShared
+// takes m instead, and its outcome brings the seq. wake is the publishing
 // reader's (nil in process).
 func (b *Broker) publish(m *Message, done <-chan struct{},
 	wake *wakeups) (uint64, bool, *outcome) {
@@ -3131,17 +3132,17 @@ func (cf confirm) answer() []byte {
 // full because it does not ack) is skipped anyway, so the slow get less
 // without anyone measuring them.
 //
-// The member that took a QoS 1 message owes its ack, at most GroupWindow of
-// them (its subscription's window). Each member's subscription has the group
-// as its sharing, which the first reading hands what the member will not
-// finish: a retry goes to another member with room, as the next attempt. A
-// member that leaves, or is cut off, hands its unacked deliveries to the
-// others at once (b.letGo). The group keeps one cursor on disk, not one per
-// member: the highest seq with everything up to it acked, by whichever
-// member, as a durable subscription's. A cursor per member would have a
-// restarted member redo what another acked. Groups need the broker's own
-// log: on a shared log each broker would hand the same message to a member
-// of its own.
+// The member that took a QoS 1 message owes its ack, at most GroupWindow
+// of them (its subscription's window). Each member's subscription has the
+// group as its sharing, which the first reading hands what the member
+// will not finish: a retry goes to another member with room, as the next
+// attempt. A member that leaves, or is cut off, hands its unacked
+// deliveries to the others at once (b.letGo). The group keeps one
+// cursor on disk, not one per member: the highest seq with everything up
+// to it acked, by whichever member, as a durable subscription's. A
+// cursor per member would have a restarted member redo what another
+// acked. Groups need the broker's own log: on a shared log each broker
+// would hand the same message to a member of its own.
 
 // group is a work queue: one topic's messages shared by its members. It
 // is its own subscription's receiver, and each member's sharing.
