@@ -565,8 +565,8 @@ type connection struct {
 	remote string
 	id     uint64
 	bearer string
-	// session is what the Tokens detail keeps.
-	session
+	// connectionFeatures is what the features keep in a connection.
+	connectionFeatures
 
 	// subject is the token's subject and client the name the auth frame
 	// gave, set at auth under mu; claims are the token's grants (Claims).
@@ -579,10 +579,8 @@ type connection struct {
 	// batch is set once the client opted into several objects a frame.
 	batch bool
 	// outbox queues frames for the writer. A nil frame tells the writer
-	// to close with closeCode and closeWhy.
-	outbox    *outbox
-	closeCode websocket.StatusCode
-	closeWhy  string
+	// to close with 4003, the token expired (Tokens).
+	outbox *outbox
 	// room is signalled when the writer takes frames or an ack frees part
 	// of the window.
 	room chan struct{}
@@ -590,9 +588,6 @@ type connection struct {
 	// fails: every goroutine working for the connection ends with it.
 	done  chan struct{}
 	ended sync.Once
-	// confirms carries QoS 1 confirms, in publish order, to the
-	// confirmer; nil until the first.
-	confirms chan confirm
 	// closing is set by the first close: its reason wins.
 	closing atomic.Bool
 
@@ -1034,14 +1029,6 @@ func (b *Broker) unsubscribe(s *subscription) {
 // to every live subscriber's outbox. Only a QoS 1 publisher waits for the
 // sync, on its connection's confirmer, before it hears "published".
 
-// confirm is a QoS 1 publish waiting for its batch to reach the disk.
-type confirm struct {
-	stored    *outcome // done once the batch holding the message is synced
-	message   *Message // what was published
-	seq       uint64   // its seq, or the first copy's for a duplicate
-	duplicate bool     // the message_id was already in the log
-}
-
 // publishRules rule on each well-formed publish (details): each refuses m
 // with a reply, or passes it with a zero one, and may set when m is
 // delivered and until when.
@@ -1070,7 +1057,7 @@ func (c *connection) publish(f frame) {
 	if m.QoS == 0 || stored == nil {
 		return
 	}
-	c.confirm(confirm{stored, m, seq, duplicate})
+	c.confirm(m, seq, duplicate, stored)
 }
 
 // newMessage validates a publish frame and builds its message, from
@@ -1226,7 +1213,7 @@ func (c *connection) writeFrames(frames [][]byte) bool {
 		return false
 	}
 	if end >= 0 {
-		c.closeSocket(c.closeCode, c.closeWhy)
+		c.closeSocket(CloseTokenExpired, "token expired")
 	}
 	return end < 0
 }
@@ -1662,26 +1649,12 @@ func (b *Broker) deadLetter(p pending, c *connection, reason string) {
 	_, duplicate, stored := b.publish(&Message{Topic: deadPrefix + m.Topic,
 		ID: id, QoS: 1, Payload: payload}, b.stop, nil)
 
-	// A broker stopping leaves a durable cursor behind the delivery.
+	// The delivery is done with once its letter is on disk
+	// (b.deadLetterStored, in Confirms); a broker stopping leaves a
+	// durable cursor behind it.
 	if stored != nil {
 		go b.deadLetterStored(p, c, stored, duplicate)
 	}
-}
-
-// deadLetterStored waits for p's dead letter to reach the disk: only then
-// is the delivery done with. After a crash the cursor's id makes the
-// letter made again a duplicate, stored and said once. A refused letter
-// leaves the delivery pending.
-func (b *Broker) deadLetterStored(p pending, c *connection, stored *outcome,
-	duplicate bool) {
-	<-stored.Done()
-	if err := stored.Err(); err != nil {
-		b.logger.Error("dead letter not stored", "topic", p.message.Topic,
-			"seq", p.message.Seq, "err", err)
-		c.keepPending(p)
-		return
-	}
-	b.deadLettered(p, c, !duplicate && !stored.Duplicate())
 }
 
 // deadLettered moves p's cursor past it, its dead letter on disk, and
@@ -1692,17 +1665,6 @@ func (b *Broker) deadLettered(p pending, c *connection, said bool) {
 	}
 	if said {
 		b.xray.message("dead_lettered", c, p.message, &p)
-	}
-}
-
-// keepPending puts p back among c's pending deliveries, due after its
-// backoff, unless its subscription ended.
-func (c *connection) keepPending(p pending) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !p.subscription.ended() {
-		p.deadline = time.Now().Add(c.broker.leaf.retryDelay(&p))
-		c.addPending(p)
 	}
 }
 
@@ -1965,6 +1927,24 @@ type topicFeatures struct {
 	bytes int
 }
 
+// connectionFeatures is what the features keep in a connection. The
+// reader goroutine sets its fields; the timers, set once at auth, may
+// then be reset or stopped from any goroutine, as time.Timer allows.
+type connectionFeatures struct {
+	// expiry closes the connection when the token runs out; a fresh auth
+	// frame resets it. pings pings the peer an interval after each pong
+	// (Keepalives, limits and batches). Both are set at auth.
+	expiry, pings *time.Timer
+	// loginFailed is set once a login on the connection failed (Logins).
+	loginFailed bool
+	// limiter holds publishes to PublishRate (withinRate, a publish
+	// rule); nil until the first publish, or with no cap.
+	limiter *rate.Limiter
+	// confirms carries QoS 1 confirms, in publish order, to the
+	// confirmer (Confirms); nil until the first.
+	confirms chan confirm
+}
+
 // FeatureOptions configure the features beyond the article's broker,
 // each group of fields naming its section; Options embeds them, and the
 // same rules hold: zero asks for the default, a negative is refused.
@@ -2211,22 +2191,6 @@ type Claims struct {
 	Subscribe []string `json:"subscribe,omitempty"`
 }
 
-// session is what a connection keeps for its session beyond the token's
-// claims. The reader goroutine sets its fields; the timers, set once at
-// auth, may then be reset or stopped from any goroutine, as time.Timer
-// allows.
-type session struct {
-	// expiry closes the connection when the token runs out; a fresh auth
-	// frame resets it. pings pings the peer an interval after each pong
-	// (Keepalives, limits and batches). Both are set at auth.
-	expiry, pings *time.Timer
-	// loginFailed is set once a login on the connection failed (Logins).
-	loginFailed bool
-	// limiter holds publishes to PublishRate (withinRate, a publish
-	// rule); nil until the first publish, or with no cap.
-	limiter *rate.Limiter
-}
-
 // endSession stops the session's timers, if auth started them, so that
 // neither keeps a departed connection alive until it fires.
 func (c *connection) endSession() {
@@ -2239,23 +2203,16 @@ func (c *connection) endSession() {
 // tokenLeeway is the clock skew allowed on a token's exp.
 const tokenLeeway = 5 * time.Second
 
-// tokenExpired closes a connection whose token ran out without a fresh auth.
-// It runs on the timer's goroutine.
+// tokenExpired closes a connection whose token ran out without a fresh
+// auth: a token_expired error frame, then the close marker, a nil frame,
+// which the writer takes as a close with 4003. The writer sends them in
+// that order, so the client reads why before the socket closes. It runs
+// on the timer's goroutine.
 func (c *connection) tokenExpired() {
-	c.closeWith(errorReply("token_expired", "token expired"),
-		CloseTokenExpired, "token expired")
-}
-
-// closeWith queues a last frame, then a close with code. The writer sends
-// them in that order, so the client reads why before the socket closes.
-func (c *connection) closeWith(last reply, code websocket.StatusCode,
-	why string) {
 	if c.closing.Swap(true) {
 		return
 	}
-	// Set before the marker is queued: the outbox's lock orders the two.
-	c.closeCode, c.closeWhy = code, why
-	c.reply(last)
+	c.reply(errorReply("token_expired", "token expired"))
 	c.enqueue(nil)
 }
 
@@ -3048,18 +3005,36 @@ func (b *Broker) Publish(ctx context.Context, topic string, payload any,
 // waits for room in the outbox; a publisher that never reads its confirms
 // fills its outbox, then its confirm queue, and then its reader stops
 // reading: it is pushed back like any publisher.
+//
+// The broker waits for its own dead letters the same way, on a goroutine
+// for each: a delivery dead-lettered is done with, its durable cursor
+// moved and the x-ray told, only once its letter is on disk. A letter
+// the disk refused leaves the delivery pending, to be retried and
+// dead-lettered again; moving the cursor first would lose the message
+// to a crash between the two.
 
-// confirm queues cf for the connection's confirmer, starting it on first
-// use. Confirms leave in publish order, and many can wait on one sync.
-// A connection that never publishes at QoS 1 never pays for the goroutine.
-func (c *connection) confirm(cf confirm) {
+// confirm is a QoS 1 publish waiting for its batch to reach the disk.
+type confirm struct {
+	stored    *outcome // done once the batch holding the message is synced
+	message   *Message // what was published
+	seq       uint64   // its seq, or the first copy's for a duplicate
+	duplicate bool     // the message_id was already in the log
+}
+
+// confirm queues the confirm of m, published as seq (a duplicate if
+// so), for the connection's confirmer, starting it on first use; stored
+// is done once m's batch is synced. Confirms leave in publish order, and
+// many can wait on one sync. A connection that never publishes at QoS 1
+// never pays for the goroutine.
+func (c *connection) confirm(m *Message, seq uint64, duplicate bool,
+	stored *outcome) {
 	// Only the reader calls confirm: starting it lazily needs no lock.
 	if c.confirms == nil {
 		c.confirms = make(chan confirm, 256)
 		go c.confirmLoop()
 	}
 	select {
-	case c.confirms <- cf:
+	case c.confirms <- confirm{stored, m, seq, duplicate}:
 	case <-c.done:
 	}
 }
@@ -3101,6 +3076,33 @@ func (cf confirm) answer() []byte {
 	}
 	data, _ := json.Marshal(r)
 	return data
+}
+
+// deadLetterStored waits for p's dead letter to reach the disk: only then
+// is the delivery done with. After a crash the cursor's id makes the
+// letter made again a duplicate, stored and said once. A refused letter
+// leaves the delivery pending.
+func (b *Broker) deadLetterStored(p pending, c *connection, stored *outcome,
+	duplicate bool) {
+	<-stored.Done()
+	if err := stored.Err(); err != nil {
+		b.logger.Error("dead letter not stored", "topic", p.message.Topic,
+			"seq", p.message.Seq, "err", err)
+		c.keepPending(p)
+		return
+	}
+	b.deadLettered(p, c, !duplicate && !stored.Duplicate())
+}
+
+// keepPending puts p back among c's pending deliveries, due after its
+// backoff, unless its subscription ended.
+func (c *connection) keepPending(p pending) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !p.subscription.ended() {
+		p.deadline = time.Now().Add(c.broker.retryDelay(&p))
+		c.addPending(p)
+	}
 }
 
 // # The queues (detail)
