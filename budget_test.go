@@ -36,14 +36,14 @@ import (
 // its subscribe, 9 a shared log's delayed publishes counted from their append,
 // 4 a failed commit's reason told to the operator), and the first reading,
 // priced as a reader pays it (5 lines a minute where code takes or lets go of a
-// lock, starts a goroutine or selects), takes about 200 minutes against a goal
+// lock, starts a goroutine or selects), takes about 198 minutes against a goal
 // of 180. Making room is the restructure that makes every feature a leaf
 // (STYLE.md, "The first reading stands alone"); until it lands, these caps hold
 // the line where the file is now, and the test's log prints each one's slack.
 const (
 	budgetFirstReading  = 1050 // code lines in first-reading sections
-	budgetMinutes       = 200  // the first reading, priced; the goal is 180
-	budgetCode          = 2764 // code lines in the file; STYLE.md's 2,200
+	budgetMinutes       = 199  // the first reading, priced; the goal is 180
+	budgetCode          = 2766 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function

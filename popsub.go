@@ -1653,7 +1653,7 @@ func (b *Broker) deadLetter(p pending, c *connection, reason string) {
 	// (b.deadLetterStored, in Confirms); a broker stopping leaves a
 	// durable cursor behind it.
 	if stored != nil {
-		go b.deadLetterStored(p, c, stored, duplicate)
+		b.deadLetterStored(p, c, stored, duplicate)
 	}
 }
 
@@ -3078,20 +3078,22 @@ func (cf confirm) answer() []byte {
 	return data
 }
 
-// deadLetterStored waits for p's dead letter to reach the disk: only then
-// is the delivery done with. After a crash the cursor's id makes the
-// letter made again a duplicate, stored and said once. A refused letter
-// leaves the delivery pending.
+// deadLetterStored waits, on a goroutine of its own, for p's dead letter
+// to reach the disk: only then is the delivery done with. After a crash
+// the cursor's id makes the letter made again a duplicate, stored and
+// said once. A refused letter leaves the delivery pending.
 func (b *Broker) deadLetterStored(p pending, c *connection, stored *outcome,
 	duplicate bool) {
-	<-stored.Done()
-	if err := stored.Err(); err != nil {
-		b.logger.Error("dead letter not stored", "topic", p.message.Topic,
-			"seq", p.message.Seq, "err", err)
-		c.keepPending(p)
-		return
-	}
-	b.deadLettered(p, c, !duplicate && !stored.Duplicate())
+	go func() {
+		<-stored.Done()
+		if err := stored.Err(); err != nil {
+			b.logger.Error("dead letter not stored", "topic", p.message.Topic,
+				"seq", p.message.Seq, "err", err)
+			c.keepPending(p)
+			return
+		}
+		b.deadLettered(p, c, !duplicate && !stored.Duplicate())
+	}()
 }
 
 // keepPending puts p back among c's pending deliveries, due after its
