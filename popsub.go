@@ -31,10 +31,10 @@
 //
 // Per connection: the reader; a writer while frames are queued; a
 // confirmer once it publishes at QoS 1; a replayer per subscription
-// while it catches up; a timer's work while it runs. Per broker: the
-// delayed-delivery and retention loops, the x-ray's loop, the committer,
-// and up to 64 writers' goroutines kept a second for the next writer
-// (queue.Workers).
+// while it catches up; a timer's work while it runs; a wait for each
+// dead letter's sync. Per broker: the delayed-delivery and retention
+// loops, the x-ray's loop, the committer, and up to 64 writers'
+// goroutines kept a second for the next writer (queue.Workers).
 //
 // # A session
 //
