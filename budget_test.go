@@ -113,22 +113,13 @@ func TestPopsubGo_KeepsItsBudget(t *testing.T) {
 			budgetOneLinePct,
 			100*b.OneLineComments >= budgetOneLinePct*b.InFunctionComments},
 	}
-	t.Logf("first reading: %d dense code lines (locks, goroutines, "+
-		"selects) of %d", b.FirstReadingDense(), b.FirstReading)
 	// The price unrounded, and where it goes: prose or code.
-	words, dense, other := 0, 0, 0
-	for _, s := range b.Sections {
-		if !s.Detail {
-			words, dense, other = words+s.Words, dense+s.Dense,
-				other+s.Code-s.Dense
-		}
-	}
-	prosePrice := float64(words) / source.WordsPerMinute
-	codePrice := float64(dense)/source.DenseLinesPerMinute +
-		float64(other)/source.CodeLinesPerMinute
+	price := b.FirstReadingPrice()
+	t.Logf("first reading: %d dense code lines (locks, goroutines, "+
+		"selects) of %d", price.Dense, b.FirstReading)
 	t.Logf("first reading: %.1f minutes: prose %.1f (%d words), code %.1f "+
-		"(%d dense lines, %d others)", prosePrice+codePrice, prosePrice,
-		words, codePrice, dense, other)
+		"(%d dense lines, %d others)", price.Minutes(), price.Prose(),
+		price.Words, price.Code(), price.Dense, price.Other)
 	for _, c := range checks {
 		// Slack is the share of the budget between it and the measure,
 		// on the side the budget allows; negative when over.

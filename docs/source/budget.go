@@ -67,14 +67,27 @@ func (s SectionBudget) Minutes() int {
 	return max(1, int(math.Round(s.minutes())))
 }
 
-// minutes is how long a section takes to read, at WordsPerMinute,
-// DenseLinesPerMinute for its dense code and CodeLinesPerMinute for the
-// rest.
+// minutes is how long a section takes to read, unrounded.
 func (s SectionBudget) minutes() float64 {
-	return float64(s.Words)/WordsPerMinute +
-		float64(s.Dense)/DenseLinesPerMinute +
-		float64(s.Code-s.Dense)/CodeLinesPerMinute
+	return Price{s.Words, s.Dense, s.Code - s.Dense}.Minutes()
 }
+
+// Price is what a reading costs: its words, its dense code lines and its
+// other code lines.
+type Price struct{ Words, Dense, Other int }
+
+// Prose is the minutes its words take, at WordsPerMinute.
+func (p Price) Prose() float64 { return float64(p.Words) / WordsPerMinute }
+
+// Code is the minutes its code takes, at DenseLinesPerMinute for the
+// dense lines and CodeLinesPerMinute for the others.
+func (p Price) Code() float64 {
+	return float64(p.Dense)/DenseLinesPerMinute +
+		float64(p.Other)/CodeLinesPerMinute
+}
+
+// Minutes is the whole price, unrounded.
+func (p Price) Minutes() float64 { return p.Prose() + p.Code() }
 
 // Measure measures a Go file.
 func Measure(src []byte) (Budget, error) {
@@ -286,24 +299,20 @@ func concurrent(body *ast.BlockStmt) bool {
 // FirstReadingMinutes is how long the first reading takes, at the stated
 // pace: every section not marked detail, summed exactly and rounded once.
 func (b Budget) FirstReadingMinutes() int {
-	minutes := 0.0
-	for _, s := range b.Sections {
-		if !s.Detail {
-			minutes += s.minutes()
-		}
-	}
-	return int(math.Round(minutes))
+	return int(math.Round(b.FirstReadingPrice().Minutes()))
 }
 
-// FirstReadingDense counts the first reading's dense code lines.
-func (b Budget) FirstReadingDense() int {
-	dense := 0
+// FirstReadingPrice sums the price of every section not marked detail.
+func (b Budget) FirstReadingPrice() Price {
+	var p Price
 	for _, s := range b.Sections {
 		if !s.Detail {
-			dense += s.Dense
+			p.Words += s.Words
+			p.Dense += s.Dense
+			p.Other += s.Code - s.Dense
 		}
 	}
-	return dense
+	return p
 }
 
 // Claim is the sentence that the README, the package doc, tutorial 6 and
