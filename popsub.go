@@ -1201,7 +1201,8 @@ func (c *connection) writeLoop() {
 
 // writeFrames writes the frames one Take handed over, joined if the
 // client opted into batches, and reports false once the socket is done
-// with: a write failed, or a nil frame asked for the close.
+// with: a write failed, or a nil frame asked for the close (4003: only
+// an expired token queues one).
 func (c *connection) writeFrames(frames [][]byte) bool {
 	// What came before a close leaves first.
 	end := slices.IndexFunc(frames, func(f []byte) bool { return f == nil })
@@ -1625,7 +1626,8 @@ func (c *connection) overdue(now time.Time) (retries [][]byte,
 
 // deadLetter publishes an exhausted delivery to $dead/<topic> at QoS 1,
 // so that whoever watches gets it at least once; a dead letter's own is
-// logged, not nested. The reason is a nak's, or m.deadReason.
+// logged, not nested. The reason is a nak's, or m.deadReason. Every
+// topic has room for its dead letters' (wire.MaxTopicBytes).
 func (b *Broker) deadLetter(p pending, c *connection, reason string) {
 	m := p.message
 	b.logger.Warn("dead letter", "topic", m.Topic, "message_id", m.ID,
@@ -1649,9 +1651,9 @@ func (b *Broker) deadLetter(p pending, c *connection, reason string) {
 	_, duplicate, stored := b.publish(&Message{Topic: deadPrefix + m.Topic,
 		ID: id, QoS: 1, Payload: payload}, b.stop, nil)
 
-	// The delivery is done with once its letter is on disk
-	// (b.deadLetterStored, in Confirms); a broker stopping leaves a
-	// durable cursor behind it.
+	// The delivery is done with once its letter is on disk: a goroutine
+	// waits for it (b.deadLetterStored, in Confirms), not the caller. A
+	// broker stopping leaves a durable cursor behind the delivery.
 	if stored != nil {
 		b.deadLetterStored(p, c, stored, duplicate)
 	}
@@ -1692,8 +1694,8 @@ func (b *Broker) deadLettered(p pending, c *connection, said bool) {
 // hears what the log dropped (leaves.overtaken). A log that cannot be
 // read cuts the subscriber off. An empty read while newer seqs exist is a
 // seq given a moment ago (read again), or one with nothing to read,
-// skipped after a crash: the same synced seq seen twice (stuck). A shared
-// log reads nothing until its feed catches up.
+// skipped after a crash or a failed commit: the same synced seq seen
+// twice (stuck). A shared log reads nothing until its feed catches up.
 func (s *subscription) replay(b *Broker, after uint64, behind bool) {
 	var stuck uint64
 	from := after
