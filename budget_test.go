@@ -548,14 +548,15 @@ const (
 // handling (reconnects, answers, catch-up asked once a topic for a wildcard, a
 // sent delayed message's delete and its retries, forgetting names and filters
 // nobody wants, reads that wait out a cluster electing or a message being fed,
-// a stream refused for NATS's storage explained) does not split along a seam a
+// a stream refused for NATS's storage explained, a follow asked for while one
+// is being made tried again) does not split along a seam a
 // reader would recognise yet; the socket's close handshake by RFC 6455 took it
 // 35 lines over; and bbolt's second index, of what waits in the $delayed logs
 // (the broker's DueIndex, with its making for an older file), 70.
 var (
 	machineRoom = []string{"boltstore", "groupcommit", "socket", "login",
 		"xray", "queue", "jetstream", "poller"}
-	overBudget = map[string]int{"jetstream": 880, "socket": 640,
+	overBudget = map[string]int{"jetstream": 884, "socket": 640,
 		"boltstore": 670}
 )
 

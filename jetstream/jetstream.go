@@ -183,10 +183,11 @@ type stream struct {
 	fedMore chan struct{}
 	// wanted is set once the broker wants the topic fed (Want, Append).
 	// following is the consumer feeding it, once it follows; starting is
-	// set while one is being made, so that there is only one.
-	wanted    bool
-	following jetstream.ConsumeContext
-	starting  bool
+	// set while one is being made, so that there is only one, and
+	// askedAgain once a follow came meanwhile (follow).
+	wanted               bool
+	following            jetstream.ConsumeContext
+	starting, askedAgain bool
 	// caughtUp is set once a Want has caught up with it.
 	caughtUp atomic.Bool
 	// creating counts the publishes making the stream (create): Forget
@@ -1154,22 +1155,25 @@ func (l *Log) catchUp(s *stream) bool {
 // seconds) notices a lost node within a second or two, rather than the
 // client library's 30 s.
 func (l *Log) follow(topic string) {
-	// One consumer per topic per broker: a second call while one is
-	// made, or after, does nothing, as does one for a topic forgotten.
+	// One consumer per topic per broker: a call after one is made does
+	// nothing, as does one for a topic forgotten. A call while one is
+	// being made asks it to try again if it finds no stream: this call's
+	// caller may have made the stream since (Append), or seen it listed
+	// (learn), after that one asked NATS.
 	l.mu.Lock()
 	s := l.streams[topic]
-	if s == nil || s.following != nil || s.starting || l.closed {
+	if s == nil || s.following != nil || l.closed {
 		l.mu.Unlock()
 		return
 	}
-	s.starting = true
+	if s.starting {
+		s.askedAgain = true
+		l.mu.Unlock()
+		return
+	}
+	s.starting, s.askedAgain = true, false
 	feed := l.feed
 	l.mu.Unlock()
-	defer func() {
-		l.mu.Lock()
-		s.starting = false
-		l.mu.Unlock()
-	}()
 
 	// Consume below makes the consumer, and retries until NATS makes it:
 	// say so if that takes longer than a request should.
@@ -1186,13 +1190,19 @@ func (l *Log) follow(topic string) {
 			DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
 			OptStartSeq:   s.fed.Load() + 1})
 	if err != nil {
+		// Whether to try again is decided as starting ends, under one
+		// lock, so that no call asks in between and is lost.
 		l.mu.Lock()
-		listed := l.listed[topic]
+		s.starting = false
+		listed, asked := l.listed[topic], s.askedAgain
 		l.mu.Unlock()
-		if !listed && errors.Is(err, jetstream.ErrStreamNotFound) {
-			return // no one published yet: learn follows it once listed
+		switch {
+		case !errors.Is(err, jetstream.ErrStreamNotFound) || listed:
+			l.retryFollow(topic, err)
+		case asked:
+			go l.follow(topic)
 		}
-		l.retryFollow(topic, err)
+		// Else no one published yet: learn follows it once listed.
 		return
 	}
 	// Each message is fed as it comes, and s.advance moves the topic's
@@ -1213,12 +1223,13 @@ func (l *Log) follow(topic string) {
 		s.advance(m.Seq)
 	}, jetstream.PullExpiry(2*time.Second),
 		jetstream.PullHeartbeat(500*time.Millisecond))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s.starting = false
 	if err != nil {
 		l.retryFollow(topic, err)
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.closed || l.streams[topic] != s {
 		// Close came while it was being made, or Forget: the topic was
 		// made meanwhile by another broker, and this one no longer

@@ -936,3 +936,95 @@ func TestJetStream_AWildcardAsksNATSNothingOfTopicsCaughtUpWith(
 		}
 	}
 }
+
+// A broker whose subscriber wants a topic before it exists asks NATS for
+// a consumer and hears there is no stream; if that answer comes late,
+// after the broker's own publisher has made the stream and asked to
+// follow it too, the second ask must not be lost while the topic's
+// listing has not reached this broker's watch. Found by popsub chaos:
+// a new topic's subscriber got nothing for 30 s after a NATS restart.
+func TestJetStream_AFollowAskedWhileOneIsStartingIsNotLost(t *testing.T) {
+	ns := startNATS(t)
+	l, err := Open(Options{URL: ns.ClientURL(), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	late := &lateNotFound{JetStream: l.js, stream: "popsub_raced",
+		asked: make(chan struct{}), answer: make(chan struct{})}
+	l.js, l.topics = late, silentWatch{l.topics}
+	fed := make(chan *popsub.Message, 1)
+	l.Follow(func(m *popsub.Message) { fed <- m })
+
+	// The subscriber's follow hears "no stream", late.
+	go l.Want("raced")
+	<-late.asked
+	// The publisher makes the stream and asks to follow it meanwhile.
+	confirmed := make(chan error, 1)
+	l.Append(&popsub.Message{Topic: "raced", ID: "r-1", QoS: 1,
+		Payload: json.RawMessage("1")},
+		func(_ uint64, _ bool, err error) { confirmed <- err })
+	s := l.stream("raced")
+	for asked := false; !asked; time.Sleep(time.Millisecond) {
+		l.mu.Lock()
+		asked = s.askedAgain
+		l.mu.Unlock()
+	}
+	close(late.answer)
+
+	select {
+	case m := <-fed:
+		if m.ID != "r-1" {
+			t.Fatalf("fed %+v, want r-1", m)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the topic was not followed: r-1 was never fed")
+	}
+	if err := <-confirmed; err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+}
+
+// lateNotFound is a JetStream whose first consumer on stream finds no
+// stream and says so only once answer is closed, having closed asked.
+type lateNotFound struct {
+	jetstream.JetStream
+	stream        string
+	asked, answer chan struct{}
+	once          bool
+}
+
+// OrderedConsumer asks NATS, and holds back the first "no stream" for
+// the stream.
+func (j *lateNotFound) OrderedConsumer(ctx context.Context, stream string,
+	cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
+	c, err := j.JetStream.OrderedConsumer(ctx, stream, cfg)
+	if stream == j.stream && !j.once &&
+		errors.Is(err, jetstream.ErrStreamNotFound) {
+		j.once = true
+		close(j.asked)
+		<-j.answer
+	}
+	return c, err
+}
+
+// silentWatch is a topic bucket whose watch reports nothing: a watch
+// still being made again after NATS came back.
+type silentWatch struct{ jetstream.KeyValue }
+
+// WatchAll returns a watcher that reports nothing.
+func (w silentWatch) WatchAll(ctx context.Context,
+	_ ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	return silentWatcher{make(chan jetstream.KeyValueEntry)}, nil
+}
+
+// silentWatcher reports nothing.
+type silentWatcher struct{ updates chan jetstream.KeyValueEntry }
+
+// Updates returns a channel nothing is sent on.
+func (w silentWatcher) Updates() <-chan jetstream.KeyValueEntry {
+	return w.updates
+}
+
+// Stop does nothing.
+func (silentWatcher) Stop() error { return nil }
