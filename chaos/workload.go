@@ -718,6 +718,16 @@ func readLog(ctx context.Context, ws *websocket.Conn, topic,
 	}
 }
 
+// publishUnread records and sends the QoS 1 publish of value id to
+// topic, a value no reader of the final log is asked for.
+func (c *Client) publishUnread(ctx context.Context, ws *websocket.Conn,
+	topic, id string) error {
+	c.History.Sent(Attempt{Publisher: c.Name, Topic: topic, ID: id,
+		Value: id, Unread: true})
+	return send(ctx, ws, map[string]any{"type": "publish", "topic": topic,
+		"payload": id, "qos": 1, "message_id": id})
+}
+
 // ErrUnfinished is returned by a run whose clients did not finish
 // before its deadline: the history then has holes of its own.
 var ErrUnfinished = errors.New("chaos: clients did not finish in time")
@@ -752,11 +762,16 @@ func (c *Client) OnFirstDelivery(ctx context.Context, topic, id string,
 			head := f.Seq
 			s.After = &head
 			if id != "" {
-				c.History.Sent(Attempt{Publisher: c.Name, Topic: topic,
-					ID: id, Value: id, Unread: true})
-				err = send(ctx, ws, map[string]any{"type": "publish",
-					"topic": topic, "payload": id, "qos": 1,
-					"message_id": id})
+				err = c.publishUnread(ctx, ws, topic, id)
+			}
+		case "error":
+			// Not stored (the log was away): send it again, now, with
+			// the same id, as a publisher does. Waiting for a delivery
+			// of a refused publish would wait in vain.
+			if id != "" && f.Code == "store_failed" && f.MessageID == id {
+				c.History.Refused(Refusal{c.Name, topic, id, f.Code,
+					time.Time{}})
+				err = c.publishUnread(ctx, ws, topic, id)
 			}
 		case "message":
 			then()
