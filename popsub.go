@@ -29,10 +29,11 @@
 //
 // # Goroutines
 //
-// Per connection: the reader; a writer while frames are queued; a
-// confirmer once it publishes at QoS 1; a replayer per subscription
-// while it catches up; a timer's work while it runs; a wait for each
-// dead letter's sync. Per broker: the delayed-delivery and retention
+// Per connection: the reader while its client speaks (serve); a writer
+// while frames are queued; a confirmer once it publishes at QoS 1; a
+// replayer per subscription while it catches up; a timer's work while it
+// runs; a wait for each dead letter's sync; a close handshake while it
+// waits for its peer. Per broker: the delayed-delivery and retention
 // loops, the x-ray's loop, the committer, and up to 64 writers'
 // goroutines kept a second for the next writer (queue.Workers).
 //
