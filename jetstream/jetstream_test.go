@@ -964,11 +964,14 @@ func TestJetStream_AFollowAskedWhileOneIsStartingIsNotLost(t *testing.T) {
 	l.Append(&popsub.Message{Topic: "raced", ID: "r-1", QoS: 1,
 		Payload: json.RawMessage("1")},
 		func(_ uint64, _ bool, err error) { confirmed <- err })
-	s := l.stream("raced")
+	s, end := l.stream("raced"), time.Now().Add(10*time.Second)
 	for asked := false; !asked; time.Sleep(time.Millisecond) {
 		l.mu.Lock()
 		asked = s.askedAgain
 		l.mu.Unlock()
+		if !asked && time.Now().After(end) {
+			t.Fatal("the publish did not ask to follow the topic")
+		}
 	}
 	close(late.answer)
 
