@@ -1223,21 +1223,22 @@ func (l *Log) follow(topic string) {
 		s.advance(m.Seq)
 	}, jetstream.PullExpiry(2*time.Second),
 		jetstream.PullHeartbeat(500*time.Millisecond))
+	// Kept unless Close came while it was being made, or Forget: the
+	// topic was made meanwhile by another broker, and this one no longer
+	// wants it. The log line and the consumer's stop wait for the lock's
+	// release.
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	s.starting = false
+	kept := err == nil && !l.closed && l.streams[topic] == s
+	if kept {
+		s.following = following
+	}
+	l.mu.Unlock()
 	if err != nil {
 		l.retryFollow(topic, err)
-		return
-	}
-	if l.closed || l.streams[topic] != s {
-		// Close came while it was being made, or Forget: the topic was
-		// made meanwhile by another broker, and this one no longer
-		// wants it.
+	} else if !kept {
 		following.Stop()
-		return
 	}
-	s.following = following
 }
 
 // Forget undoes Want. For a wildcard filter, one subscription that
