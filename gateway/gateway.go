@@ -587,13 +587,15 @@ func closed(err error) frame {
 // verified, and its grant for the topic checked, from the headers alone,
 // and a refusal closes the connection. Only then does a body over 64 KiB
 // take room, from one budget for every request in flight
-// (Options.MaxBodies): a request that finds none waits a moment, then
-// hears 503 with Retry-After, so a flood of large bodies costs the
+// (Options.MaxBodies), and a body without a Content-Length takes room
+// for the largest it may be: a request that finds none waits a moment,
+// then hears 503 with Retry-After, so a flood of large bodies costs the
 // budget, not the machine, and a small publish is never queued behind
-// it. This is the broker's own rule for frames (popsub.go, Reading
-// frames), and each body, once read, is a frame the broker reads under
-// that rule too. Reading the body has a deadline (Options.BodyTimeout), so a
-// body that never finishes holds its room for that long at most.
+// it. This is the broker's own rule for frames (popsub.go, "Keepalives,
+// limits and batches"), and each body, once read, is a frame the broker
+// reads under that rule too. Reading the body has a deadline
+// (Options.BodyTimeout), so a body that never finishes holds its room for
+// that long at most.
 
 // publish answers a POST.
 func (g *Gateway) publish(w http.ResponseWriter, r *http.Request,
