@@ -1938,7 +1938,8 @@ type connectionFeatures struct {
 	// frame resets it. pings pings the peer an interval after each pong
 	// (Keepalives, limits and batches). Both are set at auth.
 	expiry, pings *time.Timer
-	// loginFailed is set once a login on the connection failed (Logins).
+	// loginFailed is set once a login on the connection failed (Logins
+	// and passwords).
 	loginFailed bool
 	// limiter holds publishes to PublishRate (withinRate, a publish
 	// rule); nil until the first publish, or with no cap.
