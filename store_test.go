@@ -142,6 +142,11 @@ func storeContract(t *testing.T, store Store) {
 	wantHeads(map[string]uint64{"t": 4, "new": 50})
 	commit(&Batch{Messages: []*Message{message(5)}})
 	wantHeads(map[string]uint64{"t": 5, "new": 50})
+	// A log trimmed empty takes appends again.
+	if got := read(0, 10); !slices.Equal(got, []uint64{4, 5}) {
+		t.Fatalf("read after appends to an emptied log = %v, want [4 5]",
+			got)
+	}
 }
 
 func TestStore_Contract(t *testing.T) {

@@ -93,12 +93,13 @@ var (
 // The file's layout, which Store writes and Salvage reads back
 // without a store (a damaged file may not open as one): a topics bucket
 // with a bucket per topic, holding the topic's records under logBucket,
-// keyed by seqKey, and its head under headKey; and a cursors bucket, from
-// a durable key to its position as a seqKey. The index of what waits in
-// the $delayed logs (the broker's DueIndex) is two more: a due bucket,
-// keyed by dueKey (due time, seq and log), and a waiting bucket, from an
-// idKey (log, publisher and message_id) to the record's seqKey. A record
-// is what encodeRecord makes; recordIntact checks one.
+// keyed by seqKey (no logBucket while it has none), and its head under
+// headKey; and a cursors bucket, from a durable key to its position as a
+// seqKey. The index of what waits in the $delayed logs (the broker's
+// DueIndex) is two more: a due bucket, keyed by dueKey (due time, seq
+// and log), and a waiting bucket, from an idKey (log, publisher and
+// message_id) to the record's seqKey. A record is what encodeRecord
+// makes; recordIntact checks one.
 var (
 	topicsBucket  = []byte("topics")  // topic name → topic bucket
 	cursorsBucket = []byte("cursors") // durable key → position
@@ -347,6 +348,25 @@ func deleteRecord(tx *bolt.Tx, topic string, seq uint64) error {
 	if err := records.Delete(seqKey(seq)); err != nil {
 		return fmt.Errorf("delete %q seq %d: %w", topic, seq, err)
 	}
+	return dropIfEmpty(tx, topic, records)
+}
+
+// dropIfEmpty deletes topic's record bucket once it holds none, so that
+// the topic's bucket holds its head alone: bbolt keeps such a bucket in
+// its parent's page, where one with a bucket in it takes a page of its
+// own, 4 KiB, for as long as the file lives. A topic whose messages all
+// expired, one of many names a publisher used once, then costs the file
+// about 170 bytes (TestBoltStore_AnEmptiedLogKeepsItsHeadInNoPageOfItsOwn
+// holds the pages). The next append makes the bucket again.
+func dropIfEmpty(tx *bolt.Tx, topic string, records *bolt.Bucket) error {
+	if k, _ := records.Cursor().First(); k != nil {
+		return nil
+	}
+	err := tx.Bucket(topicsBucket).Bucket([]byte(topic)).DeleteBucket(
+		logBucket)
+	if err != nil {
+		return fmt.Errorf("drop the empty log of %q: %w", topic, err)
+	}
 	return nil
 }
 
@@ -448,7 +468,7 @@ func trimLog(tx *bolt.Tx, topic string, upTo uint64) error {
 			return err
 		}
 	}
-	return nil
+	return dropIfEmpty(tx, topic, records)
 }
 
 // logOf returns topic's record bucket, or nil if it has none.

@@ -117,6 +117,68 @@ func TestBoltStore_TrimsExactlyUpToItsSeq(t *testing.T) {
 	}
 }
 
+// A log trimmed or deleted empty leaves its topic's head alone in the
+// file, inside its parent's page: a topic whose messages all expired
+// must not keep a page of 4 KiB for as long as the file lives, which a
+// publisher of many topic names (one per device, say) turned into
+// gigabytes. Its seqs go on from the head, after a reopen too.
+func TestBoltStore_AnEmptiedLogKeepsItsHeadInNoPageOfItsOwn(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "popsub.db")
+	store := openStore(t, path)
+	const n = 200
+	var batch popsub.Batch
+	trims := map[string]uint64{}
+	for i := range n {
+		topic := fmt.Sprintf("device/%d", i)
+		batch.Messages = append(batch.Messages, &popsub.Message{
+			Topic: topic, ID: "m", Seq: 7, Payload: json.RawMessage(`1`)})
+		trims[topic] = 7
+	}
+	if err := store.Commit(&batch); err != nil {
+		t.Fatal(err)
+	}
+	// Half go by a trim, as the TTL takes them; half by a delete.
+	deletes := map[string][]uint64{}
+	for i := n / 2; i < n; i++ {
+		topic := fmt.Sprintf("device/%d", i)
+		delete(trims, topic)
+		deletes[topic] = []uint64{7}
+	}
+	err := store.Commit(&popsub.Batch{Trims: trims, Deletes: deletes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pages int
+	store.db.View(func(tx *bolt.Tx) error {
+		stats := tx.Bucket(topicsBucket).Stats()
+		pages = stats.BranchPageN + stats.LeafPageN
+		return nil
+	})
+	if pages > n/20 {
+		t.Errorf("%d emptied logs take %d pages, want a few in all", n, pages)
+	}
+	store.Close()
+
+	store = openStore(t, path)
+	defer store.Close()
+	heads, err := store.Topics()
+	if err != nil || len(heads) != n || heads["device/3"] != 7 {
+		t.Fatalf("after a reopen: %d heads (device/3 at %d), %v; want %d "+
+			"at 7", len(heads), heads["device/3"], err, n)
+	}
+	// The next append makes the log again.
+	err = store.Commit(&popsub.Batch{Messages: []*popsub.Message{{
+		Topic: "device/3", ID: "m8", Seq: 8, Payload: json.RawMessage(`2`)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := store.Read("device/3", 0, 10, 1<<20)
+	if err != nil || len(msgs) != 1 || msgs[0].Seq != 8 {
+		t.Fatalf("Read after the next append: %d messages, %v", len(msgs),
+			err)
+	}
+}
+
 // firstSeqOf returns the first message's seq, or nil for none.
 func firstSeqOf(msgs []*popsub.Message) any {
 	if len(msgs) == 0 {

@@ -274,14 +274,17 @@ func writeTopic(out *bolt.DB, topic []byte, head uint64,
 		if err != nil {
 			return err
 		}
-		log, err := bucket.CreateBucketIfNotExists(logBucket)
-		if err != nil {
-			return err
-		}
-		log.FillPercent = 1.0 // keys go in in order, as boltstore's do
-		for _, seq := range slices.Sorted(maps.Keys(records)) {
-			if err := log.Put(seqKey(seq), records[seq]); err != nil {
+		// An empty log is its head alone, as Commit leaves one.
+		if len(records) > 0 {
+			log, err := bucket.CreateBucketIfNotExists(logBucket)
+			if err != nil {
 				return err
+			}
+			log.FillPercent = 1.0 // keys go in in order, as Commit's do
+			for _, seq := range slices.Sorted(maps.Keys(records)) {
+				if err := log.Put(seqKey(seq), records[seq]); err != nil {
+					return err
+				}
 			}
 		}
 		return bucket.Put(headKey, seqKey(head))
