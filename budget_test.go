@@ -554,7 +554,7 @@ const (
 // 35 lines over; and bbolt's second index, of what waits in the $delayed logs
 // (the broker's DueIndex, with its making for an older file), 70, and the
 // dropping of a log emptied, 13, which made a topic whose messages all expired
-// cost the file 170 bytes, not a page of 4 KiB.
+// cost the file 100 to 170 bytes, not a page of 4 KiB.
 var (
 	machineRoom = []string{"boltstore", "groupcommit", "socket", "login",
 		"xray", "queue", "jetstream", "poller"}
