@@ -256,6 +256,7 @@ func TestDoor_LargeBodiesInFlightShareOneBudget(t *testing.T) {
 	if res, body := response(t, slow); res.StatusCode != 200 {
 		t.Fatalf("the slow body: %s %s", res.Status, body)
 	}
+	s.waitForBodies(0)
 	status, answer, _ = s.post("chat", "", alice, body)
 	if status != 200 {
 		t.Fatalf("after the room came back: %d %+v, want 200", status,
@@ -273,7 +274,7 @@ func TestDoor_ABodyOfUnknownLengthHoldsRoomForTheLargest(t *testing.T) {
 		BodyTimeout: 20 * time.Second})
 	alice := token(t, "alice", nil, nil)
 
-	// Two bytes of a chunked body, and no more for now.
+	// One byte of a chunked body, and no more for now.
 	head := strings.Replace(postHead("chat", alice, 0), "Content-Length: 0",
 		"Transfer-Encoding: chunked", 1)
 	slow := s.rawConn(head + "1\r\n\"\r\n")
@@ -291,6 +292,7 @@ func TestDoor_ABodyOfUnknownLengthHoldsRoomForTheLargest(t *testing.T) {
 		!strings.Contains(answer, `"published"`) {
 		t.Fatalf("the chunked body: %s %s", res.Status, answer)
 	}
+	s.waitForBodies(0)
 	if status, answer, _ := s.post("chat", "", alice, body); status != 200 {
 		t.Fatalf("after the chunked body: %d %+v, want 200", status, answer)
 	}
