@@ -4680,9 +4680,12 @@ func (b *Broker) committed(batch *Batch, took time.Duration, err error) {
 // markCommitted drops a synced batch's messages from their topics'
 // unsynced lists: replay reads them from the store now. Each topic's
 // batches commit in seq order, so each message is the oldest its topic
-// holds there.
-// (The array behind a list lets go of what it dropped when an append
-// next outgrows it.)
+// holds there. The list lets go of each (slices.Delete clears what it
+// moves from), and what is left moves to the front, at most the log
+// queue's 8,192 pointers: slicing past them would leave the array behind
+// the list holding a quiet topic's last messages, payloads and frames,
+// until an append outgrew it, which on a topic that stays quiet is
+// never.
 func (b *Broker) markCommitted(msgs []*Message) {
 	// A run of one topic's messages takes its lock once.
 	for run := 0; len(msgs) > 0; msgs = msgs[run:] {
@@ -4690,7 +4693,7 @@ func (b *Broker) markCommitted(msgs []*Message) {
 		for run = 1; run < len(msgs) && msgs[run].Topic == t.name; run++ {
 		}
 		t.mu.Lock()
-		t.unsynced = t.unsynced[run:]
+		t.unsynced = slices.Delete(t.unsynced, 0, run)
 		if strings.HasPrefix(t.name, DelayedPrefix) {
 			b.onDisk(t, msgs[:run]) // each may fall due now
 		}
@@ -4711,7 +4714,7 @@ func (b *Broker) forgetFailed(msgs []*Message) {
 	for _, m := range msgs {
 		t := b.topic(m.Topic)
 		t.mu.Lock()
-		t.unsynced = t.unsynced[1:]
+		t.unsynced = slices.Delete(t.unsynced, 0, 1)
 		b.drop(t, func(e entry) bool { return e.seq == m.Seq })
 		if b.delays.disk != nil && strings.HasPrefix(t.name, DelayedPrefix) {
 			b.unpark(t, m) // its index, the DueIndex, never had it

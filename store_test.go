@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"weak"
 
 	"github.com/coder/websocket"
 	"github.com/popsub/popsub/queue"
@@ -327,6 +329,44 @@ func TestBroker_NegativeMaxRetriesMeansNone(t *testing.T) {
 			t.Fatalf("$dead/jobs head = %d, want 1", head)
 		}
 	})
+}
+
+// A message on disk leaves the broker's memory once synced: replay
+// reads it from the log, and the list of what is not on disk yet must
+// not keep it, payload and frame, for as long as its topic stays quiet.
+// Kept, a publisher of one 1 MiB message to each of a thousand topics
+// left 2 GiB behind, after retention had taken every one from the log.
+func TestBroker_ASyncedMessageLeavesMemory(t *testing.T) {
+	b, err := New(Options{Secret: testSecret, Logger: quietLogger,
+		Store: openBolt(t, filepath.Join(t.TempDir(), "popsub.db"))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Shutdown(context.Background())
+	var synced []weak.Pointer[Message]
+	for i := range 4 {
+		// Two quiet topics, two messages each: a run of one topic's
+		// messages, and the last before the topic went quiet.
+		m := &Message{Topic: fmt.Sprint("quiet/", i%2), ID: fmt.Sprint(i),
+			QoS: 1, Payload: json.RawMessage(`"` +
+				strings.Repeat("x", 64<<10) + `"`)}
+		_, _, stored := b.publish(m, nil, nil)
+		<-stored.Done()
+		if stored.Err() != nil {
+			t.Fatal(stored.Err())
+		}
+		synced = append(synced, weak.Make(m))
+	}
+	// The committer's next batch lets go of the last one's batch.
+	if _, err := b.Publish(context.Background(), "other", 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	for i, m := range synced {
+		if m.Value() != nil {
+			t.Errorf("message %d is still in memory after its sync", i)
+		}
+	}
 }
 
 func TestOptions_ANegativeLimitIsRefused(t *testing.T) {
