@@ -395,17 +395,23 @@ func BenchmarkStart_WithAFullDelayedLog(b *testing.B) {
 			// one started on an empty file.
 			held := liveHeap(b, path) -
 				liveHeap(b, filepath.Join(b.TempDir(), "empty.db"))
-			for b.Loop() {
-				broker, err := New(Options{Secret: testSecret,
-					Store: openBolt(b, path), Logger: quietLogger})
-				if err != nil {
-					b.Fatal(err)
-				}
-				broker.Shutdown(context.Background())
-			}
+			startEach(b, path)
 			b.ReportMetric(float64(n), "messages")
 			b.ReportMetric(held/float64(n), "heap-B/message")
 		})
+	}
+}
+
+// startEach starts a broker on the bbolt file at path, and shuts it
+// down, once each op.
+func startEach(b *testing.B, path string) {
+	for b.Loop() {
+		broker, err := New(Options{Secret: testSecret,
+			Store: openBolt(b, path), Logger: quietLogger})
+		if err != nil {
+			b.Fatal(err)
+		}
+		broker.Shutdown(context.Background())
 	}
 }
 
@@ -442,14 +448,7 @@ func BenchmarkStart_WithManyEmptiedTopics(b *testing.B) {
 	writeEmptiedTopics(b, path, n)
 	empty := filepath.Join(b.TempDir(), "empty.db")
 	held := liveHeap(b, path) - liveHeap(b, empty)
-	for b.Loop() {
-		broker, err := New(Options{Secret: testSecret,
-			Store: openBolt(b, path), Logger: quietLogger})
-		if err != nil {
-			b.Fatal(err)
-		}
-		broker.Shutdown(context.Background())
-	}
+	startEach(b, path)
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
 	if err != nil {
 		b.Fatal(err)
