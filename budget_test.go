@@ -553,13 +553,13 @@ const (
 // reader would recognise yet; the socket's close handshake by RFC 6455 took it
 // 35 lines over; and bbolt's second index, of what waits in the $delayed logs
 // (the broker's DueIndex, with its making for an older file), 70, and the
-// dropping of a log emptied, 13, which made a topic whose messages all expired
+// dropping of a log emptied, 16, which made a topic whose messages all expired
 // cost the file 100 to 170 bytes, not a page of 4 KiB.
 var (
 	machineRoom = []string{"boltstore", "groupcommit", "socket", "login",
 		"xray", "queue", "jetstream", "poller"}
 	overBudget = map[string]int{"jetstream": 884, "socket": 640,
-		"boltstore": 683}
+		"boltstore": 686}
 )
 
 // measureDir adds up the code and comment lines of dir's Go files, tests

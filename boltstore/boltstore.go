@@ -463,11 +463,16 @@ func trimLog(tx *bolt.Tx, topic string, upTo uint64) error {
 	// did, walked past every page the trim had emptied, so trimming n
 	// records cost n squared (BenchmarkTrim: 8 times slower at 4,096).
 	cursor := records.Cursor()
-	cursor.Seek(seqKey(upTo + 1))
+	kept, _ := cursor.Seek(seqKey(upTo + 1))
 	for k, _ := cursor.Prev(); k != nil; k, _ = cursor.Prev() {
 		if err := cursor.Delete(); err != nil {
 			return err
 		}
+	}
+	// A record past upTo stays: the usual trim, one record at the cap,
+	// needs no second look.
+	if kept != nil {
+		return nil
 	}
 	return dropIfEmpty(tx, topic, records)
 }

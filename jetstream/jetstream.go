@@ -1223,10 +1223,10 @@ func (l *Log) follow(topic string) {
 		s.advance(m.Seq)
 	}, jetstream.PullExpiry(2*time.Second),
 		jetstream.PullHeartbeat(500*time.Millisecond))
-	// Kept unless Close came while it was being made, or Forget: the
-	// topic was made meanwhile by another broker, and this one no longer
-	// wants it. The log line and the consumer's stop wait for the lock's
-	// release.
+	// A consumer made is kept unless Close came while it was being
+	// made, or Forget: the topic was made meanwhile by another broker,
+	// and this one no longer wants it. The log line and the consumer's
+	// stop wait for the lock's release.
 	l.mu.Lock()
 	s.starting = false
 	kept := err == nil && !l.closed && l.streams[topic] == s
