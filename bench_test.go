@@ -393,8 +393,9 @@ func BenchmarkStart_WithAFullDelayedLog(b *testing.B) {
 			// What the waiting messages keep in memory once loaded: the
 			// live heap of a broker started on this file, less that of
 			// one started on an empty file.
-			held := liveHeap(b, path) -
-				liveHeap(b, filepath.Join(b.TempDir(), "empty.db"))
+			held, _ := liveHeap(b, path, nil)
+			none, _ := liveHeap(b, filepath.Join(b.TempDir(), "empty.db"), nil)
+			held -= none
 			startEach(b, path)
 			b.ReportMetric(float64(n), "messages")
 			b.ReportMetric(held/float64(n), "heap-B/message")
@@ -416,52 +417,71 @@ func startEach(b *testing.B, path string) {
 }
 
 // liveHeap is the live heap, in bytes, while a broker started on the
-// bbolt file at path runs, less the heap before it started.
-func liveHeap(b *testing.B, path string) float64 {
-	// Twice: the first GC only moves what sync.Pools hold aside.
+// bbolt file at path runs, less the heap before it started; and the same
+// after forget, if not nil, has run on the broker.
+func liveHeap(b *testing.B, path string,
+	forget func(*Broker)) (started, forgot float64) {
 	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.GC()
-	runtime.ReadMemStats(&before)
+	heap := func(stats *runtime.MemStats) float64 {
+		// Twice: the first GC only moves what sync.Pools hold aside.
+		runtime.GC()
+		runtime.GC()
+		runtime.ReadMemStats(stats)
+		return float64(stats.HeapAlloc)
+	}
+	heap(&before)
 	broker, err := New(Options{Secret: testSecret, Store: openBolt(b, path),
 		Logger: quietLogger})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer broker.Shutdown(context.Background())
-	runtime.GC()
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	return float64(after.HeapAlloc) - float64(before.HeapAlloc)
+	started = heap(&after) - float64(before.HeapAlloc)
+	if forget != nil {
+		forget(broker)
+		forgot = heap(&after) - float64(before.HeapAlloc)
+	}
+	return started, forgot
 }
 
-// BenchmarkStart_WithManyEmptiedTopics measures what a topic costs once
+// BenchmarkTopics_ForgottenOnceEmptied measures what a topic costs once
 // retention has taken all its messages: a bbolt file with 20,000 such
-// topics, one message each, trimmed. heap-B/topic is what each keeps of
-// the heap of a broker started on the file (its head and its tables: a
-// topic that ever had a message stays while the broker runs), and
-// file-B/topic the bytes of the pages the topics take in the file. Each
-// op is one start and the Shutdown after it.
-func BenchmarkStart_WithManyEmptiedTopics(b *testing.B) {
+// topics, one message each, trimmed, as an hour of TTL leaves them (or
+// a broker from before topics were forgotten). start-heap-B/topic is
+// what each holds of the heap of a broker started on the file, before
+// the TTL's trim runs; heap-B/topic what it holds once the trim has
+// forgotten it; file-B/topic the bytes of the pages the topics take in
+// the file after the Shutdown. Each op writes the file afresh, starts a
+// broker, trims, and shuts it down.
+func BenchmarkTopics_ForgottenOnceEmptied(b *testing.B) {
 	const n = 20000
-	path := filepath.Join(b.TempDir(), "popsub.db")
-	writeEmptiedTopics(b, path, n)
 	empty := filepath.Join(b.TempDir(), "empty.db")
-	held := liveHeap(b, path) - liveHeap(b, empty)
-	startEach(b, path)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
-	if err != nil {
-		b.Fatal(err)
+	base, _ := liveHeap(b, empty, nil)
+	var started, forgot, file float64
+	for b.Loop() {
+		path := filepath.Join(b.TempDir(), "popsub.db")
+		writeEmptiedTopics(b, path, n)
+		s, f := liveHeap(b, path, func(broker *Broker) {
+			broker.trimExpired(time.Now().Add(2 * time.Hour))
+			<-broker.log.Barrier().Done()
+		})
+		started, forgot = started+s-base, forgot+f-base
+		db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		db.View(func(tx *bolt.Tx) error {
+			stats := tx.Bucket([]byte("topics")).Stats()
+			file += float64((stats.BranchPageN + stats.LeafPageN) *
+				db.Info().PageSize)
+			return nil
+		})
+		db.Close()
 	}
-	defer db.Close()
-	var pages int
-	db.View(func(tx *bolt.Tx) error {
-		stats := tx.Bucket([]byte("topics")).Stats()
-		pages = stats.BranchPageN + stats.LeafPageN
-		return nil
-	})
-	b.ReportMetric(held/n, "heap-B/topic")
-	b.ReportMetric(float64(pages*db.Info().PageSize)/n, "file-B/topic")
+	ops := float64(b.N) * n
+	b.ReportMetric(started/ops, "start-heap-B/topic")
+	b.ReportMetric(forgot/ops, "heap-B/topic")
+	b.ReportMetric(file/ops, "file-B/topic")
 }
 
 // writeEmptiedTopics writes n topics to a bbolt file at path, one

@@ -26,7 +26,7 @@ import (
 )
 
 // The budget of popsub.go, from STYLE.md. Two of them are over STYLE.md's, and
-// say by how much: the file is about 570 code lines over its 2,200 (136 of them
+// say by how much: the file is about 610 code lines over its 2,200 (136 of them
 // the delayed messages' horizon over a DueIndex, a detail, 29 a release's reads
 // of its records a span at a time, 60 the forgetting of unused topics and
 // filters, on the broker's log and a shared one, and the cap on subscriptions,
@@ -34,7 +34,9 @@ import (
 // dozen details' functions, 10 a wildcard told of a shared log's gap, not cut
 // off, and the gap logged outside the lock, 19 a durable name's cursor saved at
 // its subscribe, 9 a shared log's delayed publishes counted from their append,
-// 4 a failed commit's reason told to the operator), and the first reading,
+// 4 a failed commit's reason told to the operator, 42 the forgetting of a topic
+// whose log is empty, with its floor and the topics cursors keep, so that a
+// name used once costs nothing once its messages expire), and the first reading,
 // priced as a reader pays it (5 lines a minute where code takes or lets go of a
 // lock, starts a goroutine or selects), takes about 198 minutes against a goal
 // of 180. Making room is the restructure that makes every feature a leaf
@@ -43,7 +45,7 @@ import (
 const (
 	budgetFirstReading  = 1050 // code lines in first-reading sections
 	budgetMinutes       = 199  // the first reading, priced; the goal is 180
-	budgetCode          = 2766 // code lines in the file; STYLE.md's 2,200
+	budgetCode          = 2808 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function
@@ -554,12 +556,14 @@ const (
 // 35 lines over; and bbolt's second index, of what waits in the $delayed logs
 // (the broker's DueIndex, with its making for an older file), 70, and the
 // dropping of a log emptied, 16, which made a topic whose messages all expired
-// cost the file 100 to 170 bytes, not a page of 4 KiB.
+// cost the file 100 to 170 bytes, not a page of 4 KiB, and the forgetting of
+// such a topic whole, with the floor its seqs go on past, 31, which made it
+// cost nothing.
 var (
 	machineRoom = []string{"boltstore", "groupcommit", "socket", "login",
 		"xray", "queue", "jetstream", "poller"}
 	overBudget = map[string]int{"jetstream": 884, "socket": 640,
-		"boltstore": 686}
+		"boltstore": 717}
 )
 
 // measureDir adds up the code and comment lines of dir's Go files, tests

@@ -95,6 +95,54 @@ func TestBroker_ACrashBeforeANewTopicsFirstSyncReusesNoSeq(t *testing.T) {
 	})
 }
 
+// A topic the TTL emptied is forgotten, and the broker killed around the
+// forget: before it reached the disk, the topic comes back with its head;
+// once a subscriber has the first message of the topic made again, the
+// forget and the new topic's reservation are both on disk, in that
+// order, and seqs go on past what it saw.
+func TestBroker_ACrashAroundAForgetReusesNoSeq(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDisk()
+		ps := startPipeBroker(t, Options{Store: d})
+		pub := ps.dialAs("pub")
+		for i := range 3 {
+			pub.publish("gone", i, 1, fmt.Sprint("m", i))
+		}
+		ps.broker.trimExpired(time.Now().Add(2 * time.Hour))
+		d = ps.crash(d) // the forget still under way
+		if heads, _ := d.Topics(); heads["gone"] < 3 {
+			t.Fatalf("the disk kept heads %v, want gone's", heads)
+		}
+		ps = startPipeBroker(t, Options{Store: d})
+		pub = ps.dialAs("pub")
+		before := pub.publish("gone", "before", 1, "before")
+		if before.Seq <= 3 {
+			t.Fatalf("after the crash the next seq was %d, want past 3",
+				before.Seq)
+		}
+
+		ps.broker.trimExpired(time.Now().Add(2 * time.Hour))
+		sub := ps.dialAs("sub")
+		sub.subscribe("gone", nil)
+		pub.send(map[string]any{"type": "publish", "topic": "gone",
+			"payload": "seen", "qos": 1, "message_id": "seen"})
+		seen := sub.expect("message")
+		if seen.Seq <= before.Seq {
+			t.Fatalf("the topic made again gave seq %d, want past %d",
+				seen.Seq, before.Seq)
+		}
+		d = ps.crash(d)
+		ps = startPipeBroker(t, Options{Store: d})
+		defer ps.stop()
+		pub = ps.dialAs("pub")
+		if next := pub.publish("gone", "next", 1, "next"); next.Seq <=
+			seen.Seq {
+			t.Fatalf("after the crash the next seq was %d; a subscriber "+
+				"saw seq %d", next.Seq, seen.Seq)
+		}
+	})
+}
+
 func TestBroker_TwoCrashesBeforeASyncReuseNoSeq(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := newDisk()

@@ -475,8 +475,8 @@ type Store interface {
 	Close() error
 }
 
-// Batch is one atomic step of the log (groupcommit.Batch): appends, then
-// trims and deletes, then heads, then cursor moves.
+// Batch is one atomic step of the log (groupcommit.Batch): forgets, then
+// appends, then trims and deletes, then heads, then cursor moves.
 type Batch = groupcommit.Batch[*Message]
 
 // outcome is what became of one batch: Done is closed once Err says
@@ -1905,6 +1905,14 @@ type features struct {
 	// handled, as many as largeFramesBytes holds frames of the full
 	// limit: 64 with the defaults (Keepalives, limits and batches).
 	largeFrames chan struct{}
+	// floor is the highest head of a topic forgotten, past which a topic
+	// made again starts its seqs; forgets says whether the store forgets
+	// topics whole, a Forgetter; cursored holds the topics a durable name
+	// or a group ever had a cursor on, which are never forgotten. floor
+	// and cursored are guarded by the broker's mu (Retention).
+	floor    uint64
+	forgets  bool
+	cursored map[string]bool
 	// want has a shared log feed this broker the topics a filter covers
 	// (b.pinTopic and subscribeWildcard call it), and forget undoes want
 	// (SharedLog.Forget, from b.unpin): no-ops on the broker's own log.
@@ -1922,9 +1930,11 @@ type topicFeatures struct {
 	// gone is set once the broker forgot the topic: whoever finds it so
 	// looks the name up again (b.lockTopic). pins counts the subscriptions
 	// that hold it, subscribed or on their way (Retention); it is guarded
-	// by the broker's lock.
-	gone bool
-	pins int
+	// by the broker's lock. reserving counts the publishers that wait
+	// for its next seq's reservation, which hold it too (b.waitForSeq).
+	gone      bool
+	pins      int
+	reserving int
 	// bytes adds up the sizes in the topic's index, against MaxLogBytes
 	// (Retention).
 	bytes int
@@ -2834,7 +2844,7 @@ func (b *Broker) claimDurable(s *subscription) (*uint64, error) {
 	d := s.cursor.(*durableCursor)
 	b.mu.Lock()
 	old := b.durables[d.key]
-	b.durables[d.key] = s
+	b.durables[d.key], b.cursored[s.topic.name] = s, true
 	b.mu.Unlock()
 	if old != nil {
 		b.takeOver(old)
@@ -3222,7 +3232,7 @@ func (b *Broker) prepareJoin(s *subscription,
 			cancel: make(chan struct{})}
 		t.pins++ // s's pin keeps t meanwhile
 		g.members.Store(&[]*subscription{})
-		b.groups[key] = g
+		b.groups[key], b.cursored[t.name] = g, true
 	}
 	g.joining++
 	s.shares, s.cursor, s.window = g, &g.cursor, b.opts.GroupWindow
@@ -4223,18 +4233,39 @@ func (b *Broker) OutboxBytes() int {
 // subscriber reading from the log that a trim overtakes is told what it
 // missed, with its next message (skipped).
 //
-// A topic is made on first use (b.topic), and one that never had a message
-// is forgotten when its last subscription ends: kept, every name anyone
-// subscribed to (a reply topic per request, say) would stay in memory until
-// a restart. One that had a message stays, with its head, as its seqs must
-// go on. Each subscription pins its topic, from the look-up (b.pinTopic) to
-// its end (b.unpin), so that no topic is forgotten while one is on its way
-// in; a publisher that finds its topic forgotten looks it up again
-// (b.lockTopic).
+// A topic is made on first use (b.topic), and forgotten once nothing
+// holds it and its log is empty (b.forgetIfIdle): kept, every name
+// anyone used once (a reply topic per request, a topic per reading)
+// would stay in memory and in the file for good. Its seqs must still go
+// on where they stopped, under a subscriber that resumes with after, so
+// the store, a Forgetter, deletes the topic whole and keeps a floor, the
+// highest head it forgot: a topic made again starts its seqs past the
+// floor. Keeping each forgotten name's head was exact, and grew without
+// bound; a subscriber that resumes on a topic made again hears
+// recovered:false unless its after is the floor, as the broker no longer
+// knows whether it missed something. So a topic a durable name or a
+// group ever had a cursor on is never forgotten: its subscribers resume
+// there by design, and such names are few. Each subscription pins its
+// topic, from the look-up (b.pinTopic) to its end (b.unpin), and a
+// publisher waiting for its seqs holds it (waitForSeq), so that no
+// topic is forgotten while one is on its way in; a publisher that finds
+// its topic forgotten looks it up again (b.lockTopic).
 
-// newTopic returns an empty topic called name.
-func newTopic(name string) *topic {
-	return &topic{name: name, ids: map[messageKey]uint64{},
+// A Forgetter is a Store that can forget a topic whole: a batch's
+// Forgets delete each topic's log and head, and raise the store's floor
+// to the head the topic had. Floor returns the floor, and the key of
+// every durable cursor stored (durable names' and groups', which end in
+// their topic's name after a zero byte). Package boltstore keeps one.
+// On any other store (a shared log, whose seqs it gives) a topic that
+// had a message stays, with its head.
+type Forgetter interface {
+	Floor() (floor uint64, cursors []string, err error)
+}
+
+// newTopic returns an empty topic called name whose seqs go on after
+// head.
+func newTopic(name string, head uint64) *topic {
+	return &topic{name: name, head: head, ids: map[messageKey]uint64{},
 		subscribers: map[*subscription]struct{}{}}
 }
 
@@ -4251,7 +4282,7 @@ func (b *Broker) topic(name string) *topic {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if t = b.topics[name]; t == nil {
-		t = newTopic(name)
+		t = newTopic(name, b.floor)
 		b.topics[name] = t
 	}
 	return t
@@ -4264,7 +4295,7 @@ func (b *Broker) pinTopic(name string) *topic {
 	b.mu.Lock()
 	t := b.topics[name]
 	if t == nil {
-		t = newTopic(name)
+		t = newTopic(name, b.floor)
 		b.topics[name] = t
 	}
 	t.pins++
@@ -4288,11 +4319,10 @@ func (b *Broker) letGo(s *subscription, left []pending) {
 }
 
 // unpin lets go of s's hold on its topic t, and forgets t if nothing
-// else holds it and it never had a message: no seq given out or asked
-// for, so nothing of it is on disk. A shared log forgets it too
-// (b.forget). A wildcard subscription, which holds no topic, leaves the
-// table of filters fan-out covers, and a shared log forgets its filter
-// once nobody here wants it.
+// else holds it and its log is empty (b.forgetIfIdle). A wildcard
+// subscription, which holds no topic, leaves the table of filters
+// fan-out covers, and a shared log forgets its filter once nobody here
+// wants it.
 func (b *Broker) unpin(s *subscription) {
 	t := s.topic
 	if t == nil {
@@ -4306,12 +4336,38 @@ func (b *Broker) unpin(s *subscription) {
 	defer t.mu.Unlock()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if t.pins--; t.pins == 0 && t.head == 0 && t.asked == 0 &&
-		b.topics[t.name] == t {
-		delete(b.topics, t.name)
-		t.gone = true
-		b.forget(t.name)
+	t.pins--
+	b.forgetIfIdle(t)
+}
+
+// forgetIfIdle forgets t if nothing holds it (no subscription pins it, no
+// publisher waits for its seqs), its log is empty and on disk, and no
+// head of it is on its way to the store. If its head is on disk, the
+// store forgets it too, raising its floor, and so does b.floor, where a
+// topic made again starts; on a store that is no Forgetter, or a
+// shared log (which has the topic's head if it had a message), or for a
+// $delayed log (whose messages may wait on disk alone), it stays. A
+// shared log stops feeding it (b.forget). The caller holds t.mu and the
+// broker's lock.
+func (b *Broker) forgetIfIdle(t *topic) {
+	// asked == reserved: every head asked for was stored and heard of
+	// (b.storedHeads), which then never meets the name of one forgotten.
+	if t.pins > 0 || t.reserving > 0 || len(t.index.Live()) > 0 ||
+		len(t.unsynced) > 0 || t.asked != t.reserved ||
+		b.topics[t.name] != t {
+		return
 	}
+	if t.reserved > 0 || b.appendShared != nil && t.head > 0 {
+		if !b.forgets || b.appendShared != nil || b.cursored[t.name] ||
+			strings.HasPrefix(t.name, DelayedPrefix) {
+			return
+		}
+		b.log.Forget(t.name, t.head)
+		b.floor = max(b.floor, t.head)
+	}
+	delete(b.topics, t.name)
+	t.gone = true
+	b.forget(t.name)
 }
 
 // lockTopic is leaves.lockTopic, a publisher's and the shared log's
@@ -4435,11 +4491,12 @@ func (t *topic) excess(maxMessages, maxBytes int) int {
 	return n
 }
 
-// trimExpired trims from every topic the messages older than its TTL; it
-// runs ten times per TTL. The count cap is applied on append; time needs
-// a clock, so the broker checks it here rather than waiting for someone
-// to read the topic. Timestamps only grow within a topic, so the old
-// ones are a prefix. A $delayed log's leave it only once sent.
+// trimExpired trims from every topic the messages older than its TTL,
+// and forgets a topic left empty and idle (b.forgetIfIdle); it runs ten
+// times per TTL. The count cap is applied on append; time needs a clock,
+// so the broker checks it here rather than waiting for someone to read
+// the topic. Timestamps only grow within a topic, so the old ones are a
+// prefix. A $delayed log's leave it only once sent.
 func (b *Broker) trimExpired(now time.Time) {
 	cutoff := now.Add(-b.opts.TTL).UnixMilli()
 	for _, t := range b.topicList() {
@@ -4448,8 +4505,15 @@ func (b *Broker) trimExpired(now time.Time) {
 		n := sort.Search(len(live), func(i int) bool {
 			return live[i].timestamp >= cutoff
 		})
-		if n > 0 && !strings.HasPrefix(t.name, DelayedPrefix) {
-			b.log.Trim(t.name, t.forget(n))
+		if !strings.HasPrefix(t.name, DelayedPrefix) {
+			if n > 0 {
+				b.log.Trim(t.name, t.forget(n))
+			}
+			if n == len(live) {
+				b.mu.Lock()
+				b.forgetIfIdle(t)
+				b.mu.Unlock()
+			}
 		}
 		t.mu.Unlock()
 	}
@@ -4535,17 +4599,31 @@ const (
 // stored head is where seqs go on: after a clean stop the newest seq,
 // after a crash the end of the topic's reservation, past any seq that
 // reached a subscriber and not the disk (see the log's section).
-// b.remember adds each message to the index (Retention).
+// b.remember adds each message to the index, and a Forgetter's floor is
+// read (Retention).
 func (b *Broker) loadTopics() error {
 	// With a DueIndex, delayed messages stay on disk (Delayed delivery).
 	b.delays.disk, _ = b.store.(DueIndex)
+	// A Forgetter's floor is where a topic made again starts, and a
+	// topic with a cursor is never forgotten (Retention).
+	b.cursored = map[string]bool{}
+	if f, ok := b.store.(Forgetter); ok {
+		floor, keys, err := f.Floor()
+		if err != nil {
+			return fmt.Errorf("load the floor: %w", err)
+		}
+		b.floor, b.forgets = floor, true
+		for _, key := range keys {
+			b.cursored[key[strings.LastIndexByte(key, 0)+1:]] = true
+		}
+	}
 	heads, err := b.store.Topics()
 	if err != nil {
 		return fmt.Errorf("load topics: %w", err)
 	}
 	for name, head := range heads {
-		t := newTopic(name)
-		t.head, t.reserved, t.asked = head, head, head
+		t := newTopic(name, head)
+		t.reserved, t.asked = head, head
 
 		// Read in chunks: a smaller cap at restart leaves a longer log.
 		for after := uint64(0); ; {
@@ -4568,7 +4646,8 @@ func (b *Broker) loadTopics() error {
 
 // waitForSeq returns once t's next seq is covered by its stored head,
 // having asked the log for the next block if fewer than reserveAhead
-// seqs are left. It releases t.mu while it waits for the sync. If done
+// seqs are left. It releases t.mu while it waits for the sync, counted
+// in t.reserving, so that t is not forgotten meanwhile. If done
 // is closed first it reports false and a nil outcome: nothing happened;
 // if the store refused the block, or Shutdown sealed t, false and a
 // failed outcome. The caller holds t.mu.
@@ -4582,14 +4661,17 @@ func (b *Broker) waitForSeq(t *topic, done <-chan struct{}) (*outcome, bool) {
 			return groupcommit.Failed(ErrClosed), false
 		}
 		stored := b.log.Await(t.name)
+		t.reserving++
 		t.mu.Unlock()
 		select {
 		case <-stored.Done():
 		case <-done:
-			t.mu.Lock()
-			return nil, false
+			stored = nil
 		}
 		t.mu.Lock()
+		if t.reserving--; stored == nil {
+			return nil, false
+		}
 		if stored.Err() != nil {
 			return stored, false
 		}

@@ -149,6 +149,43 @@ func storeContract(t *testing.T, store Store) {
 		t.Fatalf("read after appends to an emptied log = %v, want [4 5]",
 			got)
 	}
+
+	// A Forgetter deletes a topic whole, its messages and its head, and
+	// its floor keeps the highest head forgotten, beside the keys of the
+	// cursors, which a forget leaves; a head set after the
+	// forget, in the same batch, is a new topic's. A forget of a name it
+	// does not have raises the floor alone.
+	forgetter, ok := store.(Forgetter)
+	if !ok {
+		t.Fatal("the store is no Forgetter")
+	}
+	wantFloor := func(want uint64) {
+		t.Helper()
+		floor, keys, err := forgetter.Floor()
+		if floor != want || !slices.Equal(keys, []string{"k"}) || err != nil {
+			t.Fatalf("Floor = %d, %q, %v; want %d and the cursor k", floor,
+				keys, err, want)
+		}
+	}
+	wantFloor(0)
+	commit(&Batch{Forgets: map[string]uint64{"t": 5, "never": 2}})
+	wantHeads(map[string]uint64{"new": 50})
+	wantFloor(5)
+	if got := read(0, 10); len(got) != 0 {
+		t.Fatalf("read of a forgotten topic = %v, want none", got)
+	}
+	commit(&Batch{Forgets: map[string]uint64{"new": 50},
+		Heads: map[string]uint64{"new": 60}})
+	wantHeads(map[string]uint64{"new": 60})
+	wantFloor(50)
+	commit(&Batch{Forgets: map[string]uint64{"new": 7}})
+	wantHeads(map[string]uint64{})
+	wantFloor(50)
+	commit(&Batch{Messages: []*Message{message(51)}})
+	if got := read(0, 10); !slices.Equal(got, []uint64{51}) {
+		t.Fatalf("read after an append to a forgotten topic = %v, want "+
+			"[51]", got)
+	}
 }
 
 func TestStore_Contract(t *testing.T) {

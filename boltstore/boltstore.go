@@ -3,16 +3,17 @@
 //
 // # The contract
 //
-// popsub.go declares what a Store must do (its section "The log: seq
-// first, sync second"): Commit applies a batch of appends, trims, heads
-// and cursor moves atomically and durably; Read returns a topic's
-// messages after a seq, in seq order; Topics returns every topic's head,
-// which survives the log being trimmed empty; Cursor reads a durable
-// cursor. It is a DueIndex too (section "Delayed delivery"): Due and
-// Waiting find what waits in the $delayed logs, by due time and by
-// message_id. The broker's committer gathers the batches (group
-// commit); this package writes each one in one transaction and one
-// sync.
+// popsub.go declares what a Store must do (its section "The machine
+// room"): Commit applies a batch of forgets, appends, trims, heads and
+// cursor moves atomically and durably; Read returns a topic's messages
+// after a seq, in seq order; Topics returns every topic's head, which
+// survives the log being trimmed empty; Cursor reads a durable cursor.
+// It is a Forgetter (section "Retention"): a forget deletes a topic
+// whole, and Floor says past which seq a topic made again starts. It is
+// a DueIndex too (section "Delayed delivery"): Due and Waiting find
+// what waits in the $delayed logs, by due time and by message_id. The
+// broker's committer gathers the batches (group commit); this package
+// writes each one in one transaction and one sync.
 //
 // # The mechanism
 //
@@ -95,7 +96,8 @@ var (
 // with a bucket per topic, holding the topic's records under logBucket,
 // keyed by seqKey (no logBucket while it has none), and its head under
 // headKey; and a cursors bucket, from a durable key to its position as a
-// seqKey. The index of what waits in the $delayed logs (the broker's
+// seqKey, and under floorKey the highest head of a topic the store
+// forgot. The index of what waits in the $delayed logs (the broker's
 // DueIndex) is two more: a due bucket, keyed by dueKey (due time, seq
 // and log), and a waiting bucket, from an idKey (log, publisher and
 // message_id) to the record's seqKey. A record is what encodeRecord
@@ -220,6 +222,11 @@ func guard(path string, err *error) func() {
 func (s *Store) Commit(batch *popsub.Batch) (err error) {
 	defer guard(s.path, &err)()
 	return s.db.Update(func(tx *bolt.Tx) error {
+		for topic, head := range batch.Forgets {
+			if err := forget(tx, topic, head); err != nil {
+				return fmt.Errorf("forget %q: %w", topic, err)
+			}
+		}
 		for topic, seq := range batch.Trims {
 			if err := trimLog(tx, topic, seq); err != nil {
 				return fmt.Errorf("trim %q: %w", topic, err)
@@ -438,6 +445,44 @@ func indexWaiting(tx *bolt.Tx) error {
 	return nil
 }
 
+// floorKey is where the cursors bucket keeps the store's floor, the
+// highest head of a topic it forgot: among the cursors, which Salvage
+// copies, as a position is an 8-byte seq too. No cursor's key is a zero
+// byte and one word: a durable's and a group's hold two zero bytes.
+var floorKey = []byte("\x00floor")
+
+// forget deletes topic's bucket, its records and its head, and raises
+// the floor to head: a topic made again under the name starts its seqs
+// past it (popsub.Forgetter).
+func forget(tx *bolt.Tx, topic string, head uint64) error {
+	err := tx.Bucket(topicsBucket).DeleteBucket([]byte(topic))
+	if err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
+		return err
+	}
+	cursors := tx.Bucket(cursorsBucket)
+	if floor, _ := seqOf(cursors.Get(floorKey)); floor >= head {
+		return nil
+	}
+	return cursors.Put(floorKey, seqKey(head))
+}
+
+// Floor returns the highest head of a topic the store forgot, or 0, and
+// the key of every durable cursor.
+func (s *Store) Floor() (floor uint64, keys []string, err error) {
+	defer guard(s.path, &err)()
+	err = s.db.View(func(tx *bolt.Tx) error {
+		cursors := tx.Bucket(cursorsBucket)
+		floor, _ = seqOf(cursors.Get(floorKey))
+		return cursors.ForEach(func(k, _ []byte) error {
+			if key := string(k); key != legacyClean && key != string(floorKey) {
+				keys = append(keys, key)
+			}
+			return nil
+		})
+	})
+	return floor, keys, err
+}
+
 // setHead sets topic's stored head, making its bucket if it has none:
 // a new topic's first block of seqs comes before its first message.
 func setHead(tx *bolt.Tx, topic string, head uint64) error {
@@ -518,7 +563,8 @@ func (s *Store) Read(topic string, after uint64,
 
 // Topics returns every topic bucket's name and head. A topic whose log
 // was trimmed empty still has its bucket and its head, so it is listed:
-// its next seq must not start again from 1.
+// its next seq must not start again from 1. One the broker forgot has
+// neither, and its seqs go on past the floor (Floor).
 func (s *Store) Topics() (heads map[string]uint64, err error) {
 	defer guard(s.path, &err)()
 	heads = map[string]uint64{}

@@ -87,9 +87,13 @@ import (
 	"github.com/popsub/popsub/queue"
 )
 
-// Batch is one atomic step of the log: appends first, then trims and
-// deletes, then heads, then cursor moves.
+// Batch is one atomic step of the log: forgets first, then appends, then
+// trims and deletes, then heads, then cursor moves.
 type Batch[M any] struct {
+	// Forgets maps a topic the broker forgot to the head it had: its log
+	// and its head are deleted, and the store's floor, past which a topic
+	// made again starts its seqs, rises to at least that head.
+	Forgets map[string]uint64
 	// Messages to append, in seq order within each topic.
 	Messages []M
 	// Trims maps a topic to the seq up to which its log is deleted.
@@ -242,9 +246,9 @@ func Start[M any](config Config[M], closed error) *Log[M] {
 
 // reset starts an empty queue. The caller holds l.mu (or owns l).
 func (l *Log[M]) reset() {
-	l.queued = &Batch[M]{Trims: map[string]uint64{},
-		Deletes: map[string][]uint64{}, Heads: map[string]uint64{},
-		Cursors: map[string]uint64{}}
+	l.queued = &Batch[M]{Forgets: map[string]uint64{},
+		Trims: map[string]uint64{}, Deletes: map[string][]uint64{},
+		Heads: map[string]uint64{}, Cursors: map[string]uint64{}}
 	l.next, l.nextUrgent, l.waited = NewOutcome(), NewOutcome(), nil
 	l.queuedBytes, l.urgent = 0, false
 }
@@ -397,6 +401,21 @@ func (l *Log[M]) SetHead(topic string, head uint64) {
 	l.queue(func(q *Batch[M]) { q.Heads[topic] = head })
 }
 
+// Forget queues forgetting topic, whose head is head, and drops the
+// trims, deletes and head queued for it: they are moot once the topic
+// is gone. The broker forgets only a topic none of whose messages or
+// heads is still on its way to the store, and a head set for the topic
+// after the forget, in the same batch or the next, is the new topic's:
+// forgets apply first, and travel with the heads (split, steal).
+func (l *Log[M]) Forget(topic string, head uint64) {
+	l.queue(func(q *Batch[M]) {
+		delete(q.Trims, topic)
+		delete(q.Deletes, topic)
+		delete(q.Heads, topic)
+		q.Forgets[topic] = max(q.Forgets[topic], head)
+	})
+}
+
 // SaveCursor queues a durable cursor's new position. Only the newest
 // position per cursor is kept: a thousand acks cost one write.
 func (l *Log[M]) SaveCursor(key string, position uint64) {
@@ -468,8 +487,8 @@ func (l *Log[M]) loop() {
 		}
 		l.mu.Unlock()
 
-		if len(batch.Messages)+len(batch.Trims)+len(batch.Deletes)+
-			len(batch.Heads)+len(batch.Cursors) == 0 {
+		if len(batch.Forgets)+len(batch.Messages)+len(batch.Trims)+
+			len(batch.Deletes)+len(batch.Heads)+len(batch.Cursors) == 0 {
 			// Nothing to write, and what was queued before is written:
 			// a sync would add nothing (a steal can leave a wake-up).
 			fate.Resolve(0, false, nil)
@@ -547,8 +566,9 @@ func (l *Log[M]) commitInChunks(batch *Batch[M], hurry bool,
 }
 
 // steal commits now the queued messages of the topics someone waits for,
-// and the queued heads, and resolves their outcome, unless one of those
-// topics still has messages in remaining, which must commit before them.
+// and the queued heads and forgets, and resolves their outcome, unless
+// one of those topics still has messages in remaining, which must commit
+// before them.
 func (l *Log[M]) steal(remaining []M) {
 	l.mu.Lock()
 	if len(l.waited) == 0 || l.stopped {
@@ -573,6 +593,7 @@ func (l *Log[M]) steal(remaining []M) {
 	clear(l.queued.Messages[len(kept):])
 	l.queued.Messages = kept
 	stolen.Heads, l.queued.Heads = l.queued.Heads, map[string]uint64{}
+	stolen.Forgets, l.queued.Forgets = l.queued.Forgets, map[string]uint64{}
 	fate, waited := l.nextUrgent, l.waited
 	l.nextUrgent, l.waited = NewOutcome(), nil
 	if len(stolen.Messages) > 0 {
@@ -634,8 +655,9 @@ func (l *Log[M]) follow(waited map[string]bool) bool {
 }
 
 // split takes out of batch, which holds size bytes of messages, to be
-// committed first, the messages of the topics in waited, and the heads,
-// which are small and which a topic's first publish may wait for, if the
+// committed first, the messages of the topics in waited, and the heads
+// (with the forgets, which a head set after them must follow), which
+// are small and which a topic's first publish may wait for, if the
 // rest is large enough to keep them waiting: an eighth of the queue's
 // bytes. Trims, deletes and cursor moves stay with the rest, which
 // commits after them. It returns a nil first when there is nothing to
@@ -645,7 +667,7 @@ func (l *Log[M]) split(batch *Batch[M], waited map[string]bool,
 	if len(waited) == 0 || 8*size < l.config.MaxBytes {
 		return nil, batch
 	}
-	first = &Batch[M]{Heads: batch.Heads}
+	first = &Batch[M]{Forgets: batch.Forgets, Heads: batch.Heads}
 	rest = &Batch[M]{Trims: batch.Trims, Deletes: batch.Deletes,
 		Cursors: batch.Cursors}
 	restBytes := 0

@@ -6,10 +6,11 @@
 // find the records that wait in the $delayed logs, here by looking at
 // every record, so that the broker's tests run that path.
 //
-// A batch applies as popsub.Batch says: its messages are appended, each
+// A batch applies as popsub.Batch says: the topics it forgets are
+// deleted whole, raising the floor; its messages are appended, each
 // deleting the record of another log it names (a delayed message's, sent
 // when due), then the trims and single deletes, then the heads and the
-// cursors. Reads return what the log holds after a seq, within a count
+// cursors. A store is a popsub.Forgetter. Reads return what the log holds after a seq, within a count
 // and a number of payload bytes, as a disk's would.
 //
 // It is generic over the message, as package groupcommit is, so that
@@ -43,13 +44,14 @@ type Record struct {
 	ID        string
 }
 
-// Contents are a log's topics, each topic's head, and the durable
-// cursors: what a batch leaves. The zero value is not usable: make one
-// with NewContents.
+// Contents are a log's topics, each topic's head, the durable cursors,
+// and the floor past which a topic made again starts its seqs: what a
+// batch leaves. The zero value is not usable: make one with NewContents.
 type Contents[M any] struct {
 	Logs    map[string][]M
 	Heads   map[string]uint64
 	Cursors map[string]uint64
+	Floor   uint64
 	record  func(M) Record
 }
 
@@ -67,12 +69,18 @@ func (c Contents[M]) Clone() Contents[M] {
 	}
 	maps.Copy(d.Heads, c.Heads)
 	maps.Copy(d.Cursors, c.Cursors)
+	d.Floor = c.Floor
 	return d
 }
 
 // Apply applies b. keepHeads false drops the heads b reserves, as the
 // lab's broker without reservations does.
-func (c Contents[M]) Apply(b *groupcommit.Batch[M], keepHeads bool) {
+func (c *Contents[M]) Apply(b *groupcommit.Batch[M], keepHeads bool) {
+	for topic, head := range b.Forgets {
+		delete(c.Logs, topic)
+		delete(c.Heads, topic)
+		c.Floor = max(c.Floor, head)
+	}
 	for _, m := range b.Messages {
 		r := c.record(m)
 		c.Logs[r.Topic] = append(c.Logs[r.Topic], m)
@@ -154,6 +162,15 @@ func (s *Store[M]) Topics() (map[string]uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return maps.Clone(s.contents.Heads), nil
+}
+
+// Floor returns the highest head of a topic the store forgot, and the
+// key of every cursor stored.
+func (s *Store[M]) Floor() (uint64, []string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.contents.Floor, slices.Collect(maps.Keys(s.contents.Cursors)),
+		nil
 }
 
 // Cursor returns a durable cursor's position, if one is stored.
