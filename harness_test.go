@@ -249,7 +249,14 @@ var oneEngine = map[string]string{
 	"TestBroker_FloodsAreBounded": "it bounds the test process's heap, " +
 		"and on JetStream the NATS server runs in that process and " +
 		"holds the flood itself",
+	"TestTopics_AnEmptiedTopicIsForgottenAndItsSeqsGoOnPastTheFloor": noForgets,
+	"TestTopics_ATopicWithACursorIsNeverForgotten":                   noForgets,
+	"TestTopics_PublishesRacingTheTTLsForgetsGiveNoSeqTwice":         noForgets,
 }
+
+// noForgets is why the tests of forgetting a topic that had a message run
+// on bbolt only: a shared log is no Forgetter, and keeps such a topic.
+const noForgets = "a shared log keeps a topic that had a message"
 
 // groupsRefused is why the work queue tests run on bbolt only: a shared
 // log refuses groups, which TestGroups_OnTheRunsEngine checks there.
