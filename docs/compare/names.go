@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"time"
 
 	"github.com/coder/websocket"
@@ -17,17 +18,25 @@ import (
 // request does, in rounds, and prints the broker's resident memory
 // after each round: what the broker keeps of a name nobody subscribes
 // to any more. With --wildcards each name is a filter ending in +. With
-// --nats the broker's log is a NATS server's JetStream, as `popsub
-// serve --nats` shares one.
+// --publish the connection publishes one QoS 0 message to each name
+// instead, on a broker with --ttl 3s, and each round waits the TTL out
+// and prints the size of the broker's file too: what it keeps of a topic
+// whose messages expired. With --nats the broker's log is a NATS
+// server's JetStream, as `popsub serve --nats` shares one.
 func runNames(args []string) error {
 	fs := flag.NewFlagSet("compare names", flag.ContinueOnError)
 	popsub := fs.String("popsub", "popsub", "the popsub binary")
-	pairs := fs.Int("pairs", 20_000, "subscribe and unsubscribe pairs a round")
+	pairs := fs.Int("pairs", 20_000,
+		"new names a round: subscribe and unsubscribe pairs, or publishes")
 	rounds := fs.Int("rounds", 3, "rounds")
 	onNATS := fs.Bool("nats", false, "the log on NATS JetStream")
 	wildcards := fs.Bool("wildcards", false, "filters ending in +, not topics")
+	publish := fs.Bool("publish", false, "one publish to each name, --ttl 3s")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *publish {
+		return runTopics(*popsub, *pairs, *rounds)
 	}
 	store, extra := "its own bbolt file", []string(nil)
 	if *onNATS {
@@ -116,6 +125,79 @@ func sendPairs(ws *websocket.Conn, round, n int, suffix string) error {
 				return err
 			}
 		}
+	}
+	return nil
+}
+
+// runTopics is runNames --publish: one connection publishes one QoS 0
+// message to each of n new names a round, on a broker whose log keeps
+// messages 3 s, and after each round waits for the TTL's trim, then
+// prints the broker's resident memory and the size of its file.
+func runTopics(popsub string, n, rounds int) error {
+	const ttl = 3 * time.Second
+	var url, token, file string
+	pid, stop, err := startServer(func(addr, dir string) (*exec.Cmd,
+		error) {
+		cmd, t, err := popsubServe(popsub, addr, dir, "--ttl", ttl.String())
+		url, token, file = "ws://"+addr+"/ws", t, filepath.Join(dir,
+			"popsub.db")
+		return cmd, err
+	})
+	if err != nil {
+		return err
+	}
+	defer stop()
+	ctx := context.Background()
+	ws, err := dialPopsub(ctx, url, token, nil, false)
+	if err != nil {
+		return err
+	}
+	defer ws.CloseNow()
+	// Read all along, so that the broker's keepalive pings are answered.
+	pongs := make(chan error, 1)
+	go func() {
+		for {
+			_, data, err := ws.Read(ctx)
+			if err != nil {
+				pongs <- err
+				return
+			}
+			if bytes.Contains(data, []byte(`"type":"pong"`)) {
+				pongs <- nil
+			}
+		}
+	}()
+
+	fmt.Printf("one connection, one QoS 0 publish to each of %d new "+
+		"names a round; the broker on its own bbolt file with --ttl %s, "+
+		"read %s after the round's last publish; %.1f MiB resident at "+
+		"the start\n\n", n, ttl, ttl+1500*time.Millisecond,
+		rssKiB(pid)/1024)
+	fmt.Println("| round | resident memory | file |")
+	fmt.Println("|---|---|---|")
+	for round := 1; round <= rounds; round++ {
+		for i := range n {
+			frame := fmt.Appendf(nil, `{"type":"publish","topic":`+
+				`"readings/%d/%d","payload":%d,"qos":0}`, round, i, i)
+			if err := ws.Write(ctx, websocket.MessageText, frame); err != nil {
+				return err
+			}
+		}
+		// The pong comes once the broker has read every publish before it.
+		err := ws.Write(ctx, websocket.MessageText, []byte(`{"type":"ping"}`))
+		if err != nil {
+			return err
+		}
+		if err := <-pongs; err != nil {
+			return err
+		}
+		time.Sleep(ttl + 1500*time.Millisecond)
+		info, err := os.Stat(file)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("| %d | %.1f MiB | %.1f MB |\n", round,
+			rssKiB(pid)/1024, float64(info.Size())/1e6)
 	}
 	return nil
 }
