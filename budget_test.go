@@ -557,13 +557,13 @@ const (
 // (the broker's DueIndex, with its making for an older file), 70, and the
 // dropping of a log emptied, 16, which made a topic whose messages all expired
 // cost the file 100 to 170 bytes, not a page of 4 KiB, and the forgetting of
-// such a topic whole, with the floor its seqs go on past, 31, which made it
+// such a topic whole, with the floor its seqs go on past, 34, which made it
 // cost nothing.
 var (
 	machineRoom = []string{"boltstore", "groupcommit", "socket", "login",
 		"xray", "queue", "jetstream", "poller"}
 	overBudget = map[string]int{"jetstream": 884, "socket": 640,
-		"boltstore": 717}
+		"boltstore": 720}
 )
 
 // measureDir adds up the code and comment lines of dir's Go files, tests

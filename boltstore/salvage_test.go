@@ -10,13 +10,15 @@ import (
 )
 
 // A healthy file: the check finds every record and cursor and no
-// damage, and the copy opens as a store with the same log and head. The
+// damage, and the copy opens as a store with the same log, head and
+// floor (the highest head of a topic forgotten). The
 // damaged files, and the command around Salvage, are popsub db's tests
 // (cmd/popsub/db_test.go).
 func TestSalvage_AHealthyFileIsCopiedWhole(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "popsub.db")
 	store := openStore(t, path)
-	batch := &popsub.Batch{Cursors: map[string]uint64{"alice\x00d\x00t": 2}}
+	batch := &popsub.Batch{Cursors: map[string]uint64{"alice\x00d\x00t": 2},
+		Forgets: map[string]uint64{"gone": 9}}
 	for seq := range uint64(3) {
 		batch.Messages = append(batch.Messages,
 			message(t, seq+1, `"x"`, "alice"))
@@ -41,6 +43,11 @@ func TestSalvage_AHealthyFileIsCopiedWhole(t *testing.T) {
 	if err != nil || len(msgs) != 3 || msgs[2].Seq != 3 {
 		t.Fatalf("the copy reads %d messages (%v), want seqs 1 to 3",
 			len(msgs), err)
+	}
+	if floor, keys, err := copied.Floor(); floor != 9 || len(keys) != 1 ||
+		err != nil {
+		t.Fatalf("the copy's Floor = %d, %q, %v; want 9 and one cursor",
+			floor, keys, err)
 	}
 
 	// A salvage never writes over a file, and a file that is not there
