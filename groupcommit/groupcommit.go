@@ -542,23 +542,24 @@ const headTakes = 4
 // someone has since come to wait for commit first (l.steal). A confirm
 // then waits for a chunk of another topic's flood, not for a whole
 // batch of it. Chunks cost a flood more syncs, so a flood nobody waits
-// beside commits whole. Trims, deletes, heads and cursor moves go with
-// the last chunk; fates hear the first error.
+// beside commits whole. Forgets go with the first chunk, as a head
+// stolen after it may be a topic's made again; trims, deletes, heads
+// and cursor moves with the last; fates hear the first error.
 func (l *Log[M]) commitInChunks(batch *Batch[M], hurry bool,
 	fates ...*Outcome) {
 	var failed error
-	messages, bytes := batch.Messages, 0
+	messages, bytes, forgets := batch.Messages, 0, batch.Forgets
 	for i := 0; hurry && i < len(messages)-1; i++ {
 		if bytes += l.config.Size(messages[i]); 8*bytes < l.config.MaxBytes {
 			continue
 		}
-		failed = cmp.Or(failed,
-			l.commit(&Batch[M]{Messages: messages[:i+1]}))
-		messages, bytes, i = messages[i+1:], 0, -1
+		failed = cmp.Or(failed, l.commit(&Batch[M]{Forgets: forgets,
+			Messages: messages[:i+1]}))
+		messages, bytes, i, forgets = messages[i+1:], 0, -1, nil
 		l.steal(messages)
 	}
 	last := *batch
-	last.Messages = messages
+	last.Messages, last.Forgets = messages, forgets
 	failed = cmp.Or(failed, l.commit(&last))
 	for _, fate := range fates {
 		fate.Resolve(0, false, failed)

@@ -499,6 +499,54 @@ func TestLog_AConfirmWaitsForAChunkOfAFloodNotAllOfIt(t *testing.T) {
 	}
 }
 
+func TestLog_AForgetCommitsNoLaterThanAHeadSetAfterIt(t *testing.T) {
+	// A topic forgotten in a batch that commits in chunks, and made again
+	// while the first chunk commits: its new head, awaited, is stolen
+	// before the flood's next chunk, and the forget must not follow it,
+	// or it would delete the head the new topic's seqs stand on.
+	synctest.Test(t, func(t *testing.T) {
+		store, l := startHeld(16, 320)
+		defer l.Stop()
+		var head *Outcome
+		store.during = func(b *Batch[int]) {
+			if head == nil && slices.Equal(b.Messages, []int{20, 22}) {
+				l.SetHead("gone", 50)
+				head = l.Await("gone")
+			}
+		}
+		// A confirm makes the loop hurry: the next batch goes in chunks.
+		confirmed := enqueue(t, l, 3)
+		close(store.hold)
+		<-confirmed.Done()
+		for _, m := range []int{20, 22, 24, 26} {
+			enqueue(t, l, m)
+		}
+		l.Forget("gone", 7)
+		synctest.Wait()
+		time.Sleep(time.Second)
+		if head == nil {
+			t.Fatal("the flood did not commit in chunks")
+		}
+		<-head.Done()
+		time.Sleep(time.Second)
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		forgot, headSet := -1, -1
+		for i, b := range store.batches {
+			if _, ok := b.Forgets["gone"]; ok {
+				forgot = i
+			}
+			if b.Heads["gone"] == 50 {
+				headSet = i
+			}
+		}
+		if forgot < 0 || headSet < 0 || forgot > headSet {
+			t.Fatalf("the forget committed in batch %d, the head set after "+
+				"it in batch %d", forgot, headSet)
+		}
+	})
+}
+
 // closedChannel returns a channel that is already closed: Admit gives
 // up at once when there is no room.
 func closedChannel() chan struct{} {
