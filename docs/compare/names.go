@@ -55,23 +55,12 @@ func runNames(args []string) error {
 		defer stop()
 		store = "a NATS JetStream log"
 	}
-	var url, token string
-	pid, stop, err := startServer(func(addr, dir string) (*exec.Cmd,
-		error) {
-		cmd, t, err := popsubServe(*popsub, addr, dir, extra...)
-		url, token = "ws://"+addr+"/ws", t
-		return cmd, err
-	})
+	pid, ws, _, stop, err := servePopsub(*popsub, extra...)
 	if err != nil {
 		return err
 	}
 	defer stop()
 	ctx := context.Background()
-	ws, err := dialPopsub(ctx, url, token, nil, false)
-	if err != nil {
-		return err
-	}
-	defer ws.CloseNow()
 
 	before := rssKiB(pid)
 	suffix, kind := "", "name"
@@ -135,24 +124,12 @@ func sendPairs(ws *websocket.Conn, round, n int, suffix string) error {
 // prints the broker's resident memory and the size of its file.
 func runTopics(popsub string, n, rounds int) error {
 	const ttl = 3 * time.Second
-	var url, token, file string
-	pid, stop, err := startServer(func(addr, dir string) (*exec.Cmd,
-		error) {
-		cmd, t, err := popsubServe(popsub, addr, dir, "--ttl", ttl.String())
-		url, token, file = "ws://"+addr+"/ws", t, filepath.Join(dir,
-			"popsub.db")
-		return cmd, err
-	})
+	pid, ws, file, stop, err := servePopsub(popsub, "--ttl", ttl.String())
 	if err != nil {
 		return err
 	}
 	defer stop()
 	ctx := context.Background()
-	ws, err := dialPopsub(ctx, url, token, nil, false)
-	if err != nil {
-		return err
-	}
-	defer ws.CloseNow()
 	// Read all along, so that the broker's keepalive pings are answered.
 	pongs := make(chan error, 1)
 	go func() {
@@ -200,4 +177,28 @@ func runTopics(popsub string, n, rounds int) error {
 			rssKiB(pid)/1024, float64(info.Size())/1e6)
 	}
 	return nil
+}
+
+// servePopsub starts popsub serve, with extra flags, on a file of its
+// own, and connects to it: it returns the server's pid, the connection,
+// the file's path, and what closes the one and stops the other.
+func servePopsub(popsub string, extra ...string) (int, *websocket.Conn,
+	string, func(), error) {
+	var url, token, file string
+	pid, stop, err := startServer(func(addr, dir string) (*exec.Cmd,
+		error) {
+		cmd, t, err := popsubServe(popsub, addr, dir, extra...)
+		url, token = "ws://"+addr+"/ws", t
+		file = filepath.Join(dir, "popsub.db")
+		return cmd, err
+	})
+	if err != nil {
+		return 0, nil, "", nil, err
+	}
+	ws, err := dialPopsub(context.Background(), url, token, nil, false)
+	if err != nil {
+		stop()
+		return 0, nil, "", nil, err
+	}
+	return pid, ws, file, func() { ws.CloseNow(); stop() }, nil
 }
