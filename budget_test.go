@@ -34,7 +34,7 @@ import (
 // dozen details' functions, 10 a wildcard told of a shared log's gap, not cut
 // off, and the gap logged outside the lock, 19 a durable name's cursor saved at
 // its subscribe, 9 a shared log's delayed publishes counted from their append,
-// 4 a failed commit's reason told to the operator, 42 the forgetting of a topic
+// 4 a failed commit's reason told to the operator, 44 the forgetting of a topic
 // whose log is empty, with its floor and the topics cursors keep, so that a
 // name used once costs nothing once its messages expire), and the first reading,
 // priced as a reader pays it (5 lines a minute where code takes or lets go of a
@@ -45,7 +45,7 @@ import (
 const (
 	budgetFirstReading  = 1050 // code lines in first-reading sections
 	budgetMinutes       = 199  // the first reading, priced; the goal is 180
-	budgetCode          = 2808 // code lines in the file; STYLE.md's 2,200
+	budgetCode          = 2810 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function
@@ -557,13 +557,13 @@ const (
 // (the broker's DueIndex, with its making for an older file), 70, and the
 // dropping of a log emptied, 16, which made a topic whose messages all expired
 // cost the file 100 to 170 bytes, not a page of 4 KiB, and the forgetting of
-// such a topic whole, with the floor its seqs go on past, 34, which made it
+// such a topic whole, with the floor its seqs go on past, 40, which made it
 // cost nothing.
 var (
 	machineRoom = []string{"boltstore", "groupcommit", "socket", "login",
 		"xray", "queue", "jetstream", "poller"}
 	overBudget = map[string]int{"jetstream": 884, "socket": 640,
-		"boltstore": 720}
+		"boltstore": 726}
 )
 
 // measureDir adds up the code and comment lines of dir's Go files, tests

@@ -4253,13 +4253,16 @@ func (b *Broker) OutboxBytes() int {
 
 // A Forgetter is a Store that can forget a topic whole: a batch's
 // Forgets delete each topic's log and head, and raise the store's floor
-// to the head the topic had. Floor returns the floor, and the key of
-// every durable cursor stored (durable names' and groups', which end in
-// their topic's name after a zero byte). Package boltstore keeps one.
-// On any other store (a shared log, whose seqs it gives) a topic that
-// had a message stays, with its head.
+// to the head the topic had. Package boltstore keeps one. On any other
+// store (a shared log, whose seqs it gives) a topic that had a message
+// stays, with its head.
 type Forgetter interface {
-	Floor() (floor uint64, cursors []string, err error)
+	// Floor returns the highest head of a topic forgotten, or 0.
+	Floor() (uint64, error)
+	// CursorKeys returns the key of every durable cursor stored: a
+	// durable name's or a group's, which ends in its topic's name after
+	// a zero byte.
+	CursorKeys() ([]string, error)
 }
 
 // newTopic returns an empty topic called name whose seqs go on after
@@ -4608,8 +4611,9 @@ func (b *Broker) loadTopics() error {
 	// topic with a cursor is never forgotten (Retention).
 	b.cursored = map[string]bool{}
 	if f, ok := b.store.(Forgetter); ok {
-		floor, keys, err := f.Floor()
-		if err != nil {
+		floor, err := f.Floor()
+		keys, err2 := f.CursorKeys()
+		if err = cmp.Or(err, err2); err != nil {
 			return fmt.Errorf("load the floor: %w", err)
 		}
 		b.floor, b.forgets = floor, true

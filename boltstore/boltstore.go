@@ -9,7 +9,8 @@
 // after a seq, in seq order; Topics returns every topic's head, which
 // survives the log being trimmed empty; Cursor reads a durable cursor.
 // It is a Forgetter (section "Retention"): a forget deletes a topic
-// whole, and Floor says past which seq a topic made again starts. It is
+// whole, Floor says past which seq a topic made again starts, and
+// CursorKeys which topics a cursor keeps. It is
 // a DueIndex too (section "Delayed delivery"): Due and Waiting find
 // what waits in the $delayed logs, by due time and by message_id. The
 // broker's committer gathers the batches (group commit); this package
@@ -466,21 +467,28 @@ func forget(tx *bolt.Tx, topic string, head uint64) error {
 	return cursors.Put(floorKey, seqKey(head))
 }
 
-// Floor returns the highest head of a topic the store forgot, or 0, and
-// the key of every durable cursor.
-func (s *Store) Floor() (floor uint64, keys []string, err error) {
+// Floor returns the highest head of a topic the store forgot, or 0.
+func (s *Store) Floor() (floor uint64, err error) {
 	defer guard(s.path, &err)()
 	err = s.db.View(func(tx *bolt.Tx) error {
-		cursors := tx.Bucket(cursorsBucket)
-		floor, _ = seqOf(cursors.Get(floorKey))
-		return cursors.ForEach(func(k, _ []byte) error {
+		floor, _ = seqOf(tx.Bucket(cursorsBucket).Get(floorKey))
+		return nil
+	})
+	return floor, err
+}
+
+// CursorKeys returns the key of every durable cursor.
+func (s *Store) CursorKeys() (keys []string, err error) {
+	defer guard(s.path, &err)()
+	err = s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(cursorsBucket).ForEach(func(k, _ []byte) error {
 			if key := string(k); key != legacyClean && key != string(floorKey) {
 				keys = append(keys, key)
 			}
 			return nil
 		})
 	})
-	return floor, keys, err
+	return keys, err
 }
 
 // setHead sets topic's stored head, making its bucket if it has none:

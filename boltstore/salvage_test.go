@@ -44,10 +44,11 @@ func TestSalvage_AHealthyFileIsCopiedWhole(t *testing.T) {
 		t.Fatalf("the copy reads %d messages (%v), want seqs 1 to 3",
 			len(msgs), err)
 	}
-	if floor, keys, err := copied.Floor(); floor != 9 || len(keys) != 1 ||
-		err != nil {
-		t.Fatalf("the copy's Floor = %d, %q, %v; want 9 and one cursor",
-			floor, keys, err)
+	floor, err := copied.Floor()
+	keys, err2 := copied.CursorKeys()
+	if floor != 9 || len(keys) != 1 || err != nil || err2 != nil {
+		t.Fatalf("the copy's Floor = %d, CursorKeys = %q (%v, %v); want 9 "+
+			"and one cursor", floor, keys, err, err2)
 	}
 
 	// A salvage never writes over a file, and a file that is not there

@@ -165,13 +165,18 @@ func (s *Store[M]) Topics() (map[string]uint64, error) {
 	return maps.Clone(s.contents.Heads), nil
 }
 
-// Floor returns the highest head of a topic the store forgot, and the
-// key of every cursor stored.
-func (s *Store[M]) Floor() (uint64, []string, error) {
+// Floor returns the highest head of a topic the store forgot.
+func (s *Store[M]) Floor() (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.contents.Floor, slices.Collect(maps.Keys(s.contents.Cursors)),
-		nil
+	return s.contents.Floor, nil
+}
+
+// CursorKeys returns the key of every cursor stored.
+func (s *Store[M]) CursorKeys() ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Collect(maps.Keys(s.contents.Cursors)), nil
 }
 
 // Cursor returns a durable cursor's position, if one is stored.
