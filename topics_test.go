@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/popsub/popsub/wire"
 )
 
 // topicsNamed counts the topics b holds whose names start with prefix.
@@ -224,6 +227,41 @@ func TestTopics_ATopicWithACursorIsNeverForgotten(t *testing.T) {
 	if g := d.subscribe("cursor/g", map[string]any{"group": "g"}); g.Seq !=
 		1 || g.Recovered != nil {
 		t.Fatalf("the group resumed with %+v, want head 1, no loss", g)
+	}
+}
+
+// A publisher waiting for a new topic's reservation holds the topic: the
+// TTL's trim, run the moment the reservation is stored and before the
+// publisher takes the topic again, forgets nothing. Forgotten there, the
+// publish would have taken a seq in a topic nobody finds any more, and
+// the topic made again would give the same seq to the next message.
+func TestTopics_APublisherWaitingForItsSeqsHoldsItsTopic(t *testing.T) {
+	var broker atomic.Pointer[Broker]
+	var armed atomic.Bool
+	ts := startBroker(t, Options{FeatureOptions: FeatureOptions{
+		OnEvent: func(e wire.Event) {
+			// A commit of no message: the new topic's reservation, stored.
+			if e.Kind == "commit" && e.Messages == 0 && armed.Swap(false) {
+				broker.Load().trimExpired(time.Now().Add(2 * time.Hour))
+			}
+		}}})
+	broker.Store(ts.broker)
+	p := ts.dial("p")
+	armed.Store(true)
+	first := p.publish("held", 1, 1, "first")
+	if armed.Load() {
+		t.Fatal("the reservation's commit was never seen")
+	}
+	second := p.publish("held", 2, 1, "second")
+	if first.Seq != 1 || second.Seq != 2 {
+		t.Fatalf("seqs %d and %d, want 1 and 2", first.Seq, second.Seq)
+	}
+	reader := ts.dial("reader")
+	reader.subscribe("held", map[string]any{"after": 0})
+	for i, m := range reader.messages(2) {
+		if m.Seq != uint64(i+1) {
+			t.Fatalf("replay %d: %+v, want seq %d", i, m, i+1)
+		}
 	}
 }
 
