@@ -4374,8 +4374,8 @@ func (b *Broker) forgetIfIdle(t *topic) {
 }
 
 // lockTopic is leaves.lockTopic, a publisher's and the shared log's
-// feed's way in: a topic that never had a message may be forgotten
-// between the look-up and the lock, and then it is looked up again.
+// feed's way in: a topic may be forgotten between the look-up and the
+// lock (b.forgetIfIdle), and then it is looked up again.
 func (b *Broker) lockTopic(name string) *topic {
 	for {
 		t := b.topic(name)

@@ -22,14 +22,16 @@
 // the binary, no server. Each topic is a bucket of records keyed by
 // big-endian seq, so a cursor walks them in seq order; the topic's head
 // is kept beside them so seqs never restart after the log is trimmed
-// empty. Each record carries a CRC-32 of its bytes: bbolt checks only its
-// own meta pages, and a flipped bit in a payload must not be delivered as
-// if it were good. A log in bbolt costs a B+tree where an append-only
-// file would do; the tree buys transactions, cursors by seq and trims
-// without a compactor, in a library a reader can trust. bbolt panics on
-// a damaged page and faults on a file cut short; here either costs the
-// caller an error that names the file, never the process, and the
-// command's db check and db salvage read what is left.
+// empty, and once the broker forgets the topic, the floor keeps the
+// highest head forgotten. Each record carries a CRC-32 of its bytes:
+// bbolt checks only its own meta pages, and a flipped bit in a payload
+// must not be delivered as if it were good. A log in bbolt costs a
+// B+tree where an append-only file would do; the tree buys
+// transactions, cursors by seq and trims without a compactor, in a
+// library a reader can trust. bbolt panics on a damaged page and faults
+// on a file cut short; here either costs the caller an error that names
+// the file, never the process, and the command's db check and db salvage
+// read what is left.
 //
 // A file written by a broker from before seqs were reserved on disk, and
 // left unclean, has its heads raised once at Open (closeLegacyGap).
