@@ -252,6 +252,8 @@ var oneEngine = map[string]string{
 	"TestTopics_AnEmptiedTopicIsForgottenAndItsSeqsGoOnPastTheFloor": noForgets,
 	"TestTopics_ATopicWithACursorIsNeverForgotten":                   noForgets,
 	"TestTopics_PublishesRacingTheTTLsForgetsGiveNoSeqTwice":         noForgets,
+	"TestTopics_APublisherWaitingForItsSeqsHoldsItsTopic": "on a shared " +
+		"log no publisher waits for a reservation of seqs",
 }
 
 // noForgets is why the tests of forgetting a topic that had a message run
