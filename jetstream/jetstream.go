@@ -839,7 +839,10 @@ func (l *Log) Cursor(key string) (uint64, bool, error) {
 // remembers those heads: Follow starts after them, and Read stops there
 // until then.
 func (l *Log) Topics() (map[string]uint64, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	// Three requests' time: listing a bucket just made, on a cluster just
+	// formed, took a broker starting beside it on a loaded machine (a CI
+	// run) longer than one, and it failed to start.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*requestTimeout)
 	defer cancel()
 	names, err := l.listTopics(ctx)
 	if err != nil {
