@@ -421,25 +421,25 @@ func startEach(b *testing.B, path string) {
 // after forget, if not nil, has run on the broker.
 func liveHeap(b *testing.B, path string,
 	forget func(*Broker)) (started, forgot float64) {
-	var before, after runtime.MemStats
-	heap := func(stats *runtime.MemStats) float64 {
+	heap := func() float64 {
 		// Twice: the first GC only moves what sync.Pools hold aside.
+		var stats runtime.MemStats
 		runtime.GC()
 		runtime.GC()
-		runtime.ReadMemStats(stats)
+		runtime.ReadMemStats(&stats)
 		return float64(stats.HeapAlloc)
 	}
-	heap(&before)
+	before := heap()
 	broker, err := New(Options{Secret: testSecret, Store: openBolt(b, path),
 		Logger: quietLogger})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer broker.Shutdown(context.Background())
-	started = heap(&after) - float64(before.HeapAlloc)
+	started = heap() - before
 	if forget != nil {
 		forget(broker)
-		forgot = heap(&after) - float64(before.HeapAlloc)
+		forgot = heap() - before
 	}
 	return started, forgot
 }

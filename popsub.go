@@ -1915,7 +1915,8 @@ type features struct {
 	cursored map[string]bool
 	// want has a shared log feed this broker the topics a filter covers
 	// (b.pinTopic and subscribeWildcard call it), and forget undoes want
-	// (SharedLog.Forget, from b.unpin): no-ops on the broker's own log.
+	// (SharedLog.Forget, from b.unpin and b.forgetIfIdle): no-ops on the
+	// broker's own log.
 	want, forget func(filter string)
 }
 
@@ -4345,13 +4346,13 @@ func (b *Broker) unpin(s *subscription) {
 
 // forgetIfIdle forgets t if nothing holds it (no subscription pins it, no
 // publisher waits for its seqs), its log is empty and on disk, and no
-// head of it is on its way to the store. If its head is on disk, the
-// store forgets it too, raising its floor, and so does b.floor, where a
-// topic made again starts; on a store that is no Forgetter, or a
-// shared log (which has the topic's head if it had a message), or for a
-// $delayed log (whose messages may wait on disk alone), it stays. A
-// shared log stops feeding it (b.forget). The caller holds t.mu and the
-// broker's lock.
+// head of it is on its way to the store. If its head is on disk (or, on
+// a shared log, it had a message), the store forgets it too, raising
+// its floor, and so does b.floor, where a topic made again starts; on a
+// store that is no Forgetter (a shared log is none), with a cursor on
+// it, or for a $delayed log (whose messages may wait on disk alone), it
+// stays. A shared log stops feeding it (b.forget). The caller holds t.mu
+// and the broker's lock.
 func (b *Broker) forgetIfIdle(t *topic) {
 	// asked == reserved: every head asked for was stored and heard of
 	// (b.storedHeads), which then never meets the name of one forgotten.
@@ -4361,7 +4362,7 @@ func (b *Broker) forgetIfIdle(t *topic) {
 		return
 	}
 	if t.reserved > 0 || b.appendShared != nil && t.head > 0 {
-		if !b.forgets || b.appendShared != nil || b.cursored[t.name] ||
+		if !b.forgets || b.cursored[t.name] ||
 			strings.HasPrefix(t.name, DelayedPrefix) {
 			return
 		}
@@ -4614,7 +4615,7 @@ func (b *Broker) loadTopics() error {
 		floor, err := f.Floor()
 		keys, err2 := f.CursorKeys()
 		if err = cmp.Or(err, err2); err != nil {
-			return fmt.Errorf("load the floor: %w", err)
+			return fmt.Errorf("load the floor and the cursors: %w", err)
 		}
 		b.floor, b.forgets = floor, true
 		for _, key := range keys {
@@ -4670,7 +4671,7 @@ func (b *Broker) waitForSeq(t *topic, done <-chan struct{}) (*outcome, bool) {
 		select {
 		case <-stored.Done():
 		case <-done:
-			stored = nil
+			stored = nil // nothing happened
 		}
 		t.mu.Lock()
 		if t.reserving--; stored == nil {
@@ -4881,11 +4882,11 @@ type SharedLog interface {
 	// Want adds the topics filter covers to those fed. For an exact
 	// topic it returns once the feed has caught up with the log.
 	Want(filter string)
-	// Forget undoes Want when nobody here wants filter any more (b.unpin):
-	// for a topic, once the broker forgets it, as it never had a message;
-	// for a wildcard filter, once for each subscription that wanted it,
-	// as it ends. For a topic it is called under the broker's locks: it
-	// must not wait, nor call the broker.
+	// Forget undoes Want when nobody here wants filter any more: for a
+	// topic, once the broker forgets it (b.forgetIfIdle), as it never had
+	// a message; for a wildcard filter, once for each subscription that
+	// wanted it, as it ends. For a topic it is called under the broker's
+	// locks: it must not wait, nor call the broker.
 	Forget(filter string)
 }
 
