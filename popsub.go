@@ -498,7 +498,8 @@ type Socket interface {
 	// of it for WriteTimeout, and drops a message frame whose expires_at
 	// has passed.
 	Send(frames [][]byte, joined bool) error
-	// Ping pings the peer and waits for its pong, or for ctx to end.
+	// Ping pings the peer and waits for its pong, or any frame, or for
+	// ctx to end.
 	Ping(ctx context.Context) error
 	// Close sends a close frame and closes; CloseNow closes without one.
 	Close(code websocket.StatusCode, reason string) error
@@ -2398,9 +2399,10 @@ func NewToken(secret []byte, sub string, ttl time.Duration) (string, error) {
 // # Keepalives, limits and batches (detail)
 //
 // Once a client is in, the broker pings it every PingInterval, and a peer
-// that does not answer by the next ping is closed, so a client that
+// from which nothing came by the next ping is closed, so a client that
 // vanished without a word does not hold its subscriptions, or its
-// durable name, for ever (c.startTimers).
+// durable name, for ever (c.startTimers). Any frame answers, as the
+// pong of a client flooding publishes is read only after them.
 //
 // Limits keep one client from taking more than its share: a cap on
 // connections, refused before the upgrade; a publish rate per
@@ -2506,8 +2508,9 @@ func (c *connection) startTimers(claims *Claims) {
 	c.pings.Reset(c.broker.opts.PingInterval)
 }
 
-// keepalive pings the peer, and closes the socket if no pong comes back
-// within one ping interval; a pong sets the next ping. A peer that
+// keepalive pings the peer, and closes the socket if no pong, nor any
+// other frame, comes within one ping interval; else it sets the next
+// ping. A peer that
 // vanished without a FIN would otherwise hold its subscriptions, and its
 // durable name, forever.
 // The socket closes nothing on a ping timeout, so the broker does, without a

@@ -22,15 +22,15 @@ package socket
 // no reserved bits (no extension is offered), control frames short and
 // whole, a length's top bit clear, a fragmented message continued by
 // continuation frames only, and text valid UTF-8. A ping is answered
-// here and a pong noted for Ping, so neither wakes the broker. A close is
-// answered with its own code and ends Read; one whose code may not be
-// sent (0, 1004 to 1006, 1015, 5000, …) or whose payload is one byte
-// is answered with 1002, and one whose reason is not UTF-8 with 1007
-// (sections 5.5.1, 7.1.5 and 7.4). Anything else wrong closes the
-// socket with the code the RFC names: 1002 for a broken frame, 1003 for
-// a binary one, 1007 for text that is not UTF-8 (encoding/json would
-// replace the bad bytes, and a payload would not be what its publisher
-// sent), 1009 for one over the limit.
+// here, and any frame noted for Ping, so a pong does not wake the
+// broker. A close is answered with its own code and ends Read; one
+// whose code may not be sent (0, 1004 to 1006, 1015, 5000, …) or whose
+// payload is one byte is answered with 1002, and one whose reason is not
+// UTF-8 with 1007 (sections 5.5.1, 7.1.5 and 7.4). Anything else wrong
+// closes the socket with the code the RFC names: 1002 for a broken
+// frame, 1003 for a binary one, 1007 for text that is not UTF-8
+// (encoding/json would replace the bad bytes, and a payload would not be
+// what its publisher sent), 1009 for one over the limit.
 
 import (
 	"encoding/binary"
@@ -187,12 +187,17 @@ func (c *Conn) readHeader() (header, error) {
 	}
 	copy(h.mask[:], b[size-4:])
 	c.take(size)
+	// Any frame tells a waiting Ping the peer is there: a peer's pong
+	// may wait behind thousands of publishes it sent first.
+	select {
+	case c.heard <- struct{}{}:
+	default:
+	}
 	return h, nil
 }
 
 // control answers a control frame: a ping with a pong, a close with a
-// close, and then the error that ends Read. Any of them tells a waiting
-// Ping the peer is there.
+// close, and then the error that ends Read.
 func (c *Conn) control(h header) error {
 	var buffer [125]byte
 	payload := buffer[:0]
@@ -200,10 +205,6 @@ func (c *Conn) control(h header) error {
 		return err
 	}
 	unmask(payload, h.mask)
-	select { // a pong, or proof enough that the peer is there
-	case c.pong <- struct{}{}:
-	default:
-	}
 	switch h.op {
 	case opPing:
 		return c.writeControl(opPong, payload, time.Time{})

@@ -156,9 +156,9 @@ type Conn struct {
 	writing   chan struct{}
 	closeSent bool
 
-	// pong is signalled when a control frame comes, for Ping: a pong,
-	// or a ping or close, proof enough that the peer is there.
-	pong chan struct{}
+	// heard is signalled when any frame comes, for Ping: a pong, or
+	// any other frame, proof enough that the peer is there.
+	heard chan struct{}
 	// gone is closed when reading ends: the peer's close came, or the
 	// socket failed. closed is closed by Close or CloseNow: a Read
 	// waiting for a place gives up.
@@ -191,7 +191,7 @@ func Accept(w http.ResponseWriter, r *http.Request, opts Options) (*Conn,
 	}
 	opts.WriteTimeout = cmp.Or(opts.WriteTimeout, 10*time.Second)
 	c := &Conn{conn: conn, opts: opts, reading: make(chan struct{}, 1),
-		writing: make(chan struct{}, 1), pong: make(chan struct{}, 1),
+		writing: make(chan struct{}, 1), heard: make(chan struct{}, 1),
 		gone: make(chan struct{}), closed: make(chan struct{})}
 	c.limit.Store(32 << 10)
 	if s, ok := conn.(syscall.Conn); ok {
@@ -293,8 +293,9 @@ func (c *Conn) Idle(resume func()) {
 func (c *Conn) SetReadLimit(n int64) { c.limit.Store(n) }
 
 // Ping pings the peer and waits for its pong, or for ctx to end, the
-// ping's write too. Any pong proves the peer alive, one to an earlier
-// ping too.
+// ping's write too. Any frame read since the last Ping returned proves
+// the peer alive: a busy peer's pong waits behind the frames it sent
+// before it, which the broker may take seconds to handle.
 func (c *Conn) Ping(ctx context.Context) error {
 	deadline, _ := ctx.Deadline()
 	if err := c.writeControl(opPing, nil, deadline); err != nil {
@@ -307,7 +308,7 @@ func (c *Conn) Ping(ctx context.Context) error {
 		return err
 	}
 	select {
-	case <-c.pong:
+	case <-c.heard:
 		return nil
 	case <-c.gone:
 		return net.ErrClosed

@@ -490,6 +490,42 @@ func TestPingAndClose_AnsweredByAPeer(t *testing.T) {
 	}
 }
 
+// Ping is answered by any frame, not only a pong: a peer that floods
+// publishes has its pong read only after them, and is there all the
+// while. A peer that sends nothing is not heard.
+func TestPing_AnsweredByAnyFrame(t *testing.T) {
+	server, accepted := serveOne(t, Options{WriteTimeout: time.Second})
+	client := dialRaw(t, server, nil)
+	c := <-accepted
+	read := make(chan string, 1)
+	go func() { data, _ := c.Read(); read <- string(data) }()
+
+	quiet, cancel := context.WithTimeout(context.Background(),
+		100*time.Millisecond)
+	defer cancel()
+	if err := c.Ping(quiet); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Ping of a silent peer: %v, want its deadline", err)
+	}
+	if op, _ := client.next(); op != opPing {
+		t.Fatalf("got op %d, want a ping", op)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pinged := make(chan error, 1)
+	go func() { pinged <- c.Ping(ctx) }()
+	if op, _ := client.next(); op != opPing {
+		t.Fatalf("got op %d, want a ping", op)
+	}
+	client.conn.Write(frame(opText, true, "a publish, before the pong"))
+	if got := <-read; got != "a publish, before the pong" {
+		t.Fatalf("Read: %q", got)
+	}
+	if err := <-pinged; err != nil {
+		t.Fatalf("Ping answered by a frame: %v", err)
+	}
+}
+
 // The upgrade is refused as RFC 6455 and the Origin rules say.
 func TestAccept_RefusesWhatIsNotAnUpgradeFromAnOriginAllowed(t *testing.T) {
 	server, _ := serveOne(t, Options{OriginPatterns: []string{"*.example.com"}})
