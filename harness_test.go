@@ -185,6 +185,7 @@ var Behaviour = map[string]func(*testing.T){
 	"TestBroker_SlowConsumers":                                             TestBroker_SlowConsumers,
 	"TestBroker_BadFramesGetErrors":                                        TestBroker_BadFramesGetErrors,
 	"TestBroker_Wildcards":                                                 TestBroker_Wildcards,
+	"TestBroker_AWildcardThatNeverAcksIsToldWhyItIsCutOff":                 TestBroker_AWildcardThatNeverAcksIsToldWhyItIsCutOff,
 	"TestBroker_AckForms":                                                  TestBroker_AckForms,
 	"TestBroker_Batches":                                                   TestBroker_Batches,
 	"TestBroker_FramesEveryLengthRight":                                    TestBroker_FramesEveryLengthRight,

@@ -1266,10 +1266,11 @@ func waitForRoom(room, stop <-chan struct{}) bool {
 	return true
 }
 
-// cutOff disconnects a slow consumer with 4008. It never blocks and takes
-// no lock, so fan-out may call it under a topic's lock: the close
-// handshake, which may wait seconds for a stuck peer, runs on a goroutine
-// of its own.
+// cutOff disconnects a slow consumer with 4008, saying why in the close's
+// reason: a client that reads but never acks needs telling. It never
+// blocks and takes no lock, so fan-out may call it under a topic's lock:
+// the close handshake, which may wait seconds for a stuck peer, runs on a
+// goroutine of its own.
 func (c *connection) cutOff(why string) {
 	// One closing already keeps its reason.
 	if c.closing.Swap(true) {
@@ -1278,7 +1279,7 @@ func (c *connection) cutOff(why string) {
 	c.broker.logger.Warn("slow consumer cut off", "sub", c.subject,
 		"remote", c.remote, "reason", why)
 	c.broker.xray.connection("disconnected_slow", c, why)
-	go c.closeSocket(CloseSlowConsumer, "slow consumer")
+	go c.closeSocket(CloseSlowConsumer, "slow consumer: "+why)
 }
 
 // # Acknowledgements
@@ -2725,7 +2726,7 @@ func (b *Broker) fanOutWildcards(t *topic, m *Message, deadline time.Time,
 	for s := range b.wildcards {
 		if wire.Covers(s.filter, t.name) && !s.conn.closing.Load() &&
 			!s.conn.deliver(s, m, m.delivery, 1, deadline, wake) {
-			s.conn.cutOff("fell behind")
+			s.conn.cutOff("no room for a wildcard's delivery")
 		}
 	}
 }
@@ -4969,7 +4970,7 @@ func (b *Broker) missed(t *topic, last, seq uint64) {
 		gap, _ := json.Marshal(reply{Type: "skipped", Topic: t.name,
 			Seq: &seq, Missed: seq - last, Filter: s.filter})
 		if !s.conn.outbox.Push(gap) {
-			s.conn.cutOff("fell behind")
+			s.conn.cutOff("no room for a wildcard's skipped frame")
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -733,6 +734,31 @@ func TestBroker_Wildcards(t *testing.T) {
 		everything.expect("message")
 		sensors.quiet()
 	})
+}
+
+// A wildcard has no single log to fall back on, so one that owes all the
+// acks its window allows is cut off; the close's reason says so, as the
+// client read everything and may not guess why.
+func TestBroker_AWildcardThatNeverAcksIsToldWhyItIsCutOff(t *testing.T) {
+	ts := startBroker(t, Options{MaxInflight: 2, AckTimeout: time.Minute})
+	everything, publisher := ts.dial("everything"), ts.dial("publisher")
+	everything.subscribe("#", nil)
+	for i := range 3 {
+		publisher.publish("jobs", i, 1, "")
+	}
+	everything.messages(2)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var err error
+	for err == nil {
+		_, _, err = everything.ws.Read(ctx)
+	}
+	var closed websocket.CloseError
+	if !errors.As(err, &closed) || closed.Code != CloseSlowConsumer ||
+		!strings.Contains(closed.Reason, "wildcard") {
+		t.Fatalf("the wildcard ended with %v, want 4008 naming the wildcard",
+			err)
+	}
 }
 
 func TestCovers_MatchesTopics(t *testing.T) {
