@@ -2496,7 +2496,7 @@ func (o Options) check() error {
 
 // startTimers starts a session's two timers: c.expiry ends it when the
 // token runs out (c.tokenExpired), and c.pings pings the peer an interval
-// after it authenticated and an interval after each pong (c.keepalive).
+// after it authenticated and an interval after each answer (c.keepalive).
 // A timer for each connection, not a loop for the broker, and no
 // goroutine either until it fires: a loop that pinged every connection
 // at once held, for a moment, ten thousand goroutines waiting for pongs
@@ -2511,12 +2511,11 @@ func (c *connection) startTimers(claims *Claims) {
 
 // keepalive pings the peer, and closes the socket if no pong, nor any
 // other frame, comes within one ping interval; else it sets the next
-// ping. A peer that
-// vanished without a FIN would otherwise hold its subscriptions, and its
-// durable name, forever.
-// The socket closes nothing on a ping timeout, so the broker does, without a
-// close frame: a peer that does not read will not read it. A socket closed
-// already answers at once, and sets no next ping.
+// ping. A peer that vanished without a FIN would otherwise hold its
+// subscriptions, and its durable name, forever. The socket closes nothing
+// on a ping timeout, so the broker does, without a close frame: a peer
+// that does not read will not read it. A socket closed already answers
+// at once, and sets no next ping.
 func (c *connection) keepalive() {
 	ctx, cancel := context.WithTimeout(context.Background(),
 		c.broker.opts.PingInterval)
