@@ -36,16 +36,16 @@ import (
 // its subscribe, 9 a shared log's delayed publishes counted from their append,
 // 4 a failed commit's reason told to the operator, 44 the forgetting of a topic
 // whose log is empty, with its floor and the topics cursors keep, so that a
-// name used once costs nothing once its messages expire), and the first reading,
-// priced as a reader pays it (5 lines a minute where code takes or lets go of a
-// lock, starts a goroutine or selects), takes about 198 minutes against a goal
-// of 180. Making room is the restructure that makes every feature a leaf
+// name used once costs nothing once its messages expire, 1 a wildcard's cut-off
+// telling its client why), and the first reading, priced as a reader pays it (5
+// lines a minute where code takes or lets go of a lock, starts a goroutine or
+// selects), takes about 199 minutes against a goal of 180. Making room is the restructure that makes every feature a leaf
 // (STYLE.md, "The first reading stands alone"); until it lands, these caps hold
 // the line where the file is now, and the test's log prints each one's slack.
 const (
 	budgetFirstReading  = 1050 // code lines in first-reading sections
 	budgetMinutes       = 199  // the first reading, priced; the goal is 180
-	budgetCode          = 2810 // code lines in the file; STYLE.md's 2,200
+	budgetCode          = 2811 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function

@@ -2725,7 +2725,8 @@ func (b *Broker) fanOutWildcards(t *topic, m *Message, deadline time.Time,
 	for s := range b.wildcards {
 		if wire.Covers(s.filter, t.name) && !s.conn.closing.Load() &&
 			!s.conn.deliver(s, m, m.delivery, 1, deadline, wake) {
-			s.conn.cutOff("no room for a wildcard's delivery")
+			s.conn.cutOff("no room for a wildcard's delivery " +
+				"(acks owed, or the outbox full)")
 		}
 	}
 }
