@@ -498,8 +498,8 @@ type Socket interface {
 	// of it for WriteTimeout, and drops a message frame whose expires_at
 	// has passed.
 	Send(frames [][]byte, joined bool) error
-	// Ping pings the peer and waits for its pong, or any frame, or for
-	// ctx to end.
+	// Ping pings the peer and waits for its pong (any frame from the
+	// peer may stand for it), or for ctx to end.
 	Ping(ctx context.Context) error
 	// Close sends a close frame and closes; CloseNow closes without one.
 	Close(code websocket.StatusCode, reason string) error
