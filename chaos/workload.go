@@ -42,6 +42,11 @@ type Client struct {
 	Narrow string
 	// narrowed holds the values whose nak narrowed the session.
 	narrowed map[string]bool
+	// Fleeting makes Publish give every value a time to live, not one in
+	// eight: on a broker whose TTL is shorter than Pace, the topic's log
+	// empties between values, and the broker forgets the topic and makes
+	// it again for the next one.
+	Fleeting bool
 }
 
 // frame is any frame the broker sends: the protocol's own type.
@@ -208,9 +213,15 @@ func (p *publisher) session(ctx context.Context, ws *websocket.Conn) {
 				return
 			}
 		case f.Type == "error":
+			// Refused for now (a bound, a rate) is sent again on the
+			// next connection; refused for good (an invalid delay, say)
+			// would be refused again, at every connection, for ever.
 			if f.MessageID != "" {
 				p.History.Refused(Refusal{p.Name, f.Topic, f.MessageID,
 					f.Code, time.Time{}})
+				if !slices.Contains(refusedForNow, f.Code) {
+					p.settled(f.MessageID)
+				}
 			}
 			due--
 		}
@@ -218,10 +229,12 @@ func (p *publisher) session(ctx context.Context, ws *websocket.Conn) {
 }
 
 // publish records and sends one value, its id as its payload; one value
-// in eight (expiring) is published with a time to live.
+// in eight (expiring), or every one if Fleeting, is published with a
+// time to live.
 func (p *publisher) publish(ctx context.Context, ws *websocket.Conn,
 	id string) error {
-	expires, delays := p.expire && expiring(id), p.expire && waiting(id)
+	expires := p.expire && (expiring(id) || p.Fleeting)
+	delays := p.expire && waiting(id)
 	p.History.Sent(Attempt{Publisher: p.Name, Topic: p.topic, ID: id,
 		Value: id, Expiring: expires, Delayed: delays || p.marker})
 	frame := map[string]any{"type": "publish", "topic": p.topic,
@@ -244,8 +257,18 @@ func (p *publisher) confirmed(f frame) {
 	p.History.Confirmed(Confirm{Publisher: p.Name,
 		Topic: strings.TrimPrefix(f.Topic, delayedPrefix), ID: f.MessageID,
 		Seq: f.Seq, Duplicate: f.Duplicate, Delayed: waits})
-	p.unconfirmed = slices.DeleteFunc(p.unconfirmed, func(id string) bool {
-		return id == f.MessageID
+	p.settled(f.MessageID)
+}
+
+// refusedForNow are the refusals a publisher tries again after: the
+// broker's bounds and rates, which a moment may lift.
+var refusedForNow = []string{"delayed_limit", "rate_limited", "unavailable"}
+
+// settled forgets id, confirmed or refused for good: it is not sent
+// again.
+func (p *publisher) settled(id string) {
+	p.unconfirmed = slices.DeleteFunc(p.unconfirmed, func(unsent string) bool {
+		return unsent == id
 	})
 }
 

@@ -86,3 +86,72 @@ func TestOnFirstDelivery_SendsARefusedPublishAgain(t *testing.T) {
 		t.Fatalf("refusals %+v, want the one store_failed", h.Refusals)
 	}
 }
+
+// A publisher sends a value refused for now (delayed_limit: the bound
+// may lift) again on its next connection, and one refused for good
+// (invalid_delay) never again: sent at every new connection, it would be
+// refused at every one, and the publisher would never finish.
+func TestPublish_SendsAgainOnlyWhatWasRefusedForNow(t *testing.T) {
+	sent := make(chan string, 100)
+	refusals := map[string]string{"p-1": "invalid_delay",
+		"p-3": "delayed_limit"}
+	broker := httptest.NewServer(http.HandlerFunc(
+		func(w http.ResponseWriter, r *http.Request) {
+			ws, err := websocket.Accept(w, r, nil)
+			if err != nil {
+				return
+			}
+			defer ws.CloseNow()
+			// Two publishes a connection, then a drop.
+			for answered := 0; answered < 2; {
+				f, err := read(r.Context(), ws)
+				if err != nil {
+					return
+				}
+				answer := map[string]any{"type": "authenticated"}
+				if f.Type == "publish" {
+					sent <- f.MessageID
+					answered++
+					answer = map[string]any{"type": "published",
+						"topic": f.Topic, "message_id": f.MessageID,
+						"seq": len(sent)}
+					if code := refusals[f.MessageID]; code != "" {
+						answer = map[string]any{"type": "error",
+							"code": code, "topic": f.Topic,
+							"message_id": f.MessageID}
+						delete(refusals, f.MessageID)
+					}
+				}
+				if send(r.Context(), ws, answer) != nil {
+					return
+				}
+			}
+		}))
+	defer broker.Close()
+
+	c := &Client{Name: "p", Token: "token", History: &History{},
+		Dial: func(ctx context.Context) (*websocket.Conn, error) {
+			ws, _, err := websocket.Dial(ctx,
+				"ws"+strings.TrimPrefix(broker.URL, "http"), nil)
+			return ws, err
+		}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stop := make(chan struct{})
+	go func() {
+		for len(sent) < 6 {
+			time.Sleep(time.Millisecond)
+		}
+		close(stop)
+	}()
+	if _, err := c.Publish(ctx, stop, "t", 1); err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	for len(sent) > 0 {
+		counts[<-sent]++
+	}
+	if counts["p-1"] != 1 || counts["p-3"] != 2 {
+		t.Fatalf("sent %v: want p-1 once, p-3 twice", counts)
+	}
+}
