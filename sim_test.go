@@ -28,8 +28,10 @@ import (
 // one durable subscriber and one member with a wildcard beside their
 // topic on the same connection, members whose sessions are narrowed to
 // fewer grants while they hold a job, and a durable name begun for new
-// messages only and resumed before its first delivery. The
-// clients and the checker are package chaos's, which `popsub chaos`
+// messages only and resumed before its first delivery. A second world
+// keeps its logs for two seconds only, so that the broker forgets its
+// topics between two values and makes them again, through the same
+// faults. The clients and the checker are package chaos's, which `popsub chaos`
 // runs against real processes: a schedule that breaks a promise here
 // breaks the same invariant there. Each schedule is one seed:
 //
@@ -82,6 +84,71 @@ func TestSimulation_PromisesHoldUnderFaults(t *testing.T) {
 	}
 }
 
+// A topic forgotten and made again goes through the same faults: every
+// value expires, and the TTL, shorter than a publisher's pace, empties
+// its topic's log between two values, so the broker forgets the topic
+// and makes it again, its seqs past the floor (Retention); a client
+// subscribes and unsubscribes in turn, so that a pin holds some forgets
+// off, and the nemesis kills the broker on a remade topic's first
+// delivery. No seq may name two values, across forgets and crashes.
+func TestSimulation_ForgottenTopicsGiveNoSeqTwice(t *testing.T) {
+	var floors uint64
+	defer func() {
+		if !t.Failed() && floors == 0 {
+			t.Error("no schedule forgot a topic that had a message")
+		}
+	}()
+	for seed := range uint64(*simSchedules) {
+		t.Run(fmt.Sprint("seed=", seed+1), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				report, floor, err := simulateForgetting(t, seed+1)
+				floors += floor
+				if err != nil || !report.OK() {
+					t.Fatalf("seed %d: %v\n%s", seed+1, err, report)
+				}
+			})
+		})
+	}
+}
+
+// simulateForgetting runs a schedule of the nemesis on a broker whose
+// TTL forgets its topics, and returns its history's report and the
+// floor the disk kept.
+func simulateForgetting(t *testing.T, seed uint64) (chaos.Report, uint64,
+	error) {
+	opts := simOptions
+	opts.TTL = 2 * time.Second // the values' delay fits within it
+	brief := []string{"brief/1", "brief/2", "brief/3", "brief/4"}
+	w := &world{t: t, history: &chaos.History{}, disk: newDisk(),
+		conns: map[*simConn]struct{}{}, opts: opts, brief: brief}
+	w.server = w.startBroker(w.disk)
+	defer func() { w.current().stop() }()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+
+	stop := make(chan struct{})
+	var clients sync.WaitGroup
+	// Paces just past the TTL and its trim's tick, a tenth of it, send
+	// the next value as the last one's topic is forgotten.
+	paces := []time.Duration{2100, 2200, 2600, 3000}
+	for i, topic := range brief {
+		p := w.client(fmt.Sprint("p", i+1))
+		p.Pace, p.Fleeting = paces[i]*time.Millisecond, true
+		clients.Go(func() { p.Publish(ctx, stop, topic, 1) })
+	}
+	churn := w.client("churn")
+	churn.Pace = 700 * time.Millisecond
+	clients.Go(func() { churn.Churn(ctx, stop, brief) })
+	w.nemesis(ctx, rand.New(rand.NewPCG(seed, 1)))
+	close(stop)
+	clients.Wait()
+	if ctx.Err() != nil {
+		return chaos.Report{}, 0, chaos.ErrUnfinished
+	}
+	floor, err := w.disk.Floor()
+	return chaos.Check(w.history), floor, err
+}
+
 // simRun is how long, in fake time, the nemesis works on one schedule.
 const simRun = 20 * time.Second
 
@@ -103,6 +170,10 @@ const simBurst = 80
 type world struct {
 	t       *testing.T
 	history *chaos.History
+	// opts are the brokers' options; brief, if set, are the topics the
+	// TTL forgets, which the nemesis watches instead of making new ones.
+	opts  Options
+	brief []string
 
 	// mu guards the fields below.
 	mu sync.Mutex
@@ -118,7 +189,7 @@ type world struct {
 // simulate runs the schedule of seed and checks its history.
 func simulate(t *testing.T, seed uint64) (chaos.Report, error) {
 	w := &world{t: t, history: &chaos.History{}, disk: newDisk(),
-		conns: map[*simConn]struct{}{}}
+		conns: map[*simConn]struct{}{}, opts: simOptions}
 
 	w.server = w.startBroker(w.disk)
 	defer func() { w.current().stop() }()
@@ -236,7 +307,13 @@ func (w *world) nemesis(ctx context.Context, r *rand.Rand) []string {
 		case 7:
 			w.restart()
 		case 1:
-			// A new topic, killed on its first delivery.
+			// A new topic, killed on its first delivery; in a world whose
+			// topics the TTL forgets, one made again.
+			if len(w.brief) > 0 {
+				w.client(fmt.Sprint("watch-", r.Uint64())).OnFirstDelivery(
+					ctx, w.brief[r.IntN(len(w.brief))], "", w.crash)
+				continue
+			}
 			topic := fmt.Sprint("fresh-", len(fresh)+1)
 			fresh = append(fresh, topic)
 			w.client("watch-"+topic).OnFirstDelivery(ctx, topic,
@@ -244,8 +321,12 @@ func (w *world) nemesis(ctx context.Context, r *rand.Rand) []string {
 		case 2:
 			// Killed, and killed again on the first delivery after.
 			w.crash()
+			topic := "jobs"
+			if len(w.brief) > 0 {
+				topic = w.brief[r.IntN(len(w.brief))]
+			}
 			w.client(fmt.Sprint("watch-", r.Uint64())).OnFirstDelivery(ctx,
-				"jobs", "", w.crash)
+				topic, "", w.crash)
 		case 3:
 			w.cut()
 		case 6:
@@ -263,7 +344,7 @@ func (w *world) nemesis(ctx context.Context, r *rand.Rand) []string {
 
 // startBroker starts a broker on d, its pipes tracked for the nemesis.
 func (w *world) startBroker(d *disk) *pipeServer {
-	opts := simOptions
+	opts := w.opts
 	opts.Store = d
 	return startPipeBrokerWrapped(w.t, opts, w.track)
 }
