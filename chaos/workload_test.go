@@ -19,53 +19,42 @@ import (
 // nats engine, whose NATS kill came just after the probe's publish.
 func TestOnFirstDelivery_SendsARefusedPublishAgain(t *testing.T) {
 	publishes := make(chan string, 10)
-	broker := httptest.NewServer(http.HandlerFunc(
-		func(w http.ResponseWriter, r *http.Request) {
-			ws, err := websocket.Accept(w, r, nil)
+	dial := fakeBroker(t, func(ctx context.Context, ws *websocket.Conn) {
+		refused := false
+		for {
+			f, err := read(ctx, ws)
 			if err != nil {
 				return
 			}
-			defer ws.CloseNow()
-			refused := false
-			for {
-				f, err := read(r.Context(), ws)
-				if err != nil {
-					return
-				}
-				var answer map[string]any
-				switch f.Type {
-				case "auth":
-					answer = map[string]any{"type": "authenticated"}
-				case "subscribe":
-					answer = map[string]any{"type": "subscribed",
-						"topic": f.Topic, "seq": 0}
-				case "publish":
-					publishes <- f.MessageID
-					answer = map[string]any{"type": "message",
-						"topic": f.Topic, "message_id": f.MessageID,
-						"payload": f.Payload, "seq": 1, "qos": 1,
-						"attempt": 1}
-					if !refused {
-						refused = true
-						answer = map[string]any{"type": "error",
-							"code": "store_failed", "topic": f.Topic,
-							"message_id": f.MessageID}
-					}
-				}
-				if send(r.Context(), ws, answer) != nil {
-					return
+			var answer map[string]any
+			switch f.Type {
+			case "auth":
+				answer = map[string]any{"type": "authenticated"}
+			case "subscribe":
+				answer = map[string]any{"type": "subscribed",
+					"topic": f.Topic, "seq": 0}
+			case "publish":
+				publishes <- f.MessageID
+				answer = map[string]any{"type": "message",
+					"topic": f.Topic, "message_id": f.MessageID,
+					"payload": f.Payload, "seq": 1, "qos": 1,
+					"attempt": 1}
+				if !refused {
+					refused = true
+					answer = map[string]any{"type": "error",
+						"code": "store_failed", "topic": f.Topic,
+						"message_id": f.MessageID}
 				}
 			}
-		}))
-	defer broker.Close()
+			if send(ctx, ws, answer) != nil {
+				return
+			}
+		}
+	})
 
 	h := &History{}
 	c := &Client{Name: "watch-fresh-1", Token: "token", History: h,
-		Dial: func(ctx context.Context) (*websocket.Conn, error) {
-			ws, _, err := websocket.Dial(ctx,
-				"ws"+strings.TrimPrefix(broker.URL, "http"), nil)
-			return ws, err
-		}}
+		Dial: dial}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	delivered := false
@@ -95,46 +84,34 @@ func TestPublish_SendsAgainOnlyWhatWasRefusedForNow(t *testing.T) {
 	sent := make(chan string, 100)
 	refusals := map[string]string{"p-1": "invalid_delay",
 		"p-3": "delayed_limit"}
-	broker := httptest.NewServer(http.HandlerFunc(
-		func(w http.ResponseWriter, r *http.Request) {
-			ws, err := websocket.Accept(w, r, nil)
+	dial := fakeBroker(t, func(ctx context.Context, ws *websocket.Conn) {
+		// Two publishes a connection, then a drop.
+		for answered := 0; answered < 2; {
+			f, err := read(ctx, ws)
 			if err != nil {
 				return
 			}
-			defer ws.CloseNow()
-			// Two publishes a connection, then a drop.
-			for answered := 0; answered < 2; {
-				f, err := read(r.Context(), ws)
-				if err != nil {
-					return
-				}
-				answer := map[string]any{"type": "authenticated"}
-				if f.Type == "publish" {
-					sent <- f.MessageID
-					answered++
-					answer = map[string]any{"type": "published",
-						"topic": f.Topic, "message_id": f.MessageID,
-						"seq": len(sent)}
-					if code := refusals[f.MessageID]; code != "" {
-						answer = map[string]any{"type": "error",
-							"code": code, "topic": f.Topic,
-							"message_id": f.MessageID}
-						delete(refusals, f.MessageID)
-					}
-				}
-				if send(r.Context(), ws, answer) != nil {
-					return
+			answer := map[string]any{"type": "authenticated"}
+			if f.Type == "publish" {
+				sent <- f.MessageID
+				answered++
+				answer = map[string]any{"type": "published",
+					"topic": f.Topic, "message_id": f.MessageID,
+					"seq": len(sent)}
+				if code := refusals[f.MessageID]; code != "" {
+					answer = map[string]any{"type": "error",
+						"code": code, "topic": f.Topic,
+						"message_id": f.MessageID}
+					delete(refusals, f.MessageID)
 				}
 			}
-		}))
-	defer broker.Close()
+			if send(ctx, ws, answer) != nil {
+				return
+			}
+		}
+	})
 
-	c := &Client{Name: "p", Token: "token", History: &History{},
-		Dial: func(ctx context.Context) (*websocket.Conn, error) {
-			ws, _, err := websocket.Dial(ctx,
-				"ws"+strings.TrimPrefix(broker.URL, "http"), nil)
-			return ws, err
-		}}
+	c := &Client{Name: "p", Token: "token", History: &History{}, Dial: dial}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	stop := make(chan struct{})
@@ -153,5 +130,26 @@ func TestPublish_SendsAgainOnlyWhatWasRefusedForNow(t *testing.T) {
 	}
 	if counts["p-1"] != 1 || counts["p-3"] != 2 {
 		t.Fatalf("sent %v: want p-1 once, p-3 twice", counts)
+	}
+}
+
+// fakeBroker serves each WebSocket with serve, which plays the broker,
+// until the test ends, and returns a Dialer to it.
+func fakeBroker(t *testing.T, serve func(context.Context,
+	*websocket.Conn)) Dialer {
+	server := httptest.NewServer(http.HandlerFunc(
+		func(w http.ResponseWriter, r *http.Request) {
+			ws, err := websocket.Accept(w, r, nil)
+			if err != nil {
+				return
+			}
+			defer ws.CloseNow()
+			serve(r.Context(), ws)
+		}))
+	t.Cleanup(server.Close)
+	url := "ws" + strings.TrimPrefix(server.URL, "http")
+	return func(ctx context.Context) (*websocket.Conn, error) {
+		ws, _, err := websocket.Dial(ctx, url, nil)
+		return ws, err
 	}
 }
