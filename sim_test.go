@@ -31,9 +31,9 @@ import (
 // messages only and resumed before its first delivery. A second world
 // keeps its logs for two seconds only, so that the broker forgets its
 // topics between two values and makes them again, through the same
-// faults. The clients and the checker are package chaos's, which `popsub chaos`
-// runs against real processes: a schedule that breaks a promise here
-// breaks the same invariant there. Each schedule is one seed:
+// faults. The clients and the checker are package chaos's, which `popsub
+// chaos` runs against real processes: a schedule that breaks a promise
+// here breaks the same invariant there. Each schedule is one seed:
 //
 //	go test -run Simulation -sim.seed=42 -v .
 //
@@ -52,13 +52,6 @@ func TestSimulation_PromisesHoldUnderFaults(t *testing.T) {
 	// records at a time: a marker, due 11.5 s on, waits on disk alone,
 	// and is found by a read across crashes and restarts.
 	lookingAhead(t, time.Second, 4)
-	seeds := []uint64{*simSeed}
-	if *simSeed == 0 {
-		seeds = seeds[:0]
-		for seed := range uint64(*simSchedules) {
-			seeds = append(seeds, seed+1)
-		}
-	}
 	// The bursts past the bound must have been refused somewhere, or the
 	// check of the bound judged nothing.
 	pastBound := 0
@@ -67,20 +60,40 @@ func TestSimulation_PromisesHoldUnderFaults(t *testing.T) {
 			t.Error("no delayed burst was refused past its bound")
 		}
 	}()
-	for _, seed := range seeds {
+	for _, seed := range simSeeds() {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				report, err := simulate(t, seed)
 				pastBound += report.Refused["delayed_limit"]
-				if *simSeed != 0 {
-					t.Logf("seed %d:\n%s", seed, report)
-				}
-				if err != nil || !report.OK() {
-					t.Fatalf("seed %d (rerun: go test -run Simulation "+
-						"-sim.seed=%d -v .): %v\n%s", seed, seed, err, report)
-				}
+				judge(t, seed, report, err)
 			})
 		})
+	}
+}
+
+// simSeeds are the seeds of the schedules to run: -sim.seed's alone, or
+// the first -sim.schedules.
+func simSeeds() []uint64 {
+	if *simSeed != 0 {
+		return []uint64{*simSeed}
+	}
+	var seeds []uint64
+	for seed := range uint64(*simSchedules) {
+		seeds = append(seeds, seed+1)
+	}
+	return seeds
+}
+
+// judge fails t if the schedule of seed broke a promise, saying how to
+// rerun it; a schedule run alone logs its report.
+func judge(t *testing.T, seed uint64, report chaos.Report, err error) {
+	t.Helper()
+	if *simSeed != 0 {
+		t.Logf("seed %d:\n%s", seed, report)
+	}
+	if err != nil || !report.OK() {
+		t.Fatalf("seed %d (rerun: go test -run Simulation -sim.seed=%d "+
+			"-v .): %v\n%s", seed, seed, err, report)
 	}
 }
 
@@ -98,14 +111,12 @@ func TestSimulation_ForgottenTopicsGiveNoSeqTwice(t *testing.T) {
 			t.Error("no schedule forgot a topic that had a message")
 		}
 	}()
-	for seed := range uint64(*simSchedules) {
-		t.Run(fmt.Sprint("seed=", seed+1), func(t *testing.T) {
+	for _, seed := range simSeeds() {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				report, floor, err := simulateForgetting(t, seed+1)
+				report, floor, err := simulateForgetting(t, seed)
 				floors += floor
-				if err != nil || !report.OK() {
-					t.Fatalf("seed %d: %v\n%s", seed+1, err, report)
-				}
+				judge(t, seed, report, err)
 			})
 		})
 	}
