@@ -60,13 +60,18 @@ func TestSimulation_PromisesHoldUnderFaults(t *testing.T) {
 			t.Error("no delayed burst was refused past its bound")
 		}
 	}()
+	eachSchedule(t, func(t *testing.T, seed uint64) {
+		report, err := simulate(t, seed)
+		pastBound += report.Refused["delayed_limit"]
+		judge(t, seed, report, err)
+	})
+}
+
+// eachSchedule runs schedule in fake time, a subtest for each seed.
+func eachSchedule(t *testing.T, schedule func(t *testing.T, seed uint64)) {
 	for _, seed := range simSeeds() {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				report, err := simulate(t, seed)
-				pastBound += report.Refused["delayed_limit"]
-				judge(t, seed, report, err)
-			})
+			synctest.Test(t, func(t *testing.T) { schedule(t, seed) })
 		})
 	}
 }
@@ -111,15 +116,11 @@ func TestSimulation_ForgottenTopicsGiveNoSeqTwice(t *testing.T) {
 			t.Error("no schedule forgot a topic that had a message")
 		}
 	}()
-	for _, seed := range simSeeds() {
-		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				report, floor, err := simulateForgetting(t, seed)
-				floors += floor
-				judge(t, seed, report, err)
-			})
-		})
-	}
+	eachSchedule(t, func(t *testing.T, seed uint64) {
+		report, floor, err := simulateForgetting(t, seed)
+		floors += floor
+		judge(t, seed, report, err)
+	})
 }
 
 // simulateForgetting runs a schedule of the nemesis on a broker whose
