@@ -4247,8 +4247,8 @@ func (b *Broker) OutboxBytes() int {
 // highest head it forgot: a topic made again starts its seqs past the
 // floor. Keeping each forgotten name's head was exact, and grew without
 // bound; a subscriber that resumes on a topic made again hears
-// recovered:false unless its after is the floor, as the broker no longer
-// knows whether it missed something. So a topic a durable name or a
+// recovered:false unless its after reaches the floor, as the broker no
+// longer knows whether it missed something. So a topic a durable name or a
 // group ever had a cursor on is never forgotten: its subscribers resume
 // there by design, and such names are few. Each subscription pins its
 // topic, from the look-up (b.pinTopic) to its end (b.unpin), and a

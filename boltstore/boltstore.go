@@ -10,11 +10,11 @@
 // survives the log being trimmed empty; Cursor reads a durable cursor.
 // It is a Forgetter (section "Retention"): a forget deletes a topic
 // whole, Floor says past which seq a topic made again starts, and
-// CursorKeys which topics a cursor keeps. It is
-// a DueIndex too (section "Delayed delivery"): Due and Waiting find
-// what waits in the $delayed logs, by due time and by message_id. The
-// broker's committer gathers the batches (group commit); this package
-// writes each one in one transaction and one sync.
+// CursorKeys which topics a cursor keeps. It is a DueIndex too (section
+// "Delayed delivery"): Due and Waiting find what waits in the $delayed
+// logs, by due time and by message_id. The broker's committer gathers
+// the batches (group commit); this package writes each one in one
+// transaction and one sync.
 //
 // # The mechanism
 //

@@ -839,9 +839,9 @@ func (l *Log) Cursor(key string) (uint64, bool, error) {
 // remembers those heads: Follow starts after them, and Read stops there
 // until then.
 func (l *Log) Topics() (map[string]uint64, error) {
-	// Three requests' time: listing a bucket just made, on a cluster just
-	// formed, took a broker starting beside it on a loaded machine (a CI
-	// run) longer than one, and it failed to start.
+	// Three requests' time: on a loaded machine, listing a bucket just
+	// made on a cluster just formed may take longer than one, and a
+	// broker that cannot list its topics does not start.
 	ctx, cancel := context.WithTimeout(context.Background(), 3*requestTimeout)
 	defer cancel()
 	names, err := l.listTopics(ctx)
