@@ -26,7 +26,7 @@ import (
 )
 
 // The budget of popsub.go, from STYLE.md. Two of them are over STYLE.md's, and
-// say by how much: the file is about 610 code lines over its 2,200 (136 of them
+// say by how much: the file is about 660 code lines over its 2,200 (136 of them
 // the delayed messages' horizon over a DueIndex, a detail, 29 a release's reads
 // of its records a span at a time, 60 the forgetting of unused topics and
 // filters, on the broker's log and a shared one, and the cap on subscriptions,
@@ -37,7 +37,9 @@ import (
 // 4 a failed commit's reason told to the operator, 44 the forgetting of a topic
 // whose log is empty, with its floor and the topics cursors keep, so that a
 // name used once costs nothing once its messages expire, 1 a wildcard's cut-off
-// telling its client why), and the first reading, priced as a reader pays it (5
+// telling its client why, 49 a new topic's first seqs lent on the file's
+// reserve, so that a client publishing to new names waits for no sync each),
+// and the first reading, priced as a reader pays it (5
 // lines a minute where code takes or lets go of a lock, starts a goroutine or
 // selects), takes about 199 minutes against a goal of 180. Making room is the restructure that makes every feature a leaf
 // (STYLE.md, "The first reading stands alone"); until it lands, these caps hold
@@ -45,7 +47,7 @@ import (
 const (
 	budgetFirstReading  = 1050 // code lines in first-reading sections
 	budgetMinutes       = 199  // the first reading, priced; the goal is 180
-	budgetCode          = 2811 // code lines in the file; STYLE.md's 2,200
+	budgetCode          = 2860 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function
@@ -558,12 +560,13 @@ const (
 // dropping of a log emptied, 16, which made a topic whose messages all expired
 // cost the file 100 to 170 bytes, not a page of 4 KiB, and the forgetting of
 // such a topic whole, with the floor its seqs go on past, 40, which made it
-// cost nothing.
+// cost nothing, and the reserve beside the floor, on which new topics are lent
+// their first seqs, 14.
 var (
 	machineRoom = []string{"boltstore", "groupcommit", "socket", "login",
 		"xray", "queue", "jetstream", "poller"}
 	overBudget = map[string]int{"jetstream": 884, "socket": 640,
-		"boltstore": 726}
+		"boltstore": 740}
 )
 
 // measureDir adds up the code and comment lines of dir's Go files, tests

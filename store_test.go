@@ -184,6 +184,17 @@ func storeContract(t *testing.T, store Store) {
 	commit(&Batch{Forgets: map[string]uint64{"new": 7}})
 	wantHeads(map[string]uint64{})
 	wantFloor(50)
+
+	// The reserve counts in the floor while it is higher, and is set as
+	// it is, lower too; it is no cursor, and leaves heads alone.
+	reserve := func(upTo uint64) *uint64 { return &upTo }
+	commit(&Batch{Reserve: reserve(90)})
+	wantFloor(90)
+	commit(&Batch{Reserve: reserve(20)})
+	wantFloor(50)
+	commit(&Batch{Reserve: reserve(0)})
+	wantFloor(50)
+	wantHeads(map[string]uint64{})
 	commit(&Batch{Messages: []*Message{message(51)}})
 	if got := read(0, 10); !slices.Equal(got, []uint64{51}) {
 		t.Fatalf("read after an append to a forgotten topic = %v, want "+

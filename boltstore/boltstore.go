@@ -4,12 +4,13 @@
 // # The contract
 //
 // popsub.go declares what a Store must do (its section "The machine
-// room"): Commit applies a batch of forgets, appends, trims, heads and
-// cursor moves atomically and durably; Read returns a topic's messages
+// room"): Commit applies a batch of forgets, appends, trims, heads, the
+// reserve and cursor moves atomically and durably; Read returns a topic's messages
 // after a seq, in seq order; Topics returns every topic's head, which
 // survives the log being trimmed empty; Cursor reads a durable cursor.
 // It is a Forgetter (section "Retention"): a forget deletes a topic
-// whole, Floor says past which seq a topic made again starts, and
+// whole, Floor says past which seq a topic made again starts (the
+// highest head forgotten, or the reserve, whichever is higher), and
 // CursorKeys which topics a cursor keeps. It is a DueIndex too (section
 // "Delayed delivery"): Due and Waiting find what waits in the $delayed
 // logs, by due time and by message_id. The broker's committer gathers
@@ -99,8 +100,8 @@ var (
 // with a bucket per topic, holding the topic's records under logBucket,
 // keyed by seqKey (no logBucket while it has none), and its head under
 // headKey; and a cursors bucket, from a durable key to its position as a
-// seqKey, and under floorKey the highest head of a topic the store
-// forgot. The index of what waits in the $delayed logs (the broker's
+// seqKey, under floorKey the highest head of a topic the store forgot,
+// and under reserveKey the reserve (popsub.Batch.Reserve). The index of what waits in the $delayed logs (the broker's
 // DueIndex) is two more: a due bucket, keyed by dueKey (due time, seq
 // and log), and a waiting bucket, from an idKey (log, publisher and
 // message_id) to the record's seqKey. A record is what encodeRecord
@@ -250,9 +251,15 @@ func (s *Store) Commit(batch *popsub.Batch) (err error) {
 				return fmt.Errorf("set head of %q: %w", topic, err)
 			}
 		}
+		cursors := tx.Bucket(cursorsBucket)
+		if batch.Reserve != nil {
+			err := cursors.Put(reserveKey, seqKey(*batch.Reserve))
+			if err != nil {
+				return fmt.Errorf("set the reserve: %w", err)
+			}
+		}
 		// A cursor is its key and an 8-byte position: the newest
 		// position wins, in the batch as on disk.
-		cursors := tx.Bucket(cursorsBucket)
 		for key, position := range batch.Cursors {
 			if err := cursors.Put([]byte(key), seqKey(position)); err != nil {
 				return fmt.Errorf("save cursor: %w", err)
@@ -454,6 +461,10 @@ func indexWaiting(tx *bolt.Tx) error {
 // byte and one word: a durable's and a group's hold two zero bytes.
 var floorKey = []byte("\x00floor")
 
+// reserveKey is where the cursors bucket keeps the reserve, beside the
+// floor: the seqs a topic with no head on disk may be given.
+var reserveKey = []byte("\x00reserve")
+
 // forget deletes topic's bucket, its records and its head, and raises
 // the floor to head: a topic made again under the name starts its seqs
 // past it (popsub.Forgetter).
@@ -469,11 +480,15 @@ func forget(tx *bolt.Tx, topic string, head uint64) error {
 	return cursors.Put(floorKey, seqKey(head))
 }
 
-// Floor returns the highest head of a topic the store forgot, or 0.
+// Floor returns the highest head of a topic the store forgot, or the
+// reserve if that is higher: a topic made again starts past it.
 func (s *Store) Floor() (floor uint64, err error) {
 	defer guard(s.path, &err)()
 	err = s.db.View(func(tx *bolt.Tx) error {
-		floor, _ = seqOf(tx.Bucket(cursorsBucket).Get(floorKey))
+		cursors := tx.Bucket(cursorsBucket)
+		floor, _ = seqOf(cursors.Get(floorKey))
+		reserve, _ := seqOf(cursors.Get(reserveKey))
+		floor = max(floor, reserve)
 		return nil
 	})
 	return floor, err
@@ -484,8 +499,10 @@ func (s *Store) CursorKeys() (keys []string, err error) {
 	defer guard(s.path, &err)()
 	err = s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(cursorsBucket).ForEach(func(k, _ []byte) error {
-			if key := string(k); key != legacyClean && key != string(floorKey) {
-				keys = append(keys, key)
+			switch string(k) {
+			case legacyClean, string(floorKey), string(reserveKey):
+			default:
+				keys = append(keys, string(k))
 			}
 			return nil
 		})

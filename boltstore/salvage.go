@@ -291,8 +291,9 @@ func writeTopic(out *bolt.DB, topic []byte, head uint64,
 	})
 }
 
-// copyCursors reads the durable cursors, and the floor kept among them
-// (floorKey, not counted as a cursor), and writes them into out.
+// copyCursors reads the durable cursors, and the floor and the reserve
+// kept among them (floorKey, reserveKey: not counted as cursors), and
+// writes them into out.
 func copyCursors(db, out *bolt.DB, report *Report) error {
 	// A cursor whose value is not a seq is damage, and is left behind:
 	// its subscriber resumes from the default, not from garbage.
@@ -314,8 +315,10 @@ func copyCursors(db, out *bolt.DB, report *Report) error {
 		report.problems = append(report.problems, "cursors: "+err.Error())
 	}
 	report.cursors = len(cursors)
-	if _, ok := cursors[string(floorKey)]; ok {
-		report.cursors--
+	for _, key := range [][]byte{floorKey, reserveKey} {
+		if _, ok := cursors[string(key)]; ok {
+			report.cursors--
+		}
 	}
 	if out == nil {
 		return nil

@@ -10,15 +10,16 @@ import (
 )
 
 // A healthy file: the check finds every record and cursor and no
-// damage, and the copy opens as a store with the same log, head and
-// floor (the highest head of a topic forgotten). The
-// damaged files, and the command around Salvage, are popsub db's tests
-// (cmd/popsub/db_test.go).
+// damage, and the copy opens as a store with the same log, head, floor
+// (the highest head of a topic forgotten) and reserve, which are no
+// cursors. The damaged files, and the command around Salvage, are popsub
+// db's tests (cmd/popsub/db_test.go).
 func TestSalvage_AHealthyFileIsCopiedWhole(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "popsub.db")
 	store := openStore(t, path)
+	reserve := uint64(40)
 	batch := &popsub.Batch{Cursors: map[string]uint64{"alice\x00d\x00t": 2},
-		Forgets: map[string]uint64{"gone": 9}}
+		Forgets: map[string]uint64{"gone": 9}, Reserve: &reserve}
 	for seq := range uint64(3) {
 		batch.Messages = append(batch.Messages,
 			message(t, seq+1, `"x"`, "alice"))
@@ -46,9 +47,9 @@ func TestSalvage_AHealthyFileIsCopiedWhole(t *testing.T) {
 	}
 	floor, err := copied.Floor()
 	keys, err2 := copied.CursorKeys()
-	if floor != 9 || len(keys) != 1 || err != nil || err2 != nil {
-		t.Fatalf("the copy's Floor = %d, CursorKeys = %q (%v, %v); want 9 "+
-			"and one cursor", floor, keys, err, err2)
+	if floor != 40 || len(keys) != 1 || err != nil || err2 != nil {
+		t.Fatalf("the copy's Floor = %d, CursorKeys = %q (%v, %v); want 40 "+
+			"(the reserve) and one cursor", floor, keys, err, err2)
 	}
 
 	// A salvage never writes over a file, and a file that is not there

@@ -7,8 +7,8 @@
 // (its section "The log: seq first, sync second"): Admit waits for room
 // in a bounded queue; Append queues a message and returns the Outcome
 // that is done once the message is on disk, or failed; Trim, Delete,
-// SetHead and SaveCursor queue the other changes a batch carries;
-// Barrier returns the outcome of everything queued so far; Cursor reads
+// SetHead, Reserve and SaveCursor queue the other changes a batch
+// carries; Barrier returns the outcome of everything queued so far; Cursor reads
 // a durable cursor, newest first; Stop commits what is queued and ends.
 // After each commit, and before its outcome is done, Config.Committed
 // hears how it went, so that the broker updates its own tables first.
@@ -88,7 +88,7 @@ import (
 )
 
 // Batch is one atomic step of the log: forgets first, then appends, then
-// trims and deletes, then heads, then cursor moves.
+// trims and deletes, then heads and the reserve, then cursor moves.
 type Batch[M any] struct {
 	// Forgets maps a topic the broker forgot to the head it had: its log
 	// and its head are deleted, and the store's floor, past which a topic
@@ -105,6 +105,12 @@ type Batch[M any] struct {
 	// is, lower or higher; the broker never sets one below a seq it
 	// appended.
 	Heads map[string]uint64
+	// Reserve, if not nil, is the store's reserve from now on: the seqs
+	// a topic with no head on disk may be given, past which a topic made
+	// again after a crash starts. It is set as it is: a clean stop, which
+	// stores every topic's head, sets it back to where its start's new
+	// topics began.
+	Reserve *uint64
 	// Cursors maps a durable key to its new position.
 	Cursors map[string]uint64
 }
@@ -401,6 +407,13 @@ func (l *Log[M]) SetHead(topic string, head uint64) {
 	l.queue(func(q *Batch[M]) { q.Heads[topic] = head })
 }
 
+// Reserve queues setting the store's reserve to upTo (Batch.Reserve).
+// It travels with the heads: a new topic's first publish awaits the
+// batch that carries both.
+func (l *Log[M]) Reserve(upTo uint64) {
+	l.queue(func(q *Batch[M]) { q.Reserve = &upTo })
+}
+
 // Forget queues forgetting topic, whose head is head, and drops the
 // trims, deletes and head queued for it: they are moot once the topic
 // is gone. The broker forgets only a topic none of whose messages or
@@ -488,7 +501,8 @@ func (l *Log[M]) loop() {
 		l.mu.Unlock()
 
 		if len(batch.Forgets)+len(batch.Messages)+len(batch.Trims)+
-			len(batch.Deletes)+len(batch.Heads)+len(batch.Cursors) == 0 {
+			len(batch.Deletes)+len(batch.Heads)+len(batch.Cursors) == 0 &&
+			batch.Reserve == nil {
 			// Nothing to write, and what was queued before is written:
 			// a sync would add nothing (a steal can leave a wake-up).
 			fate.Resolve(0, false, nil)
@@ -543,8 +557,8 @@ const headTakes = 4
 // then waits for a chunk of another topic's flood, not for a whole
 // batch of it. Chunks cost a flood more syncs, so a flood nobody waits
 // beside commits whole. Forgets go with the first chunk, as a head
-// stolen after it may be a topic's made again; trims, deletes, heads
-// and cursor moves with the last; fates hear the first error.
+// stolen after it may be a topic's made again; trims, deletes, heads,
+// the reserve and cursor moves with the last; fates hear the first error.
 func (l *Log[M]) commitInChunks(batch *Batch[M], hurry bool,
 	fates ...*Outcome) {
 	var failed error
@@ -567,7 +581,7 @@ func (l *Log[M]) commitInChunks(batch *Batch[M], hurry bool,
 }
 
 // steal commits now the queued messages of the topics someone waits for,
-// and the queued heads and forgets, and resolves their outcome, unless
+// and the queued heads, reserve and forgets, and resolves their outcome, unless
 // one of those topics still has messages in remaining, which must commit
 // before them.
 func (l *Log[M]) steal(remaining []M) {
@@ -594,6 +608,7 @@ func (l *Log[M]) steal(remaining []M) {
 	clear(l.queued.Messages[len(kept):])
 	l.queued.Messages = kept
 	stolen.Heads, l.queued.Heads = l.queued.Heads, map[string]uint64{}
+	stolen.Reserve, l.queued.Reserve = l.queued.Reserve, nil
 	stolen.Forgets, l.queued.Forgets = l.queued.Forgets, map[string]uint64{}
 	fate, waited := l.nextUrgent, l.waited
 	l.nextUrgent, l.waited = NewOutcome(), nil
@@ -657,7 +672,8 @@ func (l *Log[M]) follow(waited map[string]bool) bool {
 
 // split takes out of batch, which holds size bytes of messages, to be
 // committed first, the messages of the topics in waited, and the heads
-// (with the forgets, which a head set after them must follow), which
+// and the reserve (with the forgets, which a head set after them must
+// follow), which
 // are small and which a topic's first publish may wait for, if the
 // rest is large enough to keep them waiting: an eighth of the queue's
 // bytes. Trims, deletes and cursor moves stay with the rest, which
@@ -668,7 +684,8 @@ func (l *Log[M]) split(batch *Batch[M], waited map[string]bool,
 	if len(waited) == 0 || 8*size < l.config.MaxBytes {
 		return nil, batch
 	}
-	first = &Batch[M]{Forgets: batch.Forgets, Heads: batch.Heads}
+	first = &Batch[M]{Forgets: batch.Forgets, Heads: batch.Heads,
+		Reserve: batch.Reserve}
 	rest = &Batch[M]{Trims: batch.Trims, Deletes: batch.Deletes,
 		Cursors: batch.Cursors}
 	restBytes := 0

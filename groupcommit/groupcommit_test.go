@@ -363,8 +363,9 @@ func TestLog_AFloodBesideAWaiterGetsHalfTheQueue(t *testing.T) {
 func TestLog_AnAwaitedHeadGoesBeforeAFloodAndHurriesItBriefly(t *testing.T) {
 	// The queue holds 16 messages and 320 bytes: chunks of 40 bytes.
 	// While the commit in flight holds the loop, a flood of 92 bytes on
-	// "large" fills the next batch, and a new topic's head is awaited:
-	// the head commits first, alone, and the flood after it in chunks.
+	// "large" fills the next batch, and a new topic's head is awaited,
+	// with the reserve: they commit first, alone, and the flood after
+	// them in chunks.
 	// The loop hurries for at most headTakes batches, then commits a
 	// flood whole.
 	synctest.Test(t, func(t *testing.T) {
@@ -377,6 +378,7 @@ func TestLog_AnAwaitedHeadGoesBeforeAFloodAndHurriesItBriefly(t *testing.T) {
 		}
 		flood()
 		l.SetHead("small", 100)
+		l.Reserve(200)
 		head := l.Await("small")
 		close(store.hold)
 		<-head.Done()
@@ -393,9 +395,11 @@ func TestLog_AnAwaitedHeadGoesBeforeAFloodAndHurriesItBriefly(t *testing.T) {
 			got = append(got, b.Messages)
 		}
 		switch {
-		case len(got[1]) != 0 || batches[1].Heads["small"] != 100:
-			t.Fatalf("batches %v, the second with heads %v; want the "+
-				"head alone", got, batches[1].Heads)
+		case len(got[1]) != 0 || batches[1].Heads["small"] != 100 ||
+			batches[1].Reserve == nil || *batches[1].Reserve != 200:
+			t.Fatalf("batches %v, the second with heads %v and reserve "+
+				"%v; want the head and the reserve alone", got,
+				batches[1].Heads, batches[1].Reserve)
 		case !slices.Equal(got[2], []int{20, 22}):
 			t.Fatalf("batches %v; want the flood after the head in chunks",
 				got)
@@ -543,6 +547,24 @@ func TestLog_AForgetCommitsNoLaterThanAHeadSetAfterIt(t *testing.T) {
 		if forgot < 0 || headSet < 0 || forgot > headSet {
 			t.Fatalf("the forget committed in batch %d, the head set after "+
 				"it in batch %d", forgot, headSet)
+		}
+	})
+}
+
+// A batch that carries only the reserve is committed: it is not empty.
+func TestLog_AReserveAloneIsCommitted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &memory{cursors: map[string]uint64{}}
+		l := start(store, func(*Batch[int], error) {})
+		defer l.Stop()
+		l.Reserve(0)
+		<-l.Barrier().Done()
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		if len(store.batches) != 1 || store.batches[0].Reserve == nil ||
+			*store.batches[0].Reserve != 0 {
+			t.Fatalf("batches %v; want one with the reserve 0",
+				store.batches)
 		}
 	})
 }

@@ -9,8 +9,8 @@
 // A batch applies as popsub.Batch says: the topics it forgets are
 // deleted whole, raising the floor; its messages are appended, each
 // deleting the record of another log it names (a delayed message's, sent
-// when due), then the trims and single deletes, then the heads and the
-// cursors. A store is a popsub.Forgetter. Reads return what the log
+// when due), then the trims and single deletes, then the heads, the
+// reserve and the cursors. A store is a popsub.Forgetter. Reads return what the log
 // holds after a seq, within a count and a number of payload bytes, as a
 // disk's would.
 //
@@ -46,13 +46,15 @@ type Record struct {
 }
 
 // Contents are a log's topics, each topic's head, the durable cursors,
-// and the floor past which a topic made again starts its seqs: what a
-// batch leaves. The zero value is not usable: make one with NewContents.
+// the floor (the highest head forgotten) and the reserve: what a batch
+// leaves. A topic made again starts past both. The zero value is not
+// usable: make one with NewContents.
 type Contents[M any] struct {
 	Logs    map[string][]M
 	Heads   map[string]uint64
 	Cursors map[string]uint64
 	Floor   uint64
+	Reserve uint64
 	record  func(M) Record
 }
 
@@ -70,12 +72,12 @@ func (c Contents[M]) Clone() Contents[M] {
 	}
 	maps.Copy(d.Heads, c.Heads)
 	maps.Copy(d.Cursors, c.Cursors)
-	d.Floor = c.Floor
+	d.Floor, d.Reserve = c.Floor, c.Reserve
 	return d
 }
 
-// Apply applies b. keepHeads false drops the heads b reserves, as the
-// lab's broker without reservations does.
+// Apply applies b. keepHeads false drops the heads and the reserve b
+// sets, as the lab's broker without reservations does.
 func (c *Contents[M]) Apply(b *groupcommit.Batch[M], keepHeads bool) {
 	for topic, head := range b.Forgets {
 		delete(c.Logs, topic)
@@ -101,6 +103,9 @@ func (c *Contents[M]) Apply(b *groupcommit.Batch[M], keepHeads bool) {
 	}
 	if keepHeads {
 		maps.Copy(c.Heads, b.Heads)
+		if b.Reserve != nil {
+			c.Reserve = *b.Reserve
+		}
 	}
 	maps.Copy(c.Cursors, b.Cursors)
 }
@@ -165,11 +170,12 @@ func (s *Store[M]) Topics() (map[string]uint64, error) {
 	return maps.Clone(s.contents.Heads), nil
 }
 
-// Floor returns the highest head of a topic the store forgot.
+// Floor returns the highest head of a topic the store forgot, or the
+// reserve if that is higher.
 func (s *Store[M]) Floor() (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.contents.Floor, nil
+	return max(s.contents.Floor, s.contents.Reserve), nil
 }
 
 // CursorKeys returns the key of every cursor stored.
