@@ -120,8 +120,10 @@ func sendPairs(ws *websocket.Conn, round, n int, suffix string) error {
 
 // runTopics is runNames --publish: one connection publishes one QoS 0
 // message to each of n new names a round, on a broker whose log keeps
-// messages 3 s, and after each round waits for the TTL's trim, then
-// prints the broker's resident memory and the size of its file.
+// messages 3 s, and prints how long the broker took to read them (from
+// the round's first publish to the pong of a ping sent after its last)
+// and, once the TTL's trim is done, the broker's resident memory and the
+// size of its file.
 func runTopics(popsub string, n, rounds int) error {
 	const ttl = 3 * time.Second
 	pid, ws, file, stop, err := servePopsub(popsub, "--ttl", ttl.String())
@@ -150,9 +152,10 @@ func runTopics(popsub string, n, rounds int) error {
 		"read %s after the round's last publish; %.1f MiB resident at "+
 		"the start\n\n", n, ttl, ttl+1500*time.Millisecond,
 		rssKiB(pid)/1024)
-	fmt.Println("| round | resident memory | file |")
-	fmt.Println("|---|---|---|")
+	fmt.Println("| round | read in | names a second | resident memory | file |")
+	fmt.Println("|---|---|---|---|---|")
 	for round := 1; round <= rounds; round++ {
+		start := time.Now()
 		for i := range n {
 			frame := fmt.Appendf(nil, `{"type":"publish","topic":`+
 				`"readings/%d/%d","payload":%d,"qos":0}`, round, i, i)
@@ -168,13 +171,15 @@ func runTopics(popsub string, n, rounds int) error {
 		if err := <-pongs; err != nil {
 			return err
 		}
+		took := time.Since(start)
 		time.Sleep(ttl + 1500*time.Millisecond)
 		info, err := os.Stat(file)
 		if err != nil {
 			return err
 		}
-		fmt.Printf("| %d | %.1f MiB | %.1f MB |\n", round,
-			rssKiB(pid)/1024, float64(info.Size())/1e6)
+		fmt.Printf("| %d | %.2f s | %.0f | %.1f MiB | %.1f MB |\n", round,
+			took.Seconds(), float64(n)/took.Seconds(), rssKiB(pid)/1024,
+			float64(info.Size())/1e6)
 	}
 	return nil
 }
