@@ -1933,11 +1933,12 @@ type features struct {
 // topicFeatures is what the features keep in a topic, guarded by its mu
 // but where noted.
 type topicFeatures struct {
-	// reserved is the stored head: no seq past it is given out, but up
-	// to lent, the seqs lent on the store's reserve until it is stored.
-	// asked is the highest head handed to the log, on disk or not.
-	// sealed is set at Shutdown: no seq is given out after it (Seqs
-	// reserved on disk).
+	// reserved is the stored head: no seq past it is given out, nor
+	// past lent, if that is higher: the end of the seqs lent on the
+	// store's reserve to a topic with no head on disk (0 once its head
+	// is stored). asked is the highest head handed to the log, on disk
+	// or not. sealed is set at Shutdown: no seq is given out after it
+	// (Seqs reserved on disk).
 	reserved, asked, lent uint64
 	sealed                bool
 	// gone is set once the broker forgot the topic: whoever finds it so
@@ -4364,12 +4365,12 @@ func (b *Broker) unpin(s *subscription) {
 // head of it is on its way to the store. If its head is on disk, or it
 // was lent seqs (or, on a shared log, it had a message), the store
 // forgets it too, raising its floor, and so does b.floor, where a topic
-// made again starts, which the name's shadow keeps from borrowing on the
-// reserve till the forget is on disk (b.lend); on a
-// store that is no Forgetter (a shared log is none), with a cursor on
-// it, or for a $delayed log (whose messages may wait on disk alone), it
-// stays. A shared log stops feeding it (b.forget). The caller holds t.mu
-// and the broker's lock.
+// made again starts; the name is shadowed till the forget is on disk, so
+// that a topic made again meanwhile is lent nothing (b.lend). On a store
+// that is no Forgetter (a shared log is none), with a cursor on it, or
+// for a $delayed log (whose messages may wait on disk alone), it stays.
+// A shared log stops feeding it (b.forget). The caller holds t.mu and
+// the broker's lock.
 func (b *Broker) forgetIfIdle(t *topic) {
 	// asked == reserved: every head asked for was stored and heard of
 	// (b.storedHeads), which then never meets the name of one forgotten.
@@ -4618,11 +4619,11 @@ func (s *subscription) skipped(b *Broker, after, last uint64) {
 // of a topic stored later is past its first block, so past every seq it
 // was lent.
 //
-// Shutdown seals every topic, writing its newest seq as its head, and
-// gives out no more, and sets the reserve back to the floor this start
-// began at: a clean stop gives the unused seqs back, so that seqs go on
-// from the last one. (What a crashed start lent stays reserved: the
-// next start began past it, and so do new topics after it.)
+// Shutdown seals every topic, writing its newest seq as its head, gives
+// out no more, and sets the reserve back to b.floor, where this start's
+// new topics began: a clean stop gives the unused seqs back, so that
+// seqs go on from the last one. A start after a crash begins past what
+// the crashed one lent, so its clean stop keeps that reserved.
 
 // reserveAhead and reserveBlock size a topic's reservation of seqs: a
 // topic asks for its next block once fewer than reserveAhead seqs are
