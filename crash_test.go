@@ -131,16 +131,23 @@ func TestBroker_ACrashAroundAForgetReusesNoSeq(t *testing.T) {
 			t.Fatalf("the topic made again gave seq %d, want past %d",
 				seen.Seq, before.Seq)
 		}
-		d = ps.crash(d)
-		ps = startPipeBroker(t, Options{Store: d})
-		defer ps.stop()
-		pub = ps.dialAs("pub")
-		if next := pub.publish("gone", "next", 1, "next"); next.Seq <=
-			seen.Seq {
-			t.Fatalf("after the crash the next seq was %d; a subscriber "+
-				"saw seq %d", next.Seq, seen.Seq)
-		}
+		crashAndGoOn(t, ps, d, "gone", seen.Seq).stop()
 	})
+}
+
+// crashAndGoOn kills ps's broker, which runs on d, starts another on what
+// d kept, and fails t unless topic's next seq there is past seen, the
+// last one a subscriber saw. It returns the new server.
+func crashAndGoOn(t *testing.T, ps *pipeServer, d *disk, topic string,
+	seen uint64) *pipeServer {
+	t.Helper()
+	ps = startPipeBroker(t, Options{Store: ps.crash(d)})
+	next := ps.dialAs("pub").publish(topic, "next", 1, "next")
+	if next.Seq <= seen {
+		t.Fatalf("after the crash %s went on at seq %d; a subscriber saw "+
+			"seq %d", topic, next.Seq, seen)
+	}
+	return ps
 }
 
 func TestBroker_TwoCrashesBeforeASyncReuseNoSeq(t *testing.T) {

@@ -70,15 +70,7 @@ func TestBroker_ANameWithAHeadOnDiskIsLentNothing(t *testing.T) {
 			t.Fatalf("zero delivered seq %d with its head %d on disk",
 				seen.Seq, heads["zero"])
 		}
-		d = ps.crash(d)
-		ps = startPipeBroker(t, Options{Store: d})
-		defer ps.stop()
-		pub = ps.dialAs("pub")
-		if next := pub.publish("zero", "next", 1, "next"); next.Seq <=
-			seen.Seq {
-			t.Fatalf("after the crash zero went on at seq %d; a "+
-				"subscriber saw seq %d", next.Seq, seen.Seq)
-		}
+		crashAndGoOn(t, ps, d, "zero", seen.Seq).stop()
 	})
 }
 
