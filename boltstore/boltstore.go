@@ -5,17 +5,17 @@
 //
 // popsub.go declares what a Store must do (its section "The machine
 // room"): Commit applies a batch of forgets, appends, trims, heads, the
-// reserve and cursor moves atomically and durably; Read returns a topic's messages
-// after a seq, in seq order; Topics returns every topic's head, which
-// survives the log being trimmed empty; Cursor reads a durable cursor.
-// It is a Forgetter (section "Retention"): a forget deletes a topic
-// whole, Floor says past which seq a topic made again starts (the
-// highest head forgotten, or the reserve, whichever is higher), and
-// CursorKeys which topics a cursor keeps. It is a DueIndex too (section
-// "Delayed delivery"): Due and Waiting find what waits in the $delayed
-// logs, by due time and by message_id. The broker's committer gathers
-// the batches (group commit); this package writes each one in one
-// transaction and one sync.
+// reserve and cursor moves atomically and durably; Read returns a
+// topic's messages after a seq, in seq order; Topics returns every
+// topic's head, which survives the log being trimmed empty; Cursor reads
+// a durable cursor. It is a Forgetter (section "Retention"): a forget
+// deletes a topic whole, Floor says past which seq a topic made again
+// starts (the highest head forgotten, or the reserve, whichever is
+// higher), and CursorKeys which topics a cursor keeps. It is a DueIndex
+// too (section "Delayed delivery"): Due and Waiting find what waits in
+// the $delayed logs, by due time and by message_id. The broker's
+// committer gathers the batches (group commit); this package writes each
+// one in one transaction and one sync.
 //
 // # The mechanism
 //
@@ -95,17 +95,17 @@ var (
 	ErrDamaged = errors.New("damaged")
 )
 
-// The file's layout, which Store writes and Salvage reads back
-// without a store (a damaged file may not open as one): a topics bucket
-// with a bucket per topic, holding the topic's records under logBucket,
-// keyed by seqKey (no logBucket while it has none), and its head under
+// The file's layout, which Store writes and Salvage reads back without a
+// store (a damaged file may not open as one): a topics bucket with a
+// bucket per topic, holding the topic's records under logBucket, keyed
+// by seqKey (no logBucket while it has none), and its head under
 // headKey; and a cursors bucket, from a durable key to its position as a
 // seqKey, under floorKey the highest head of a topic the store forgot,
-// and under reserveKey the reserve (popsub.Batch.Reserve). The index of what waits in the $delayed logs (the broker's
-// DueIndex) is two more: a due bucket, keyed by dueKey (due time, seq
-// and log), and a waiting bucket, from an idKey (log, publisher and
-// message_id) to the record's seqKey. A record is what encodeRecord
-// makes; recordIntact checks one.
+// and under reserveKey the reserve (popsub.Batch.Reserve). The index of
+// what waits in the $delayed logs (the broker's DueIndex) is two more: a
+// due bucket, keyed by dueKey (due time, seq and log), and a waiting
+// bucket, from an idKey (log, publisher and message_id) to the record's
+// seqKey. A record is what encodeRecord makes; recordIntact checks one.
 var (
 	topicsBucket  = []byte("topics")  // topic name → topic bucket
 	cursorsBucket = []byte("cursors") // durable key → position

@@ -8,10 +8,11 @@
 // in a bounded queue; Append queues a message and returns the Outcome
 // that is done once the message is on disk, or failed; Trim, Delete,
 // SetHead, Reserve and SaveCursor queue the other changes a batch
-// carries; Barrier returns the outcome of everything queued so far; Cursor reads
-// a durable cursor, newest first; Stop commits what is queued and ends.
-// After each commit, and before its outcome is done, Config.Committed
-// hears how it went, so that the broker updates its own tables first.
+// carries; Barrier returns the outcome of everything queued so far;
+// Cursor reads a durable cursor, newest first; Stop commits what is
+// queued and ends. After each commit, and before its outcome is done,
+// Config.Committed hears how it went, so that the broker updates its own
+// tables first.
 //
 // # The mechanism
 //
@@ -554,11 +555,11 @@ const headTakes = 4
 // or, when hurry (someone waited for a batch lately), in chunks of an
 // eighth of the queue's bytes: between two chunks, the queued topics
 // someone has since come to wait for commit first (l.steal). A confirm
-// then waits for a chunk of another topic's flood, not for a whole
-// batch of it. Chunks cost a flood more syncs, so a flood nobody waits
-// beside commits whole. Forgets go with the first chunk, as a head
-// stolen after it may be a topic's made again; trims, deletes, heads,
-// the reserve and cursor moves with the last; fates hear the first error.
+// then waits for a chunk of another topic's flood, not for a whole batch
+// of it. Chunks cost a flood more syncs, so a flood nobody waits beside
+// commits whole. Forgets go with the first chunk, as a head stolen after
+// it may be a topic's made again; trims, deletes, heads, the reserve and
+// cursor moves with the last; fates hear the first error.
 func (l *Log[M]) commitInChunks(batch *Batch[M], hurry bool,
 	fates ...*Outcome) {
 	var failed error
@@ -581,9 +582,9 @@ func (l *Log[M]) commitInChunks(batch *Batch[M], hurry bool,
 }
 
 // steal commits now the queued messages of the topics someone waits for,
-// and the queued heads, reserve and forgets, and resolves their outcome, unless
-// one of those topics still has messages in remaining, which must commit
-// before them.
+// and the queued heads, reserve and forgets, and resolves their outcome,
+// unless one of those topics still has messages in remaining, which must
+// commit before them.
 func (l *Log[M]) steal(remaining []M) {
 	l.mu.Lock()
 	if len(l.waited) == 0 || l.stopped {
@@ -673,12 +674,11 @@ func (l *Log[M]) follow(waited map[string]bool) bool {
 // split takes out of batch, which holds size bytes of messages, to be
 // committed first, the messages of the topics in waited, and the heads
 // and the reserve (with the forgets, which a head set after them must
-// follow), which
-// are small and which a topic's first publish may wait for, if the
-// rest is large enough to keep them waiting: an eighth of the queue's
-// bytes. Trims, deletes and cursor moves stay with the rest, which
-// commits after them. It returns a nil first when there is nothing to
-// split.
+// follow), which are small and which a topic's first publish may wait
+// for, if the rest is large enough to keep them waiting: an eighth of
+// the queue's bytes. Trims, deletes and cursor moves stay with the rest,
+// which commits after them. It returns a nil first when there is nothing
+// to split.
 func (l *Log[M]) split(batch *Batch[M], waited map[string]bool,
 	size int) (first, rest *Batch[M]) {
 	if len(waited) == 0 || 8*size < l.config.MaxBytes {

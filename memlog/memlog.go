@@ -10,9 +10,9 @@
 // deleted whole, raising the floor; its messages are appended, each
 // deleting the record of another log it names (a delayed message's, sent
 // when due), then the trims and single deletes, then the heads, the
-// reserve and the cursors. A store is a popsub.Forgetter. Reads return what the log
-// holds after a seq, within a count and a number of payload bytes, as a
-// disk's would.
+// reserve and the cursors. A store is a popsub.Forgetter. Reads return
+// what the log holds after a seq, within a count and a number of payload
+// bytes, as a disk's would.
 //
 // It is generic over the message, as package groupcommit is, so that
 // package popsub's own tests can use it: a package that imported popsub
