@@ -7,9 +7,10 @@ import (
 )
 
 // A topic with no head on disk borrows its first seqs on the store's
-// reserve, which is on disk already: its first message is delivered
-// before any sync of its own, and a crash then reuses no seq, as the
-// topic made again starts past the reserve.
+// reserve, which is on disk already: its first message is delivered, to
+// an exact subscription and to a wildcard beside it, before any sync of
+// its own, and a crash then reuses no seq, as the topic made again
+// starts past the reserve.
 func TestBroker_ANewTopicIsLentSeqsOnTheReserveAndACrashReusesNone(
 	t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -22,14 +23,20 @@ func TestBroker_ANewTopicIsLentSeqsOnTheReserveAndACrashReusesNone(
 		// beside it.
 		pub.publish("first", "first", 1, "first")
 
+		wild := ps.dialAs("wild")
 		sub.subscribe("fresh", nil)
+		wild.subscribe("+", nil)
 		pub.send(map[string]any{"type": "publish", "topic": "fresh",
 			"payload": "lent", "qos": 0})
-		seen := sub.expect("message")
+		seen, beside := sub.expect("message"), wild.expect("message")
 		if heads, _ := d.Topics(); heads["fresh"] != 0 {
 			t.Fatalf("fresh's head %d was on disk before its first "+
 				"delivery, want none: the reserve covers it",
 				heads["fresh"])
+		}
+		if beside.Topic != "fresh" || beside.Seq != seen.Seq {
+			t.Fatalf("the wildcard got %s seq %d, the exact subscription "+
+				"fresh seq %d", beside.Topic, beside.Seq, seen.Seq)
 		}
 
 		// Killed, then started and stopped cleanly, then started again:
@@ -55,9 +62,11 @@ func TestBroker_ANewTopicIsLentSeqsOnTheReserveAndACrashReusesNone(
 func TestBroker_ANameWithAHeadOnDiskIsLentNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &disk{memoryStore: newMemoryStore(), delay: 2 * time.Second}
-		zero := uint64(0)
-		d.memoryStore.Commit(&Batch{Heads: map[string]uint64{"zero": 0},
-			Reserve: &zero})
+		err := d.memoryStore.Commit(&Batch{
+			Heads: map[string]uint64{"zero": 0}})
+		if err != nil {
+			t.Fatal(err)
+		}
 		ps := startPipeBroker(t, Options{Store: d})
 		sub, pub := ps.dialAs("sub"), ps.dialAs("pub")
 		pub.publish("first", "first", 1, "first") // the reserve on disk
