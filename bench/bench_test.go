@@ -28,10 +28,15 @@ func config(t *testing.T, change func(*Config)) Config {
 	return cfg
 }
 
+// stuck is the deadline that ends a stuck run. The servers first build
+// their pages' WebAssembly (awaitPages), which on a loaded 2-core machine
+// took over a minute.
+const stuck = 6 * time.Minute
+
 // run runs cfg and returns its JSON summary.
 func run(t *testing.T, cfg Config) Result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), stuck)
 	defer cancel()
 	var out bytes.Buffer
 	if err := Run(ctx, cfg, &out, io.Discard); err != nil {
@@ -138,7 +143,7 @@ func TestBench_DelayedWaitsConfirmedAndMeasured(t *testing.T) {
 // BystanderOnly publishes until interrupted, and prints each confirm's
 // latency: what Bystander reads from its process.
 func TestBench_BystanderOnlyPrintsEachConfirm(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), stuck)
 	defer cancel()
 	cfg := config(t, func(*Config) {})
 	server, err := startBenchServers(ctx, cfg)
