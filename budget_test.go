@@ -26,7 +26,7 @@ import (
 )
 
 // The budget of popsub.go, from STYLE.md. Two of them are over STYLE.md's, and
-// say by how much: the file is about 660 code lines over its 2,200 (136 of them
+// say by how much: the file is about 690 code lines over its 2,200 (136 of them
 // the delayed messages' horizon over a DueIndex, a detail, 29 a release's reads
 // of its records a span at a time, 60 the forgetting of unused topics and
 // filters, on the broker's log and a shared one, and the cap on subscriptions,
@@ -38,7 +38,8 @@ import (
 // whose log is empty, with its floor and the topics cursors keep, so that a
 // name used once costs nothing once its messages expire, 1 a wildcard's cut-off
 // telling its client why, 49 a new topic's first seqs lent on the file's
-// reserve, so that a client publishing to new names waits for no sync each),
+// reserve, so that a client publishing to new names waits for no sync each,
+// 28 the cap on topics, so that such a client cannot fill the disk),
 // and the first reading, priced as a reader pays it (5
 // lines a minute where code takes or lets go of a lock, starts a goroutine or
 // selects), takes about 199 minutes against a goal of 180. Making room is the restructure that makes every feature a leaf
@@ -47,7 +48,7 @@ import (
 const (
 	budgetFirstReading  = 1050 // code lines in first-reading sections
 	budgetMinutes       = 199  // the first reading, priced; the goal is 180
-	budgetCode          = 2860 // code lines in the file; STYLE.md's 2,200
+	budgetCode          = 2888 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function

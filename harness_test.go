@@ -228,6 +228,7 @@ var Behaviour = map[string]func(*testing.T){
 	"TestTopics_AForgottenTopicBeginsAgainAndOneWithAMessageGoesOn":        TestTopics_AForgottenTopicBeginsAgainAndOneWithAMessageGoesOn,
 	"TestTopics_FirstPublishesRacingForgetsLoseNothing":                    TestTopics_FirstPublishesRacingForgetsLoseNothing,
 	"TestTopics_AConnectionHoldsAtMostMaxSubscriptions":                    TestTopics_AConnectionHoldsAtMostMaxSubscriptions,
+	"TestTopics_TheBrokerHoldsAtMostMaxTopics":                             TestTopics_TheBrokerHoldsAtMostMaxTopics,
 }
 
 // oneEngine names the tests that start a broker on the run's engine but

@@ -151,6 +151,7 @@ var defaultsInProse = map[string][]string{
 	"ping-interval":   lasting(DefaultPingInterval),
 	"auth-timeout":    lasting(DefaultAuthTimeout),
 	"max-delayed":     {thousands(DefaultMaxDelayed)},
+	"max-topics":      {thousands(DefaultMaxTopics)},
 	"max-retry-delay": lasting(DefaultMaxRetryDelay),
 }
 

@@ -446,3 +446,73 @@ func TestTopics_AConnectionHoldsAtMostMaxSubscriptions(t *testing.T) {
 		t.Fatalf("the subscription made after room was made got %+v", m)
 	}
 }
+
+// The broker holds at most MaxTopics topics: past it a client's publish
+// or subscribe to a name it does not hold is refused with topic_limit,
+// naming the topic (and a publish's message_id), and stores nothing; one
+// to a topic it holds, and a wildcard, pass. A wildcard beside the exact
+// subscriptions hears every publish that passed and none refused. A
+// forget makes room. A restart with a lower cap loads every topic it
+// held, which go on taking publishes, and refuses a new one. Found from
+// outside: one connection publishing to new names, one a frame, grew the
+// file by 1.6 GB in 18 s, and the clean stop of its 400,000 topics ran
+// past the 20 s serve waits.
+func TestTopics_TheBrokerHoldsAtMostMaxTopics(t *testing.T) {
+	ts := startBroker(t, Options{FeatureOptions: FeatureOptions{MaxTopics: 3}})
+	w, s, p := ts.dial("w"), ts.dial("s"), ts.dial("p")
+	w.subscribe("cap/#", nil)
+	s.subscribe("cap/a", nil) // a topic with no message: its forget is free
+	p.publish("cap/b", "b-1", 1, "b-1")
+	p.publish("cap/c", "c-1", 1, "c-1")
+
+	p.send(map[string]any{"type": "publish", "topic": "cap/d",
+		"payload": 1, "qos": 1, "message_id": "d-1"})
+	if g := p.expectError("topic_limit"); g.Topic != "cap/d" ||
+		g.MessageID != "d-1" || !strings.Contains(g.Message, "3 topics") {
+		t.Fatalf("a publish to a fourth topic got %+v, want topic_limit "+
+			"naming cap/d, d-1 and the 3", g)
+	}
+	s.send(map[string]any{"type": "subscribe", "topic": "cap/e"})
+	if g := s.expectError("topic_limit"); g.Topic != "cap/e" {
+		t.Fatalf("a subscribe to a fourth topic got %+v", g)
+	}
+	if n := topicsNamed(ts.broker, "cap/"); n != 3 {
+		t.Fatalf("the broker holds %d topics, want 3", n)
+	}
+	s.subscribe("elsewhere/+", nil) // a wildcard holds no topic
+	p.publish("cap/b", "b-2", 1, "b-2")
+
+	// Room: the topic with no message is forgotten with its subscription.
+	s.unsubscribe("cap/a")
+	p.publish("cap/d", "d-2", 1, "d-2")
+	var ids []string
+	for _, m := range w.messages(4) {
+		ids = append(ids, m.MessageID)
+	}
+	if got := strings.Join(ids, " "); got != "b-1 c-1 b-2 d-2" {
+		t.Fatalf("the wildcard heard %s, want b-1 c-1 b-2 d-2", got)
+	}
+	w.quiet()
+
+	// Past the cap at a restart: the held topics load and take publishes.
+	ts.opts.MaxTopics = 2
+	ts = ts.restart()
+	p = ts.dial("p")
+	for _, name := range []string{"cap/b", "cap/c", "cap/d"} {
+		p.publish(name, 3, 1, name+"-3")
+	}
+	p.send(map[string]any{"type": "publish", "topic": "cap/f",
+		"payload": 1, "qos": 1, "message_id": "f-1"})
+	if g := p.expectError("topic_limit"); g.Topic != "cap/f" ||
+		!strings.Contains(g.Message, "2 topics") {
+		t.Fatalf("a new topic after a restart past the cap got %+v", g)
+	}
+	s = ts.dial("s")
+	if g := s.subscribe("cap/b", map[string]any{"after": 0}); g.Seq != 3 {
+		t.Fatalf("cap/b's head after the restart is %d, want 3", g.Seq)
+	}
+	if ms := s.messages(3); ms[0].MessageID != "b-1" ||
+		ms[2].MessageID != "cap/b-3" {
+		t.Fatalf("cap/b replayed %+v", ms)
+	}
+}

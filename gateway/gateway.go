@@ -339,6 +339,7 @@ var statuses = map[string]int{
 	"rate_limited":       http.StatusTooManyRequests,
 	"delayed_limit":      http.StatusTooManyRequests,
 	"store_failed":       http.StatusServiceUnavailable,
+	"topic_limit":        http.StatusServiceUnavailable,
 	"unavailable":        http.StatusServiceUnavailable,
 	"internal":           http.StatusInternalServerError,
 }

@@ -309,6 +309,20 @@ func TestPublish_StatusWhenTheBrokerCannot(t *testing.T) {
 			t.Fatalf("got %d %+v, want 503 unavailable", status, answer)
 		}
 	})
+	t.Run("a topic past the broker's cap is 503", func(t *testing.T) {
+		s := start(t, popsub.Options{
+			FeatureOptions: popsub.FeatureOptions{MaxTopics: 1}}, Options{})
+		alice := token(t, "alice", nil, nil)
+		if status, _, _ := s.post("chat", "", alice, `1`); status != 200 {
+			t.Fatalf("the first topic got %d, want 200", status)
+		}
+		status, answer, header := s.post("news", "", alice, `1`)
+		if status != 503 || answer.Code != "topic_limit" ||
+			answer.Topic != "news" || header.Get("Retry-After") == "" {
+			t.Fatalf("got %d %+v, want 503 topic_limit naming news, with "+
+				"Retry-After", status, answer)
+		}
+	})
 	t.Run("a log that refuses the message is 503", func(t *testing.T) {
 		s := start(t, popsub.Options{Store: refusing(t)}, Options{})
 		status, answer, _ := s.post("chat", "", token(t, "alice", nil, nil),

@@ -74,6 +74,9 @@ func serveSettings(c *serveConfig) []setting {
 		number("max-subscriptions", "broker.max_subscriptions",
 			popsub.DefaultMaxSubscriptions, "subscriptions one connection "+
 				"may hold at once", &o.MaxSubscriptions, positive),
+		number("max-topics", "broker.max_topics",
+			popsub.DefaultMaxTopics, "topics the broker holds at once",
+			&o.MaxTopics, positive),
 		number("group-window", "broker.group_window",
 			popsub.DefaultGroupWindow, "unacked QoS 1 jobs per member of "+
 				"a work queue", &o.GroupWindow, positive),

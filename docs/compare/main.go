@@ -8,7 +8,7 @@
 //	go run . latency --popsub $(go env GOPATH)/bin/popsub
 //	go run . confirms --popsub $(go env GOPATH)/bin/popsub
 //	go run . idle --popsub $(go env GOPATH)/bin/popsub
-//	go run . names --popsub $(go env GOPATH)/bin/popsub [--nats] [--publish]
+//	go run . names --popsub $(go env GOPATH)/bin/popsub [--nats] [--publish [--keep]]
 //
 // It starts each server as a child process on 127.0.0.1, and never
 // loads any other host.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -21,7 +22,9 @@ import (
 // --publish the connection publishes one QoS 0 message to each name
 // instead, on a broker with --ttl 3s, and each round waits the TTL out
 // and prints the size of the broker's file too: what it keeps of a topic
-// whose messages expired. With --nats the broker's log is a NATS
+// whose messages expired; with --keep as well, the broker keeps its
+// default TTL and the rounds follow each other, and the run ends by
+// timing its clean stop. With --nats the broker's log is a NATS
 // server's JetStream, as `popsub serve --nats` shares one.
 func runNames(args []string) error {
 	fs := flag.NewFlagSet("compare names", flag.ContinueOnError)
@@ -32,11 +35,13 @@ func runNames(args []string) error {
 	onNATS := fs.Bool("nats", false, "the log on NATS JetStream")
 	wildcards := fs.Bool("wildcards", false, "filters ending in +, not topics")
 	publish := fs.Bool("publish", false, "one publish to each name, --ttl 3s")
+	keep := fs.Bool("keep", false, "with --publish: the default TTL, and "+
+		"rounds back to back")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *publish {
-		return runTopics(*popsub, *pairs, *rounds)
+		return runTopics(*popsub, *pairs, *rounds, *keep)
 	}
 	store, extra := "its own bbolt file", []string(nil)
 	if *onNATS {
@@ -119,43 +124,60 @@ func sendPairs(ws *websocket.Conn, round, n int, suffix string) error {
 }
 
 // runTopics is runNames --publish: one connection publishes one QoS 0
-// message to each of n new names a round, on a broker whose log keeps
-// messages 3 s, and prints how long the broker took to read them (from
-// the round's first publish to the pong of a ping sent after its last)
-// and, once the TTL's trim is done, the broker's resident memory and the
-// size of its file.
-func runTopics(popsub string, n, rounds int) error {
+// message to each of n new names a round and prints how long the broker
+// took to read them (from the round's first publish to the pong of a
+// ping sent after its last), how many it refused (--max-topics), its
+// resident memory and the size of its file. The broker's log keeps
+// messages 3 s, and each round waits the TTL's trim out; with keep, it
+// keeps them its default hour and the rounds follow each other, so the
+// names pile up, and the run ends by timing the broker's clean stop.
+func runTopics(popsub string, n, rounds int, keep bool) error {
 	const ttl = 3 * time.Second
-	pid, ws, file, stop, err := servePopsub(popsub, "--ttl", ttl.String())
+	extra, wait := []string{"--ttl", ttl.String()}, ttl+1500*time.Millisecond
+	if keep {
+		extra, wait = nil, 0
+	}
+	pid, ws, file, stop, err := servePopsub(popsub, extra...)
 	if err != nil {
 		return err
 	}
-	defer stop()
+	defer func() {
+		if stop != nil {
+			stop()
+		}
+	}()
 	ctx := context.Background()
 	// Read all along, so that the broker's keepalive pings are answered.
+	var refused atomic.Int64
 	pongs := make(chan error, 1)
 	go func() {
 		for {
 			_, data, err := ws.Read(ctx)
-			if err != nil {
+			switch {
+			case err != nil:
 				pongs <- err
 				return
-			}
-			if bytes.Contains(data, []byte(`"type":"pong"`)) {
+			case bytes.Contains(data, []byte(`"type":"error"`)):
+				refused.Add(1)
+			case bytes.Contains(data, []byte(`"type":"pong"`)):
 				pongs <- nil
 			}
 		}
 	}()
 
+	kept := fmt.Sprintf("with --ttl %s, read %s after the round's last "+
+		"publish", ttl, wait)
+	if keep {
+		kept = "with its default TTL, the rounds back to back"
+	}
 	fmt.Printf("one connection, one QoS 0 publish to each of %d new "+
-		"names a round; the broker on its own bbolt file with --ttl %s, "+
-		"read %s after the round's last publish; %.1f MiB resident at "+
-		"the start\n\n", n, ttl, ttl+1500*time.Millisecond,
-		rssKiB(pid)/1024)
-	fmt.Println("| round | read in | names a second | resident memory | file |")
-	fmt.Println("|---|---|---|---|---|")
+		"names a round; the broker on its own bbolt file %s; %.1f MiB "+
+		"resident at the start\n\n", n, kept, rssKiB(pid)/1024)
+	fmt.Println("| round | read in | names a second | refused | " +
+		"resident memory | file |")
+	fmt.Println("|---|---|---|---|---|---|")
 	for round := 1; round <= rounds; round++ {
-		start := time.Now()
+		start, before := time.Now(), refused.Load()
 		for i := range n {
 			frame := fmt.Appendf(nil, `{"type":"publish","topic":`+
 				`"readings/%d/%d","payload":%d,"qos":0}`, round, i, i)
@@ -172,14 +194,21 @@ func runTopics(popsub string, n, rounds int) error {
 			return err
 		}
 		took := time.Since(start)
-		time.Sleep(ttl + 1500*time.Millisecond)
+		time.Sleep(wait)
 		info, err := os.Stat(file)
 		if err != nil {
 			return err
 		}
-		fmt.Printf("| %d | %.2f s | %.0f | %.1f MiB | %.1f MB |\n", round,
-			took.Seconds(), float64(n)/took.Seconds(), rssKiB(pid)/1024,
-			float64(info.Size())/1e6)
+		fmt.Printf("| %d | %.2f s | %.0f | %d | %.1f MiB | %.1f MB |\n",
+			round, took.Seconds(), float64(n)/took.Seconds(),
+			refused.Load()-before, rssKiB(pid)/1024, float64(info.Size())/1e6)
+	}
+	if keep {
+		start := time.Now()
+		stop()
+		stop = nil
+		fmt.Printf("\nthe broker's clean stop (SIGINT to exit) took %.1f s\n",
+			time.Since(start).Seconds())
 	}
 	return nil
 }
