@@ -262,7 +262,8 @@ func (p *publisher) confirmed(f frame) {
 
 // refusedForNow are the refusals a publisher tries again after: the
 // broker's bounds and rates, which a moment may lift.
-var refusedForNow = []string{"delayed_limit", "rate_limited", "unavailable"}
+var refusedForNow = []string{"delayed_limit", "rate_limited", "topic_limit",
+	"unavailable"}
 
 // settled forgets id, confirmed or refused for good: it is not sent
 // again.
