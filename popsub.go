@@ -4291,10 +4291,11 @@ func (b *Broker) OutboxBytes() int {
 // stop, and a client can make tens of thousands a second. So the broker
 // holds at most MaxTopics, and refuses a client's publish or subscribe
 // to a name it does not hold past that (b.topicLimit), until forgets make
-// room. Its own topics ($dead/, $delayed/, $sys/) are made past the cap,
-// as each follows from one a client made. The check reads a count, not
-// the table, so that a publish to a topic the broker holds takes no lock
-// for it; clients racing to new names may pass the cap by one each.
+// room. Its own topics ($dead/, $delayed/, $sys/), and a delayed
+// message's topic at its release, are made past the cap, as each follows
+// from a publish it took. The check reads a count, not the table, so that
+// a publish to a topic the broker holds takes no lock for it; clients
+// racing to new names may pass the cap by one each.
 
 // A Forgetter is a Store that can forget a topic whole: a batch's
 // Forgets delete each topic's log and head, and raise the store's floor
