@@ -4440,9 +4440,9 @@ func (b *Broker) lockTopic(name string) *topic {
 	}
 }
 
-// topicLimit refuses a client's way to a topic the broker does not hold,
-// named name, once it holds MaxTopics, with an error frame; or it
-// returns a zero reply. The broker's own names ("$…") pass.
+// topicLimit returns the error frame that refuses a client's publish or
+// subscribe to name, a topic the broker does not hold, once it holds
+// MaxTopics; otherwise a zero reply. The broker's own names ("$…") pass.
 func (b *Broker) topicLimit(name string) reply {
 	if b.topicCount.Load() < int64(b.opts.MaxTopics) ||
 		strings.HasPrefix(name, "$") {
@@ -4455,8 +4455,8 @@ func (b *Broker) topicLimit(name string) reply {
 		return reply{}
 	}
 	return topicError("topic_limit", fmt.Sprintf("the broker holds %d "+
-		"topics, the most --max-topics allows: use one it holds, or wait "+
-		"for the TTL to empty one", b.opts.MaxTopics), name)
+		"topics, the most --max-topics allows: use one it holds",
+		b.opts.MaxTopics), name)
 }
 
 // roomForTopic is the publish rule of b.topicLimit.
