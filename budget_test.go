@@ -39,7 +39,7 @@ import (
 // name used once costs nothing once its messages expire, 1 a wildcard's cut-off
 // telling its client why, 49 a new topic's first seqs lent on the file's
 // reserve, so that a client publishing to new names waits for no sync each,
-// 28 the cap on topics, so that such a client cannot fill the disk),
+// 27 the cap on topics, so that such a client cannot fill the disk),
 // and the first reading, priced as a reader pays it (5
 // lines a minute where code takes or lets go of a lock, starts a goroutine or
 // selects), takes about 199 minutes against a goal of 180. Making room is the restructure that makes every feature a leaf
@@ -48,7 +48,7 @@ import (
 const (
 	budgetFirstReading  = 1050 // code lines in first-reading sections
 	budgetMinutes       = 199  // the first reading, priced; the goal is 180
-	budgetCode          = 2888 // code lines in the file; STYLE.md's 2,200
+	budgetCode          = 2887 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function

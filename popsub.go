@@ -1936,12 +1936,12 @@ type features struct {
 // topicFeatures is what the features keep in a topic, guarded by its mu
 // but where noted.
 type topicFeatures struct {
-	// reserved is the stored head: no seq past it is given out, nor
-	// past lent, if that is higher: the end of the seqs lent on the
-	// store's reserve to a topic with no head on disk (0 once its head
-	// is stored). asked is the highest head handed to the log, on disk
-	// or not. sealed is set at Shutdown: no seq is given out after it
-	// (Seqs reserved on disk).
+	// reserved is the stored head, and lent the end of the seqs lent on
+	// the store's reserve to a topic with no head on disk (0 once its
+	// head is stored): no seq past the higher of the two is given out.
+	// asked is the highest head handed to the log, on disk or not.
+	// sealed is set at Shutdown: no seq is given out after it (Seqs
+	// reserved on disk).
 	reserved, asked, lent uint64
 	sealed                bool
 	// gone is set once the broker forgot the topic: whoever finds it so
@@ -2695,8 +2695,8 @@ func (c *connection) subscribeProblem(f frame) reply {
 			"connection holds %d subscriptions, the most "+
 			"--max-subscriptions allows: unsubscribe from one first",
 			c.broker.opts.MaxSubscriptions), f.Topic)
-	case wire.IsWildcard(f.Topic):
-		return reply{} // it holds no topic
+	case wire.IsWildcard(f.Topic) || strings.HasPrefix(f.Topic, "$"):
+		return reply{} // no topic, or one of the broker's own (Retention)
 	}
 	return c.broker.topicLimit(f.Topic)
 }
@@ -4293,9 +4293,12 @@ func (b *Broker) OutboxBytes() int {
 // to a name it does not hold past that (b.topicLimit), until forgets make
 // room. Its own topics ($dead/, $delayed/, $sys/), and a delayed
 // message's topic at its release, are made past the cap, as each follows
-// from a publish it took. The check reads a count, not the table, so that
-// a publish to a topic the broker holds takes no lock for it; clients
-// racing to new names may pass the cap by one each.
+// from a publish it took; so a subscribe to a "$" name, which waits for
+// the broker's messages, passes, as a wildcard's does. A client's own
+// publish to a "$" name, which only a grant allows, is held to the cap.
+// The check reads a count, not the table, so that a publish to a topic
+// the broker holds takes no lock for it; clients racing to new names may
+// pass the cap by one each.
 
 // A Forgetter is a Store that can forget a topic whole: a batch's
 // Forgets delete each topic's log and head, and raise the store's floor
@@ -4442,10 +4445,9 @@ func (b *Broker) lockTopic(name string) *topic {
 
 // topicLimit returns the error frame that refuses a client's publish or
 // subscribe to name, a topic the broker does not hold, once it holds
-// MaxTopics; otherwise a zero reply. The broker's own names ("$…") pass.
+// MaxTopics; otherwise a zero reply.
 func (b *Broker) topicLimit(name string) reply {
-	if b.topicCount.Load() < int64(b.opts.MaxTopics) ||
-		strings.HasPrefix(name, "$") {
+	if b.topicCount.Load() < int64(b.opts.MaxTopics) {
 		return reply{}
 	}
 	b.mu.RLock()

@@ -450,7 +450,8 @@ func TestTopics_AConnectionHoldsAtMostMaxSubscriptions(t *testing.T) {
 // The broker holds at most MaxTopics topics: past it a client's publish
 // or subscribe to a name it does not hold is refused with topic_limit,
 // naming the topic (and a publish's message_id), and stores nothing; one
-// to a topic it holds, and a wildcard, pass. A wildcard beside the exact
+// to a topic it holds, a wildcard, and a subscribe to a "$" name pass,
+// but not a client's publish to one. A wildcard beside the exact
 // subscriptions hears every publish that passed and none refused. A
 // forget makes room. A restart with a lower cap loads every topic it
 // held, which go on taking publishes, and refuses a new one. Found from
@@ -480,6 +481,17 @@ func TestTopics_TheBrokerHoldsAtMostMaxTopics(t *testing.T) {
 		t.Fatalf("the broker holds %d topics, want 3", n)
 	}
 	s.subscribe("elsewhere/+", nil) // a wildcard holds no topic
+	// A "$" name: a subscribe waits for the broker's own, and passes; a
+	// client's publish there, by a grant, is held to the cap.
+	admin := ts.dialWith("admin", Claims{Publish: []string{"$mine/#"},
+		Subscribe: []string{"$dead/#"}})
+	admin.subscribe("$dead/cap/z", nil)
+	admin.send(map[string]any{"type": "publish", "topic": "$mine/x",
+		"payload": 1, "qos": 1, "message_id": "x-1"})
+	if g := admin.expectError("topic_limit"); g.Topic != "$mine/x" {
+		t.Fatalf("a client's publish to a new $ name got %+v", g)
+	}
+	admin.unsubscribe("$dead/cap/z") // it made a topic past the cap
 	p.publish("cap/b", "b-2", 1, "b-2")
 
 	// Room: the topic with no message is forgotten with its subscription.
