@@ -15,7 +15,8 @@
 //     has what came between (recovered:false); a connection that fails
 //     to open counts as a drop even where no close event follows (Node
 //     20 fires only "error" for a refused port or certificate), and one
-//     that goes silent (half-open) is noticed by its own pings;
+//     that goes silent (half-open) is noticed by its own pings, while
+//     one still sending a flood of its own is not taken for silent;
 //   - sends a QoS 1 publish again, with the same message_id, until the
 //     broker confirms it: its dedup makes that safe, and the promise
 //     resolves once, with the seq;
@@ -92,7 +93,8 @@ export class PopsubError extends Error {
  * @property {number} [maxDelay] longest reconnect delay in ms (10000)
  * @property {number} [refreshBefore] ms before expiry to refresh (60000)
  * @property {number} [pingInterval] ms between the client's own pings on
- *   a quiet connection; one silent for two of them is dropped (20000)
+ *   a quiet connection; one silent for two of them, its own backlog
+ *   not draining, is dropped (20000)
  * @property {typeof WebSocket} [WebSocket] the WebSocket class to use
  */
 
@@ -165,6 +167,10 @@ export class Client {
   #refreshTimer = null;
   #pingTimer = null;
   #heard = 0; // when the socket last received anything, in ms
+  #buffered = 0; // the socket's bufferedAmount at the last ping tick
+  // characters handed to ws.send since that tick: no more than their
+  // bytes, which bufferedAmount counts, so no drain is seen where none was
+  #sentChars = 0;
   #refusedToken = ""; // the last token the broker refused or expired
   #subject = ""; // the subject the broker accepted first, for good
   /** @type {Map<string, Subscription>} by topic */ #subscriptions = new Map();
@@ -238,6 +244,7 @@ export class Client {
     }
     this.#ws = ws;
     this.#heard = Date.now();
+    this.#buffered = this.#sentChars = 0;
     ws.addEventListener("open", () => this.#authenticate(ws));
     ws.addEventListener("message", (e) => this.#receive(ws, e.data));
     ws.addEventListener("close", (e) => this.#dropped(ws, e.code, e.reason));
@@ -346,12 +353,24 @@ export class Client {
   // that forgot the flow. The broker's own pings cannot be seen from a
   // page, so the client sends its own on a quiet connection, and drops
   // one that has heard nothing for two intervals.
+  //
+  // A backlog of our own that drains is no silence: a flood the page
+  // sent queues the ping, and so the broker's pong, behind it. The
+  // buffer drains only while the network takes our bytes; on a dead
+  // one it stops once the system's buffer is full, and the silence
+  // counts again.
   #schedulePing(ws) {
     clearTimeout(this.#pingTimer);
     const every = this.#options.pingInterval;
     if (!every) return;
     this.#pingTimer = setTimeout(() => {
       if (ws !== this.#ws) return;
+      const buffered = ws.bufferedAmount || 0;
+      if (buffered > 0 && buffered < this.#buffered + this.#sentChars) {
+        this.#heard = Date.now();
+      }
+      this.#buffered = buffered;
+      this.#sentChars = 0;
       if (Date.now() - this.#heard > 2 * every) {
         this.#dropped(ws, 1006, "no answer for " + 2 * every + " ms");
         try { ws.close(); } catch {}
@@ -516,6 +535,7 @@ export class Client {
     const text = JSON.stringify(frame);
     if (frame.type === "auth" && !this.#authenticated) {
       this.#flush();
+      this.#sentChars += text.length;
       ws.send(text);
       return;
     }
@@ -534,14 +554,22 @@ export class Client {
     let run = [], size = 0;
     for (const text of texts) {
       if (run.length > 0 && size + text.length > maxJoined) {
-        ws.send(run.join("\n"));
+        this.#sendJoined(ws, run);
         run = [];
         size = 0;
       }
       run.push(text);
       size += text.length + 1;
     }
-    if (run.length > 0) ws.send(run.join("\n"));
+    if (run.length > 0) this.#sendJoined(ws, run);
+  }
+
+  // #sendJoined sends texts as one frame, and counts its characters for
+  // the ping's look at the backlog (#schedulePing).
+  #sendJoined(ws, texts) {
+    const data = texts.join("\n");
+    if (ws === this.#ws) this.#sentChars += data.length;
+    ws.send(data);
   }
 
   // # Publishing

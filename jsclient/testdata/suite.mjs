@@ -455,6 +455,44 @@ test("a silent connection is noticed by the client's pings",
     equal(confirm.seq, 1, "a publish on the new connection");
   });
 
+test("a connection draining its own backlog is not taken for silent",
+  async (env) => {
+    // A socket whose backlog the test scripts: each look at it finds
+    // it smaller while it drains, and the same once it stalls. What the
+    // client sends joins it, as a browser's does.
+    const backlog = {bytes: 0, draining: false};
+    const Backlogged = class extends globalThis.WebSocket {
+      get bufferedAmount() {
+        if (backlog.draining) backlog.bytes = Math.max(1, backlog.bytes - 10);
+        return backlog.bytes;
+      }
+      send(data) {
+        if (backlog.bytes > 0) backlog.bytes += String(data).length;
+        super.send(data);
+      }
+    };
+    const token = await tokenFor(env, "alice");
+    const c = env.track(await env.lib.connect(env.base + "/relay/ws",
+      {token, pingInterval: 100, minDelay: 20, maxDelay: 100,
+        WebSocket: Backlogged}));
+    const closes = [];
+    c.on("close", (e) => closes.push(e));
+    // The broker is heard no more, while a flood of ours drains: for
+    // eight intervals, four times the silence that drops a connection.
+    backlog.bytes = 1 << 20;
+    backlog.draining = true;
+    await control(env, "silence-relay");
+    await new Promise((r) => setTimeout(r, 800));
+    equal(closes.length, 0, "closes while the backlog drained");
+    // A backlog that stops draining is a dead network: dropped.
+    backlog.draining = false;
+    await waitUntil(() => closes.length > 0, "the stalled backlog noticed");
+    backlog.bytes = 0;
+    await waitUntil(() => c.connected, "a new connection");
+    const confirm = await c.publish(topic("backlog"), 1, {qos: 1});
+    equal(confirm.seq, 1, "a publish on the new connection");
+  });
+
 test("follow renews an expired token and goes on after the last seq",
   async (env) => {
     if (!globalThis.EventSource) return; // a browser's, or npm's in Node
