@@ -39,16 +39,19 @@ import (
 // name used once costs nothing once its messages expire, 1 a wildcard's cut-off
 // telling its client why, 49 a new topic's first seqs lent on the file's
 // reserve, so that a client publishing to new names waits for no sync each,
-// 27 the cap on topics, so that such a client cannot fill the disk),
-// and the first reading, priced as a reader pays it (5
+// 27 the cap on topics, so that such a client cannot fill the disk, 13 the
+// acks of many deliveries a frame made a leaf, leaves.ackMany, which takes
+// 10 lines off the first reading and costs its lock's preamble and the check
+// of the frame twice), and the first reading, priced as a reader pays it (5
 // lines a minute where code takes or lets go of a lock, starts a goroutine or
-// selects), takes about 199 minutes against a goal of 180. Making room is the restructure that makes every feature a leaf
+// selects), takes about 197 minutes against a goal of 180. Making room is the
+// restructure that makes every feature a leaf
 // (STYLE.md, "The first reading stands alone"); until it lands, these caps hold
 // the line where the file is now, and the test's log prints each one's slack.
 const (
-	budgetFirstReading  = 1050 // code lines in first-reading sections
-	budgetMinutes       = 199  // the first reading, priced; the goal is 180
-	budgetCode          = 2887 // code lines in the file; STYLE.md's 2,200
+	budgetFirstReading  = 1040 // code lines in first-reading sections
+	budgetMinutes       = 197  // the first reading, priced; the goal is 180
+	budgetCode          = 2900 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function
