@@ -42,7 +42,9 @@ import (
 // 27 the cap on topics, so that such a client cannot fill the disk, 13 the
 // acks of many deliveries a frame made a leaf, leaves.ackMany, which takes
 // 10 lines off the first reading and costs its lock's preamble and the check
-// of the frame twice), and the first reading, priced as a reader pays it (5
+// of the frame twice, 4 the forgetting of a $delayed log once nothing waits
+// in it, so that such logs do not fill the cap on topics), and the first
+// reading, priced as a reader pays it (5
 // lines a minute where code takes or lets go of a lock, starts a goroutine or
 // selects), takes about 197 minutes against a goal of 180. Making room is the
 // restructure that makes every feature a leaf
@@ -51,7 +53,7 @@ import (
 const (
 	budgetFirstReading  = 1040 // code lines in first-reading sections
 	budgetMinutes       = 197  // the first reading, priced; the goal is 180
-	budgetCode          = 2900 // code lines in the file; STYLE.md's 2,200
+	budgetCode          = 2904 // code lines in the file; STYLE.md's 2,200
 	budgetFileRatio     = 0.5  // comment lines per code line, whole file
 	budgetSectionRatio  = 0.35 // the same, in every section
 	budgetLongest       = 60   // lines in the longest function

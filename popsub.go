@@ -3608,7 +3608,8 @@ func (c *connection) nak(f frame) {
 // nothing already confirmed is touched. A broker that refuses a publish
 // it cannot keep loses nothing; one that fills the disk loses
 // everything. A delay is at most the log's TTL, and a $delayed log is
-// not trimmed by the caps or the TTL, only by sending.
+// not trimmed by the caps or the TTL, only by sending; once nothing
+// waits in it, it is forgotten as an emptied topic is (Retention).
 //
 // On a shared log every broker that knows a $delayed log (its
 // publisher's, and any started since) sends what fell due; the log's
@@ -3881,6 +3882,15 @@ func (d *delays) count(log *topic, publisher string, n, size int) {
 	}
 	tally(d.logs, log, n, size)
 	tally(d.tokens, publisher, n, size)
+}
+
+// holds reports whether anything waits in log, a $delayed log: then it
+// is not forgotten, even with its index empty, as on a DueIndex what
+// waits may be on disk alone.
+func (d *delays) holds(log *topic) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.logs[log].messages > 0
 }
 
 // tally adds n messages of size bytes to what loads[k] has waiting, and
@@ -4427,7 +4437,8 @@ func (b *Broker) unpin(s *subscription) {
 // made again starts; the name is shadowed till the forget is on disk, so
 // that a topic made again meanwhile is lent nothing (b.lend). On a store
 // that is no Forgetter (a shared log is none), with a cursor on it, or
-// for a $delayed log (whose messages may wait on disk alone), it stays.
+// for a $delayed log with a message waiting (which may wait on disk
+// alone, b.delays.holds), it stays.
 // A shared log stops feeding it (b.forget). The caller holds t.mu and
 // the broker's lock.
 func (b *Broker) forgetIfIdle(t *topic) {
@@ -4439,8 +4450,7 @@ func (b *Broker) forgetIfIdle(t *topic) {
 		return
 	}
 	if t.reserved > 0 || t.lent > 0 || b.appendShared != nil && t.head > 0 {
-		if !b.forgets || b.cursored[t.name] ||
-			strings.HasPrefix(t.name, DelayedPrefix) {
+		if !b.forgets || b.cursored[t.name] || b.delays.holds(t) {
 			return
 		}
 		b.log.Forget(t.name, t.head)
@@ -4602,7 +4612,9 @@ func (t *topic) excess(maxMessages, maxBytes int) int {
 // times per TTL. The count cap is applied on append; time needs a clock,
 // so the broker checks it here rather than waiting for someone to read
 // the topic. Timestamps only grow within a topic, so the old ones are a
-// prefix. A $delayed log's leave it only once sent.
+// prefix. A $delayed log's leave it only once sent; emptied, it is
+// forgotten as any topic is, or each name that once had a delayed
+// message would hold a place under MaxTopics for good.
 func (b *Broker) trimExpired(now time.Time) {
 	cutoff := now.Add(-b.opts.TTL).UnixMilli()
 	for _, t := range b.topicList() {
@@ -4611,15 +4623,15 @@ func (b *Broker) trimExpired(now time.Time) {
 		n := sort.Search(len(live), func(i int) bool {
 			return live[i].timestamp >= cutoff
 		})
-		if !strings.HasPrefix(t.name, DelayedPrefix) {
-			if n > 0 {
-				b.log.Trim(t.name, t.forget(n))
-			}
-			if n == len(live) {
-				b.mu.Lock()
-				b.forgetIfIdle(t)
-				b.mu.Unlock()
-			}
+		if strings.HasPrefix(t.name, DelayedPrefix) {
+			n = 0 // sent, not trimmed
+		} else if n > 0 {
+			b.log.Trim(t.name, t.forget(n))
+		}
+		if n == len(live) {
+			b.mu.Lock()
+			b.forgetIfIdle(t)
+			b.mu.Unlock()
 		}
 		t.mu.Unlock()
 	}

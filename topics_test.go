@@ -528,3 +528,49 @@ func TestTopics_TheBrokerHoldsAtMostMaxTopics(t *testing.T) {
 		t.Fatalf("cap/b replayed %+v", ms)
 	}
 }
+
+// A $delayed log whose messages were all sent is forgotten as any
+// emptied topic is, also when a restart loads it; one with a message
+// waiting stays, though its index is empty on a DueIndex. Found by the
+// simulation with a cap on topics: each name that once had a delayed
+// message held its place under MaxTopics for good, and once they filled
+// it no client could make a topic again, through restarts too.
+func TestTopics_AnEmptiedDelayedLogIsForgotten(t *testing.T) {
+	ts := startBroker(t, Options{FeatureOptions: FeatureOptions{MaxTopics: 2}})
+	s, p := ts.dial("s"), ts.dial("p")
+	s.subscribe("later/#", nil) // a wildcard holds no topic
+	p.send(map[string]any{"type": "publish", "topic": "later/a",
+		"payload": 1, "qos": 1, "message_id": "a-1", "delay_ms": 10})
+	p.expect("published")
+	p.send(map[string]any{"type": "publish", "topic": "later/b",
+		"payload": 1, "qos": 1, "message_id": "b-1",
+		"delay_ms": (30 * time.Minute).Milliseconds()})
+	p.expect("published")
+	if m := s.expect("message"); m.MessageID != "a-1" {
+		t.Fatalf("the wildcard got %+v, want a-1 when due", m)
+	}
+	waitFor(t, func() bool {
+		ts.broker.delays.mu.Lock()
+		defer ts.broker.delays.mu.Unlock()
+		return len(ts.broker.delays.logs) == 1
+	}, "a-1 sent, its record gone")
+
+	// Loaded by a restart, emptied by the sending, and then forgotten
+	// with the topic a-1 went to, which the TTL empties.
+	ts = ts.restart()
+	ts.broker.trimExpired(time.Now().Add(2 * time.Hour))
+	if n := topicsNamed(ts.broker, "$delayed/"); n != 1 {
+		t.Fatalf("%d $delayed logs kept, want later/b's, which waits", n)
+	}
+	if n := topicsNamed(ts.broker, "later/"); n != 0 {
+		t.Fatalf("%d later/ topics kept, want none", n)
+	}
+	p = ts.dial("p")
+	if g := p.publish("other/x", 1, 1, "x-1"); g.Seq == 0 {
+		t.Fatalf("a new name after the forgets got %+v", g)
+	}
+	ts = ts.restart()
+	if n := topicsNamed(ts.broker, "$delayed/"); n != 1 {
+		t.Fatalf("after a restart %d $delayed logs, want later/b's", n)
+	}
+}
