@@ -108,17 +108,26 @@ func judge(t *testing.T, seed uint64, report chaos.Report, err error) {
 // and makes it again, its seqs past the floor (Retention); a client
 // subscribes and unsubscribes in turn, so that a pin holds some forgets
 // off, and the nemesis kills the broker on a remade topic's first
-// delivery. No seq may name two values, across forgets and crashes.
+// delivery. The broker holds fewer topics than there are (MaxTopics):
+// a publish or subscribe to a topic it does not hold waits for a forget
+// to make room, and the cap's count goes through the same forgets,
+// crashes and restarts. No seq may name two values, across forgets and
+// crashes, and no value refused is delivered.
 func TestSimulation_ForgottenTopicsGiveNoSeqTwice(t *testing.T) {
 	var floors uint64
+	var capped int
 	defer func() {
 		if !t.Failed() && floors == 0 {
 			t.Error("no schedule forgot a topic that had a message")
+		}
+		if !t.Failed() && capped == 0 {
+			t.Error("no schedule met the cap on topics")
 		}
 	}()
 	eachSchedule(t, func(t *testing.T, seed uint64) {
 		report, floor, err := simulateForgetting(t, seed)
 		floors += floor
+		capped += report.Refused["topic_limit"]
 		judge(t, seed, report, err)
 	})
 }
@@ -131,6 +140,8 @@ func simulateForgetting(t *testing.T, seed uint64) (chaos.Report, uint64,
 	opts := simOptions
 	opts.TTL = 2 * time.Second // the values' delay fits within it
 	brief := []string{"brief/1", "brief/2", "brief/3", "brief/4"}
+	// Room for three of the four, and for nothing else the broker makes.
+	opts.MaxTopics = len(brief) - 1
 	w := &world{t: t, history: &chaos.History{}, disk: newDisk(),
 		conns: map[*simConn]struct{}{}, opts: opts, brief: brief}
 	w.server = w.startBroker(w.disk)
