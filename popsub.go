@@ -4436,9 +4436,9 @@ func (b *Broker) unpin(s *subscription) {
 // forgets it too, raising its floor, and so does b.floor, where a topic
 // made again starts; the name is shadowed till the forget is on disk, so
 // that a topic made again meanwhile is lent nothing (b.lend). On a store
-// that is no Forgetter (a shared log is none), with a cursor on it, or
-// for a $delayed log with a message waiting (which may wait on disk
-// alone, b.delays.holds), it stays.
+// that is no Forgetter (a shared log is none), or with a cursor on it,
+// it stays; so does a $delayed log with a message waiting, which may
+// wait on disk alone (b.delays.holds).
 // A shared log stops feeding it (b.forget). The caller holds t.mu and
 // the broker's lock.
 func (b *Broker) forgetIfIdle(t *topic) {
@@ -4446,11 +4446,11 @@ func (b *Broker) forgetIfIdle(t *topic) {
 	// (b.storedHeads), which then never meets the name of one forgotten.
 	if t.pins > 0 || t.reserving > 0 || len(t.index.Live()) > 0 ||
 		len(t.unsynced) > 0 || t.asked != t.reserved ||
-		b.topics[t.name] != t {
+		b.topics[t.name] != t || b.delays.holds(t) {
 		return
 	}
 	if t.reserved > 0 || t.lent > 0 || b.appendShared != nil && t.head > 0 {
-		if !b.forgets || b.cursored[t.name] || b.delays.holds(t) {
+		if !b.forgets || b.cursored[t.name] {
 			return
 		}
 		b.log.Forget(t.name, t.head)
