@@ -253,6 +253,7 @@ var oneEngine = map[string]string{
 		"holds the flood itself",
 	"TestTopics_AnEmptiedTopicIsForgottenAndItsSeqsGoOnPastTheFloor": noForgets,
 	"TestTopics_ATopicWithACursorIsNeverForgotten":                   noForgets,
+	"TestTopics_AnEmptiedDelayedLogIsForgotten":                      noForgets,
 	"TestTopics_PublishesRacingTheTTLsForgetsGiveNoSeqTwice":         noForgets,
 	"TestTopics_APublisherWaitingForItsSeqsHoldsItsTopic": "on a shared " +
 		"log no publisher waits for a reservation of seqs",
