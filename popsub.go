@@ -4624,7 +4624,7 @@ func (b *Broker) trimExpired(now time.Time) {
 			return live[i].timestamp >= cutoff
 		})
 		if strings.HasPrefix(t.name, DelayedPrefix) {
-			n = 0 // sent, not trimmed
+			n = 0 // its messages leave when sent, not with age
 		} else if n > 0 {
 			b.log.Trim(t.name, t.forget(n))
 		}

@@ -112,7 +112,7 @@ func judge(t *testing.T, seed uint64, report chaos.Report, err error) {
 // a publish or subscribe to a topic it does not hold waits for a forget
 // to make room, and the cap's count goes through the same forgets,
 // crashes and restarts. No seq may name two values, across forgets and
-// crashes, and no value refused is delivered.
+// crashes.
 func TestSimulation_ForgottenTopicsGiveNoSeqTwice(t *testing.T) {
 	var floors uint64
 	var capped int

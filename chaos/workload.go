@@ -133,24 +133,27 @@ func (c *Client) Publish(ctx context.Context, stop <-chan struct{},
 		}
 		p.session(ctx, ws)
 		ws.CloseNow()
-		// A value refused for now waits before it is sent again: sent
-		// at once, it would be refused at once, for as long as the bound
-		// holds, and a loop that never waits stops a fake clock.
 		if p.refusedForNow {
 			p.refusedForNow = false
-			select {
-			case <-time.After(sendAgainAfter):
-			case <-ctx.Done():
-				return p.made, ctx.Err()
+			if err := waitToSendAgain(ctx); err != nil {
+				return p.made, err
 			}
 		}
 	}
 	return p.made, nil
 }
 
-// sendAgainAfter is how long a value refused for now waits before it is
-// sent again.
-const sendAgainAfter = 250 * time.Millisecond
+// waitToSendAgain waits before a frame refused for now is sent again, or
+// until ctx ends: sent at once, it would be refused at once for as long
+// as the bound holds, and a loop that never waits stops a fake clock.
+func waitToSendAgain(ctx context.Context) error {
+	select {
+	case <-time.After(250 * time.Millisecond):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 // publisher is the state of one Publish.
 type publisher struct {
@@ -817,8 +820,9 @@ func (c *Client) OnFirstDelivery(ctx context.Context, topic, id string,
 			// A subscribe refused for now (past the cap on topics) is
 			// sent again a moment later.
 			if f.MessageID == "" && slices.Contains(refusedForNow, f.Code) {
-				time.Sleep(sendAgainAfter)
-				err = send(ctx, ws, subscribe)
+				if err = waitToSendAgain(ctx); err == nil {
+					err = send(ctx, ws, subscribe)
+				}
 			}
 			// Not stored (the log was away): send it again, now, with
 			// the same id, as a publisher does. Waiting for a delivery

@@ -535,8 +535,7 @@ export class Client {
     const text = JSON.stringify(frame);
     if (frame.type === "auth" && !this.#authenticated) {
       this.#flush();
-      this.#sentChars += text.length;
-      ws.send(text);
+      this.#sendJoined(ws, [text]);
       return;
     }
     if (this.#outgoingWS !== ws) {
@@ -564,8 +563,8 @@ export class Client {
     if (run.length > 0) this.#sendJoined(ws, run);
   }
 
-  // #sendJoined sends texts as one frame, and counts its characters for
-  // the ping's look at the backlog (#schedulePing).
+  // #sendJoined sends texts as one frame, joined by newlines, and counts
+  // its characters for the ping's look at the backlog (#schedulePing).
   #sendJoined(ws, texts) {
     const data = texts.join("\n");
     if (ws === this.#ws) this.#sentChars += data.length;
