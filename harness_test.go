@@ -246,6 +246,7 @@ var oneEngine = map[string]string{
 	"TestOverlap_AGroupBesideAWildcardRedoesNoAckedJobAfterARestart": groupsRefused,
 	"TestGroups_QoS0JobsBesideAFullWindowNeverStopTheGroup":          groupsRefused,
 	"TestOverlap_ARevokedMemberHandsOnItsJobsBesideAWildcard":        groupsRefused,
+	"TestGroups_ABacklogPastTheLogsCapIsSkippedAndSaid":              groupsRefused,
 	"TestBroker_LoginBesideGuessersOverSockets": "a login never " +
 		"touches the log",
 	"TestBroker_FloodsAreBounded": "it bounds the test process's heap, " +

@@ -520,3 +520,55 @@ func TestGroups_QoS0JobsBesideAFullWindowNeverStopTheGroup(t *testing.T) {
 		t.Fatalf("after the restart the group gave %s, want after", g.MessageID)
 	}
 }
+
+// A group's place is in the log, so the log's caps bound it as they bound
+// any subscriber: a backlog past MaxMessages is lost to the group, its
+// member hears how much in a skipped frame, and the group goes on with
+// what the log keeps. A restart resumes past the gap, saying it again to
+// nobody and redoing nothing. An outside flood of 3,000 jobs into three
+// members at the default caps found the tutorial silent on this.
+func TestGroups_ABacklogPastTheLogsCapIsSkippedAndSaid(t *testing.T) {
+	ts := startBroker(t, Options{AckTimeout: time.Minute, MaxMessages: 10,
+		FeatureOptions: FeatureOptions{GroupWindow: 1}})
+	worker := ts.dial("worker")
+	worker.subscribe("jobs", map[string]any{"group": "workers",
+		"after": 0})
+	publisher := ts.dial("publisher")
+	const n = 30
+	for i := range n {
+		publisher.publish("jobs", i, 1, "")
+	}
+
+	// The window held job 1; the log kept 21 to 30 of the rest. The
+	// group's replay tells its member of each gap as it finds one, while
+	// the burst goes on: together they say 2 to 20, once each.
+	first := worker.expect("message")
+	if first.Seq != 1 {
+		t.Fatalf("first job seq %d, want 1", first.Seq)
+	}
+	worker.ack(first)
+	told := uint64(1) // the last seq the member has heard of
+	for told < n {
+		switch g := worker.next(); {
+		case g.Type == "skipped" && g.Seq-g.Missed == told && g.Seq < 21:
+			told = g.Seq
+		case g.Type == "message" && g.Seq == told+1 && g.Seq >= 21 &&
+			g.Attempt == 1:
+			told = g.Seq
+			worker.ack(g)
+		default:
+			t.Fatalf("after seq %d got %+v: want a skip on from it, "+
+				"up to 20, or the next job the log keeps", told, g)
+		}
+	}
+	worker.quiet()
+
+	ts = ts.restart()
+	worker = ts.dial("worker")
+	worker.subscribe("jobs", map[string]any{"group": "workers"})
+	ts.dial("publisher").publish("jobs", "after the restart", 1, "")
+	if g := worker.expect("message"); g.Seq <= n || g.Attempt != 1 {
+		t.Fatalf("after the restart got seq %d attempt %d, want the new "+
+			"job, past %d", g.Seq, g.Attempt, n)
+	}
+}
