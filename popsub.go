@@ -1036,8 +1036,8 @@ func (b *Broker) unsubscribe(s *subscription) {
 // sync, on its connection's confirmer, before it hears "published".
 
 // publishRules rule on each well-formed publish (details): each refuses m
-// with a reply, or passes it with a zero one, and may set when m is
-// delivered and until when.
+// with a reply, or passes it with a zero one, and may set until when m is
+// delivered, and from when: a delayed m moves to wait in $delayed/<topic>.
 var publishRules []func(c *connection, m *Message, f frame) reply
 
 // publish answers a publish frame. A refusal names the publisher's
