@@ -525,8 +525,7 @@ func TestGroups_QoS0JobsBesideAFullWindowNeverStopTheGroup(t *testing.T) {
 // any subscriber: a backlog past MaxMessages is lost to the group, its
 // member hears how much in a skipped frame, and the group goes on with
 // what the log keeps. A restart resumes past the gap, saying it again to
-// nobody and redoing nothing. An outside flood of 3,000 jobs into three
-// members at the default caps found the tutorial silent on this.
+// nobody and redoing nothing (tutorial 9 and protocol.md say so).
 func TestGroups_ABacklogPastTheLogsCapIsSkippedAndSaid(t *testing.T) {
 	ts := startBroker(t, Options{AckTimeout: time.Minute, MaxMessages: 10,
 		FeatureOptions: FeatureOptions{GroupWindow: 1}})
